@@ -1,0 +1,171 @@
+// Codec: the compression interface every all-reduce path (simulator, Gloo engine, NCCL engine)
+// drives. A codec turns fp32/bf16 partial sums into self-describing compressed chunks
+// (kernels/wire_format.h) and back, with the four operations multi-hop aggregation needs:
+//
+//   leaf           Compress(local)                          -> bytes
+//   internal node  DecompressAccumulate(bytes, acc)         (every child but the last)
+//                  DecompressAccumulateRecompress(bytes, local or acc) -> bytes   (last child)
+//   all-gather     Decompress(bytes)                        -> values
+//
+// DecompressAccumulateRecompress (DAR) is one fused pass: decode, add, re-quantize from the new
+// partial sum, with work memory of one super-group (never a decoded copy of the chunk).
+//
+// Some codecs need bucket-level agreement before chunks flow (DynamiQ's bit allocation, THC's
+// global norm). They declare statistics (StatsLength, ComputeStats) that the caller reduces
+// across ranks (stats_reduction) and turns into a BucketPlan with MakePlan. Every rank must pass
+// bit-identical reduced statistics; MakePlan is deterministic, so all ranks get the same plan.
+//
+// Thread safety: a Codec is immutable after construction; all methods are const and may be
+// called concurrently from many threads.
+#ifndef DQ_KERNELS_CODEC_H_
+#define DQ_KERNELS_CODEC_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <string>
+#include <vector>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/dtype.h"
+
+namespace dynamiq::kernels {
+
+// Codec ids are part of the wire format (ChunkHeader::codec): never renumber.
+enum class CodecId : uint8_t {
+  kNone = 0,     // fp32, lossless
+  kBf16 = 1,     // bf16, round to nearest even at every hop
+  kDynamiq = 2,  // DynamiQ: variable-width non-uniform groups, hierarchical scales
+  kMxfp8 = 3,    // OCP MX, E4M3 elements, E8M0 scale per 32
+  kMxfp6 = 4,    // OCP MX, E3M2
+  kMxfp4 = 5,    // OCP MX, E2M1
+  kThc = 6,      // THC: randomized Hadamard + lookup tables, integer-summable
+  kUniform = 7,  // uniform stochastic b-bit quantizer, bf16 scale per 32
+};
+inline constexpr int kNumCodecs = 8;
+
+absl::string_view CodecName(CodecId id);
+// Accepts the names CodecName returns ("none", "bf16", "dynamiq", "mxfp8", ...).
+absl::StatusOr<CodecId> ParseCodecId(absl::string_view name);
+
+// How DynamiQ spreads its bit budget over super-groups.
+enum class BitAllocator : uint8_t {
+  kMeasured = 0,  // minimise total error using the quantizer's measured per-width error
+  kPaper = 1,     // the paper's thresholds (each extra bit assumed to cut the error 4x)
+};
+// DynamiQ level placement within a group.
+enum class LevelKind : uint8_t {
+  kMee = 0,      // non-uniform, exponentially spaced (the paper's MEE)
+  kUniform = 1,  // uniform (the paper's AEE)
+};
+
+struct CodecConfig {
+  CodecId id = CodecId::kDynamiq;
+  // DynamiQ: average bits per coordinate including all metadata (3..8, fractional allowed).
+  // Uniform: bits per code (2..8). THC: bits per code on the first hop (4). Others: ignored.
+  double bits = 5.0;
+  BitAllocator allocator = BitAllocator::kMeasured;
+  LevelKind levels = LevelKind::kMee;
+  // Stratified rounding across ranks (DynamiQ, uniform): exactly one rank per stratum.
+  bool correlated_rounding = true;
+  // Shared by all ranks of a job; with the round number it keys every random draw.
+  uint64_t seed = 0x9d5e0c1a2b3c4d5eull;
+};
+
+// Identifies one collective. Identical on all ranks except `rank`.
+struct RoundInfo {
+  uint64_t round = 0;  // collective sequence number within the job
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+};
+
+// A contiguous range of elements of a bucket. Chunk boundaries other than the bucket's end are
+// multiples of kSuperGroupSize (256).
+struct ChunkRef {
+  uint32_t chunk_id = 0;
+  size_t begin = 0;
+  size_t count = 0;
+};
+
+// A rank's local values, read-only. data[i] holds bucket element `first + i`. When
+// `subtract_per_group` is set, element k contributes data[k - first] - subtract_per_group[k / 256].
+struct Source {
+  const void* data = nullptr;
+  DType dtype = DType::kFloat32;
+  size_t first = 0;
+  const float* subtract_per_group = nullptr;
+};
+
+// Where decoded values go: data[k - first] = decoded[k] + add_per_group[k / 256] (if set),
+// rounded to `dtype` (bf16: round to nearest even).
+struct Dest {
+  void* data = nullptr;
+  DType dtype = DType::kFloat32;
+  size_t first = 0;
+  const float* add_per_group = nullptr;
+};
+
+// Everything about one bucket's collective that all ranks agree on (plus this rank's offsets).
+struct BucketPlan {
+  RoundInfo round;
+  size_t num_elements = 0;
+  // DynamiQ: code width (0, 2, 4 or 8 bits) of every super-group of 256 elements.
+  std::vector<uint8_t> widths;
+  // DynamiQ mean-centering: this rank's per-super-group offset (subtract before compressing) and
+  // the sum over ranks (add after decompressing). Empty for other codecs.
+  std::vector<float> local_means;
+  std::vector<float> mean_sums;
+  // THC: the largest L2 norm of any rank's bucket.
+  float global_scale = 0.0f;
+};
+
+enum class StatsReduction : uint8_t { kSum, kMax };
+
+class Codec {
+ public:
+  virtual ~Codec() = default;
+
+  const CodecConfig& config() const { return config_; }
+  CodecId id() const { return config_.id; }
+  // One line: name, parameters and the exact bits per coordinate on the wire.
+  virtual std::string Describe() const = 0;
+
+  // ---- Bucket level. Defaults: no statistics, a plan with only `round` and `num_elements`.
+  virtual size_t StatsLength(size_t num_elements) const;
+  virtual StatsReduction stats_reduction() const { return StatsReduction::kSum; }
+  // Writes StatsLength(num_elements) floats describing local[0, num_elements).
+  virtual void ComputeStats(const Source& local, size_t num_elements, float* stats) const;
+  virtual absl::StatusOr<BucketPlan> MakePlan(const RoundInfo& round, size_t num_elements,
+                                              absl::Span<const float> local_stats,
+                                              absl::Span<const float> reduced_stats) const;
+
+  // ---- Chunk level.
+  // Upper bound of the bytes Compress/DAR write for `chunk` (header included).
+  virtual size_t MaxEncodedBytes(const BucketPlan& plan, const ChunkRef& chunk) const = 0;
+  // Encodes local[chunk] (a partial sum of one contribution). Returns the bytes written.
+  virtual absl::StatusOr<size_t> Compress(const BucketPlan& plan, const ChunkRef& chunk, const Source& local,
+                                          absl::Span<uint8_t> out) const = 0;
+  // Decodes `in` (which must describe `chunk` of plan's round) into `out`.
+  virtual absl::Status Decompress(const BucketPlan& plan, const ChunkRef& chunk, absl::Span<const uint8_t> in,
+                                  const Dest& out) const = 0;
+  // acc[i] += decoded element chunk.begin + i. `acc` holds chunk.count floats.
+  virtual absl::Status DecompressAccumulate(const BucketPlan& plan, const ChunkRef& chunk, absl::Span<const uint8_t> in,
+                                            float* acc) const = 0;
+  // Fused: encodes decode(in) + local[chunk] (a partial sum of one more contribution).
+  virtual absl::StatusOr<size_t> DecompressAccumulateRecompress(const BucketPlan& plan, const ChunkRef& chunk,
+                                                                absl::Span<const uint8_t> in, const Source& local,
+                                                                absl::Span<uint8_t> out) const = 0;
+
+ protected:
+  explicit Codec(const CodecConfig& config) : config_(config) {}
+
+ private:
+  CodecConfig config_;
+};
+
+}  // namespace dynamiq::kernels
+
+#endif  // DQ_KERNELS_CODEC_H_

@@ -1,0 +1,51 @@
+#include "kernels/cpu/buffer_io.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#include <algorithm>
+
+#include "kernels/bf16_math.h"
+#include "kernels/dynamiq_math.h"
+
+namespace dynamiq::kernels {
+
+void LoadSource(const Source& src, size_t begin, size_t count, float* out) {
+  const size_t offset = begin - src.first;
+  if (src.dtype == DType::kFloat32) {
+    memcpy(out, static_cast<const float*>(src.data) + offset, count * sizeof(float));
+  } else {
+    const uint16_t* in = static_cast<const uint16_t*>(src.data) + offset;
+    for (size_t i = 0; i < count; ++i) out[i] = Bf16ToFloat(in[i]);
+  }
+  if (src.subtract_per_group == nullptr) return;
+  for (size_t i = 0; i < count;) {
+    size_t k = begin + i;
+    size_t end = std::min(count, i + (kSuperGroupSize - k % kSuperGroupSize));
+    const float m = src.subtract_per_group[k / kSuperGroupSize];
+    for (; i < end; ++i) out[i] -= m;
+  }
+}
+
+void StoreDest(const Dest& dst, size_t begin, size_t count, const float* in) {
+  const size_t offset = begin - dst.first;
+  for (size_t i = 0; i < count;) {
+    size_t k = begin + i;
+    size_t end = std::min(count, i + (kSuperGroupSize - k % kSuperGroupSize));
+    const float m = dst.add_per_group == nullptr ? 0.0f : dst.add_per_group[k / kSuperGroupSize];
+    if (dst.dtype == DType::kFloat32) {
+      float* out = static_cast<float*>(dst.data) + offset;
+      if (dst.add_per_group == nullptr) {
+        memcpy(out + i, in + i, (end - i) * sizeof(float));
+        i = end;
+      } else {
+        for (; i < end; ++i) out[i] = in[i] + m;
+      }
+    } else {
+      uint16_t* out = static_cast<uint16_t*>(dst.data) + offset;
+      for (; i < end; ++i) out[i] = FloatToBf16(in[i] + m);
+    }
+  }
+}
+
+}  // namespace dynamiq::kernels

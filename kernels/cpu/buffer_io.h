@@ -1,0 +1,20 @@
+// Reading Source and writing Dest ranges on the CPU: dtype conversion plus the optional
+// per-super-group offsets (see kernels/codec.h). Every CPU codec loads and stores through these.
+#ifndef DQ_KERNELS_CPU_BUFFER_IO_H_
+#define DQ_KERNELS_CPU_BUFFER_IO_H_
+
+#include <stddef.h>
+
+#include "kernels/codec.h"
+
+namespace dynamiq::kernels {
+
+// out[i] = local element (begin + i) minus its super-group offset, for i < count.
+void LoadSource(const Source& src, size_t begin, size_t count, float* out);
+
+// Destination element (begin + i) = in[i] plus its super-group offset, rounded to dest's dtype.
+void StoreDest(const Dest& dst, size_t begin, size_t count, const float* in);
+
+}  // namespace dynamiq::kernels
+
+#endif  // DQ_KERNELS_CPU_BUFFER_IO_H_
