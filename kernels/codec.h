@@ -132,6 +132,9 @@ class Codec {
   CodecId id() const { return config_.id; }
   // One line: name, parameters and the exact bits per coordinate on the wire.
   virtual std::string Describe() const = 0;
+  // False for codecs whose aggregation is only defined along a path (THC sums integers hop by
+  // hop and cannot re-quantize an fp32 accumulator fed by several children).
+  virtual bool SupportsButterfly() const { return true; }
 
   // ---- Bucket level. Defaults: no statistics, a plan with only `round` and `num_elements`.
   virtual size_t StatsLength(size_t num_elements) const;
