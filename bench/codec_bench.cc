@@ -1,0 +1,188 @@
+#include "bench/codec_bench.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "bench/synthetic_gradients.h"
+#include "common/status_macros.h"
+#include "engine/schedule.h"
+#include "engine/simulator.h"
+#include "kernels/codec_registry.h"
+
+namespace dynamiq::bench {
+namespace {
+
+using kernels::Codec;
+using kernels::CodecConfig;
+using kernels::CodecId;
+
+absl::StatusOr<std::vector<std::vector<float>>> LoadInputs(const CodecBenchOptions& o) {
+  if (o.inputs.empty()) {
+    SyntheticOptions s;
+    s.workers = o.workers;
+    s.elements = o.elements;
+    s.correlation = o.correlation;
+    s.seed = o.seed;
+    return SyntheticGradients(s);
+  }
+  if (static_cast<int>(o.inputs.size()) != o.workers) {
+    return absl::InvalidArgumentError(absl::StrCat("--input names ", o.inputs.size(), " files but --workers is ",
+                                                   o.workers, " (one file per worker)"));
+  }
+  std::vector<std::vector<float>> out;
+  for (const std::string& path : o.inputs) {
+    std::ifstream f(path, std::ios::binary | std::ios::ate);
+    if (!f) return absl::NotFoundError(absl::StrCat("cannot open --input file ", path));
+    const std::streamsize bytes = f.tellg();
+    if (bytes <= 0 || bytes % 4 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", bytes, " bytes is not a float32 array"));
+    }
+    std::vector<float> v(bytes / 4);
+    f.seekg(0);
+    f.read(reinterpret_cast<char*>(v.data()), bytes);
+    if (!out.empty() && v.size() != out[0].size()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, " holds ", v.size(), " floats, ", o.inputs[0], " holds ",
+                                                     out[0].size(), "; all workers need the same size"));
+    }
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+// Runs `fn` until at least `min_seconds` have passed; returns seconds per call.
+template <typename Fn>
+absl::StatusOr<double> TimePerCall(double min_seconds, Fn&& fn) {
+  using Clock = std::chrono::steady_clock;
+  DQ_RETURN_IF_ERROR(fn());  // warm-up
+  int calls = 0;
+  const auto start = Clock::now();
+  double elapsed = 0;
+  do {
+    DQ_RETURN_IF_ERROR(fn());
+    ++calls;
+    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  } while (elapsed < min_seconds && calls < 100000);
+  return elapsed / calls;
+}
+
+// Single-core throughput of the three chunk operations on worker 0's data, as one chunk.
+absl::Status MeasureThroughput(const Codec& codec, const std::vector<std::vector<float>>& inputs,
+                               const CodecBenchOptions& o, CodecBenchRow& row) {
+  const size_t d = inputs[0].size();
+  const int n = static_cast<int>(inputs.size());
+  std::vector<float> stats(codec.StatsLength(d));
+  kernels::Source local{inputs[0].data(), kernels::DType::kFloat32, 0, nullptr};
+  kernels::Source neighbour{inputs[n > 1 ? 1 : 0].data(), kernels::DType::kFloat32, 0, nullptr};
+  codec.ComputeStats(local, d, stats.data());
+  DQ_ASSIGN_OR_RETURN(kernels::BucketPlan plan,
+                      codec.MakePlan(kernels::RoundInfo{7, 0, static_cast<uint32_t>(n)}, d, stats, stats));
+  if (!plan.local_means.empty()) local.subtract_per_group = neighbour.subtract_per_group = plan.local_means.data();
+  const kernels::ChunkRef chunk{0, 0, d};
+  std::vector<uint8_t> in(codec.MaxEncodedBytes(plan, chunk)), out(in.size());
+  std::vector<float> decoded(d);
+  kernels::Dest dest{decoded.data(), kernels::DType::kFloat32, 0, nullptr};
+  DQ_ASSIGN_OR_RETURN(size_t in_bytes, codec.Compress(plan, chunk, neighbour, absl::MakeSpan(in)));
+  const absl::Span<const uint8_t> message(in.data(), in_bytes);
+  DQ_ASSIGN_OR_RETURN(double t_c, TimePerCall(o.min_seconds, [&]() -> absl::Status {
+                        return codec.Compress(plan, chunk, local, absl::MakeSpan(out)).status();
+                      }));
+  DQ_ASSIGN_OR_RETURN(double t_d, TimePerCall(o.min_seconds, [&]() -> absl::Status {
+                        return codec.Decompress(plan, chunk, message, dest);
+                      }));
+  DQ_ASSIGN_OR_RETURN(
+      double t_dar, TimePerCall(o.min_seconds, [&]() -> absl::Status {
+        return codec.DecompressAccumulateRecompress(plan, chunk, message, local, absl::MakeSpan(out)).status();
+      }));
+  const double gb = 4.0 * d / 1e9;
+  row.compress_gbps = gb / t_c;
+  row.decompress_gbps = gb / t_d;
+  row.dar_gbps = gb / t_dar;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<CodecBenchRow>> RunCodecBench(const CodecBenchOptions& o) {
+  DQ_ASSIGN_OR_RETURN(engine::Topology topology, engine::ParseTopology(o.topology));
+  DQ_ASSIGN_OR_RETURN(engine::Schedule schedule, engine::MakeSchedule(topology, o.workers));
+  DQ_ASSIGN_OR_RETURN(auto inputs, LoadInputs(o));
+  const size_t d = inputs[0].size();
+  std::vector<std::vector<double>> exact;  // per trial
+  std::vector<CodecBenchRow> rows;
+  for (const CodecConfig& config : o.configs) {
+    DQ_ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, kernels::CreateCodec(config));
+    CodecBenchRow row;
+    row.codec = std::string(kernels::CodecName(config.id));
+    row.config = config;
+    row.description = codec->Describe();
+    if (topology == engine::Topology::kButterfly && !codec->SupportsButterfly()) {
+      row.skipped = "codec does not support butterfly";
+      rows.push_back(row);
+      continue;
+    }
+    double vnmse_sum = 0, bits_sum = 0;
+    std::vector<std::vector<float>> outputs(o.workers, std::vector<float>(d));
+    for (int trial = 0; trial < o.trials; ++trial) {
+      std::vector<kernels::Source> in;
+      std::vector<kernels::Dest> out;
+      for (int r = 0; r < o.workers; ++r) {
+        in.push_back(kernels::Source{inputs[r].data(), kernels::DType::kFloat32, 0, nullptr});
+        out.push_back(kernels::Dest{outputs[r].data(), kernels::DType::kFloat32, 0, nullptr});
+      }
+      DQ_ASSIGN_OR_RETURN(engine::SimulationResult sim,
+                          engine::SimulateAllReduce(*codec, schedule, d, 1000 + trial, in, out));
+      if (exact.empty()) exact.push_back(ExactSum(inputs));
+      vnmse_sum += Vnmse(outputs[0].data(), exact[0]);
+      bits_sum += engine::WireBitsPerCoord(sim, d, o.workers);
+      for (int r = 1; r < o.workers; ++r) {
+        if (std::memcmp(outputs[r].data(), outputs[0].data(), d * sizeof(float)) != 0) row.identical = false;
+      }
+    }
+    row.vnmse = vnmse_sum / o.trials;
+    row.wire_bits_per_coord = bits_sum / o.trials;
+    if (o.min_seconds > 0) DQ_RETURN_IF_ERROR(MeasureThroughput(*codec, inputs, o, row));
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::string FormatRowJson(const CodecBenchRow& r, const CodecBenchOptions& o) {
+  if (!r.skipped.empty()) {
+    return absl::StrFormat(R"({"codec":"%s","skipped":"%s"})", r.codec, r.skipped);
+  }
+  return absl::StrFormat(
+      R"({"codec":"%s","bits_target":%.4g,"workers":%d,"topology":"%s","elements":%d,"wire_bits_per_coord":%.4f,)"
+      R"("vnmse":%.6g,"compress_gbps":%.3f,"decompress_gbps":%.3f,"dar_gbps":%.3f,"identical_on_all_ranks":%s,)"
+      R"("description":"%s"})",
+      r.codec, r.config.bits, o.workers, o.topology, o.elements, r.wire_bits_per_coord, r.vnmse, r.compress_gbps,
+      r.decompress_gbps, r.dar_gbps, r.identical ? "true" : "false", r.description);
+}
+
+std::string FormatTable(const std::vector<CodecBenchRow>& rows, const CodecBenchOptions& o) {
+  std::string s = absl::StrFormat("# %d workers, %s, %d elements per worker, %d trial(s)\n", o.workers, o.topology,
+                                  o.elements, o.trials);
+  absl::StrAppendFormat(&s, "%-9s %9s %10s %12s %10s %10s %10s %s\n", "codec", "bits", "wire_bits", "vnmse",
+                        "comp_GB/s", "decomp_GB/s", "DAR_GB/s", "identical");
+  for (const CodecBenchRow& r : rows) {
+    if (!r.skipped.empty()) {
+      absl::StrAppendFormat(&s, "%-9s (skipped: %s)\n", r.codec, r.skipped);
+      continue;
+    }
+    const bool has_bits = r.config.id == CodecId::kDynamiq || r.config.id == CodecId::kUniform;
+    absl::StrAppendFormat(&s, "%-9s %9s %10.3f %12.4e %10.2f %10.2f %10.2f %s\n", r.codec,
+                          has_bits ? absl::StrFormat("%.3g", r.config.bits) : "-", r.wire_bits_per_coord, r.vnmse,
+                          r.compress_gbps, r.decompress_gbps, r.dar_gbps, r.identical ? "yes" : "NO");
+  }
+  return s;
+}
+
+}  // namespace dynamiq::bench

@@ -1,0 +1,130 @@
+// dynamiq-bench: benchmarks. Subcommands:
+//   codec   compression error and single-core speed of every codec on a simulated multi-hop
+//           all-reduce (bench/codec_bench.h).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "bench/codec_bench.h"
+#include "kernels/codec.h"
+
+ABSL_FLAG(std::string, codec, "all",
+          "Comma-separated codecs: none,bf16,dynamiq,mxfp8,mxfp6,mxfp4,thc,uniform, or 'all'.");
+ABSL_FLAG(std::string, bits, "",
+          "Comma-separated bit budgets for the codecs that take one: dynamiq (average bits/coord incl. metadata, "
+          "3..8; default 5) and uniform (bits per code, 2..8; default 4). Each value is a row.");
+ABSL_FLAG(std::string, allocator, "measured",
+          "DynamiQ bit allocator: measured (ours: minimises measured error), paper (the paper's 4x-per-bit "
+          "thresholds), or both.");
+ABSL_FLAG(std::string, levels, "mee", "DynamiQ levels: mee (non-uniform, the paper's MEE) or uniform.");
+ABSL_FLAG(bool, correlated, true, "Correlated (stratified) rounding across ranks for dynamiq and uniform.");
+ABSL_FLAG(int, workers, 8, "Simulated ranks.");
+ABSL_FLAG(std::string, topology, "ring", "ring, or butterfly (power-of-two --workers).");
+ABSL_FLAG(int64_t, size, 1 << 22, "Elements per worker (synthetic data).");
+ABSL_FLAG(std::string, input, "",
+          "Comma-separated raw little-endian float32 files, one per worker, to measure your own gradients "
+          "instead of the synthetic data. Synthetic data: per 256-element super-group a log-normal mixture "
+          "magnitude (DynamiQ paper, Table 7: .79 N(-3.99, 1.22), .21 N(-16.41, 4.63) in ln), times a normal "
+          "value shared by all workers (share --correlation of the variance) plus a private normal value.");
+ABSL_FLAG(double, correlation, 0.5, "Synthetic data: fraction of variance shared by all workers (0..1).");
+ABSL_FLAG(uint64_t, seed, 1, "Synthetic data seed.");
+ABSL_FLAG(int, trials, 3, "All-reduce trials averaged for vnmse and wire bits.");
+ABSL_FLAG(double, min_time, 0.3, "Seconds per throughput measurement (0 skips throughput).");
+ABSL_FLAG(bool, json, false, "Print one JSON object per line instead of a table.");
+
+namespace {
+
+using dynamiq::kernels::BitAllocator;
+using dynamiq::kernels::CodecConfig;
+using dynamiq::kernels::CodecId;
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "dynamiq-bench: %s\n", message.c_str());
+  return 2;
+}
+
+int RunCodec() {
+  dynamiq::bench::CodecBenchOptions o;
+  o.workers = absl::GetFlag(FLAGS_workers);
+  o.topology = absl::GetFlag(FLAGS_topology);
+  o.elements = static_cast<size_t>(absl::GetFlag(FLAGS_size));
+  o.correlation = absl::GetFlag(FLAGS_correlation);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.trials = absl::GetFlag(FLAGS_trials);
+  o.min_seconds = absl::GetFlag(FLAGS_min_time);
+  if (o.workers < 1 || o.trials < 1 || absl::GetFlag(FLAGS_size) < 1) {
+    return Fail("--workers, --trials and --size must be positive");
+  }
+  if (!absl::GetFlag(FLAGS_input).empty()) o.inputs = absl::StrSplit(absl::GetFlag(FLAGS_input), ',');
+
+  std::vector<std::string> names = absl::StrSplit(absl::GetFlag(FLAGS_codec), ',');
+  if (absl::GetFlag(FLAGS_codec) == "all") {
+    names = {"none", "bf16", "dynamiq", "mxfp8", "mxfp6", "mxfp4", "thc", "uniform"};
+  }
+  std::vector<double> bits;
+  for (absl::string_view b : absl::StrSplit(absl::GetFlag(FLAGS_bits), ',', absl::SkipEmpty())) {
+    double v;
+    if (!absl::SimpleAtod(b, &v)) return Fail(absl::StrCat("--bits: '", b, "' is not a number"));
+    bits.push_back(v);
+  }
+  std::vector<BitAllocator> allocators;
+  const std::string allocator = absl::GetFlag(FLAGS_allocator);
+  if (allocator == "measured" || allocator == "both") allocators.push_back(BitAllocator::kMeasured);
+  if (allocator == "paper" || allocator == "both") allocators.push_back(BitAllocator::kPaper);
+  if (allocators.empty()) return Fail("--allocator must be measured, paper or both");
+  const std::string levels = absl::GetFlag(FLAGS_levels);
+  if (levels != "mee" && levels != "uniform") return Fail("--levels must be mee or uniform");
+
+  for (const std::string& name : names) {
+    auto id = dynamiq::kernels::ParseCodecId(name);
+    if (!id.ok()) return Fail(std::string(id.status().message()));
+    CodecConfig c;
+    c.id = *id;
+    c.correlated_rounding = absl::GetFlag(FLAGS_correlated);
+    c.levels = levels == "mee" ? dynamiq::kernels::LevelKind::kMee : dynamiq::kernels::LevelKind::kUniform;
+    if (c.id == CodecId::kDynamiq || c.id == CodecId::kUniform) {
+      std::vector<double> values = bits;
+      if (values.empty()) values = {c.id == CodecId::kDynamiq ? 5.0 : 4.0};
+      for (BitAllocator a :
+           c.id == CodecId::kDynamiq ? allocators : std::vector<BitAllocator>{BitAllocator::kMeasured}) {
+        for (double v : values) {
+          c.bits = v;
+          c.allocator = a;
+          o.configs.push_back(c);
+        }
+      }
+    } else {
+      c.bits = c.id == CodecId::kThc ? 4.0 : 0.0;
+      o.configs.push_back(c);
+    }
+  }
+  auto rows = dynamiq::bench::RunCodecBench(o);
+  if (!rows.ok()) return Fail(std::string(rows.status().message()));
+  if (absl::GetFlag(FLAGS_json)) {
+    for (const auto& r : *rows) std::printf("%s\n", dynamiq::bench::FormatRowJson(r, o).c_str());
+  } else {
+    std::printf("%s", dynamiq::bench::FormatTable(*rows, o).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "dynamiq benchmarks.\n"
+      "  dynamiq-bench codec [flags]   compression error (vNMSE of the all-reduced sum), wire bits and "
+      "single-core GB/s of compress, decompress and fused DAR, per codec, on a simulated ring or butterfly.\n"
+      "Example: dynamiq-bench codec --codec=dynamiq,mxfp8 --bits=4,5,6 --workers=8 --topology=ring");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() < 2) return Fail("missing subcommand (codec); see --help");
+  const std::string command = args[1];
+  if (command == "codec") return RunCodec();
+  return Fail(absl::StrCat("unknown subcommand '", command, "'; see --help"));
+}

@@ -1,0 +1,37 @@
+// Synthetic gradient-like data for codec benchmarks and tests (DynamiQ paper, Table 7, plus
+// correlation between workers as in real data-parallel training):
+//   every 256-element super-group j draws a magnitude M_j from a log-normal mixture
+//   (weight .79: ln M ~ N(-3.99, 1.22^2); weight .21: ln M ~ N(-16.41, 4.63^2)), so about a fifth of
+//   the super-groups are orders of magnitude smaller than the median, as in LLM gradients;
+//   worker i's element k is M_j / 16 * (sqrt(rho) z_k + sqrt(1 - rho) z_ik) with standard normal
+//   z's: a component shared by all workers plus a private one (rho = 0.5 by default).
+// Deterministic for a given seed.
+#ifndef DQ_BENCH_SYNTHETIC_GRADIENTS_H_
+#define DQ_BENCH_SYNTHETIC_GRADIENTS_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <vector>
+
+namespace dynamiq::bench {
+
+struct SyntheticOptions {
+  int workers = 8;
+  size_t elements = 1 << 20;
+  double correlation = 0.5;  // rho
+  uint64_t seed = 1;
+};
+
+// workers x elements values.
+std::vector<std::vector<float>> SyntheticGradients(const SyntheticOptions& options);
+
+// Exact (double precision) elementwise sum of the workers' vectors.
+std::vector<double> ExactSum(const std::vector<std::vector<float>>& inputs);
+
+// ||approx - exact||^2 / ||exact||^2.
+double Vnmse(const float* approx, const std::vector<double>& exact);
+
+}  // namespace dynamiq::bench
+
+#endif  // DQ_BENCH_SYNTHETIC_GRADIENTS_H_

@@ -1,0 +1,137 @@
+#include "engine/rank_executor.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/buffer_io.h"
+
+namespace dynamiq::engine {
+
+using kernels::ChunkRef;
+
+RankExecutor::RankExecutor(const kernels::Codec& codec, const Schedule& schedule, const kernels::BucketPlan& plan,
+                           const kernels::Source& local, const kernels::Dest& out)
+    : codec_(codec),
+      schedule_(schedule),
+      plan_(plan),
+      local_(local),
+      out_(out),
+      rank_(static_cast<int>(plan.round.rank)),
+      n_(schedule.world_size),
+      children_left_(schedule.world_size, 0),
+      owned_chunk_(-1) {
+  auto index = [&](const std::vector<std::vector<Transfer>>& steps, std::vector<Move>& send, std::vector<Move>& recv) {
+    send.assign(steps.size(), Move{});
+    recv.assign(steps.size(), Move{});
+    for (size_t s = 0; s < steps.size(); ++s) {
+      for (const Transfer& t : steps[s]) {
+        if (t.from == rank_) send[s] = Move{t.chunk, t.to};
+        if (t.to == rank_) recv[s] = Move{t.chunk, t.from};
+      }
+    }
+  };
+  index(schedule.reduce_scatter, rs_send_, rs_recv_);
+  index(schedule.all_gather, ag_send_, ag_recv_);
+  for (const Move& m : rs_recv_) {
+    if (m.chunk >= 0) ++children_left_[m.chunk];
+  }
+  for (int c = 0; c < n_; ++c) {
+    if (schedule.owner[c] == rank_) owned_chunk_ = c;
+  }
+}
+
+size_t RankExecutor::MaxMessageBytes(int chunk) const {
+  return codec_.MaxEncodedBytes(plan_, ChunkOf(plan_.num_elements, n_, chunk));
+}
+
+kernels::Source RankExecutor::AccumulatorSource(int chunk) const {
+  kernels::Source s;
+  s.data = accumulators_.at(chunk).data();
+  s.dtype = kernels::DType::kFloat32;
+  s.first = ChunkOf(plan_.num_elements, n_, chunk).begin;
+  return s;
+}
+
+absl::StatusOr<absl::Span<const uint8_t>> RankExecutor::ReduceScatterSend(int step) {
+  const Move m = rs_send_[step];
+  if (m.chunk < 0) return absl::Span<const uint8_t>();
+  const ChunkRef chunk = ChunkOf(plan_.num_elements, n_, m.chunk);
+  auto it = pending_.find(m.chunk);
+  if (it != pending_.end()) {
+    scratch_ = std::move(it->second);
+    pending_.erase(it);
+    return absl::Span<const uint8_t>(scratch_);
+  }
+  if (children_left_[m.chunk] != 0) {
+    return absl::InternalError(
+        absl::StrCat("rank ", rank_, " must send chunk ", m.chunk, " at step ", step, " before its children arrived"));
+  }
+  scratch_.resize(codec_.MaxEncodedBytes(plan_, chunk));
+  DQ_ASSIGN_OR_RETURN(size_t bytes, codec_.Compress(plan_, chunk, local_, absl::MakeSpan(scratch_)));
+  return absl::Span<const uint8_t>(scratch_.data(), bytes);
+}
+
+absl::Status RankExecutor::ReduceScatterReceive(int step, absl::Span<const uint8_t> message) {
+  const Move m = rs_recv_[step];
+  if (m.chunk < 0) return absl::OkStatus();
+  const ChunkRef chunk = ChunkOf(plan_.num_elements, n_, m.chunk);
+  const bool last = --children_left_[m.chunk] == 0;
+  if (!last) {
+    auto [it, fresh] = accumulators_.try_emplace(m.chunk);
+    if (fresh) {
+      it->second.resize(chunk.count);
+      kernels::LoadSource(local_, chunk.begin, chunk.count, it->second.data());
+    }
+    absl::Status s = codec_.DecompressAccumulate(plan_, chunk, message, it->second.data());
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("from rank ", m.peer, ", chunk ", m.chunk, ": ", s.message()));
+    }
+    return absl::OkStatus();
+  }
+  const bool accumulated = accumulators_.count(m.chunk) != 0;
+  const kernels::Source source = accumulated ? AccumulatorSource(m.chunk) : local_;
+  std::vector<uint8_t>& target = m.chunk == owned_chunk_ ? owned_ : pending_[m.chunk];
+  target.resize(codec_.MaxEncodedBytes(plan_, chunk));
+  auto bytes = codec_.DecompressAccumulateRecompress(plan_, chunk, message, source, absl::MakeSpan(target));
+  if (accumulated) accumulators_.erase(m.chunk);
+  if (!bytes.ok()) {
+    return absl::Status(bytes.status().code(),
+                        absl::StrCat("from rank ", m.peer, ", chunk ", m.chunk, ": ", bytes.status().message()));
+  }
+  target.resize(*bytes);
+  return absl::OkStatus();
+}
+
+absl::Status RankExecutor::FinishReduceScatter() {
+  if (owned_chunk_ < 0) return absl::OkStatus();
+  const ChunkRef chunk = ChunkOf(plan_.num_elements, n_, owned_chunk_);
+  if (owned_.empty()) {  // no children (world size 1): the owner is also the leaf
+    owned_.resize(codec_.MaxEncodedBytes(plan_, chunk));
+    DQ_ASSIGN_OR_RETURN(size_t bytes, codec_.Compress(plan_, chunk, local_, absl::MakeSpan(owned_)));
+    owned_.resize(bytes);
+  }
+  // The owner decodes its own compressed copy, exactly what every other rank will decode.
+  return codec_.Decompress(plan_, chunk, owned_, out_);
+}
+
+absl::StatusOr<absl::Span<const uint8_t>> RankExecutor::AllGatherSend(int step) {
+  const Move m = ag_send_[step];
+  if (m.chunk < 0) return absl::Span<const uint8_t>();
+  if (m.chunk == owned_chunk_) return absl::Span<const uint8_t>(owned_);
+  scratch_.swap(forward_);  // the next receive refills forward_ while this send may be in flight
+  return absl::Span<const uint8_t>(scratch_);
+}
+
+absl::Status RankExecutor::AllGatherReceive(int step, absl::Span<const uint8_t> message) {
+  const Move m = ag_recv_[step];
+  if (m.chunk < 0) return absl::OkStatus();
+  const ChunkRef chunk = ChunkOf(plan_.num_elements, n_, m.chunk);
+  absl::Status s = codec_.Decompress(plan_, chunk, message, out_);
+  if (!s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("all-gather from rank ", m.peer, ", chunk ", m.chunk, ": ", s.message()));
+  }
+  forward_.assign(message.begin(), message.end());
+  return absl::OkStatus();
+}
+
+}  // namespace dynamiq::engine

@@ -1,0 +1,85 @@
+// RankExecutor: one rank's part of a compressed multi-hop all-reduce of one bucket. It knows,
+// from the Schedule, what this rank sends at every step and what to do with what it receives:
+//
+//   send, no children for the chunk       -> Compress(local)                          (leaf)
+//   receive, more children still to come -> DecompressAccumulate into an fp32 accumulator
+//   receive, last child                   -> DecompressAccumulateRecompress(local or accumulator)
+//                                            into the bytes to send next (or, at the owner, the
+//                                            final bytes, which the owner decodes like everyone else)
+//   all-gather receive                    -> Decompress into the output, forward the same bytes
+//
+// Transport-agnostic: the in-process simulator and the network engines move the bytes.
+// Memory: one chunk of compressed bytes per pending send plus one fp32 accumulator per chunk with
+// several children (O(log n) chunks for butterfly, none for ring); never O(n * d).
+// Not thread-safe; one executor per rank per collective.
+#ifndef DQ_ENGINE_RANK_EXECUTOR_H_
+#define DQ_ENGINE_RANK_EXECUTOR_H_
+
+#include <stdint.h>
+
+#include <map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/schedule.h"
+#include "kernels/codec.h"
+
+namespace dynamiq::engine {
+
+class RankExecutor {
+ public:
+  // `local` and `out` cover the whole bucket (plan.num_elements). The caller keeps codec,
+  // schedule and plan alive for the executor's lifetime.
+  RankExecutor(const kernels::Codec& codec, const Schedule& schedule, const kernels::BucketPlan& plan,
+               const kernels::Source& local, const kernels::Dest& out);
+
+  int rank() const { return rank_; }
+
+  // Peers of reduce-scatter / all-gather step `step`; -1 when this rank sits the step out.
+  int ReduceScatterSendPeer(int step) const { return rs_send_[step].peer; }
+  int ReduceScatterRecvPeer(int step) const { return rs_recv_[step].peer; }
+  int AllGatherSendPeer(int step) const { return ag_send_[step].peer; }
+  int AllGatherRecvPeer(int step) const { return ag_recv_[step].peer; }
+
+  // The bytes to send at the step (valid until the next call on this executor).
+  absl::StatusOr<absl::Span<const uint8_t>> ReduceScatterSend(int step);
+  absl::Status ReduceScatterReceive(int step, absl::Span<const uint8_t> message);
+  // After the last reduce-scatter step: decodes the owned chunk into the output.
+  absl::Status FinishReduceScatter();
+  absl::StatusOr<absl::Span<const uint8_t>> AllGatherSend(int step);
+  absl::Status AllGatherReceive(int step, absl::Span<const uint8_t> message);
+
+  // Bytes of the owned chunk's final compressed form (after FinishReduceScatter).
+  size_t owned_bytes() const { return owned_.size(); }
+
+  // Upper bound of any message this rank receives at a step (for sizing receive buffers).
+  size_t MaxMessageBytes(int chunk) const;
+
+ private:
+  struct Move {
+    int chunk = -1;
+    int peer = -1;
+  };
+  kernels::Source AccumulatorSource(int chunk) const;
+
+  const kernels::Codec& codec_;
+  const Schedule& schedule_;
+  const kernels::BucketPlan& plan_;
+  kernels::Source local_;
+  kernels::Dest out_;
+  int rank_;
+  int n_;
+  std::vector<Move> rs_send_, rs_recv_, ag_send_, ag_recv_;
+  std::vector<int> children_left_;                  // per chunk: receives still to come
+  std::map<int, std::vector<float>> accumulators_;  // chunks with several children
+  std::map<int, std::vector<uint8_t>> pending_;     // compressed partial sums waiting to be sent
+  std::vector<uint8_t> scratch_;                    // leaf compression output
+  int owned_chunk_;
+  std::vector<uint8_t> owned_;
+  std::vector<uint8_t> forward_;  // all-gather bytes received last step
+};
+
+}  // namespace dynamiq::engine
+
+#endif  // DQ_ENGINE_RANK_EXECUTOR_H_

@@ -1,0 +1,56 @@
+// Schedule: which rank sends which chunk to whom at every step of a multi-hop all-reduce.
+// The simulator and the network engines run exactly these schedules.
+//
+// A bucket of d elements is cut into n chunks of ceil(d/n) rounded up to 256 elements (the last
+// ones may be shorter or empty). Reduce-scatter moves every chunk along an in-tree to its owner;
+// all-gather then forwards the owner's final compressed bytes unchanged around the ring, so every
+// rank decodes the same bytes and ends with bit-identical results.
+//
+//   ring:      RS step s (0..n-2): rank r sends chunk (r - s) mod n to r + 1. Chunk c travels
+//              c -> c+1 -> ... -> c-1 (a path of depth n-1, re-quantized at every hop).
+//   butterfly: n a power of two. Pairs (a, b) by level: (0,1),(2,3),... then (1,3),(5,7),...
+//              then (3,7),...; at the step of pair (a, b) rank r sends chunk (r - a) to r - a + b.
+//              Chunk c's tree is a binomial tree rotated by c (depth log2 n), sink c - 1.
+//   Both:      owner(c) = (c - 1) mod n; AG step t (0..n-2): rank r sends chunk (r + 1 - t) to r + 1.
+// Every rank sends at most one and receives at most one chunk per step (ring bandwidth).
+#ifndef DQ_ENGINE_SCHEDULE_H_
+#define DQ_ENGINE_SCHEDULE_H_
+
+#include <stddef.h>
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/codec.h"
+
+namespace dynamiq::engine {
+
+enum class Topology { kRing, kButterfly };
+
+absl::string_view TopologyName(Topology t);
+absl::StatusOr<Topology> ParseTopology(absl::string_view name);
+
+struct Transfer {
+  int from = 0;
+  int to = 0;
+  int chunk = 0;
+};
+
+struct Schedule {
+  Topology topology = Topology::kRing;
+  int world_size = 1;
+  std::vector<std::vector<Transfer>> reduce_scatter;  // steps, in order
+  std::vector<std::vector<Transfer>> all_gather;
+  std::vector<int> owner;  // owner[c]: the rank that finishes chunk c
+};
+
+// INVALID_ARGUMENT for n < 1, or butterfly with n not a power of two.
+absl::StatusOr<Schedule> MakeSchedule(Topology topology, int world_size);
+
+// Elements of chunk c (0 <= c < n) of a d-element bucket.
+kernels::ChunkRef ChunkOf(size_t num_elements, int world_size, int chunk);
+
+}  // namespace dynamiq::engine
+
+#endif  // DQ_ENGINE_SCHEDULE_H_

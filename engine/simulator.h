@@ -1,0 +1,39 @@
+// In-process simulation of a compressed multi-hop all-reduce over n ranks: every rank runs a
+// RankExecutor over the real Schedule, and messages are byte vectors handed over in step order.
+// It measures compression error and wire bytes before any network exists, and is the oracle the
+// network engines are tested against (same schedule, same bytes).
+#ifndef DQ_ENGINE_SIMULATOR_H_
+#define DQ_ENGINE_SIMULATOR_H_
+
+#include <stdint.h>
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/schedule.h"
+#include "kernels/codec.h"
+
+namespace dynamiq::engine {
+
+struct SimulationResult {
+  std::vector<uint64_t> bytes_sent;  // per rank: statistics exchange + reduce-scatter + all-gather
+  uint64_t stats_bytes_sent = 0;     // all ranks, statistics exchange only
+  uint64_t total_bytes_sent = 0;     // all ranks
+};
+
+// All-reduces inputs[r] (num_elements values each) into outputs[r] for every rank r.
+// inputs/outputs have one entry per rank; Source::subtract_per_group and Dest::add_per_group
+// must be unset (the codec's plan supplies them).
+absl::StatusOr<SimulationResult> SimulateAllReduce(const kernels::Codec& codec, const Schedule& schedule,
+                                                   size_t num_elements, uint64_t round,
+                                                   absl::Span<const kernels::Source> inputs,
+                                                   absl::Span<const kernels::Dest> outputs);
+
+// Bits per coordinate per message: total bytes sent / (num_elements * 2 (n-1)); for n == 1 the
+// bits of the one compressed chunk per coordinate. Comparable to a codec's nominal bits.
+double WireBitsPerCoord(const SimulationResult& result, size_t num_elements, int world_size);
+
+}  // namespace dynamiq::engine
+
+#endif  // DQ_ENGINE_SIMULATOR_H_

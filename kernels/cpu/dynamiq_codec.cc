@@ -1,0 +1,315 @@
+#include "kernels/cpu/dynamiq_codec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "kernels/bf16_math.h"
+#include "kernels/cpu/buffer_io.h"
+#include "kernels/cpu/dynamiq_simd.h"
+#include "kernels/dynamiq_levels.h"
+#include "kernels/random_math.h"
+#include "kernels/wire_format.h"
+
+namespace dynamiq::kernels {
+namespace {
+
+size_t NumSuperGroups(size_t n) { return (n + kSuperGroupSize - 1) / kSuperGroupSize; }
+
+int CountInSg(const ChunkRef& chunk, size_t j) {
+  return static_cast<int>(std::min<size_t>(kSuperGroupSize, chunk.count - j * kSuperGroupSize));
+}
+
+uint32_t WidthToMapCode(int w) { return w == 0 ? 0 : (w == 2 ? 1 : (w == 4 ? 2 : 3)); }
+int MapCodeToWidth(uint32_t c) { return c == 0 ? 0 : 1 << c; }
+
+// Standard normal samples from the counter-based generator (Box-Muller), for error calibration.
+float Gaussian(uint32_t key, uint32_t i) {
+  double u1 = (RandomBits(key, 2 * i) + 0.5) / 4294967296.0;
+  double u2 = (RandomBits(key, 2 * i + 1) + 0.5) / 4294967296.0;
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+// Relative squared error of one quantization per width on Gaussian super-groups.
+WidthErrors MeasureWidthErrors(const LevelTable tables[3]) {
+  constexpr int kSgs = 64;
+  WidthErrors errors{};
+  std::vector<float> x(kSuperGroupSize), y(kSuperGroupSize);
+  std::vector<uint8_t> sg(SuperGroupBytes(8, kSuperGroupSize));
+  for (int w = 0; w < 3; ++w) {
+    double err = 0, norm = 0;
+    for (int s = 0; s < kSgs; ++s) {
+      for (int k = 0; k < kSuperGroupSize; ++k) x[k] = Gaussian(0x51a7u, s * kSuperGroupSize + k);
+      EncodeSuperGroup(tables[w], x.data(), kSuperGroupSize, StreamKey(1, s, 0), 0, false, 0, 1, sg.data());
+      DecodeSuperGroup(tables[w], sg.data(), kSuperGroupSize, y.data());
+      for (int k = 0; k < kSuperGroupSize; ++k) {
+        err += double(y[k] - x[k]) * (y[k] - x[k]);
+        norm += double(x[k]) * x[k];
+      }
+    }
+    errors[w] = err / norm;
+  }
+  return errors;
+}
+
+}  // namespace
+
+struct DynamiqCodec::Layout {
+  size_t first_sg = 0;
+  size_t num_sg = 0;
+  size_t map_bytes = 0;
+  size_t payload_bytes = 0;
+};
+
+DynamiqCodec::DynamiqCodec(const CodecConfig& config, Kernel kernel) : Codec(config), kernel_(kernel) {
+  const int widths[3] = {2, 4, 8};
+  for (int w = 0; w < 3; ++w) tables_[w] = BuildLevelTable(widths[w], config.levels, DefaultMeeEpsilon(widths[w]));
+  errors_ = MeasureWidthErrors(tables_);
+}
+
+std::string DynamiqCodec::Describe() const {
+  return absl::StrFormat(
+      "dynamiq: %.3g bits/coord on average incl. all metadata (2/4/8-bit codes per 256-element super-group, "
+      "u8 scale per 16, bf16 super unit, 2-bit width map, 32 bits of bf16 stats per super-group), %s levels, "
+      "%s allocator, %s rounding",
+      config().bits, config().levels == LevelKind::kMee ? "MEE" : "uniform",
+      config().allocator == BitAllocator::kMeasured ? "measured-error" : "paper",
+      config().correlated_rounding ? "correlated" : "independent");
+}
+
+size_t DynamiqCodec::StatsLength(size_t num_elements) const { return 2 * NumSuperGroups(num_elements); }
+
+void DynamiqCodec::ComputeStats(const Source& local, size_t num_elements, float* stats) const {
+  float tile[kSuperGroupSize];
+  Source raw = local;
+  raw.subtract_per_group = nullptr;
+  for (size_t j = 0; j < NumSuperGroups(num_elements); ++j) {
+    const size_t begin = j * kSuperGroupSize;
+    const size_t count = std::min<size_t>(kSuperGroupSize, num_elements - begin);
+    LoadSource(raw, begin, count, tile);
+    double sum = 0, sum_sq = 0;
+    for (size_t k = 0; k < count; ++k) {
+      sum += tile[k];
+      sum_sq += double(tile[k]) * tile[k];
+    }
+    // Stats travel as bf16. The mean is rounded here so that what a rank subtracts is exactly what
+    // it contributes to the sum; the norm is rounded up so a non-zero super-group never looks zero.
+    const float mean = static_cast<float>(sum / static_cast<double>(count));
+    stats[2 * j] = std::isfinite(mean) ? Bf16ToFloat(FloatToBf16(mean)) : 0.0f;
+    stats[2 * j + 1] = Bf16ToFloat(FloatToBf16Up(static_cast<float>(std::sqrt(sum_sq))));
+  }
+}
+
+absl::StatusOr<BucketPlan> DynamiqCodec::MakePlan(const RoundInfo& round, size_t num_elements,
+                                                  absl::Span<const float> local_stats,
+                                                  absl::Span<const float> reduced_stats) const {
+  const size_t m = NumSuperGroups(num_elements);
+  if (local_stats.size() != 2 * m || reduced_stats.size() != 2 * m) {
+    return absl::InvalidArgumentError(absl::StrCat("dynamiq stats for ", num_elements, " elements need ", 2 * m,
+                                                   " floats, got ", local_stats.size(), " local and ",
+                                                   reduced_stats.size(), " reduced"));
+  }
+  if (num_elements > (size_t{1} << 40)) return absl::InvalidArgumentError("bucket too large");
+  BucketPlan plan;
+  plan.round = round;
+  plan.num_elements = num_elements;
+  plan.local_means.resize(m);
+  plan.mean_sums.resize(m);
+  std::vector<double> energy(m);
+  for (size_t j = 0; j < m; ++j) {
+    plan.local_means[j] = local_stats[2 * j];
+    plan.mean_sums[j] = reduced_stats[2 * j];
+    const double norm = reduced_stats[2 * j + 1];
+    // Non-finite norms (Inf/NaN gradients) sort first and get 8 bits; the super-group decodes to NaN.
+    energy[j] = std::isfinite(norm) ? norm * norm : HUGE_VAL;
+    if (!std::isfinite(plan.mean_sums[j])) plan.mean_sums[j] = 0.0f;
+  }
+  plan.widths = AllocateWidths(energy, num_elements, config().bits, config().allocator, errors_).widths;
+  return plan;
+}
+
+absl::StatusOr<DynamiqCodec::Layout> DynamiqCodec::ChunkLayout(const BucketPlan& plan, const ChunkRef& chunk) const {
+  if (plan.widths.size() != NumSuperGroups(plan.num_elements) || chunk.begin % kSuperGroupSize != 0 ||
+      chunk.begin > plan.num_elements || chunk.count > plan.num_elements - chunk.begin ||
+      chunk.count > kMaxChunkElements) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk [", chunk.begin, ", +", chunk.count,
+                                                   ") does not fit the dynamiq plan of ", plan.num_elements,
+                                                   " elements / ", plan.widths.size(), " super-groups"));
+  }
+  Layout l;
+  l.first_sg = chunk.begin / kSuperGroupSize;
+  l.num_sg = NumSuperGroups(chunk.count);
+  l.map_bytes = (l.num_sg + 3) / 4;
+  l.payload_bytes = l.map_bytes;
+  for (size_t j = 0; j < l.num_sg; ++j) {
+    l.payload_bytes += SuperGroupBytes(plan.widths[l.first_sg + j], CountInSg(chunk, j));
+  }
+  return l;
+}
+
+size_t DynamiqCodec::MaxEncodedBytes(const BucketPlan& plan, const ChunkRef& chunk) const {
+  auto layout = ChunkLayout(plan, chunk);
+  return kChunkHeaderBytes + (layout.ok() ? layout->payload_bytes : 0);
+}
+
+void DynamiqCodec::EncodeSg(const LevelTable& t, const float* tile, int count, uint32_t key, uint32_t first_index,
+                            uint32_t stratum, const RoundInfo& round, uint8_t* sg) const {
+  const bool correlated = Correlated(round);
+  if (kernel_ == Kernel::kSimd && count == kSuperGroupSize) {
+    EncodeSuperGroupSimd(t, tile, key, first_index, correlated, stratum, round.world_size, sg);
+  } else {
+    EncodeSuperGroup(t, tile, count, key, first_index, correlated, stratum, round.world_size, sg);
+  }
+}
+
+void DynamiqCodec::DecodeSg(const LevelTable& t, const uint8_t* sg, int count, float* out, bool add) const {
+  if (kernel_ == Kernel::kSimd && count == kSuperGroupSize) {
+    add ? DecodeAddSuperGroupSimd(t, sg, out) : DecodeSuperGroupSimd(t, sg, out);
+    return;
+  }
+  float tmp[kSuperGroupSize];
+  DecodeSuperGroup(t, sg, count, add ? tmp : out);
+  if (add) {
+    for (int k = 0; k < count; ++k) out[k] = out[k] + tmp[k];
+  }
+}
+
+absl::StatusOr<const uint8_t*> DynamiqCodec::CheckInput(const BucketPlan& plan, const ChunkRef& chunk,
+                                                        const Layout& layout, absl::Span<const uint8_t> in,
+                                                        uint16_t* summands) const {
+  DQ_ASSIGN_OR_RETURN(ChunkHeader h, ParseChunkHeader(in));
+  DQ_RETURN_IF_ERROR(ValidateChunkHeader(h, CodecId::kDynamiq, plan, chunk, layout.payload_bytes));
+  if (h.element_bits != 0) return absl::InvalidArgumentError("dynamiq chunk must have element_bits 0");
+  const uint8_t* payload = in.data() + kChunkHeaderBytes;
+  const uint8_t* sg = payload + layout.map_bytes;
+  for (size_t j = 0; j < layout.num_sg; ++j) {
+    const int w = MapCodeToWidth((payload[j / 4] >> (2 * (j % 4))) & 3u);
+    const int expected = plan.widths[layout.first_sg + j];
+    if (w != expected) {
+      return absl::InvalidArgumentError(absl::StrCat("super-group ", layout.first_sg + j, " arrived with ", w,
+                                                     "-bit codes, the plan says ", expected,
+                                                     " (ranks disagree on the bit allocation)"));
+    }
+    const int count = CountInSg(chunk, j);
+    if (w != 0 && !ValidateSuperGroup(tables_[WidthIndex(w)], sg, count)) {
+      return absl::InvalidArgumentError(absl::StrCat("super-group ", layout.first_sg + j,
+                                                     " is malformed (illegal code, zero group scale or bad super "
+                                                     "unit)"));
+    }
+    sg += SuperGroupBytes(w, count);
+  }
+  *summands = h.num_summands;
+  return payload;
+}
+
+template <typename Fn>
+absl::StatusOr<size_t> DynamiqCodec::Encode(const BucketPlan& plan, const ChunkRef& chunk, const Layout& layout,
+                                            uint16_t summands, absl::Span<uint8_t> out, Fn&& fill_tile) const {
+  const size_t total = kChunkHeaderBytes + layout.payload_bytes;
+  if (out.size() < total) {
+    return absl::InvalidArgumentError(absl::StrCat("output buffer of ", out.size(), " bytes, need ", total));
+  }
+  ChunkHeader h;
+  h.codec = CodecId::kDynamiq;
+  h.element_bits = 0;
+  h.flags = static_cast<uint8_t>((Correlated(plan.round) ? kFlagCorrelated : 0) |
+                                 (config().levels == LevelKind::kUniform ? kFlagUniformLevels : 0));
+  h.num_elements = static_cast<uint32_t>(chunk.count);
+  h.chunk_id = chunk.chunk_id;
+  h.round = static_cast<uint32_t>(plan.round.round);
+  h.num_summands = summands;
+  h.payload_bytes = static_cast<uint32_t>(layout.payload_bytes);
+  WriteChunkHeader(h, out);
+  uint8_t* payload = out.data() + kChunkHeaderBytes;
+  std::memset(payload, 0, layout.map_bytes);
+  const RoundInfo& round = plan.round;
+  const uint32_t key = StreamKey(config().seed, round.round, round.rank);
+  const uint32_t shared_key = StreamKey(config().seed, round.round, kSharedStream);
+  uint8_t* sg = payload + layout.map_bytes;
+  alignas(64) float tile[kSuperGroupSize];
+  for (size_t j = 0; j < layout.num_sg; ++j) {
+    const size_t global_sg = layout.first_sg + j;
+    const int w = plan.widths[global_sg];
+    payload[j / 4] = static_cast<uint8_t>(payload[j / 4] | (WidthToMapCode(w) << (2 * (j % 4))));
+    const int count = CountInSg(chunk, j);
+    if (w == 0) continue;
+    fill_tile(j, count, tile);
+    const uint32_t stratum =
+        Correlated(round) ? StratumOf(shared_key, static_cast<uint32_t>(global_sg), round.rank, round.world_size) : 0;
+    EncodeSg(tables_[WidthIndex(w)], tile, count, key, static_cast<uint32_t>(global_sg * kSuperGroupSize), stratum,
+             round, sg);
+    sg += SuperGroupBytes(w, count);
+  }
+  return total;
+}
+
+absl::StatusOr<size_t> DynamiqCodec::Compress(const BucketPlan& plan, const ChunkRef& chunk, const Source& local,
+                                              absl::Span<uint8_t> out) const {
+  DQ_ASSIGN_OR_RETURN(Layout layout, ChunkLayout(plan, chunk));
+  return Encode(plan, chunk, layout, 1, out, [&](size_t j, int count, float* tile) {
+    LoadSource(local, chunk.begin + j * kSuperGroupSize, count, tile);
+  });
+}
+
+absl::StatusOr<size_t> DynamiqCodec::DecompressAccumulateRecompress(const BucketPlan& plan, const ChunkRef& chunk,
+                                                                    absl::Span<const uint8_t> in, const Source& local,
+                                                                    absl::Span<uint8_t> out) const {
+  DQ_ASSIGN_OR_RETURN(Layout layout, ChunkLayout(plan, chunk));
+  uint16_t summands = 0;
+  DQ_ASSIGN_OR_RETURN(const uint8_t* payload, CheckInput(plan, chunk, layout, in, &summands));
+  // Walk the received super-groups alongside the ones being written.
+  const uint8_t* in_sg = payload + layout.map_bytes;
+  const uint16_t out_summands = summands == 0xffff ? summands : static_cast<uint16_t>(summands + 1);
+  return Encode(plan, chunk, layout, out_summands, out, [&](size_t j, int count, float* tile) {
+    const int w = plan.widths[layout.first_sg + j];
+    LoadSource(local, chunk.begin + j * kSuperGroupSize, count, tile);
+    DecodeSg(tables_[WidthIndex(w)], in_sg, count, tile, /*add=*/true);
+    in_sg += SuperGroupBytes(w, count);
+  });
+}
+
+absl::Status DynamiqCodec::Decompress(const BucketPlan& plan, const ChunkRef& chunk, absl::Span<const uint8_t> in,
+                                      const Dest& out) const {
+  DQ_ASSIGN_OR_RETURN(Layout layout, ChunkLayout(plan, chunk));
+  uint16_t summands = 0;
+  DQ_ASSIGN_OR_RETURN(const uint8_t* payload, CheckInput(plan, chunk, layout, in, &summands));
+  const uint8_t* sg = payload + layout.map_bytes;
+  alignas(64) float tile[kSuperGroupSize];
+  for (size_t j = 0; j < layout.num_sg; ++j) {
+    const int w = plan.widths[layout.first_sg + j];
+    const int count = CountInSg(chunk, j);
+    if (w == 0) {
+      std::fill(tile, tile + count, 0.0f);
+    } else {
+      DecodeSg(tables_[WidthIndex(w)], sg, count, tile, /*add=*/false);
+    }
+    StoreDest(out, chunk.begin + j * kSuperGroupSize, count, tile);
+    sg += SuperGroupBytes(w, count);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DynamiqCodec::DecompressAccumulate(const BucketPlan& plan, const ChunkRef& chunk,
+                                                absl::Span<const uint8_t> in, float* acc) const {
+  DQ_ASSIGN_OR_RETURN(Layout layout, ChunkLayout(plan, chunk));
+  uint16_t summands = 0;
+  DQ_ASSIGN_OR_RETURN(const uint8_t* payload, CheckInput(plan, chunk, layout, in, &summands));
+  const uint8_t* sg = payload + layout.map_bytes;
+  for (size_t j = 0; j < layout.num_sg; ++j) {
+    const int w = plan.widths[layout.first_sg + j];
+    const int count = CountInSg(chunk, j);
+    if (w != 0) DecodeSg(tables_[WidthIndex(w)], sg, count, acc + j * kSuperGroupSize, /*add=*/true);
+    sg += SuperGroupBytes(w, count);
+  }
+  return absl::OkStatus();
+}
+
+std::unique_ptr<Codec> NewDynamiqCodec(const CodecConfig& config, DynamiqCodec::Kernel kernel) {
+  return std::make_unique<DynamiqCodec>(config, kernel);
+}
+
+}  // namespace dynamiq::kernels

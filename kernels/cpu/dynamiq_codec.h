@@ -1,0 +1,81 @@
+// DynamiqCodec: the DynamiQ quantizer for multi-hop all-reduce on the CPU.
+//
+// Bucket level: every rank computes per-super-group (mean, norm) statistics (bf16, 0.125
+// bits/coord), the caller sums them across ranks, and MakePlan derives the same code width for
+// every super-group on every rank (kernels/dynamiq_allocator.h). Values are mean-centred before
+// quantization (Source::subtract_per_group = plan.local_means) and the summed means are added back
+// after decoding (Dest::add_per_group = plan.mean_sums).
+//
+// Chunk payload (after the 32-byte ChunkHeader; element_bits = 0 because widths vary):
+//   [ width map: 2 bits per super-group, LSB first, 0/1/2/3 = 0/2/4/8 bits; ceil(nsg / 4) bytes ]
+//   [ super-groups in order, each as documented in kernels/dynamiq_math.h ]
+// DAR re-encodes each super-group at its received width from the new partial sum (scales are
+// recomputed at every hop, so partial sums never overflow), working on one 1 KiB tile at a time.
+//
+// Thread-safe: immutable after construction.
+#ifndef DQ_KERNELS_CPU_DYNAMIQ_CODEC_H_
+#define DQ_KERNELS_CPU_DYNAMIQ_CODEC_H_
+
+#include <memory>
+#include <string>
+
+#include "kernels/codec.h"
+#include "kernels/dynamiq_allocator.h"
+#include "kernels/dynamiq_math.h"
+
+namespace dynamiq::kernels {
+
+class DynamiqCodec final : public Codec {
+ public:
+  // kScalar runs the shared reference math only; kSimd uses Highway for full super-groups.
+  enum class Kernel { kSimd, kScalar };
+
+  DynamiqCodec(const CodecConfig& config, Kernel kernel);
+
+  std::string Describe() const override;
+
+  size_t StatsLength(size_t num_elements) const override;
+  void ComputeStats(const Source& local, size_t num_elements, float* stats) const override;
+  absl::StatusOr<BucketPlan> MakePlan(const RoundInfo& round, size_t num_elements, absl::Span<const float> local_stats,
+                                      absl::Span<const float> reduced_stats) const override;
+
+  size_t MaxEncodedBytes(const BucketPlan& plan, const ChunkRef& chunk) const override;
+  absl::StatusOr<size_t> Compress(const BucketPlan& plan, const ChunkRef& chunk, const Source& local,
+                                  absl::Span<uint8_t> out) const override;
+  absl::Status Decompress(const BucketPlan& plan, const ChunkRef& chunk, absl::Span<const uint8_t> in,
+                          const Dest& out) const override;
+  absl::Status DecompressAccumulate(const BucketPlan& plan, const ChunkRef& chunk, absl::Span<const uint8_t> in,
+                                    float* acc) const override;
+  absl::StatusOr<size_t> DecompressAccumulateRecompress(const BucketPlan& plan, const ChunkRef& chunk,
+                                                        absl::Span<const uint8_t> in, const Source& local,
+                                                        absl::Span<uint8_t> out) const override;
+
+  // Measured relative squared error of one quantization at widths 2, 4, 8 (Gaussian groups).
+  const WidthErrors& width_errors() const { return errors_; }
+  const LevelTable& table(int bits) const { return tables_[WidthIndex(bits)]; }
+
+ private:
+  struct Layout;
+  absl::StatusOr<Layout> ChunkLayout(const BucketPlan& plan, const ChunkRef& chunk) const;
+  // Parses and fully validates a received chunk; returns its payload.
+  absl::StatusOr<const uint8_t*> CheckInput(const BucketPlan& plan, const ChunkRef& chunk, const Layout& layout,
+                                            absl::Span<const uint8_t> in, uint16_t* summands) const;
+  template <typename Fn>
+  absl::StatusOr<size_t> Encode(const BucketPlan& plan, const ChunkRef& chunk, const Layout& layout, uint16_t summands,
+                                absl::Span<uint8_t> out, Fn&& fill_tile) const;
+  void EncodeSg(const LevelTable& t, const float* tile, int count, uint32_t key, uint32_t first_index, uint32_t stratum,
+                const RoundInfo& round, uint8_t* sg) const;
+  void DecodeSg(const LevelTable& t, const uint8_t* sg, int count, float* out, bool add) const;
+  bool Correlated(const RoundInfo& round) const { return config().correlated_rounding && round.world_size > 1; }
+
+  Kernel kernel_;
+  LevelTable tables_[3];
+  WidthErrors errors_;
+};
+
+std::unique_ptr<Codec> NewDynamiqCodec(const CodecConfig& config,
+                                       DynamiqCodec::Kernel kernel = DynamiqCodec::Kernel::kSimd);
+
+}  // namespace dynamiq::kernels
+
+#endif  // DQ_KERNELS_CPU_DYNAMIQ_CODEC_H_
