@@ -22,7 +22,9 @@ ABSL_FLAG(std::string, bits, "",
 ABSL_FLAG(std::string, allocator, "measured",
           "DynamiQ bit allocator: measured (ours: minimises measured error), paper (the paper's 4x-per-bit "
           "thresholds), or both.");
-ABSL_FLAG(std::string, levels, "mee", "DynamiQ levels: mee (non-uniform, the paper's MEE) or uniform.");
+ABSL_FLAG(std::string, levels, "auto",
+          "DynamiQ levels: auto (per width, whichever has lower measured error: MEE at 4 bits, uniform at 8), "
+          "mee (the paper's non-uniform levels at every width) or uniform.");
 ABSL_FLAG(bool, correlated, true, "Correlated (stratified) rounding across ranks for dynamiq and uniform.");
 ABSL_FLAG(int, workers, 8, "Simulated ranks.");
 ABSL_FLAG(std::string, topology, "ring", "ring, or butterfly (power-of-two --workers).");
@@ -79,7 +81,9 @@ int RunCodec() {
   if (allocator == "paper" || allocator == "both") allocators.push_back(BitAllocator::kPaper);
   if (allocators.empty()) return Fail("--allocator must be measured, paper or both");
   const std::string levels = absl::GetFlag(FLAGS_levels);
-  if (levels != "mee" && levels != "uniform") return Fail("--levels must be mee or uniform");
+  if (levels != "auto" && levels != "mee" && levels != "uniform") {
+    return Fail("--levels must be auto, mee or uniform");
+  }
 
   for (const std::string& name : names) {
     auto id = dynamiq::kernels::ParseCodecId(name);
@@ -87,7 +91,9 @@ int RunCodec() {
     CodecConfig c;
     c.id = *id;
     c.correlated_rounding = absl::GetFlag(FLAGS_correlated);
-    c.levels = levels == "mee" ? dynamiq::kernels::LevelKind::kMee : dynamiq::kernels::LevelKind::kUniform;
+    c.levels = levels == "auto"  ? dynamiq::kernels::LevelKind::kAuto
+               : levels == "mee" ? dynamiq::kernels::LevelKind::kMee
+                                 : dynamiq::kernels::LevelKind::kUniform;
     if (c.id == CodecId::kDynamiq || c.id == CodecId::kUniform) {
       std::vector<double> values = bits;
       if (values.empty()) values = {c.id == CodecId::kDynamiq ? 5.0 : 4.0};

@@ -1,5 +1,7 @@
 #include "engine/rank_executor.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/buffer_io.h"
@@ -37,6 +39,26 @@ RankExecutor::RankExecutor(const kernels::Codec& codec, const Schedule& schedule
   for (int c = 0; c < n_; ++c) {
     if (schedule.owner[c] == rank_) owned_chunk_ = c;
   }
+  // Siblings: all ranks that send chunk c to the same parent, in step order.
+  compress_ref_.resize(n_);
+  for (int c = 0; c < n_; ++c) compress_ref_[c] = ChunkOf(plan.num_elements, n_, c);
+  for (const Move& m : rs_send_) {
+    if (m.chunk < 0) continue;
+    std::vector<int> siblings;
+    for (const auto& step : schedule.reduce_scatter) {
+      for (const Transfer& t : step) {
+        if (t.chunk == m.chunk && t.to == m.peer) siblings.push_back(t.from);
+      }
+    }
+    kernels::ChunkRef& ref = compress_ref_[m.chunk];
+    ref.rounding_size = static_cast<uint32_t>(siblings.size());
+    ref.rounding_index = static_cast<uint32_t>(std::find(siblings.begin(), siblings.end(), rank_) - siblings.begin());
+    ref.rounding_group = static_cast<uint32_t>(m.chunk) * static_cast<uint32_t>(n_) + static_cast<uint32_t>(m.peer);
+  }
+}
+
+kernels::ChunkRef RankExecutor::CompressRef(int chunk) const {
+  return chunk == owned_chunk_ ? ChunkOf(plan_.num_elements, n_, chunk) : compress_ref_[chunk];
 }
 
 size_t RankExecutor::MaxMessageBytes(int chunk) const {
@@ -65,8 +87,9 @@ absl::StatusOr<absl::Span<const uint8_t>> RankExecutor::ReduceScatterSend(int st
     return absl::InternalError(
         absl::StrCat("rank ", rank_, " must send chunk ", m.chunk, " at step ", step, " before its children arrived"));
   }
+  const ChunkRef ref = CompressRef(m.chunk);
   scratch_.resize(codec_.MaxEncodedBytes(plan_, chunk));
-  DQ_ASSIGN_OR_RETURN(size_t bytes, codec_.Compress(plan_, chunk, local_, absl::MakeSpan(scratch_)));
+  DQ_ASSIGN_OR_RETURN(size_t bytes, codec_.Compress(plan_, ref, local_, absl::MakeSpan(scratch_)));
   return absl::Span<const uint8_t>(scratch_.data(), bytes);
 }
 
@@ -91,7 +114,8 @@ absl::Status RankExecutor::ReduceScatterReceive(int step, absl::Span<const uint8
   const kernels::Source source = accumulated ? AccumulatorSource(m.chunk) : local_;
   std::vector<uint8_t>& target = m.chunk == owned_chunk_ ? owned_ : pending_[m.chunk];
   target.resize(codec_.MaxEncodedBytes(plan_, chunk));
-  auto bytes = codec_.DecompressAccumulateRecompress(plan_, chunk, message, source, absl::MakeSpan(target));
+  auto bytes =
+      codec_.DecompressAccumulateRecompress(plan_, CompressRef(m.chunk), message, source, absl::MakeSpan(target));
   if (accumulated) accumulators_.erase(m.chunk);
   if (!bytes.ok()) {
     return absl::Status(bytes.status().code(),

@@ -62,6 +62,9 @@ class RankExecutor {
     int peer = -1;
   };
   kernels::Source AccumulatorSource(int chunk) const;
+  // Chunk c as this rank compresses it for its parent, with its sibling group for correlated
+  // rounding (see kernels::ChunkRef); the owner's final compression has no siblings.
+  kernels::ChunkRef CompressRef(int chunk) const;
 
   const kernels::Codec& codec_;
   const Schedule& schedule_;
@@ -72,6 +75,7 @@ class RankExecutor {
   int n_;
   std::vector<Move> rs_send_, rs_recv_, ag_send_, ag_recv_;
   std::vector<int> children_left_;                  // per chunk: receives still to come
+  std::vector<kernels::ChunkRef> compress_ref_;     // per chunk, see CompressRef
   std::map<int, std::vector<float>> accumulators_;  // chunks with several children
   std::map<int, std::vector<uint8_t>> pending_;     // compressed partial sums waiting to be sent
   std::vector<uint8_t> scratch_;                    // leaf compression output

@@ -58,8 +58,9 @@ enum class BitAllocator : uint8_t {
 };
 // DynamiQ level placement within a group.
 enum class LevelKind : uint8_t {
-  kMee = 0,      // non-uniform, exponentially spaced (the paper's MEE)
-  kUniform = 1,  // uniform (the paper's AEE)
+  kAuto = 0,     // per width, whichever measured lower error: MEE at 2/4 bits, uniform at 8 bits
+  kMee = 1,      // non-uniform, exponentially spaced at every width (the paper's MEE)
+  kUniform = 2,  // uniform at every width (the paper's AEE)
 };
 
 struct CodecConfig {
@@ -68,8 +69,9 @@ struct CodecConfig {
   // Uniform: bits per code (2..8). THC: bits per code on the first hop (4). Others: ignored.
   double bits = 5.0;
   BitAllocator allocator = BitAllocator::kMeasured;
-  LevelKind levels = LevelKind::kMee;
-  // Stratified rounding across ranks (DynamiQ, uniform): exactly one rank per stratum.
+  LevelKind levels = LevelKind::kAuto;
+  // Stratified rounding among sibling compressions (DynamiQ, uniform): exactly one sibling per
+  // stratum (see ChunkRef). Unbiased, and lowers the error where trees have siblings (butterfly).
   bool correlated_rounding = true;
   // Shared by all ranks of a job; with the round number it keys every random draw.
   uint64_t seed = 0x9d5e0c1a2b3c4d5eull;
@@ -84,10 +86,21 @@ struct RoundInfo {
 
 // A contiguous range of elements of a bucket. Chunk boundaries other than the bucket's end are
 // multiples of kSuperGroupSize (256).
+//
+// The rounding fields say which quantizations may use correlated (stratified) rounding: the
+// `rounding_size` siblings of an aggregation tree (compressions whose sum a parent decodes, and
+// whose inputs do not depend on each other's randomness) share `rounding_group`, and this one is
+// sibling `rounding_index`. Correlating anything else, e.g. the successive hops of a ring, makes
+// the result biased: a hop's rounding probability depends on the previous hop's outcome (scales
+// are recomputed from the partial sum), so its threshold must be independent of that outcome.
+// rounding_size == 1 means independent rounding.
 struct ChunkRef {
   uint32_t chunk_id = 0;
   size_t begin = 0;
   size_t count = 0;
+  uint32_t rounding_index = 0;
+  uint32_t rounding_size = 1;
+  uint32_t rounding_group = 0;
 };
 
 // A rank's local values, read-only. data[i] holds bucket element `first + i`. When
@@ -114,8 +127,9 @@ struct BucketPlan {
   size_t num_elements = 0;
   // DynamiQ: code width (0, 2, 4 or 8 bits) of every super-group of 256 elements.
   std::vector<uint8_t> widths;
-  // DynamiQ mean-centering: this rank's per-super-group offset (subtract before compressing) and
-  // the sum over ranks (add after decompressing). Empty for other codecs.
+  // DynamiQ mean-centering: the per-super-group offset every rank subtracts before compressing,
+  // and the sum over ranks of what was subtracted, added back after decompressing. Empty for
+  // other codecs.
   std::vector<float> local_means;
   std::vector<float> mean_sums;
   // THC: the largest L2 norm of any rank's bucket.

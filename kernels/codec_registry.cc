@@ -5,7 +5,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/dynamiq_codec.h"
+#include "kernels/cpu/mx_codec.h"
 #include "kernels/cpu/simple_codecs.h"
+#include "kernels/cpu/thc_codec.h"
+#include "kernels/cpu/uniform_codec.h"
 
 namespace dynamiq::kernels {
 
@@ -44,10 +47,16 @@ absl::StatusOr<std::unique_ptr<Codec>> CreateCodec(const CodecConfig& config) {
       return NewSimpleCodec(config);
     case CodecId::kDynamiq:
       return NewDynamiqCodec(config);
-    default:
-      break;
+    case CodecId::kMxfp8:
+    case CodecId::kMxfp6:
+    case CodecId::kMxfp4:
+      return NewMxCodec(config);
+    case CodecId::kThc:
+      return NewThcCodec(config);
+    case CodecId::kUniform:
+      return NewUniformCodec(config);
   }
-  return absl::UnimplementedError(absl::StrCat("codec ", CodecName(config.id), " is not built into this binary"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown codec id ", static_cast<int>(config.id)));
 }
 
 }  // namespace dynamiq::kernels

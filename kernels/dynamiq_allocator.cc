@@ -9,8 +9,6 @@
 namespace dynamiq::kernels {
 namespace {
 
-constexpr int kWidths[3] = {2, 4, 8};
-
 // Super-group indices sorted by energy, descending (ties by index, so the order is deterministic).
 std::vector<uint32_t> ByEnergyDescending(absl::Span<const double> energy) {
   std::vector<uint32_t> order(energy.size());
@@ -18,6 +16,35 @@ std::vector<uint32_t> ByEnergyDescending(absl::Span<const double> energy) {
   std::sort(order.begin(), order.end(),
             [&](uint32_t a, uint32_t b) { return energy[a] != energy[b] ? energy[a] > energy[b] : a < b; });
   return order;
+}
+
+// A width choice for a super-group: its payload bits and relative error.
+struct Option {
+  int width;
+  double bits;
+  double error;
+};
+
+// The widths worth using: the lower convex hull of (bits, error), cheapest first. A width above
+// the hull is never the best choice for any energy.
+std::vector<Option> Hull(const std::vector<int>& widths, const WidthErrors& errors) {
+  std::vector<Option> hull;
+  for (int w : widths) {
+    Option o{w, SuperGroupPayloadBits(w), errors[w]};
+    if (!hull.empty() && hull.back().error <= o.error) break;  // more bits, no gain
+    while (hull.size() >= 2) {
+      const Option& a = hull[hull.size() - 2];
+      const Option& b = hull.back();
+      // b is above the segment a-o: its marginal gain per bit is below o's.
+      if ((a.error - b.error) / (b.bits - a.bits) <= (b.error - o.error) / (o.bits - b.bits)) {
+        hull.pop_back();
+      } else {
+        break;
+      }
+    }
+    hull.push_back(o);
+  }
+  return hull;
 }
 
 }  // namespace
@@ -28,71 +55,89 @@ Allocation AllocateWidths(absl::Span<const double> energy, size_t num_elements, 
                           BitAllocator allocator, const WidthErrors& errors) {
   const size_t m = energy.size();
   Allocation out;
-  out.widths.assign(m, 2);
   if (m == 0) return out;
   const bool measured = allocator == BitAllocator::kMeasured;
-  const double rho = measured ? (errors[1] - errors[2]) / (2.0 * (errors[0] - errors[1])) : 17.0 / 512.0;
+  std::vector<Option> hull;
+  if (measured) {
+    hull = Hull({2, 3, 4, 5, 6, 7, 8}, errors);
+  } else {
+    // The paper's thresholds are the equal-marginal-gain points of errors 4^-w.
+    for (int w : {2, 4, 8}) hull.push_back(Option{w, SuperGroupPayloadBits(w), std::pow(4.0, -w)});
+  }
+  const size_t levels = hull.size();
+  // Energy ratio of each upgrade threshold to the top one: upgrade i (hull[i] -> hull[i+1]) pays off
+  // above lambda / gain_per_bit[i].
+  std::vector<double> gain_per_bit(levels - 1);
+  for (size_t i = 0; i + 1 < levels; ++i) {
+    gain_per_bit[i] = (hull[i].error - hull[i + 1].error) / (hull[i + 1].bits - hull[i].bits);
+  }
 
-  // Sorted energies turn "bits used at threshold tau" into two binary searches.
   std::vector<uint32_t> order = ByEnergyDescending(energy);
   std::vector<double> sorted(m);
   for (size_t i = 0; i < m; ++i) sorted[i] = energy[order[i]];
-  size_t zeros = 0;
+  size_t active = m;
   if (measured) {
-    while (zeros < m && sorted[m - 1 - zeros] == 0.0) ++zeros;
+    while (active > 0 && sorted[active - 1] == 0.0) --active;
   }
-  const size_t active = m - zeros;
   // Number of active super-groups with energy >= x.
   auto count_at_least = [&](double x) {
     return static_cast<size_t>(std::upper_bound(sorted.begin(), sorted.begin() + active, x, std::greater<double>()) -
                                sorted.begin());
   };
-  const double budget = bits_per_coord * static_cast<double>(num_elements) - kFixedBitsPerSuperGroup * m;
-  auto bits_used = [&](double log_tau) {
-    size_t n8 = count_at_least(std::exp2(log_tau));
-    size_t n4 = count_at_least(std::exp2(log_tau) * rho) - n8;
-    return n8 * SuperGroupPayloadBits(8) + n4 * SuperGroupPayloadBits(4) +
-           (active - n8 - n4) * SuperGroupPayloadBits(2);
+  // With multiplier 2^log_lambda: counts[i] = super-groups taking at least upgrade i.
+  auto counts_at = [&](double log_lambda) {
+    std::vector<size_t> counts(levels - 1);
+    for (size_t i = 0; i + 1 < levels; ++i) counts[i] = count_at_least(std::exp2(log_lambda) / gain_per_bit[i]);
+    return counts;
   };
+  auto bits_of = [&](const std::vector<size_t>& counts) {
+    double bits = active * hull[0].bits;
+    for (size_t i = 0; i + 1 < levels; ++i) bits += counts[i] * (hull[i + 1].bits - hull[i].bits);
+    return bits;
+  };
+  const double budget = bits_per_coord * static_cast<double>(num_elements) - kFixedBitsPerSuperGroup * m;
 
-  // Bisect log2(tau): bits_used is non-increasing in tau. Bounds cover every positive double.
-  double lo = -1100.0, hi = 1100.0;  // bits_used(hi) = all 2-bit; find the smallest tau that fits
-  if (bits_used(lo) <= budget) {
+  // Bisect log2(lambda): bits are non-increasing in lambda. Bounds cover every positive double.
+  double lo = -2200.0, hi = 2200.0;
+  if (bits_of(counts_at(lo)) <= budget) {
     hi = lo;
   } else {
     for (int it = 0; it < 200 && hi - lo > 1e-9; ++it) {
-      double mid = 0.5 * (lo + hi);
-      (bits_used(mid) <= budget ? hi : lo) = mid;
+      const double mid = 0.5 * (lo + hi);
+      (bits_of(counts_at(mid)) <= budget ? hi : lo) = mid;
     }
   }
-  const double tau = std::exp2(hi);
-  size_t n8 = count_at_least(tau);
-  size_t n4 = count_at_least(tau * rho);
-  for (size_t i = 0; i < m; ++i) {
-    out.widths[order[i]] = i >= active ? 0 : (i < n8 ? 8 : (i < n4 ? 4 : 2));
-  }
-  double used = bits_used(hi);
+  std::vector<size_t> counts = counts_at(hi);
+  // Convexity makes counts non-increasing in i; enforce it against rounding at equal thresholds.
+  for (size_t i = 1; i + 1 < levels; ++i) counts[i] = std::min(counts[i], counts[i - 1]);
+  double used = bits_of(counts);
 
+  // level[i] of the super-group at sorted position p: how many upgrades it took.
+  std::vector<uint8_t> level(m, 0);
+  for (size_t i = 0; i + 1 < levels; ++i) {
+    for (size_t p = 0; p < counts[i]; ++p) level[p] = static_cast<uint8_t>(i + 1);
+  }
   if (measured) {
-    // Spend the leftover on upgrades in order of error removed per bit. Within a width class the
-    // best candidate is the highest-energy one, i.e. the next index in `order`.
-    size_t next8 = n8, next4 = n4;  // next candidates for 4->8 and 2->4 upgrades
-    const double d48 = SuperGroupPayloadBits(8) - SuperGroupPayloadBits(4);
-    const double d24 = SuperGroupPayloadBits(4) - SuperGroupPayloadBits(2);
-    for (size_t steps = 0; steps < 2 * m; ++steps) {
-      double g8 = -1, g4 = -1;
-      if (next8 < active && next8 < next4 && used + d48 <= budget) g8 = sorted[next8] * (errors[1] - errors[2]) / d48;
-      if (next4 < active && used + d24 <= budget) g4 = sorted[next4] * (errors[0] - errors[1]) / d24;
-      if (g8 < 0 && g4 < 0) break;
-      if (g8 >= g4) {
-        out.widths[order[next8++]] = 8;
-        used += d48;
-      } else {
-        out.widths[order[next4++]] = 4;
-        used += d24;
+    // Spend the leftover on single upgrades in order of error removed per bit. Within a level the
+    // best candidate is the highest-energy one, i.e. position counts[i] in sorted order.
+    for (size_t steps = 0; steps < m * levels; ++steps) {
+      double best = -1;
+      size_t best_i = 0;
+      for (size_t i = 0; i + 1 < levels; ++i) {
+        const size_t p = counts[i];
+        const double cost = hull[i + 1].bits - hull[i].bits;
+        if (p >= active || (i > 0 && p >= counts[i - 1]) || used + cost > budget) continue;
+        const double gain = sorted[p] * gain_per_bit[i];
+        if (gain > best) best = gain, best_i = i;
       }
+      if (best < 0) break;
+      level[counts[best_i]] = static_cast<uint8_t>(best_i + 1);
+      used += hull[best_i + 1].bits - hull[best_i].bits;
+      ++counts[best_i];
     }
   }
+  out.widths.assign(m, 0);
+  for (size_t p = 0; p < active; ++p) out.widths[order[p]] = static_cast<uint8_t>(hull[level[p]].width);
   out.bits_per_coord = (used + kFixedBitsPerSuperGroup * m) / static_cast<double>(num_elements);
   return out;
 }

@@ -1,17 +1,20 @@
-// DynamiQ bit allocation: which code width (2, 4 or 8 bits) each super-group gets so that the
-// bucket meets an average budget of `bits_per_coord` including all metadata.
+// DynamiQ bit allocation: which code width each super-group gets so that the bucket meets an
+// average budget of `bits_per_coord` including all metadata.
 //
 // Cost of a super-group of 256 elements on the wire, in bits:
 //   width w > 0: 256 w codes + 16 x 8 group scales + 16 super unit = 256 w + 144
-//   always:      2 (width map) + 32 (bf16 mean and norm statistics)
+//   always:      4 (width map) + 32 (bf16 mean and norm statistics)
 // Super-groups whose reduced energy is exactly zero (all ranks hold zeros) get width 0 with the
 // measured allocator: they cost only the width map and statistics and decode exactly.
 //
-// Both allocators are threshold rules on the super-group energy F (squared sum of the ranks'
-// norms): 8 bits if F >= tau, 4 if F >= rho * tau, else 2, with tau bisected to fit the budget.
-//   kPaper:    rho = 17/512, from the paper's assumption that each extra bit quarters the error.
-//   kMeasured: rho from the quantizer's measured error per width (equal marginal error reduction
-//              per bit), then the leftover budget is spent greedily on the best remaining upgrades.
+// kPaper: the paper's rule. Widths {2, 4, 8}; 8 bits if F >= tau, 4 if F >= 17/512 tau, else 2
+//   (F = the super-group's energy; the ratio assumes each extra bit quarters the error), with tau
+//   bisected to fit the budget.
+// kMeasured: ours. Widths 2..8 with the quantizer's measured relative error per width: minimises
+//   the total expected error sum_j F_j err(w_j) under the budget. Lagrangian relaxation on the
+//   lower convex hull of (bits, error) gives energy thresholds; the multiplier is bisected to fit
+//   the budget, and the leftover is spent greedily on the upgrades that remove the most error per
+//   bit.
 // Deterministic: identical inputs give identical widths on every rank.
 #ifndef DQ_KERNELS_DYNAMIQ_ALLOCATOR_H_
 #define DQ_KERNELS_DYNAMIQ_ALLOCATOR_H_
@@ -26,13 +29,14 @@
 
 namespace dynamiq::kernels {
 
-inline constexpr double kFixedBitsPerSuperGroup = 2 + 32;
+inline constexpr double kFixedBitsPerSuperGroup = 4 + 32;
 
 // Bits of a full super-group's payload at `width` (0 for width 0).
 double SuperGroupPayloadBits(int width);
 
-// Relative squared error (E||Q(x) - x||^2 / ||x||^2) of one quantization at width 2, 4, 8.
-using WidthErrors = std::array<double, 3>;
+// Relative squared error (E||Q(x) - x||^2 / ||x||^2) of one quantization, indexed by width
+// (entries 2..8 used).
+using WidthErrors = std::array<double, 9>;
 
 struct Allocation {
   std::vector<uint8_t> widths;

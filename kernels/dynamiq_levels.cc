@@ -7,21 +7,29 @@
 
 namespace dynamiq::kernels {
 
-double DefaultMeeEpsilon(int bits) { return bits == 2 ? 0.23 : (bits == 4 ? 0.18 : 0.10); }
+double DefaultMeeEpsilon(int bits) {
+  // 2, 4, 8: the authors' CUDA kernel; the widths in between are interpolated.
+  static constexpr double kEps[9] = {0, 0, 0.23, 0.20, 0.18, 0.15, 0.12, 0.11, 0.10};
+  return kEps[bits];
+}
 
 LevelTable BuildLevelTable(int bits, LevelKind kind, double eps) {
-  DQ_CHECK(bits == 2 || bits == 4 || bits == 8);
+  DQ_CHECK(bits >= kMinWidth && bits <= kMaxWidth);
+  DQ_CHECK(kind != LevelKind::kAuto);
   LevelTable t;
   std::memset(&t, 0, sizeof(t));
   t.bits = bits;
   const int L = (1 << (bits - 1)) - 1;
   t.max_level = L;
+  t.uniform = kind == LevelKind::kUniform ? 1 : 0;
+  const float inv_L = 1.0f / static_cast<float>(L);
   const double a = 1.0 + 2.0 * eps * eps;
   for (int r = 0; r <= L; ++r) {
-    double f = kind == LevelKind::kMee ? (std::pow(a, r) - 1.0) / (std::pow(a, L) - 1.0) : double(r) / L;
-    t.level[r] = static_cast<float>(f);
+    // Uniform levels use exactly the expression the SIMD/CUDA kernels compute: r * (1/L) in float.
+    t.level[r] =
+        t.uniform ? static_cast<float>(r) * inv_L : static_cast<float>((std::pow(a, r) - 1.0) / (std::pow(a, L) - 1.0));
   }
-  t.level[L] = 1.0f;
+  if (!t.uniform) t.level[L] = 1.0f;
   for (int r = 0; r < L; ++r) {
     DQ_CHECK(t.level[r + 1] > t.level[r]);
     // At most one level boundary per search bucket keeps QuantizeElement's search to one step.

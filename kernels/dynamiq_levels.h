@@ -8,7 +8,8 @@
 
 namespace dynamiq::kernels {
 
-// The paper's MEE spacing parameter per width (authors' CUDA kernel): 2 -> 0.23, 4 -> 0.18, 8 -> 0.10.
+// The MEE spacing parameter per width: 2 -> 0.23, 4 -> 0.18, 8 -> 0.10 as in the authors' CUDA
+// kernel, interpolated for 3, 5, 6, 7.
 double DefaultMeeEpsilon(int bits);
 
 // Levels f(r) = ((1 + 2 eps^2)^r - 1) / ((1 + 2 eps^2)^L - 1) for kMee, r / L for kUniform, r = 0..L.

@@ -1,14 +1,16 @@
 // Per-element and per-super-group math of the DynamiQ quantizer, shared by the scalar reference,
 // the Highway CPU kernels and the CUDA kernels (all three must produce identical bytes).
 //
-// Layout of one super-group (SG) of up to 256 elements with code width b in {2, 4, 8}:
+// Layout of one super-group (SG) of up to 256 elements with code width b in 2..8 bits:
 //   repeat for each of its G groups of 16 elements (G = 16 except in a chunk's last SG):
-//     [ 16 codes, b bits each, packed LSB-first: code k at bit (k*b) % 8 of byte (k*b) / 8 ]
+//     [ 16 codes, b bits each, packed LSB-first: code k at bit (k*b) % 8 of byte (k*b) / 8 (codes may
+//       straddle bytes; 16 codes always fill exactly 2b bytes) ]
 //     [ u8 r_g: group scale in units of the SG's super unit, 1..255 ]
 //   [ bf16 super unit ]
 // An element decodes to decode[code] * r_g * super_unit, with decode[code] = sign * level[|code - L|],
 // L = 2^(b-1) - 1, so codes 0..2L are legal and code 2^b - 1 is not. Width 0 means "every element of
-// this SG is exactly zero on every rank" and takes no bytes.
+// this SG is exactly zero on every rank" and takes no bytes. (The paper uses widths 2, 4, 8 only;
+// any width packs into whole bytes per group here, which lets the allocator use 3, 5, 6 and 7.)
 //
 // Encoding: super_unit = bf16 rounded up from max|v| / 255; r_g = ceil(max_g|v| / super_unit), so
 // the reconstructed group scale covers the group and |v| / scale <= 1 (no clamping). Each element is
@@ -37,15 +39,17 @@ inline constexpr uint16_t kNanSuperUnit = 0x7fc0;  // bf16 quiet NaN: the SG hel
 
 // Levels and lookup tables of one code width. Plain data: copied as-is to GPU memory.
 struct LevelTable {
-  int32_t bits;                    // 2, 4 or 8
+  int32_t bits;                    // 2..8
   int32_t max_level;               // L = 2^(bits-1) - 1
+  int32_t uniform;                 // 1: level[r] = r * (1/L), located arithmetically (no table search)
   float level[kMaxLevels];         // level[0] = 0 < ... < level[L] = 1
   float inv_gap[kMaxLevels];       // 1 / (level[r+1] - level[r]) for r < L
   float decode[256];               // signed level of each code; entries >= 2L+1 are 0 (illegal codes)
   int32_t search[kSearchBuckets];  // largest r <= L-1 with level[r] <= i / kSearchBuckets
 };
 
-DQ_HOST_DEVICE int WidthIndex(int bits) { return bits == 2 ? 0 : (bits == 4 ? 1 : 2); }
+inline constexpr int kMinWidth = 2;
+inline constexpr int kMaxWidth = 8;
 
 DQ_HOST_DEVICE int NumGroups(int count) { return (count + kGroupSize - 1) / kGroupSize; }
 
@@ -86,24 +90,46 @@ DQ_HOST_DEVICE float RoundingUnit(uint32_t key, uint32_t index, bool correlated,
 DQ_HOST_DEVICE uint32_t QuantizeElement(const LevelTable& t, float v, float inv_scale, float u) {
   const int L = t.max_level;
   float x = fminf(fabsf(v) * inv_scale, 1.0f);
-  int idx = static_cast<int>(x * static_cast<float>(kSearchBuckets));
-  idx = idx < kSearchBuckets - 1 ? idx : kSearchBuckets - 1;
-  int r = t.search[idx];
-  if (r < L - 1 && x >= t.level[r + 1]) ++r;
-  float p = (x - t.level[r]) * t.inv_gap[r];
-  int q = r + (u < p ? 1 : 0);
+  int r;
+  float p;
+  if (t.uniform) {
+    // level[r] = r * (1/L); the estimate from x * L may be one off after rounding, so check it
+    // against the levels themselves (on-grid inputs then round to themselves exactly).
+    const float inv_L = t.level[1];
+    r = static_cast<int>(x * static_cast<float>(L));
+    r = r < L - 1 ? r : L - 1;
+    if (x < static_cast<float>(r) * inv_L) {
+      --r;
+    } else if (r < L - 1 && x >= static_cast<float>(r + 1) * inv_L) {
+      ++r;
+    }
+    p = (x - static_cast<float>(r) * inv_L) * static_cast<float>(L);
+  } else {
+    int idx = static_cast<int>(x * static_cast<float>(kSearchBuckets));
+    idx = idx < kSearchBuckets - 1 ? idx : kSearchBuckets - 1;
+    r = t.search[idx];
+    if (r < L - 1 && x >= t.level[r + 1]) ++r;
+    p = (x - t.level[r]) * t.inv_gap[r];
+  }
+  // x at the top level must round to it for every u (p may come out a rounding error below 1).
+  int q = r + ((u < p || x >= t.level[L]) ? 1 : 0);
   return static_cast<uint32_t>(v < 0.0f ? L - q : L + q);
 }
 
 DQ_HOST_DEVICE uint32_t UnpackCode(const uint8_t* codes, int k, int bits) {
-  int bit = k * bits;
-  return (static_cast<uint32_t>(codes[bit >> 3]) >> (bit & 7)) & ((1u << bits) - 1u);
+  const int bit = k * bits;
+  const int shift = bit & 7;
+  uint32_t w = codes[bit >> 3];
+  if (shift + bits > 8) w |= static_cast<uint32_t>(codes[(bit >> 3) + 1]) << 8;
+  return (w >> shift) & ((1u << bits) - 1u);
 }
 
 // ORs `code` into a zero-initialised packed group.
 DQ_HOST_DEVICE void PackCode(uint8_t* codes, int k, int bits, uint32_t code) {
-  int bit = k * bits;
-  codes[bit >> 3] = static_cast<uint8_t>(codes[bit >> 3] | (code << (bit & 7)));
+  const int bit = k * bits;
+  const int shift = bit & 7;
+  codes[bit >> 3] = static_cast<uint8_t>(codes[bit >> 3] | (code << shift));
+  if (shift + bits > 8) codes[(bit >> 3) + 1] = static_cast<uint8_t>(codes[(bit >> 3) + 1] | (code >> (8 - shift)));
 }
 
 // Reads the super unit stored at the end of an SG.
@@ -113,7 +139,8 @@ DQ_HOST_DEVICE uint16_t LoadSuperUnit(const uint8_t* sg, int bits, int count) {
 }
 
 // True if a group's packed codes contain the illegal code 2^b - 1 (all bits of a code set).
-// Word-at-a-time so validation costs little next to decoding.
+// Word-at-a-time so validation costs little next to decoding. Precondition: 2 * bits + 3 bytes are
+// readable at `codes` (true for any group inside a super-group: codes, scale, super unit).
 DQ_HOST_DEVICE bool HasIllegalCode(const uint8_t* codes, int bits) {
   if (bits == 2) {
     uint32_t w;
@@ -125,11 +152,28 @@ DQ_HOST_DEVICE bool HasIllegalCode(const uint8_t* codes, int bits) {
     memcpy(&w, codes, 8);
     return (w & (w >> 1) & (w >> 2) & (w >> 3) & 0x1111111111111111ull) != 0;
   }
-  for (int half = 0; half < 2; ++half) {  // any byte == 0xff: find a zero byte in ~w
+  if (bits == 8) {
+    for (int half = 0; half < 2; ++half) {  // any byte == 0xff: find a zero byte in ~w
+      uint64_t w;
+      memcpy(&w, codes + 8 * half, 8);
+      w = ~w;
+      if (((w - 0x0101010101010101ull) & ~w & 0x8080808080808080ull) != 0) return true;
+    }
+    return false;
+  }
+  // Codes 0..7 and 8..15 each fill `bits` bytes: AND each code's bits down onto its lowest bit.
+  uint64_t field_low_bits = 0;
+  for (int k = 0; k < 8; ++k) field_low_bits |= uint64_t{1} << (k * bits);
+  const int available = 2 * bits + 3;                     // see the precondition above
+  const uint64_t mask = (uint64_t{1} << (8 * bits)) - 1;  // bits < 8 here
+  for (int half = 0; half < 2; ++half) {
+    const int offset = half * bits + 8 <= available ? half * bits : available - 8;
     uint64_t w;
-    memcpy(&w, codes + 8 * half, 8);
-    w = ~w;
-    if (((w - 0x0101010101010101ull) & ~w & 0x8080808080808080ull) != 0) return true;
+    memcpy(&w, codes + offset, 8);
+    w = (w >> (8 * (half * bits - offset))) & mask;
+    uint64_t all_ones = w;
+    for (int b = 1; b < bits; ++b) all_ones &= w >> b;
+    if ((all_ones & field_low_bits) != 0) return true;
   }
   return false;
 }

@@ -24,8 +24,8 @@ int CountInSg(const ChunkRef& chunk, size_t j) {
   return static_cast<int>(std::min<size_t>(kSuperGroupSize, chunk.count - j * kSuperGroupSize));
 }
 
-uint32_t WidthToMapCode(int w) { return w == 0 ? 0 : (w == 2 ? 1 : (w == 4 ? 2 : 3)); }
-int MapCodeToWidth(uint32_t c) { return c == 0 ? 0 : 1 << c; }
+size_t MapBytes(size_t num_sg) { return (num_sg + 1) / 2; }
+int MapWidth(const uint8_t* map, size_t j) { return (map[j / 2] >> (4 * (j % 2))) & 15; }
 
 // Standard normal samples from the counter-based generator (Box-Muller), for error calibration.
 float Gaussian(uint32_t key, uint32_t i) {
@@ -34,26 +34,22 @@ float Gaussian(uint32_t key, uint32_t i) {
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
 }
 
-// Relative squared error of one quantization per width on Gaussian super-groups.
-WidthErrors MeasureWidthErrors(const LevelTable tables[3]) {
+// Relative squared error of one quantization with `table` on Gaussian super-groups.
+double MeasureError(const LevelTable& table) {
   constexpr int kSgs = 64;
-  WidthErrors errors{};
   std::vector<float> x(kSuperGroupSize), y(kSuperGroupSize);
   std::vector<uint8_t> sg(SuperGroupBytes(8, kSuperGroupSize));
-  for (int w = 0; w < 3; ++w) {
-    double err = 0, norm = 0;
-    for (int s = 0; s < kSgs; ++s) {
-      for (int k = 0; k < kSuperGroupSize; ++k) x[k] = Gaussian(0x51a7u, s * kSuperGroupSize + k);
-      EncodeSuperGroup(tables[w], x.data(), kSuperGroupSize, StreamKey(1, s, 0), 0, false, 0, 1, sg.data());
-      DecodeSuperGroup(tables[w], sg.data(), kSuperGroupSize, y.data());
-      for (int k = 0; k < kSuperGroupSize; ++k) {
-        err += double(y[k] - x[k]) * (y[k] - x[k]);
-        norm += double(x[k]) * x[k];
-      }
+  double err = 0, norm = 0;
+  for (int s = 0; s < kSgs; ++s) {
+    for (int k = 0; k < kSuperGroupSize; ++k) x[k] = Gaussian(0x51a7u, s * kSuperGroupSize + k);
+    EncodeSuperGroup(table, x.data(), kSuperGroupSize, StreamKey(1, s, 0), 0, false, 0, 1, sg.data());
+    DecodeSuperGroup(table, sg.data(), kSuperGroupSize, y.data());
+    for (int k = 0; k < kSuperGroupSize; ++k) {
+      err += double(y[k] - x[k]) * (y[k] - x[k]);
+      norm += double(x[k]) * x[k];
     }
-    errors[w] = err / norm;
   }
-  return errors;
+  return err / norm;
 }
 
 }  // namespace
@@ -66,19 +62,39 @@ struct DynamiqCodec::Layout {
 };
 
 DynamiqCodec::DynamiqCodec(const CodecConfig& config, Kernel kernel) : Codec(config), kernel_(kernel) {
-  const int widths[3] = {2, 4, 8};
-  for (int w = 0; w < 3; ++w) tables_[w] = BuildLevelTable(widths[w], config.levels, DefaultMeeEpsilon(widths[w]));
-  errors_ = MeasureWidthErrors(tables_);
+  errors_.fill(0.0);
+  for (int w = kMinWidth; w <= kMaxWidth; ++w) {
+    const double eps = DefaultMeeEpsilon(w);
+    if (config.levels == LevelKind::kAuto) {
+      // Measurement decides per width (Gaussian groups): MEE wins at 3-4 bits, uniform above.
+      const LevelTable mee = BuildLevelTable(w, LevelKind::kMee, eps);
+      const LevelTable uniform = BuildLevelTable(w, LevelKind::kUniform, eps);
+      const double e_mee = MeasureError(mee), e_uniform = MeasureError(uniform);
+      tables_[w] = e_uniform < e_mee ? uniform : mee;
+      errors_[w] = std::min(e_mee, e_uniform);
+    } else {
+      tables_[w] = BuildLevelTable(w, config.levels, eps);
+      errors_[w] = MeasureError(tables_[w]);
+    }
+  }
 }
 
 std::string DynamiqCodec::Describe() const {
   return absl::StrFormat(
-      "dynamiq: %.3g bits/coord on average incl. all metadata (2/4/8-bit codes per 256-element super-group, "
-      "u8 scale per 16, bf16 super unit, 2-bit width map, 32 bits of bf16 stats per super-group), %s levels, "
+      "dynamiq: %.3g bits/coord on average incl. all metadata (2..8-bit codes per 256-element super-group, "
+      "u8 scale per 16, bf16 super unit, 4-bit width map, 32 bits of bf16 stats per super-group), %s levels, "
       "%s allocator, %s rounding",
-      config().bits, config().levels == LevelKind::kMee ? "MEE" : "uniform",
+      config().bits, UniformMask() == 0 ? "MEE" : absl::StrCat("MEE/uniform (mask 0x", absl::Hex(UniformMask()), ")"),
       config().allocator == BitAllocator::kMeasured ? "measured-error" : "paper",
       config().correlated_rounding ? "correlated" : "independent");
+}
+
+uint8_t DynamiqCodec::Flags() const { return config().correlated_rounding ? kFlagCorrelated : 0; }
+
+uint8_t DynamiqCodec::UniformMask() const {
+  uint8_t mask = 0;
+  for (int w = kMinWidth; w <= kMaxWidth; ++w) mask = static_cast<uint8_t>(mask | (tables_[w].uniform << (w - 2)));
+  return mask;
 }
 
 size_t DynamiqCodec::StatsLength(size_t num_elements) const { return 2 * NumSuperGroups(num_elements); }
@@ -96,8 +112,7 @@ void DynamiqCodec::ComputeStats(const Source& local, size_t num_elements, float*
       sum += tile[k];
       sum_sq += double(tile[k]) * tile[k];
     }
-    // Stats travel as bf16. The mean is rounded here so that what a rank subtracts is exactly what
-    // it contributes to the sum; the norm is rounded up so a non-zero super-group never looks zero.
+    // Stats travel as bf16. The norm is rounded up so a non-zero super-group never looks zero.
     const float mean = static_cast<float>(sum / static_cast<double>(count));
     stats[2 * j] = std::isfinite(mean) ? Bf16ToFloat(FloatToBf16(mean)) : 0.0f;
     stats[2 * j + 1] = Bf16ToFloat(FloatToBf16Up(static_cast<float>(std::sqrt(sum_sq))));
@@ -120,13 +135,17 @@ absl::StatusOr<BucketPlan> DynamiqCodec::MakePlan(const RoundInfo& round, size_t
   plan.local_means.resize(m);
   plan.mean_sums.resize(m);
   std::vector<double> energy(m);
+  const float n = static_cast<float>(round.world_size);
   for (size_t j = 0; j < m; ++j) {
-    plan.local_means[j] = local_stats[2 * j];
-    plan.mean_sums[j] = reduced_stats[2 * j];
+    // Every rank subtracts the same bf16 value; n times it is exact in fp32 (8 + 16 mantissa
+    // bits), so adding it back restores exactly what all ranks together subtracted.
+    float mean = Bf16ToFloat(FloatToBf16(reduced_stats[2 * j] / n));
+    if (!std::isfinite(mean) || !std::isfinite(mean * n)) mean = 0.0f;
+    plan.local_means[j] = mean;
+    plan.mean_sums[j] = mean * n;
     const double norm = reduced_stats[2 * j + 1];
     // Non-finite norms (Inf/NaN gradients) sort first and get 8 bits; the super-group decodes to NaN.
     energy[j] = std::isfinite(norm) ? norm * norm : HUGE_VAL;
-    if (!std::isfinite(plan.mean_sums[j])) plan.mean_sums[j] = 0.0f;
   }
   plan.widths = AllocateWidths(energy, num_elements, config().bits, config().allocator, errors_).widths;
   return plan;
@@ -143,7 +162,7 @@ absl::StatusOr<DynamiqCodec::Layout> DynamiqCodec::ChunkLayout(const BucketPlan&
   Layout l;
   l.first_sg = chunk.begin / kSuperGroupSize;
   l.num_sg = NumSuperGroups(chunk.count);
-  l.map_bytes = (l.num_sg + 3) / 4;
+  l.map_bytes = MapBytes(l.num_sg);
   l.payload_bytes = l.map_bytes;
   for (size_t j = 0; j < l.num_sg; ++j) {
     l.payload_bytes += SuperGroupBytes(plan.widths[l.first_sg + j], CountInSg(chunk, j));
@@ -157,12 +176,11 @@ size_t DynamiqCodec::MaxEncodedBytes(const BucketPlan& plan, const ChunkRef& chu
 }
 
 void DynamiqCodec::EncodeSg(const LevelTable& t, const float* tile, int count, uint32_t key, uint32_t first_index,
-                            uint32_t stratum, const RoundInfo& round, uint8_t* sg) const {
-  const bool correlated = Correlated(round);
+                            bool correlated, uint32_t stratum, uint32_t strata, uint8_t* sg) const {
   if (kernel_ == Kernel::kSimd && count == kSuperGroupSize) {
-    EncodeSuperGroupSimd(t, tile, key, first_index, correlated, stratum, round.world_size, sg);
+    EncodeSuperGroupSimd(t, tile, key, first_index, correlated, stratum, strata, sg);
   } else {
-    EncodeSuperGroup(t, tile, count, key, first_index, correlated, stratum, round.world_size, sg);
+    EncodeSuperGroup(t, tile, count, key, first_index, correlated, stratum, strata, sg);
   }
 }
 
@@ -183,11 +201,20 @@ absl::StatusOr<const uint8_t*> DynamiqCodec::CheckInput(const BucketPlan& plan, 
                                                         uint16_t* summands) const {
   DQ_ASSIGN_OR_RETURN(ChunkHeader h, ParseChunkHeader(in));
   DQ_RETURN_IF_ERROR(ValidateChunkHeader(h, CodecId::kDynamiq, plan, chunk, layout.payload_bytes));
-  if (h.element_bits != 0) return absl::InvalidArgumentError("dynamiq chunk must have element_bits 0");
+  if (h.element_bits != UniformMask()) {
+    return absl::InvalidArgumentError(absl::StrCat("dynamiq chunk uses uniform levels at widths mask 0x",
+                                                   absl::Hex(h.element_bits), ", expected 0x", absl::Hex(UniformMask()),
+                                                   " (ranks disagree on level settings)"));
+  }
+  if (h.flags != Flags()) {
+    return absl::InvalidArgumentError(absl::StrCat("dynamiq chunk flags 0x", absl::Hex(h.flags), ", expected 0x",
+                                                   absl::Hex(Flags()),
+                                                   " (ranks disagree on rounding or level settings)"));
+  }
   const uint8_t* payload = in.data() + kChunkHeaderBytes;
   const uint8_t* sg = payload + layout.map_bytes;
   for (size_t j = 0; j < layout.num_sg; ++j) {
-    const int w = MapCodeToWidth((payload[j / 4] >> (2 * (j % 4))) & 3u);
+    const int w = MapWidth(payload, j);
     const int expected = plan.widths[layout.first_sg + j];
     if (w != expected) {
       return absl::InvalidArgumentError(absl::StrCat("super-group ", layout.first_sg + j, " arrived with ", w,
@@ -195,7 +222,7 @@ absl::StatusOr<const uint8_t*> DynamiqCodec::CheckInput(const BucketPlan& plan, 
                                                      " (ranks disagree on the bit allocation)"));
     }
     const int count = CountInSg(chunk, j);
-    if (w != 0 && !ValidateSuperGroup(tables_[WidthIndex(w)], sg, count)) {
+    if (w != 0 && !ValidateSuperGroup(tables_[w], sg, count)) {
       return absl::InvalidArgumentError(absl::StrCat("super-group ", layout.first_sg + j,
                                                      " is malformed (illegal code, zero group scale or bad super "
                                                      "unit)"));
@@ -215,9 +242,8 @@ absl::StatusOr<size_t> DynamiqCodec::Encode(const BucketPlan& plan, const ChunkR
   }
   ChunkHeader h;
   h.codec = CodecId::kDynamiq;
-  h.element_bits = 0;
-  h.flags = static_cast<uint8_t>((Correlated(plan.round) ? kFlagCorrelated : 0) |
-                                 (config().levels == LevelKind::kUniform ? kFlagUniformLevels : 0));
+  h.element_bits = UniformMask();
+  h.flags = Flags();
   h.num_elements = static_cast<uint32_t>(chunk.count);
   h.chunk_id = chunk.chunk_id;
   h.round = static_cast<uint32_t>(plan.round.round);
@@ -228,20 +254,23 @@ absl::StatusOr<size_t> DynamiqCodec::Encode(const BucketPlan& plan, const ChunkR
   std::memset(payload, 0, layout.map_bytes);
   const RoundInfo& round = plan.round;
   const uint32_t key = StreamKey(config().seed, round.round, round.rank);
-  const uint32_t shared_key = StreamKey(config().seed, round.round, kSharedStream);
+  // Siblings of one aggregation-tree node share a permutation of strata (see ChunkRef).
+  const bool correlated = config().correlated_rounding && chunk.rounding_size > 1;
+  const uint32_t shared_key = StreamKey(config().seed, round.round, kSharedStream ^ Mix32(chunk.rounding_group));
   uint8_t* sg = payload + layout.map_bytes;
   alignas(64) float tile[kSuperGroupSize];
   for (size_t j = 0; j < layout.num_sg; ++j) {
     const size_t global_sg = layout.first_sg + j;
     const int w = plan.widths[global_sg];
-    payload[j / 4] = static_cast<uint8_t>(payload[j / 4] | (WidthToMapCode(w) << (2 * (j % 4))));
+    payload[j / 2] = static_cast<uint8_t>(payload[j / 2] | (w << (4 * (j % 2))));
     const int count = CountInSg(chunk, j);
     if (w == 0) continue;
     fill_tile(j, count, tile);
     const uint32_t stratum =
-        Correlated(round) ? StratumOf(shared_key, static_cast<uint32_t>(global_sg), round.rank, round.world_size) : 0;
-    EncodeSg(tables_[WidthIndex(w)], tile, count, key, static_cast<uint32_t>(global_sg * kSuperGroupSize), stratum,
-             round, sg);
+        correlated ? StratumOf(shared_key, static_cast<uint32_t>(global_sg), chunk.rounding_index, chunk.rounding_size)
+                   : 0;
+    EncodeSg(tables_[w], tile, count, key, static_cast<uint32_t>(global_sg * kSuperGroupSize), correlated, stratum,
+             chunk.rounding_size, sg);
     sg += SuperGroupBytes(w, count);
   }
   return total;
@@ -267,7 +296,7 @@ absl::StatusOr<size_t> DynamiqCodec::DecompressAccumulateRecompress(const Bucket
   return Encode(plan, chunk, layout, out_summands, out, [&](size_t j, int count, float* tile) {
     const int w = plan.widths[layout.first_sg + j];
     LoadSource(local, chunk.begin + j * kSuperGroupSize, count, tile);
-    DecodeSg(tables_[WidthIndex(w)], in_sg, count, tile, /*add=*/true);
+    DecodeSg(tables_[w], in_sg, count, tile, /*add=*/true);
     in_sg += SuperGroupBytes(w, count);
   });
 }
@@ -285,7 +314,7 @@ absl::Status DynamiqCodec::Decompress(const BucketPlan& plan, const ChunkRef& ch
     if (w == 0) {
       std::fill(tile, tile + count, 0.0f);
     } else {
-      DecodeSg(tables_[WidthIndex(w)], sg, count, tile, /*add=*/false);
+      DecodeSg(tables_[w], sg, count, tile, /*add=*/false);
     }
     StoreDest(out, chunk.begin + j * kSuperGroupSize, count, tile);
     sg += SuperGroupBytes(w, count);
@@ -302,7 +331,7 @@ absl::Status DynamiqCodec::DecompressAccumulate(const BucketPlan& plan, const Ch
   for (size_t j = 0; j < layout.num_sg; ++j) {
     const int w = plan.widths[layout.first_sg + j];
     const int count = CountInSg(chunk, j);
-    if (w != 0) DecodeSg(tables_[WidthIndex(w)], sg, count, acc + j * kSuperGroupSize, /*add=*/true);
+    if (w != 0) DecodeSg(tables_[w], sg, count, acc + j * kSuperGroupSize, /*add=*/true);
     sg += SuperGroupBytes(w, count);
   }
   return absl::OkStatus();

@@ -2,12 +2,14 @@
 //
 // Bucket level: every rank computes per-super-group (mean, norm) statistics (bf16, 0.125
 // bits/coord), the caller sums them across ranks, and MakePlan derives the same code width for
-// every super-group on every rank (kernels/dynamiq_allocator.h). Values are mean-centred before
-// quantization (Source::subtract_per_group = plan.local_means) and the summed means are added back
-// after decoding (Dest::add_per_group = plan.mean_sums).
+// every super-group on every rank (kernels/dynamiq_allocator.h). Values are centred on the global
+// mean before quantization: every rank subtracts the same m = bf16(sum of means / n)
+// (Source::subtract_per_group = plan.local_means) and n * m, exact in fp32, is added back after
+// decoding (Dest::add_per_group = plan.mean_sums), so centring never biases the result.
 //
-// Chunk payload (after the 32-byte ChunkHeader; element_bits = 0 because widths vary):
-//   [ width map: 2 bits per super-group, LSB first, 0/1/2/3 = 0/2/4/8 bits; ceil(nsg / 4) bytes ]
+// Chunk payload (after the 32-byte ChunkHeader, whose element_bits holds a bitmask of the widths
+// using uniform levels, bit w - 2 for width w, so ranks with different level settings are caught):
+//   [ width map: one nibble per super-group (the width, 0 or 2..8), low nibble first ]
 //   [ super-groups in order, each as documented in kernels/dynamiq_math.h ]
 // DAR re-encodes each super-group at its received width from the new partial sum (scales are
 // recomputed at every hop, so partial sums never overflow), working on one 1 KiB tile at a time.
@@ -50,9 +52,9 @@ class DynamiqCodec final : public Codec {
                                                         absl::Span<const uint8_t> in, const Source& local,
                                                         absl::Span<uint8_t> out) const override;
 
-  // Measured relative squared error of one quantization at widths 2, 4, 8 (Gaussian groups).
+  // Measured relative squared error of one quantization per width 2..8 (Gaussian groups).
   const WidthErrors& width_errors() const { return errors_; }
-  const LevelTable& table(int bits) const { return tables_[WidthIndex(bits)]; }
+  const LevelTable& table(int bits) const { return tables_[bits]; }
 
  private:
   struct Layout;
@@ -63,13 +65,14 @@ class DynamiqCodec final : public Codec {
   template <typename Fn>
   absl::StatusOr<size_t> Encode(const BucketPlan& plan, const ChunkRef& chunk, const Layout& layout, uint16_t summands,
                                 absl::Span<uint8_t> out, Fn&& fill_tile) const;
-  void EncodeSg(const LevelTable& t, const float* tile, int count, uint32_t key, uint32_t first_index, uint32_t stratum,
-                const RoundInfo& round, uint8_t* sg) const;
+  void EncodeSg(const LevelTable& t, const float* tile, int count, uint32_t key, uint32_t first_index, bool correlated,
+                uint32_t stratum, uint32_t strata, uint8_t* sg) const;
   void DecodeSg(const LevelTable& t, const uint8_t* sg, int count, float* out, bool add) const;
-  bool Correlated(const RoundInfo& round) const { return config().correlated_rounding && round.world_size > 1; }
+  uint8_t Flags() const;
+  uint8_t UniformMask() const;
 
   Kernel kernel_;
-  LevelTable tables_[3];
+  LevelTable tables_[kMaxWidth + 1];  // indexed by width
   WidthErrors errors_;
 };
 

@@ -1,0 +1,283 @@
+#include "engine/simulator.h"
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "bench/synthetic_gradients.h"
+#include "engine/schedule.h"
+#include "gtest/gtest.h"
+#include "kernels/codec_registry.h"
+#include "tests/testing/status_matchers.h"
+
+namespace dynamiq::engine {
+namespace {
+
+using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::StatusIs;
+using kernels::CodecConfig;
+using kernels::CodecId;
+using ::testing::HasSubstr;
+
+std::unique_ptr<kernels::Codec> Make(CodecId id, double bits = 5, bool correlated = true) {
+  CodecConfig c;
+  c.id = id;
+  c.bits = bits;
+  c.correlated_rounding = correlated;
+  auto codec = kernels::CreateCodec(c);
+  EXPECT_THAT(codec, IsOk());
+  return std::move(codec).value();
+}
+
+struct SimRun {
+  std::vector<std::vector<float>> outputs;
+  SimulationResult result;
+};
+
+SimRun Simulate(const kernels::Codec& codec, Topology topology, const std::vector<std::vector<float>>& inputs,
+                uint64_t round = 1) {
+  const int n = static_cast<int>(inputs.size());
+  const size_t d = inputs[0].size();
+  auto schedule = MakeSchedule(topology, n);
+  EXPECT_THAT(schedule, IsOk());
+  SimRun run;
+  run.outputs.assign(n, std::vector<float>(d, NAN));
+  std::vector<kernels::Source> in;
+  std::vector<kernels::Dest> out;
+  for (int r = 0; r < n; ++r) {
+    in.push_back({inputs[r].data(), kernels::DType::kFloat32, 0, nullptr});
+    out.push_back({run.outputs[r].data(), kernels::DType::kFloat32, 0, nullptr});
+  }
+  auto result = SimulateAllReduce(codec, *schedule, d, round, in, out);
+  EXPECT_THAT(result, IsOk());
+  if (result.ok()) run.result = *result;
+  return run;
+}
+
+std::vector<std::vector<float>> Synthetic(int n, size_t d, uint64_t seed = 1, double rho = 0.5) {
+  bench::SyntheticOptions o;
+  o.workers = n;
+  o.elements = d;
+  o.seed = seed;
+  o.correlation = rho;
+  return bench::SyntheticGradients(o);
+}
+
+TEST(ScheduleTest, EveryChunkReachesItsOwnerThroughEveryRankOnce) {
+  for (Topology t : {Topology::kRing, Topology::kButterfly}) {
+    for (int n : {1, 2, 4, 8, 16, 32}) {
+      auto s = MakeSchedule(t, n);
+      ASSERT_THAT(s, IsOk());
+      ASSERT_EQ(s->reduce_scatter.size(), static_cast<size_t>(n - 1));
+      ASSERT_EQ(s->all_gather.size(), static_cast<size_t>(n - 1));
+      std::vector<std::set<int>> senders(n);  // per chunk
+      for (const auto& step : s->reduce_scatter) {
+        std::vector<int> sends(n, 0), recvs(n, 0);
+        for (const Transfer& x : step) {
+          ++sends[x.from];
+          ++recvs[x.to];
+          EXPECT_TRUE(senders[x.chunk].insert(x.from).second) << "a rank sends a chunk twice";
+          EXPECT_NE(x.from, s->owner[x.chunk]) << "the owner never sends during reduce-scatter";
+        }
+        for (int r = 0; r < n; ++r) EXPECT_LE(sends[r] + 0 * recvs[r], 1);
+        for (int r = 0; r < n; ++r) EXPECT_LE(recvs[r], 1);
+      }
+      for (int c = 0; c < n; ++c) EXPECT_EQ(senders[c].size(), static_cast<size_t>(n - 1)) << "chunk " << c;
+    }
+  }
+  EXPECT_THAT(MakeSchedule(Topology::kButterfly, 6),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("power-of-two")));
+  EXPECT_THAT(MakeSchedule(Topology::kRing, 0), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(ScheduleTest, ChunksTileTheBucketOnSuperGroupBoundaries) {
+  for (size_t d : {size_t{1}, size_t{255}, size_t{256}, size_t{1000}, size_t{100000}}) {
+    for (int n : {1, 3, 8}) {
+      size_t next = 0;
+      for (int c = 0; c < n; ++c) {
+        kernels::ChunkRef ch = ChunkOf(d, n, c);
+        EXPECT_EQ(ch.begin, next);
+        if (ch.count > 0 && ch.begin + ch.count < d) EXPECT_EQ((ch.begin + ch.count) % 256, 0u);
+        next = ch.begin + ch.count;
+      }
+      EXPECT_EQ(next, d);
+    }
+  }
+}
+
+TEST(SimulatorTest, NoneIsTheExactSumInScheduleOrder) {
+  auto codec = Make(CodecId::kNone);
+  const int n = 5;
+  auto inputs = Synthetic(n, 3000);
+  SimRun run = Simulate(*codec, Topology::kRing, inputs);
+  for (int c = 0; c < n; ++c) {
+    kernels::ChunkRef ch = ChunkOf(3000, n, c);
+    for (size_t k = ch.begin; k < ch.begin + ch.count; ++k) {
+      float acc = inputs[c][k];  // the chunk's path: c, c+1, ..., c-1
+      for (int h = 1; h < n; ++h) acc = acc + inputs[(c + h) % n][k];
+      for (int r = 0; r < n; ++r) ASSERT_EQ(run.outputs[r][k], acc) << "rank " << r << " element " << k;
+    }
+  }
+  // 32 bits per element plus one 32-byte header per message.
+  EXPECT_NEAR(WireBitsPerCoord(run.result, 3000, n), 32.0 + 256.0 * n / 3000, 1e-9);
+}
+
+TEST(SimulatorTest, AllRanksGetBitIdenticalResults) {
+  for (CodecId id : {CodecId::kDynamiq, CodecId::kBf16}) {
+    for (Topology t : {Topology::kRing, Topology::kButterfly}) {
+      auto codec = Make(id);
+      auto inputs = Synthetic(8, 20000);
+      SimRun run = Simulate(*codec, t, inputs);
+      for (int r = 1; r < 8; ++r) {
+        ASSERT_EQ(0, std::memcmp(run.outputs[r].data(), run.outputs[0].data(), 20000 * sizeof(float)))
+            << kernels::CodecName(id) << " " << TopologyName(t) << " rank " << r;
+      }
+    }
+  }
+}
+
+TEST(SimulatorTest, VnmseStrictlyDecreasesWithBits) {
+  auto inputs = Synthetic(8, 1 << 16);
+  auto exact = bench::ExactSum(inputs);
+  double previous = INFINITY;
+  for (double bits : {3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0}) {
+    auto codec = Make(CodecId::kDynamiq, bits);
+    SimRun run = Simulate(*codec, Topology::kRing, inputs);
+    const double v = bench::Vnmse(run.outputs[0].data(), exact);
+    EXPECT_LT(v, previous) << "bits " << bits;
+    // The budget counts all metadata; on top come 32-byte headers: one per message of the main and
+    // of the statistics all-reduce, 2 * 256 * n / d bits per coordinate.
+    const double headers = 2 * 256.0 * 8 / (1 << 16);
+    EXPECT_NEAR(WireBitsPerCoord(run.result, 1 << 16, 8) - headers, bits, 0.01) << "bits " << bits;
+    previous = v;
+  }
+}
+
+TEST(SimulatorTest, MeetsTheAccuracyTargetAtFiveBits) {
+  auto inputs = Synthetic(8, 1 << 18);
+  auto exact = bench::ExactSum(inputs);
+  auto codec = Make(CodecId::kDynamiq, 5);
+  const double ring = bench::Vnmse(Simulate(*codec, Topology::kRing, inputs).outputs[0].data(), exact);
+  const double butterfly = bench::Vnmse(Simulate(*codec, Topology::kButterfly, inputs).outputs[0].data(), exact);
+  EXPECT_LT(ring, 2e-3);
+  EXPECT_GT(ring, 2e-4) << "suspiciously low: is the codec quantizing at all?";
+  EXPECT_LE(butterfly, ring);
+}
+
+TEST(SimulatorTest, MeasuredAllocatorBeatsThePapers) {
+  auto inputs = Synthetic(8, 1 << 17);
+  auto exact = bench::ExactSum(inputs);
+  CodecConfig c;
+  c.bits = 4;
+  auto measured = kernels::CreateCodec(c);
+  c.allocator = kernels::BitAllocator::kPaper;
+  auto paper = kernels::CreateCodec(c);
+  ASSERT_THAT(measured, IsOk());
+  ASSERT_THAT(paper, IsOk());
+  double v_measured = 0, v_paper = 0;
+  for (uint64_t round = 0; round < 3; ++round) {
+    v_measured += bench::Vnmse(Simulate(**measured, Topology::kRing, inputs, round).outputs[0].data(), exact);
+    v_paper += bench::Vnmse(Simulate(**paper, Topology::kRing, inputs, round).outputs[0].data(), exact);
+  }
+  EXPECT_LT(v_measured, v_paper);
+}
+
+TEST(SimulatorTest, CorrelatedRoundingLowersButterflyError) {
+  // Butterfly trees have siblings whose rounding is stratified; a ring is a path and has none.
+  auto inputs = Synthetic(8, 1 << 17);
+  auto exact = bench::ExactSum(inputs);
+  auto correlated = Make(CodecId::kDynamiq, 5, true);
+  auto independent = Make(CodecId::kDynamiq, 5, false);
+  double vc = 0, vi = 0;
+  for (uint64_t round = 0; round < 3; ++round) {
+    vc += bench::Vnmse(Simulate(*correlated, Topology::kButterfly, inputs, round).outputs[0].data(), exact);
+    vi += bench::Vnmse(Simulate(*independent, Topology::kButterfly, inputs, round).outputs[0].data(), exact);
+    EXPECT_EQ(Simulate(*correlated, Topology::kRing, inputs, round).outputs[0],
+              Simulate(*independent, Topology::kRing, inputs, round).outputs[0]);
+  }
+  EXPECT_LT(vc, 0.95 * vi);
+}
+
+// Per-coordinate mean error of the all-reduced sum over K rounds is within 4 sigma / sqrt(K).
+// Sensitive enough to catch correlated rounding along a ring's hops (z > 20 for most coordinates).
+class UnbiasedTest : public ::testing::TestWithParam<std::tuple<Topology, CodecId, double>> {};
+
+TEST_P(UnbiasedTest, WholeAllReduceIsUnbiased) {
+  const auto [topology, id, bits] = GetParam();
+  const int n = 4;
+  const size_t d = 512;
+  auto inputs = Synthetic(n, d, 3, 0.3);
+  for (int r = 0; r < n; ++r) {
+    for (size_t k = 0; k < d; ++k) inputs[r][k] = inputs[r][k] * 1e3f + 0.05f * r;  // non-zero means
+  }
+  auto exact = bench::ExactSum(inputs);
+  auto codec = Make(id, bits);
+  constexpr int kRounds = 3000;
+  std::vector<double> sum(d, 0), sum_sq(d, 0);
+  for (int round = 0; round < kRounds; ++round) {
+    SimRun run = Simulate(*codec, topology, inputs, round);
+    for (size_t k = 0; k < d; ++k) {
+      const double e = run.outputs[0][k] - exact[k];
+      sum[k] += e;
+      sum_sq[k] += e * e;
+    }
+  }
+  int outside = 0;
+  for (size_t k = 0; k < d; ++k) {
+    const double mean = sum[k] / kRounds;
+    const double sigma = std::sqrt(std::max(sum_sq[k] / kRounds - mean * mean, 1e-30));
+    outside += std::fabs(mean) > 4 * sigma / std::sqrt(double(kRounds));
+  }
+  EXPECT_LE(outside, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Topologies, UnbiasedTest,
+                         ::testing::Values(std::make_tuple(Topology::kRing, CodecId::kDynamiq, 4.0),
+                                           std::make_tuple(Topology::kButterfly, CodecId::kDynamiq, 4.0),
+                                           std::make_tuple(Topology::kRing, CodecId::kDynamiq, 7.0)));
+
+TEST(SimulatorTest, ExtremeRangesNeverProduceInfOrNan) {
+  for (int n : {2, 16, 64}) {
+    const size_t d = 256 * 64;
+    std::vector<std::vector<float>> inputs(n, std::vector<float>(d));
+    for (int r = 0; r < n; ++r) {
+      for (size_t k = 0; k < d; ++k) {
+        // Magnitudes from 1e-30 to 1e30 across super-groups, varying signs across ranks.
+        const double exponent = -30.0 + 60.0 * static_cast<double>(k / 256) / 63.0;
+        inputs[r][k] = static_cast<float>(std::pow(10.0, exponent) * (((k * 7 + r * 13) % 5) - 2.0) / 2.0);
+      }
+    }
+    auto exact = bench::ExactSum(inputs);
+    for (Topology t : {Topology::kRing, Topology::kButterfly}) {
+      auto codec = Make(CodecId::kDynamiq, 5);
+      SimRun run = Simulate(*codec, t, inputs);
+      for (size_t k = 0; k < d; ++k) ASSERT_TRUE(std::isfinite(run.outputs[0][k])) << "n " << n << " k " << k;
+      // Each super-group's error stays bounded relative to the energy of its inputs, however small
+      // or large they are (the sums themselves may cancel, so they are not the yardstick).
+      for (size_t sg = 0; sg < d / 256; ++sg) {
+        double err = 0, norm = 0;
+        for (size_t k = sg * 256; k < sg * 256 + 256; ++k) {
+          err += (run.outputs[0][k] - exact[k]) * (run.outputs[0][k] - exact[k]);
+          for (int r = 0; r < n; ++r) norm += double(inputs[r][k]) * inputs[r][k];
+        }
+        // Path error grows at most like n^2 times one quantization's (< 1 even at 2 bits).
+        if (norm > 0) EXPECT_LT(err / norm, double(n) * n) << "n " << n << " super-group " << sg;
+      }
+    }
+  }
+}
+
+TEST(SimulatorTest, RejectsWrongNumberOfRanks) {
+  auto schedule = MakeSchedule(Topology::kButterfly, 4);
+  ASSERT_THAT(schedule, IsOk());
+  auto codec = Make(CodecId::kNone);
+  std::vector<kernels::Source> in(3);
+  std::vector<kernels::Dest> out(3);
+  EXPECT_THAT(SimulateAllReduce(*codec, *schedule, 10, 0, in, out),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("need 4 inputs")));
+}
+
+}  // namespace
+}  // namespace dynamiq::engine
