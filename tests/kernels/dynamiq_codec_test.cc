@@ -141,7 +141,9 @@ TEST(SuperGroupTest, ExtremeMagnitudesStayFinite) {
       err += double(y[k] - x[k]) * (y[k] - x[k]);
       norm += double(x[k]) * x[k];
     }
-    if (scale >= 1e-30f) EXPECT_LT(err / norm, 1e-3) << scale;
+    if (scale >= 1e-30f) {
+      EXPECT_LT(err / norm, 1e-3) << scale;
+    }
   }
 }
 
