@@ -36,6 +36,7 @@ inline constexpr int kGroupsPerSuperGroup = kSuperGroupSize / kGroupSize;
 inline constexpr int kMaxLevels = 128;             // L + 1 for 8-bit codes
 inline constexpr int kSearchBuckets = 1024;        // interval-search table resolution over [0, 1]
 inline constexpr uint16_t kNanSuperUnit = 0x7fc0;  // bf16 quiet NaN: the SG held Inf/NaN
+inline constexpr uint16_t kMinSuperUnit = 0x0080;  // bf16 2^-126, the smallest normal
 
 // Levels and lookup tables of one code width. Plain data: copied as-is to GPU memory.
 struct LevelTable {
@@ -65,6 +66,9 @@ DQ_HOST_DEVICE uint16_t SuperUnitFor(float sg_max, bool finite) {
   if (!finite) return kNanSuperUnit;
   uint16_t unit = FloatToBf16Up(sg_max / 255.0f);
   if (Bf16ToFloat(unit) * 255.0f < sg_max) unit += 1;  // the division rounded down: one more ulp
+  // Keep group scales normal (>= 2^-126) so 1 / scale stays finite; super-groups of values below
+  // ~3e-36 are quantized a little more coarsely, still unbiased.
+  if (sg_max > 0.0f && unit < kMinSuperUnit) unit = kMinSuperUnit;
   return unit;
 }
 

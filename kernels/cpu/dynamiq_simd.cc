@@ -14,6 +14,8 @@
 #include "kernels/cpu/dynamiq_simd.h"
 #include "kernels/dynamiq_math.h"
 
+#include <math.h>
+
 HWY_BEFORE_NAMESPACE();
 namespace dynamiq::kernels {
 namespace HWY_NAMESPACE {
@@ -26,7 +28,8 @@ using DU = hn::RebindToUnsigned<DF>;
 using VF = hn::Vec<DF>;
 using VI = hn::Vec<DI>;
 using VU = hn::Vec<DU>;
-constexpr int kMaxPieces = kGroupSize;
+constexpr int kRegisterEntries = 32;  // MEE tables up to 6-bit codes (L + 1 = 32 levels)
+constexpr int kMaxPieces = kRegisterEntries;
 constexpr bool kUseVectorPack = true;  // 16-entry tables in pieces of one vector (N >= 1 lanes)
 
 HWY_INLINE VU Mix32Simd(VU x) {
@@ -44,13 +47,14 @@ struct RegisterTable {
   VF piece[kMaxPieces];
   int pieces = 0;
 
-  void Load(const float* table) {
+  // Holds table[0, entries) (entries <= kRegisterEntries; whole vectors are loaded).
+  void Load(const float* table, int entries) {
     const DF df;
     const int N = static_cast<int>(hn::Lanes(df));
-    pieces = kGroupSize / N;
+    pieces = (entries + N - 1) / N;
     for (int p = 0; p < pieces; ++p) piece[p] = hn::LoadU(df, table + p * N);
   }
-  // table[idx] for 0 <= idx < 16.
+  // table[idx] for 0 <= idx < pieces * N.
   HWY_INLINE VF Lookup(VI idx) const {
     const DF df;
     const DI di;
@@ -168,7 +172,7 @@ enum class Path { kTwoBit, kUniform, kRegister, kGather };
 Path PathFor(const LevelTable& t) {
   if (t.bits == 2) return Path::kTwoBit;
   if (t.uniform) return Path::kUniform;
-  return t.max_level < kGroupSize ? Path::kRegister : Path::kGather;
+  return t.max_level < kRegisterEntries ? Path::kRegister : Path::kGather;
 }
 
 template <int W, bool kAdd>
@@ -179,7 +183,7 @@ HWY_NOINLINE void DecodeImpl(const LevelTable& t, const uint8_t* sg, float* out)
   constexpr int kGroupBytes = 2 * W + 1;
   const Path path = PathFor(t);
   RegisterTable levels;
-  if (path == Path::kRegister) levels.Load(t.level);
+  if (path == Path::kRegister) levels.Load(t.level, t.max_level + 1);
   const VI vL = hn::Set(di, t.max_level);
   const VF inv_L = hn::Set(df, t.level[1]);  // uniform: level[1] = 1 * (1/L) = 1/L exactly
   const float unit = Bf16ToFloat(LoadSuperUnit(sg, W, kSuperGroupSize));
@@ -264,10 +268,18 @@ HWY_NOINLINE void EncodeImpl(const LevelTable& t, const float* v, uint32_t key, 
   const float unit = finite ? Bf16ToFloat(unit_bits) : 0.0f;
 
   // Pass 2: quantize group by group.
-  RegisterTable level_table, inv_gap_table;
+  // Register path: level[] and inv_gap[] for the interval, and level[] padded with +inf above L - 1
+  // for the binary search of the interval (largest r <= L - 1 with level[r] <= a).
+  RegisterTable level_table, inv_gap_table, search_table;
+  int search_step = 1;
   if (path == Path::kRegister) {
-    level_table.Load(t.level);
-    inv_gap_table.Load(t.inv_gap);
+    const int entries = t.max_level + 1;
+    level_table.Load(t.level, entries);
+    inv_gap_table.Load(t.inv_gap, entries);
+    HWY_ALIGN float search[kRegisterEntries];
+    for (int j = 0; j < kRegisterEntries; ++j) search[j] = j < t.max_level ? t.level[j] : HUGE_VALF;
+    search_table.Load(search, entries);
+    while (search_step * 2 < entries) search_step *= 2;
   }
   const VF one = hn::Set(df, 1.0f);
   const VF inv_L = hn::Set(df, t.level[1]);
@@ -302,8 +314,9 @@ HWY_NOINLINE void EncodeImpl(const LevelTable& t, const float* v, uint32_t key, 
       p = hn::Mul(hn::Sub(a, hn::Mul(hn::ConvertTo(df, r), inv_L)), fL);
     } else if (path == Path::kRegister) {
       r = hn::Zero(di);
-      for (int j = 1; j < L; ++j) {
-        r = hn::Add(r, hn::IfThenElseZero(hn::RebindMask(di, hn::Ge(a, hn::Set(df, t.level[j]))), int_one));
+      for (int step = search_step; step >= 1; step /= 2) {
+        const VI candidate = hn::Add(r, hn::Set(di, step));
+        r = hn::IfThenElse(hn::RebindMask(di, hn::Ge(a, search_table.Lookup(candidate))), candidate, r);
       }
       p = hn::Mul(hn::Sub(a, level_table.Lookup(r)), inv_gap_table.Lookup(r));
     } else {
