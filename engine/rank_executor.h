@@ -41,6 +41,9 @@ class RankExecutor {
   int ReduceScatterRecvPeer(int step) const { return rs_recv_[step].peer; }
   int AllGatherSendPeer(int step) const { return ag_send_[step].peer; }
   int AllGatherRecvPeer(int step) const { return ag_recv_[step].peer; }
+  // Chunks received at a step (-1 when none).
+  int ReduceScatterRecvChunk(int step) const { return rs_recv_[step].chunk; }
+  int AllGatherRecvChunk(int step) const { return ag_recv_[step].chunk; }
 
   // The bytes to send at the step (valid until the next call on this executor).
   absl::StatusOr<absl::Span<const uint8_t>> ReduceScatterSend(int step);

@@ -1,0 +1,59 @@
+// AllReduce: DynamiQ's whole pipeline for one bucket over a real Transport.
+//
+//   1. statistics: each rank computes the codec's bucket statistics; sums are all-reduced with the
+//      bf16 codec over the same schedule, maxima all-gathered; every rank ends with bit-identical
+//      statistics and derives the same plan (bit allocation, centring);
+//   2. reduce-scatter with per-hop fused DAR, then an all-gather that forwards the owners' final
+//      bytes unchanged, so every rank ends with bit-identical results;
+//   3. pipelining: the bucket is cut into blocks (each a sub-bucket with its slice of the plan);
+//      within every step all blocks' transfers are posted at once and each block is decoded and
+//      re-quantized as soon as it arrives, while the later blocks are still on the wire.
+//
+// Every message is preceded by a 64-byte StepHeader that is validated before the payload is
+// received (engine/step_header.h), and payloads carry a checksum. Errors name this rank, the peer
+// and what differed; a peer that stops answering fails the collective at the deadline instead of
+// hanging. After an error the transport must be considered broken (see Transport).
+//
+// `local` and `out` may be the same buffer (in place): all reads of `local` happen before the
+// first write to `out`. Memory: O(chunk) per block in flight plus the executor's buffers.
+// Not thread-safe per transport: one collective at a time.
+#ifndef DQ_ENGINE_ALLREDUCE_H_
+#define DQ_ENGINE_ALLREDUCE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/schedule.h"
+#include "engine/transport.h"
+#include "kernels/codec.h"
+
+namespace dynamiq::engine {
+
+struct AllReduceOptions {
+  Topology topology = Topology::kRing;
+  uint64_t job_id = 0;
+  uint64_t config_epoch = 0;
+  uint64_t sequence = 0;  // collective number within the job; also keys the codec's randomness
+  absl::Duration timeout = absl::Seconds(60);
+  // Pipelining block size in elements (rounded up to a multiple of 256); 0 = one block.
+  size_t block_elements = size_t{2} << 20;
+};
+
+struct AllReduceResult {
+  uint64_t bytes_sent = 0;  // all phases, headers included
+  uint64_t bytes_received = 0;
+  uint64_t stats_bytes_sent = 0;  // statistics phase only
+  int blocks = 1;
+};
+
+// Sums `local` (num_elements values) over all ranks of `transport` into `out`.
+// Source::subtract_per_group and Dest::add_per_group must be unset (the plan supplies them).
+absl::StatusOr<AllReduceResult> AllReduce(const kernels::Codec& codec, Transport& transport,
+                                          const AllReduceOptions& options, const kernels::Source& local,
+                                          const kernels::Dest& out, size_t num_elements);
+
+}  // namespace dynamiq::engine
+
+#endif  // DQ_ENGINE_ALLREDUCE_H_

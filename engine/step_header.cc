@@ -1,0 +1,123 @@
+#include "engine/step_header.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/codec.h"
+
+namespace dynamiq::engine {
+namespace {
+
+constexpr uint32_t kMagic = 0x31535144u;  // "DQS1"
+constexpr uint8_t kVersion = 1;
+
+template <typename T>
+void Put(uint8_t* p, T v) {
+  for (size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i));
+}
+template <typename T>
+T Get(const uint8_t* p) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return static_cast<T>(v);
+}
+
+absl::string_view PhaseName(Phase p) {
+  switch (p) {
+    case Phase::kStats:
+      return "statistics";
+    case Phase::kReduceScatter:
+      return "reduce-scatter";
+    case Phase::kAllGather:
+      return "all-gather";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::array<uint8_t, kStepHeaderBytes> EncodeStepHeader(const StepHeader& h) {
+  std::array<uint8_t, kStepHeaderBytes> b{};
+  Put<uint32_t>(&b[0], kMagic);
+  b[4] = kVersion;
+  b[5] = static_cast<uint8_t>(h.phase);
+  b[6] = h.codec;
+  Put<uint32_t>(&b[8], h.bits_x1000);
+  Put<uint32_t>(&b[12], h.sender);
+  Put<uint64_t>(&b[16], h.job_id);
+  Put<uint64_t>(&b[24], h.config_epoch);
+  Put<uint64_t>(&b[32], h.sequence);
+  Put<uint32_t>(&b[40], h.step);
+  Put<uint32_t>(&b[44], h.block);
+  Put<uint32_t>(&b[48], h.payload_bytes);
+  Put<uint64_t>(&b[56], h.checksum);
+  return b;
+}
+
+absl::StatusOr<StepHeader> DecodeStepHeader(absl::Span<const uint8_t> b) {
+  if (b.size() != kStepHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("step header of ", b.size(), " bytes, expected ", kStepHeaderBytes));
+  }
+  if (Get<uint32_t>(&b[0]) != kMagic) return absl::InvalidArgumentError("not a dynamiq step header (bad magic)");
+  if (b[4] != kVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("step header version ", b[4], ", this build speaks ", kVersion));
+  }
+  if (b[5] > 2) return absl::InvalidArgumentError(absl::StrCat("step header with unknown phase ", b[5]));
+  if (b[7] != 0 || Get<uint32_t>(&b[52]) != 0) return absl::InvalidArgumentError("step header reserved bytes set");
+  StepHeader h;
+  h.phase = static_cast<Phase>(b[5]);
+  h.codec = b[6];
+  h.bits_x1000 = Get<uint32_t>(&b[8]);
+  h.sender = Get<uint32_t>(&b[12]);
+  h.job_id = Get<uint64_t>(&b[16]);
+  h.config_epoch = Get<uint64_t>(&b[24]);
+  h.sequence = Get<uint64_t>(&b[32]);
+  h.step = Get<uint32_t>(&b[40]);
+  h.block = Get<uint32_t>(&b[44]);
+  h.payload_bytes = Get<uint32_t>(&b[48]);
+  h.checksum = Get<uint64_t>(&b[56]);
+  return h;
+}
+
+absl::Status MatchStepHeader(const StepHeader& r, const StepHeader& e) {
+  std::vector<std::string> diffs;
+  auto check = [&](absl::string_view field, const std::string& got, const std::string& want) {
+    if (got != want) diffs.push_back(absl::StrCat(field, " ", got, " (expected ", want, ")"));
+  };
+  check("sender", absl::StrCat(r.sender), absl::StrCat(e.sender));
+  check("job", absl::StrCat(r.job_id), absl::StrCat(e.job_id));
+  check("config epoch", absl::StrCat(r.config_epoch), absl::StrCat(e.config_epoch));
+  check("collective", absl::StrCat(r.sequence), absl::StrCat(e.sequence));
+  check("phase", std::string(PhaseName(r.phase)), std::string(PhaseName(e.phase)));
+  check("step", absl::StrCat(r.step), absl::StrCat(e.step));
+  check("block", absl::StrCat(r.block), absl::StrCat(e.block));
+  check("codec", std::string(kernels::CodecName(static_cast<kernels::CodecId>(r.codec))),
+        std::string(kernels::CodecName(static_cast<kernels::CodecId>(e.codec))));
+  check("bits", absl::StrCat(r.bits_x1000 / 1000.0), absl::StrCat(e.bits_x1000 / 1000.0));
+  if (diffs.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("rank ", r.sender, " runs a different collective: ", absl::StrJoin(diffs, ", ")));
+}
+
+uint64_t PayloadChecksum(absl::Span<const uint8_t> p) {
+  // Four independent multiply-xor lanes over 8-byte words; fast enough to run on every message.
+  uint64_t h[4] = {0x9e3779b97f4a7c15ull, 0xc2b2ae3d27d4eb4full, 0x165667b19e3779f9ull, 0x27d4eb2f165667c5ull};
+  size_t i = 0;
+  for (; i + 32 <= p.size(); i += 32) {
+    for (int lane = 0; lane < 4; ++lane) {
+      uint64_t w;
+      std::memcpy(&w, p.data() + i + 8 * lane, 8);
+      h[lane] = (h[lane] ^ w) * 0x100000001b3ull;
+      h[lane] ^= h[lane] >> 29;
+    }
+  }
+  uint64_t acc = p.size() * 0x9e3779b97f4a7c15ull;
+  for (; i < p.size(); ++i) acc = (acc ^ p[i]) * 0x100000001b3ull;
+  for (int lane = 0; lane < 4; ++lane) acc = (acc ^ h[lane]) * 0xff51afd7ed558ccdull, acc ^= acc >> 33;
+  return acc;
+}
+
+}  // namespace dynamiq::engine

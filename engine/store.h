@@ -1,0 +1,64 @@
+// Store: the small key-value store ranks rendezvous through (Gloo's connection setup, NCCL unique
+// ids, anything a group must agree on before it can talk). Keys are written once and read by
+// everyone; Get waits until the key exists or the timeout passes.
+//
+// Implementations: InMemoryStore (threads of one process, tests), TcpStoreServer/TcpStoreClient
+// (processes; engine/tcp_store.h). The daemon's coordinator will serve the same interface over
+// gRPC. Thread-safe: every method may be called from any thread.
+#ifndef DQ_ENGINE_STORE_H_
+#define DQ_ENGINE_STORE_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace dynamiq::engine {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  // Sets (or overwrites) `key`.
+  virtual absl::Status Set(absl::string_view key, absl::string_view value) = 0;
+  // The value of `key`, waiting up to `timeout` for it to be set; DEADLINE_EXCEEDED names the key.
+  virtual absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) = 0;
+  // Waits until every key is set; DEADLINE_EXCEEDED names the keys still missing.
+  virtual absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) = 0;
+};
+
+// Store for ranks that are threads of one process.
+class InMemoryStore final : public Store {
+ public:
+  absl::Status Set(absl::string_view key, absl::string_view value) override;
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
+  absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::string, std::less<>> values_ ABSL_GUARDED_BY(mu_);
+};
+
+// Prepends "<prefix>/" to every key, so groups, jobs and epochs never read each other's keys.
+class PrefixStore final : public Store {
+ public:
+  PrefixStore(std::string prefix, Store& base) : prefix_(std::move(prefix)), base_(base) {}
+  absl::Status Set(absl::string_view key, absl::string_view value) override;
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
+  absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
+
+ private:
+  std::string Key(absl::string_view key) const;
+  std::string prefix_;
+  Store& base_;
+};
+
+}  // namespace dynamiq::engine
+
+#endif  // DQ_ENGINE_STORE_H_

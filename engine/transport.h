@@ -1,0 +1,55 @@
+// Transport: point-to-point byte transfers between the ranks of one group, the only thing the
+// collective engine needs from a network. Operations are asynchronous: post sends and receives,
+// then wait for them, so the engine can compute the next block while the previous one is on the
+// wire.
+//
+// Contract:
+//   - A receive is posted with the exact number of bytes it expects; the engine learns that number
+//     from a fixed-size step header it receives first (engine/step_header.h), never trusting a
+//     payload's length blindly (Gloo silently truncates short sends and aborts on long ones).
+//   - Messages between a pair of ranks with the same tag are matched in posting order.
+//   - Wait fails with DEADLINE_EXCEEDED (naming the peer, tag and timeout) when the operation has
+//     not completed by the deadline, and with UNAVAILABLE/ABORTED when the peer is gone or the
+//     transport was aborted. After any failure the transport is unusable for this group; the
+//     owner re-forms the group.
+//   - Abort may be called from any thread (a watchdog) and makes every pending and future Wait
+//     fail promptly.
+// Otherwise not thread-safe: one collective at a time drives a transport.
+#ifndef DQ_ENGINE_TRANSPORT_H_
+#define DQ_ENGINE_TRANSPORT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace dynamiq::engine {
+
+class Transport {
+ public:
+  // Identifies a posted operation until Wait returns for it.
+  using Handle = uint64_t;
+
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // e.g. "gloo_tcp", "nccl", "memory".
+  virtual std::string name() const = 0;
+
+  // `data` / `buffer` must stay valid until Wait returns for the handle.
+  virtual absl::StatusOr<Handle> PostSend(int peer, uint64_t tag, absl::Span<const uint8_t> data) = 0;
+  virtual absl::StatusOr<Handle> PostRecv(int peer, uint64_t tag, absl::Span<uint8_t> buffer) = 0;
+  virtual absl::Status Wait(Handle handle, absl::Time deadline) = 0;
+
+  virtual void Abort() = 0;
+};
+
+}  // namespace dynamiq::engine
+
+#endif  // DQ_ENGINE_TRANSPORT_H_

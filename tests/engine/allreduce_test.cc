@@ -1,0 +1,276 @@
+#include "engine/allreduce.h"
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "bench/synthetic_gradients.h"
+#include "engine/memory_transport.h"
+#include "engine/simulator.h"
+#include "gtest/gtest.h"
+#include "kernels/bf16_math.h"
+#include "kernels/codec_registry.h"
+#include "tests/testing/status_matchers.h"
+
+namespace dynamiq::engine {
+namespace {
+
+using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::StatusIs;
+using kernels::CodecConfig;
+using kernels::CodecId;
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+
+std::unique_ptr<kernels::Codec> Make(CodecId id, double bits = 5) {
+  CodecConfig c;
+  c.id = id;
+  c.bits = id == CodecId::kUniform ? 4 : (id == CodecId::kThc ? 4 : bits);
+  auto codec = kernels::CreateCodec(c);
+  EXPECT_THAT(codec, IsOk());
+  return std::move(codec).value();
+}
+
+std::vector<std::vector<float>> Inputs(int n, size_t d, uint64_t seed = 1) {
+  bench::SyntheticOptions o;
+  o.workers = n;
+  o.elements = d;
+  o.seed = seed;
+  return bench::SyntheticGradients(o);
+}
+
+struct RankRun {
+  std::vector<std::vector<float>> outputs;
+  std::vector<absl::StatusOr<AllReduceResult>> results;
+};
+
+// Runs the all-reduce with every rank on its own thread over in-memory transports.
+// `options_for(rank)` lets a test give one rank a different configuration.
+template <typename OptionsFor>
+RankRun RunThreads(const kernels::Codec& codec, const std::vector<std::vector<float>>& inputs, OptionsFor options_for,
+                   int skip_rank = -1) {
+  const int n = static_cast<int>(inputs.size());
+  const size_t d = inputs[0].size();
+  auto transports = MakeMemoryTransports(n);
+  RankRun run;
+  run.outputs.assign(n, std::vector<float>(d, NAN));
+  run.results.assign(n, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    if (r == skip_rank) continue;
+    threads.emplace_back([&, r] {
+      kernels::Source src{inputs[r].data(), kernels::DType::kFloat32, 0, nullptr};
+      kernels::Dest dst{run.outputs[r].data(), kernels::DType::kFloat32, 0, nullptr};
+      run.results[r] = AllReduce(codec, *transports[r], options_for(r), src, dst, d);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return run;
+}
+
+AllReduceOptions Options(Topology t = Topology::kRing, size_t block = 0) {
+  AllReduceOptions o;
+  o.topology = t;
+  o.job_id = 42;
+  o.sequence = 3;
+  o.block_elements = block;
+  o.timeout = absl::Seconds(20);
+  return o;
+}
+
+TEST(AllReduceTest, NoneIsExactForEveryWorldSize) {
+  auto codec = Make(CodecId::kNone);
+  for (int n : {1, 2, 3, 5, 8}) {
+    const size_t d = 5000;
+    auto inputs = Inputs(n, d);
+    for (size_t block : {size_t{0}, size_t{1024}}) {
+      RankRun run = RunThreads(*codec, inputs, [&](int) { return Options(Topology::kRing, block); });
+      for (int r = 0; r < n; ++r) ASSERT_THAT(run.results[r], IsOk()) << "n " << n;
+      // Chunk c of each block travels c, c+1, ..., c-1: the sum in that order, exactly.
+      const size_t b = block == 0 ? d : block;
+      for (size_t begin = 0; begin < d; begin += b) {
+        const size_t count = std::min(b, d - begin);
+        for (int c = 0; c < n; ++c) {
+          kernels::ChunkRef ch = ChunkOf(count, n, c);
+          for (size_t k = begin + ch.begin; k < begin + ch.begin + ch.count; ++k) {
+            float acc = inputs[c][k];
+            for (int h = 1; h < n; ++h) acc = acc + inputs[(c + h) % n][k];
+            for (int r = 0; r < n; ++r) ASSERT_EQ(run.outputs[r][k], acc) << "n " << n << " rank " << r << " k " << k;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(AllReduceTest, BitIdenticalOnAllRanksForEveryCodecAndTopology) {
+  const int n = 4;
+  const size_t d = 20000;
+  auto inputs = Inputs(n, d);
+  for (CodecId id : {CodecId::kNone, CodecId::kBf16, CodecId::kDynamiq, CodecId::kMxfp8, CodecId::kMxfp6,
+                     CodecId::kMxfp4, CodecId::kThc, CodecId::kUniform}) {
+    auto codec = Make(id);
+    for (Topology t : {Topology::kRing, Topology::kButterfly}) {
+      if (t == Topology::kButterfly && !codec->SupportsButterfly()) continue;
+      RankRun run = RunThreads(*codec, inputs, [&](int) { return Options(t, 4096); });
+      for (int r = 0; r < n; ++r) {
+        ASSERT_THAT(run.results[r], IsOk()) << kernels::CodecName(id) << " " << TopologyName(t);
+        ASSERT_EQ(0, std::memcmp(run.outputs[r].data(), run.outputs[0].data(), d * sizeof(float)))
+            << kernels::CodecName(id) << " " << TopologyName(t) << " rank " << r;
+      }
+    }
+  }
+}
+
+TEST(AllReduceTest, MatchesTheSimulatorBitForBit) {
+  // One block: the engine runs exactly the simulator's schedule, statistics exchange included.
+  const int n = 8;
+  const size_t d = 1 << 16;
+  auto inputs = Inputs(n, d, 7);
+  auto exact = bench::ExactSum(inputs);
+  for (Topology t : {Topology::kRing, Topology::kButterfly}) {
+    auto codec = Make(CodecId::kDynamiq, 5);
+    RankRun run = RunThreads(*codec, inputs, [&](int) { return Options(t, 0); });
+    ASSERT_THAT(run.results[0], IsOk());
+    auto schedule = MakeSchedule(t, n);
+    std::vector<std::vector<float>> sim(n, std::vector<float>(d));
+    std::vector<kernels::Source> in;
+    std::vector<kernels::Dest> out;
+    for (int r = 0; r < n; ++r) {
+      in.push_back({inputs[r].data(), kernels::DType::kFloat32, 0, nullptr});
+      out.push_back({sim[r].data(), kernels::DType::kFloat32, 0, nullptr});
+    }
+    // The engine's round for block 0 of collective `sequence` is sequence * 2^20.
+    ASSERT_THAT(SimulateAllReduce(*codec, *schedule, d, 3 * 1048576, in, out), IsOk());
+    EXPECT_EQ(run.outputs[0], sim[0]) << TopologyName(t);
+    EXPECT_LT(bench::Vnmse(run.outputs[0].data(), exact), 2e-3);
+  }
+}
+
+TEST(AllReduceTest, PipeliningKeepsTheErrorOfOneBlock) {
+  const int n = 4;
+  const size_t d = 1 << 16;
+  auto inputs = Inputs(n, d, 9);
+  auto exact = bench::ExactSum(inputs);
+  auto codec = Make(CodecId::kDynamiq, 5);
+  RankRun whole = RunThreads(*codec, inputs, [&](int) { return Options(Topology::kRing, 0); });
+  RankRun blocks = RunThreads(*codec, inputs, [&](int) { return Options(Topology::kRing, 4096); });
+  ASSERT_THAT(whole.results[0], IsOk());
+  ASSERT_THAT(blocks.results[0], IsOk());
+  EXPECT_EQ(blocks.results[0]->blocks, 16);
+  const double v_whole = bench::Vnmse(whole.outputs[0].data(), exact);
+  const double v_blocks = bench::Vnmse(blocks.outputs[0].data(), exact);
+  EXPECT_LT(v_blocks, 1.5 * v_whole);
+  EXPECT_GT(v_blocks, 0.5 * v_whole);
+}
+
+TEST(AllReduceTest, ConfigMismatchFailsOnEveryRankNamingTheRank) {
+  const int n = 4;
+  auto inputs = Inputs(n, 3000);
+  auto codec = Make(CodecId::kDynamiq, 5);
+  AllReduceOptions base = Options();
+  base.timeout = absl::Seconds(3);
+  const absl::Time start = absl::Now();
+  RankRun run = RunThreads(*codec, inputs, [&](int r) {
+    AllReduceOptions o = base;
+    if (r == 2) o.config_epoch = 7;
+    return o;
+  });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  for (int r = 0; r < n; ++r) {
+    EXPECT_FALSE(run.results[r].ok()) << "rank " << r;
+    EXPECT_THAT(run.results[r].status().message(), HasSubstr("rank")) << run.results[r].status();
+  }
+  // The ranks next to rank 2 see the mismatch itself.
+  EXPECT_THAT(run.results[3],
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("config epoch 7 (expected 0)")));
+  EXPECT_THAT(run.results[2],
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("config epoch 0 (expected 7)")));
+}
+
+TEST(AllReduceTest, DifferentSizesOrCodecsFail) {
+  const int n = 3;
+  auto inputs = Inputs(n, 3000);
+  auto dynamiq = Make(CodecId::kDynamiq, 5);
+  auto mx = Make(CodecId::kMxfp8);
+  AllReduceOptions o = Options();
+  o.timeout = absl::Seconds(3);
+  auto transports = MakeMemoryTransports(n);
+  std::vector<std::vector<float>> out(n, std::vector<float>(3000));
+  std::vector<absl::StatusOr<AllReduceResult>> results(n, absl::UnknownError(""));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      const kernels::Codec& c = r == 1 ? *mx : *dynamiq;
+      const size_t d = r == 2 ? 2999 : 3000;
+      results[r] = AllReduce(c, *transports[r], o, {inputs[r].data(), kernels::DType::kFloat32, 0, nullptr},
+                             {out[r].data(), kernels::DType::kFloat32, 0, nullptr}, d);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_FALSE(results[r].ok()) << r;
+  EXPECT_THAT(results[2].status().message(), AnyOf(HasSubstr("codec mxfp8"), HasSubstr("rank 1")));
+}
+
+TEST(AllReduceTest, AMissingPeerFailsTheOthersWithinTheTimeout) {
+  const int n = 4;
+  auto inputs = Inputs(n, 3000);
+  auto codec = Make(CodecId::kDynamiq, 5);
+  AllReduceOptions o = Options();
+  o.timeout = absl::Seconds(1);
+  const absl::Time start = absl::Now();
+  RankRun run = RunThreads(
+      *codec, inputs, [&](int) { return o; }, /*skip_rank=*/1);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  for (int r : {0, 2, 3}) {
+    EXPECT_THAT(run.results[r], StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("rank"))) << r;
+  }
+}
+
+TEST(AllReduceTest, ButterflyNeedsAPowerOfTwo) {
+  auto inputs = Inputs(3, 1000);
+  auto codec = Make(CodecId::kDynamiq, 5);
+  RankRun run = RunThreads(*codec, inputs, [&](int) { return Options(Topology::kButterfly); });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_THAT(run.results[r], StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("power-of-two")));
+  }
+}
+
+TEST(AllReduceTest, InPlaceBf16Buffers) {
+  const int n = 4;
+  const size_t d = 4000;
+  auto inputs = Inputs(n, d);
+  std::vector<std::vector<uint16_t>> buffers(n, std::vector<uint16_t>(d));
+  for (int r = 0; r < n; ++r) {
+    for (size_t k = 0; k < d; ++k) buffers[r][k] = kernels::FloatToBf16(inputs[r][k]);
+  }
+  auto codec = Make(CodecId::kDynamiq, 6);
+  auto transports = MakeMemoryTransports(n);
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> status(n);
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      status[r] = AllReduce(*codec, *transports[r], Options(Topology::kRing, 1024),
+                            {buffers[r].data(), kernels::DType::kBFloat16, 0, nullptr},
+                            {buffers[r].data(), kernels::DType::kBFloat16, 0, nullptr}, d)
+                      .status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  double err = 0, norm = 0;
+  for (size_t k = 0; k < d; ++k) {
+    double exact = 0;
+    for (int r = 0; r < n; ++r) exact += kernels::Bf16ToFloat(kernels::FloatToBf16(inputs[r][k]));
+    const double got = kernels::Bf16ToFloat(buffers[0][k]);
+    err += (got - exact) * (got - exact);
+    norm += exact * exact;
+  }
+  for (int r = 0; r < n; ++r) ASSERT_THAT(status[r], IsOk());
+  EXPECT_LT(err / norm, 5e-3);  // 16 super-groups only: a coarse allocation
+  for (int r = 1; r < n; ++r) EXPECT_EQ(buffers[r], buffers[0]);
+}
+
+}  // namespace
+}  // namespace dynamiq::engine
