@@ -1,6 +1,9 @@
 // dynamiq-bench: benchmarks. Subcommands:
-//   codec   compression error and single-core speed of every codec on a simulated multi-hop
-//           all-reduce (bench/codec_bench.h).
+//   codec      compression error and single-core speed of every codec on a simulated multi-hop
+//              all-reduce (bench/codec_bench.h).
+//   allreduce  one rank of a compressed all-reduce between processes over Gloo TCP
+//              (bench/allreduce_bench.h); scripts/bench-network runs n of them in namespaces.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -11,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/allreduce_bench.h"
 #include "bench/codec_bench.h"
 #include "kernels/codec.h"
 
@@ -39,6 +43,17 @@ ABSL_FLAG(uint64_t, seed, 1, "Synthetic data seed.");
 ABSL_FLAG(int, trials, 3, "All-reduce trials averaged for vnmse and wire bits.");
 ABSL_FLAG(double, min_time, 0.3, "Seconds per throughput measurement (0 skips throughput).");
 ABSL_FLAG(bool, json, false, "Print one JSON object per line instead of a table.");
+// allreduce
+ABSL_FLAG(int, rank, 0, "allreduce: this process's rank.");
+ABSL_FLAG(int, world_size, 1, "allreduce: number of ranks.");
+ABSL_FLAG(std::string, store, "127.0.0.1:29500", "allreduce: host:port of the TCP rendezvous store.");
+ABSL_FLAG(bool, serve_store, false, "allreduce: host the rendezvous store at --store (one rank, usually 0).");
+ABSL_FLAG(std::string, hostname, "127.0.0.1", "allreduce: IP address this rank's Gloo transport binds to.");
+ABSL_FLAG(int, iterations, 5, "allreduce: timed all-reduces (the median is reported).");
+ABSL_FLAG(int, warmup, 1, "allreduce: untimed all-reduces first.");
+ABSL_FLAG(double, timeout, 120, "allreduce: seconds before a rendezvous or collective fails.");
+ABSL_FLAG(int64_t, block, 2 << 20, "allreduce: pipelining block in elements (0 = no pipelining).");
+ABSL_FLAG(bool, all_ranks_print, false, "allreduce: every rank prints its JSON line (default: rank 0 only).");
 
 namespace {
 
@@ -120,6 +135,37 @@ int RunCodec() {
   return 0;
 }
 
+int RunAllReduce() {
+  dynamiq::bench::AllReduceBenchOptions o;
+  o.rank = absl::GetFlag(FLAGS_rank);
+  o.world_size = absl::GetFlag(FLAGS_world_size);
+  o.store = absl::GetFlag(FLAGS_store);
+  o.serve_store = absl::GetFlag(FLAGS_serve_store);
+  o.hostname = absl::GetFlag(FLAGS_hostname);
+  o.topology = absl::GetFlag(FLAGS_topology);
+  o.elements = static_cast<size_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_size)));
+  o.iterations = absl::GetFlag(FLAGS_iterations);
+  o.warmup = absl::GetFlag(FLAGS_warmup);
+  o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout));
+  o.block_elements = static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_block)));
+  o.seed = absl::GetFlag(FLAGS_seed);
+  auto id = dynamiq::kernels::ParseCodecId(absl::GetFlag(FLAGS_codec));
+  if (!id.ok()) return Fail(absl::StrCat("--codec: ", id.status().message(), " (allreduce takes one codec)"));
+  o.codec.id = *id;
+  o.codec.correlated_rounding = absl::GetFlag(FLAGS_correlated);
+  double bits = o.codec.id == CodecId::kDynamiq ? 5.0 : 4.0;
+  if (!absl::GetFlag(FLAGS_bits).empty() && !absl::SimpleAtod(absl::GetFlag(FLAGS_bits), &bits)) {
+    return Fail("--bits: allreduce takes one number");
+  }
+  o.codec.bits = bits;
+  auto result = dynamiq::bench::RunAllReduceBench(o);
+  if (!result.ok()) return Fail(std::string(result.status().ToString()));
+  if (o.rank == 0 || absl::GetFlag(FLAGS_all_ranks_print)) {
+    std::printf("%s\n", dynamiq::bench::FormatAllReduceJson(*result, o).c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -127,10 +173,15 @@ int main(int argc, char** argv) {
       "dynamiq benchmarks.\n"
       "  dynamiq-bench codec [flags]   compression error (vNMSE of the all-reduced sum), wire bits and "
       "single-core GB/s of compress, decompress and fused DAR, per codec, on a simulated ring or butterfly.\n"
-      "Example: dynamiq-bench codec --codec=dynamiq,mxfp8 --bits=4,5,6 --workers=8 --topology=ring");
+      "  dynamiq-bench allreduce [flags] one rank of a compressed all-reduce over Gloo TCP; prints JSON "
+      "(method, seconds = median, algbw/busbw on the uncompressed size, wire bytes per rank, vnmse).\n"
+      "Example: dynamiq-bench codec --codec=dynamiq,mxfp8 --bits=4,5,6 --workers=8 --topology=ring\n"
+      "Example: dynamiq-bench allreduce --rank=0 --world_size=2 --serve_store --codec=dynamiq --bits=5 &\n"
+      "         dynamiq-bench allreduce --rank=1 --world_size=2 --codec=dynamiq --bits=5");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() < 2) return Fail("missing subcommand (codec); see --help");
+  if (args.size() < 2) return Fail("missing subcommand (codec or allreduce); see --help");
   const std::string command = args[1];
   if (command == "codec") return RunCodec();
+  if (command == "allreduce") return RunAllReduce();
   return Fail(absl::StrCat("unknown subcommand '", command, "'; see --help"));
 }

@@ -23,7 +23,7 @@
 #define DQ_STATUS_MACROS_CONCAT_(a, b) DQ_STATUS_MACROS_CONCAT_INNER_(a, b)
 
 // `DQ_ASSIGN_OR_RETURN(auto x, Foo());` assigns the value of an absl::StatusOr or returns its
-// error from the enclosing function.
+// error from the enclosing function. It expands to several statements: brace it inside an `if`.
 #define DQ_ASSIGN_OR_RETURN(lhs, expr) \
   DQ_ASSIGN_OR_RETURN_IMPL_(DQ_STATUS_MACROS_CONCAT_(dq_statusor_, __LINE__), lhs, expr)
 #define DQ_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr)     \

@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -29,9 +30,10 @@ absl::Status Annotate(const absl::Status& s, int rank) {
 }
 
 // Distinct transport tags for every message of a collective: sequence, phase, step, block, part.
-uint64_t Tag(uint64_t sequence, Phase phase, uint32_t step, uint32_t block, int part) {
+enum Part { kHeader = 0, kPayload = 1, kClearToSend = 2 };
+uint64_t Tag(uint64_t sequence, Phase phase, uint32_t step, uint32_t block, Part part) {
   return ((sequence & 0xffffff) << 40) | (static_cast<uint64_t>(phase) << 38) |
-         (static_cast<uint64_t>(step & 0xffff) << 22) | (static_cast<uint64_t>(block & 0x1fffff) << 1) |
+         (static_cast<uint64_t>(step & 0xffff) << 22) | (static_cast<uint64_t>(block & 0xfffff) << 2) |
          static_cast<uint64_t>(part);
 }
 
@@ -51,32 +53,54 @@ class Runner {
     size_t recv_max = 0;  // bytes the plan allows for the incoming message
   };
 
-  // Exchanges one step for all blocks: posts every send and header receive, then receives each
-  // block's payload (exact announced size, bounded by recv_max) and hands it to `deliver(block,
-  // bytes)` while later blocks are still in flight.
+  // Exchanges one step for all blocks. Per transfer: the sender posts its header; the receiver
+  // validates it, posts a receive of exactly the announced payload and answers with a one-byte
+  // clear-to-send; only then is the payload sent. Payloads therefore always land in a receive of
+  // the right size that is already posted (Gloo handles unexpected sends slowly and would abort on
+  // an oversized one), at the cost of one round trip per step shared by all blocks. Each block is
+  // handed to `deliver(block, bytes)` as soon as it arrives while later blocks are in flight.
+  // Posts the small receives of a future step (its header, and the clear-to-send for what this
+  // rank will send) ahead of time, so that no header or clear-to-send ever arrives before its
+  // receive is posted (Gloo takes milliseconds on that path).
+  absl::Status Prepost(Phase phase, uint32_t step, size_t block, int recv_peer, int send_peer) {
+    auto [it, fresh] = preposted_.try_emplace(Key(phase, step, block));
+    if (!fresh) return absl::OkStatus();
+    Preposted& p = it->second;
+    if (recv_peer >= 0) {
+      DQ_ASSIGN_OR_RETURN(p.header, t_.PostRecv(recv_peer, Tag(o_.sequence, phase, step, block, kHeader),
+                                                absl::MakeSpan(p.header_bytes)));
+    }
+    if (send_peer >= 0) {
+      DQ_ASSIGN_OR_RETURN(p.cts, t_.PostRecv(send_peer, Tag(o_.sequence, phase, step, block, kClearToSend),
+                                             absl::MakeSpan(&p.cts_byte, 1)));
+    }
+    return absl::OkStatus();
+  }
+
   template <typename Deliver>
   absl::Status Step(Phase phase, uint32_t step, const Codec& codec, std::vector<Transfer>& transfers,
                     Deliver&& deliver) {
     const size_t blocks = transfers.size();
-    std::vector<std::array<uint8_t, kStepHeaderBytes>> send_headers(blocks), recv_headers(blocks);
-    std::vector<Transport::Handle> sends, header_recvs(blocks, 0), payload_recvs(blocks, 0);
     for (size_t k = 0; k < blocks; ++k) {
+      DQ_RETURN_IF_ERROR(Prepost(phase, step, k, transfers[k].recv_peer, transfers[k].send_peer));
+    }
+    std::vector<std::array<uint8_t, kStepHeaderBytes>> send_headers(blocks);
+    std::vector<uint8_t> cts_out(blocks, 1);
+    std::vector<Transport::Handle> sends, payload_recvs(blocks, 0);
+    std::vector<Preposted*> pre(blocks);
+    for (size_t k = 0; k < blocks; ++k) {
+      pre[k] = &preposted_.at(Key(phase, step, k));
       Transfer& x = transfers[k];
       if (x.send_peer >= 0) {
         StepHeader h = Expected(phase, step, k, codec, t_.rank());
         h.payload_bytes = static_cast<uint32_t>(x.send.size());
         h.checksum = PayloadChecksum(x.send);
         send_headers[k] = EncodeStepHeader(h);
-        DQ_ASSIGN_OR_RETURN(auto a, t_.PostSend(x.send_peer, Tag(o_.sequence, phase, step, k, 0), send_headers[k]));
-        DQ_ASSIGN_OR_RETURN(auto b, t_.PostSend(x.send_peer, Tag(o_.sequence, phase, step, k, 1), x.send));
+        DQ_ASSIGN_OR_RETURN(auto a,
+                            t_.PostSend(x.send_peer, Tag(o_.sequence, phase, step, k, kHeader), send_headers[k]));
         sends.push_back(a);
-        sends.push_back(b);
         result_.bytes_sent += kStepHeaderBytes + x.send.size();
         if (phase == Phase::kStats) result_.stats_bytes_sent += kStepHeaderBytes + x.send.size();
-      }
-      if (x.recv_peer >= 0) {
-        DQ_ASSIGN_OR_RETURN(header_recvs[k], t_.PostRecv(x.recv_peer, Tag(o_.sequence, phase, step, k, 0),
-                                                         absl::MakeSpan(recv_headers[k])));
       }
     }
     std::vector<std::vector<uint8_t>> payloads(blocks);
@@ -84,8 +108,8 @@ class Runner {
     for (size_t k = 0; k < blocks; ++k) {
       Transfer& x = transfers[k];
       if (x.recv_peer < 0) continue;
-      DQ_RETURN_IF_ERROR(Peer(t_.Wait(header_recvs[k], deadline_), x.recv_peer));
-      DQ_ASSIGN_OR_RETURN(headers[k], Peer(DecodeStepHeader(recv_headers[k]), x.recv_peer));
+      DQ_RETURN_IF_ERROR(Peer(t_.Wait(pre[k]->header, deadline_), x.recv_peer));
+      DQ_ASSIGN_OR_RETURN(headers[k], Peer(DecodeStepHeader(pre[k]->header_bytes), x.recv_peer));
       DQ_RETURN_IF_ERROR(MatchStepHeader(headers[k], Expected(phase, step, k, codec, x.recv_peer)));
       if (headers[k].payload_bytes > x.recv_max) {
         return absl::InvalidArgumentError(absl::StrCat("rank ", x.recv_peer, " announced ", headers[k].payload_bytes,
@@ -93,8 +117,18 @@ class Runner {
                                                        " are possible"));
       }
       payloads[k].resize(headers[k].payload_bytes);
-      DQ_ASSIGN_OR_RETURN(payload_recvs[k],
-                          t_.PostRecv(x.recv_peer, Tag(o_.sequence, phase, step, k, 1), absl::MakeSpan(payloads[k])));
+      DQ_ASSIGN_OR_RETURN(payload_recvs[k], t_.PostRecv(x.recv_peer, Tag(o_.sequence, phase, step, k, kPayload),
+                                                        absl::MakeSpan(payloads[k])));
+      DQ_ASSIGN_OR_RETURN(auto c, t_.PostSend(x.recv_peer, Tag(o_.sequence, phase, step, k, kClearToSend),
+                                              absl::MakeConstSpan(&cts_out[k], 1)));
+      sends.push_back(c);
+    }
+    for (size_t k = 0; k < blocks; ++k) {
+      Transfer& x = transfers[k];
+      if (x.send_peer < 0) continue;
+      DQ_RETURN_IF_ERROR(Peer(t_.Wait(pre[k]->cts, deadline_), x.send_peer));
+      DQ_ASSIGN_OR_RETURN(auto b, t_.PostSend(x.send_peer, Tag(o_.sequence, phase, step, k, kPayload), x.send));
+      sends.push_back(b);
     }
     for (size_t k = 0; k < blocks; ++k) {
       Transfer& x = transfers[k];
@@ -108,6 +142,7 @@ class Runner {
       DQ_RETURN_IF_ERROR(deliver(k, absl::Span<const uint8_t>(payloads[k])));
     }
     for (Transport::Handle h : sends) DQ_RETURN_IF_ERROR(t_.Wait(h, deadline_));
+    for (size_t k = 0; k < blocks; ++k) preposted_.erase(Key(phase, step, k));
     return absl::OkStatus();
   }
 
@@ -138,8 +173,18 @@ class Runner {
     return absl::Status(s.code(), absl::StrCat("from rank ", peer, ": ", s.message()));
   }
 
+  struct Preposted {
+    std::array<uint8_t, kStepHeaderBytes> header_bytes{};
+    uint8_t cts_byte = 0;
+    Transport::Handle header = 0, cts = 0;
+  };
+  static uint64_t Key(Phase phase, uint32_t step, size_t block) {
+    return (static_cast<uint64_t>(phase) << 60) | (static_cast<uint64_t>(step) << 32) | block;
+  }
+
   Transport& t_;
   const AllReduceOptions& o_;
+  std::map<uint64_t, Preposted> preposted_;  // node-based: receive buffers never move
   absl::Time deadline_;
   AllReduceResult& result_;
 };
@@ -148,6 +193,17 @@ class Runner {
 absl::Status RunExecutors(Runner& runner, const Codec& codec, const Schedule& schedule, Phase rs_phase, Phase ag_phase,
                           uint32_t step_offset, std::vector<std::unique_ptr<RankExecutor>>& blocks) {
   const int n = schedule.world_size;
+  const uint32_t ag_offset = step_offset + static_cast<uint32_t>(n);
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    RankExecutor& x = *blocks[k];
+    for (size_t s = 0; s < schedule.reduce_scatter.size(); ++s) {
+      DQ_RETURN_IF_ERROR(
+          runner.Prepost(rs_phase, step_offset + s, k, x.ReduceScatterRecvPeer(s), x.ReduceScatterSendPeer(s)));
+    }
+    for (size_t s = 0; s < schedule.all_gather.size(); ++s) {
+      DQ_RETURN_IF_ERROR(runner.Prepost(ag_phase, ag_offset + s, k, x.AllGatherRecvPeer(s), x.AllGatherSendPeer(s)));
+    }
+  }
   std::vector<Runner::Transfer> transfers(blocks.size());
   for (size_t s = 0; s < schedule.reduce_scatter.size(); ++s) {
     for (size_t k = 0; k < blocks.size(); ++k) {
@@ -164,7 +220,6 @@ absl::Status RunExecutors(Runner& runner, const Codec& codec, const Schedule& sc
                                    [&](size_t k, auto bytes) { return blocks[k]->ReduceScatterReceive(s, bytes); }));
   }
   for (auto& x : blocks) DQ_RETURN_IF_ERROR(x->FinishReduceScatter());
-  const uint32_t ag_offset = step_offset + static_cast<uint32_t>(n);
   for (size_t s = 0; s < schedule.all_gather.size(); ++s) {
     for (size_t k = 0; k < blocks.size(); ++k) {
       RankExecutor& x = *blocks[k];
@@ -223,6 +278,10 @@ absl::StatusOr<AllReduceResult> AllReduce(const Codec& codec, Transport& transpo
       reduced_stats = local_stats;
       std::vector<uint8_t> forward(stats_len * sizeof(float));
       std::memcpy(forward.data(), local_stats.data(), forward.size());
+      for (int s = 0; s + 1 < n; ++s) {
+        DQ_RETURN_IF_ERROR(
+            runner.Prepost(Phase::kStats, static_cast<uint32_t>(s), 0, (rank + n - 1) % n, (rank + 1) % n));
+      }
       for (int s = 0; s + 1 < n; ++s) {
         std::vector<Runner::Transfer> transfers(1);
         transfers[0].send_peer = (rank + 1) % n;

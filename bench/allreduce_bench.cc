@@ -1,0 +1,108 @@
+#include "bench/allreduce_bench.h"
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench/synthetic_gradients.h"
+#include "common/status_macros.h"
+#include "engine/allreduce.h"
+#include "engine/gloo_transport.h"
+#include "engine/step_header.h"
+#include "engine/store.h"
+#include "engine/tcp_store.h"
+#include "kernels/codec_registry.h"
+
+namespace dynamiq::bench {
+
+absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptions& o) {
+  if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", o.rank, " is not in a world of ", o.world_size));
+  }
+  if (o.iterations < 1 || o.warmup < 0) return absl::InvalidArgumentError("--iterations must be >= 1");
+  DQ_ASSIGN_OR_RETURN(engine::Topology topology, engine::ParseTopology(o.topology));
+  DQ_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Codec> codec, kernels::CreateCodec(o.codec));
+
+  std::unique_ptr<engine::TcpStoreServer> server;
+  if (o.serve_store) {
+    DQ_ASSIGN_OR_RETURN(server, engine::TcpStoreServer::Start(o.store));
+  }
+  DQ_ASSIGN_OR_RETURN(std::unique_ptr<engine::TcpStoreClient> store,
+                      engine::TcpStoreClient::Connect(o.store, o.timeout));
+  engine::PrefixStore scoped(absl::StrCat("bench/", o.world_size), *store);
+  engine::GlooTransportOptions transport_options;
+  transport_options.hostname = o.hostname;
+  transport_options.timeout = o.timeout;
+  DQ_ASSIGN_OR_RETURN(std::unique_ptr<engine::Transport> transport,
+                      engine::ConnectGlooTransport(scoped, o.rank, o.world_size, transport_options));
+
+  SyntheticOptions data;
+  data.workers = o.world_size;
+  data.elements = o.elements;
+  data.seed = o.seed;
+  const std::vector<std::vector<float>> inputs = SyntheticGradients(data);
+  const std::vector<double> exact = ExactSum(inputs);
+  std::vector<float> out(o.elements);
+
+  // A one-element uncompressed all-reduce lines the ranks up before every timed iteration.
+  kernels::CodecConfig none_config;
+  none_config.id = kernels::CodecId::kNone;
+  DQ_ASSIGN_OR_RETURN(auto none, kernels::CreateCodec(none_config));
+  float token = 1, token_out = 0;
+  uint64_t sequence = 0;
+  auto barrier = [&]() -> absl::Status {
+    engine::AllReduceOptions b;
+    b.sequence = sequence++;
+    b.timeout = o.timeout;
+    b.job_id = 1;
+    return engine::AllReduce(*none, *transport, b, {&token, kernels::DType::kFloat32, 0, nullptr},
+                             {&token_out, kernels::DType::kFloat32, 0, nullptr}, 1)
+        .status();
+  };
+
+  AllReduceBenchResult result;
+  std::vector<double> seconds;
+  for (int it = 0; it < o.warmup + o.iterations; ++it) {
+    DQ_RETURN_IF_ERROR(barrier());
+    engine::AllReduceOptions ar;
+    ar.topology = topology;
+    ar.sequence = sequence++;
+    ar.timeout = o.timeout;
+    ar.block_elements = o.block_elements;
+    const absl::Time start = absl::Now();
+    DQ_ASSIGN_OR_RETURN(
+        engine::AllReduceResult r,
+        engine::AllReduce(*codec, *transport, ar, {inputs[o.rank].data(), kernels::DType::kFloat32, 0, nullptr},
+                          {out.data(), kernels::DType::kFloat32, 0, nullptr}, o.elements));
+    const double t = absl::ToDoubleSeconds(absl::Now() - start);
+    if (it >= o.warmup) {
+      seconds.push_back(t);
+      result.wire_bytes_per_rank = r.bytes_sent;
+    }
+  }
+  std::sort(seconds.begin(), seconds.end());
+  result.seconds = seconds[seconds.size() / 2];
+  const double bytes = 4.0 * static_cast<double>(o.elements);
+  result.algbw_gbps = bytes / result.seconds / 1e9;
+  result.busbw_gbps = result.algbw_gbps * (o.world_size > 1 ? 2.0 * (o.world_size - 1) / o.world_size : 1.0);
+  result.vnmse = Vnmse(out.data(), exact);
+  result.output_checksum = engine::PayloadChecksum(
+      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(out.data()), out.size() * sizeof(float)));
+  const bool has_bits = o.codec.id == kernels::CodecId::kDynamiq || o.codec.id == kernels::CodecId::kUniform;
+  result.method = absl::StrCat(kernels::CodecName(o.codec.id), "-", o.topology,
+                               has_bits ? absl::StrCat("-", o.codec.bits) : std::string());
+  return result;
+}
+
+std::string FormatAllReduceJson(const AllReduceBenchResult& r, const AllReduceBenchOptions& o) {
+  return absl::StrFormat(
+      R"({"method":"%s","codec":"%s","bits":%g,"topology":"%s","world_size":%d,"rank":%d,"elements":%d,)"
+      R"("bytes_per_rank":%d,"seconds":%.6f,"algbw_GBps":%.4f,"busbw_GBps":%.4f,"wire_bytes_per_rank":%d,)"
+      R"("vnmse":%.6g,"output_checksum":"%016x"})",
+      r.method, kernels::CodecName(o.codec.id), o.codec.bits, o.topology, o.world_size, o.rank, o.elements,
+      4 * o.elements, r.seconds, r.algbw_gbps, r.busbw_gbps, r.wire_bytes_per_rank, r.vnmse, r.output_checksum);
+}
+
+}  // namespace dynamiq::bench

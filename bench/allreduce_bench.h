@@ -1,0 +1,48 @@
+// `dynamiq-bench allreduce`: one rank of a compressed all-reduce between real processes over Gloo
+// TCP. Rank 0 can host the rendezvous store; every rank generates the same synthetic gradients
+// (all workers' rows, so each can compute the exact sum) and reports timing and error.
+#ifndef DQ_BENCH_ALLREDUCE_BENCH_H_
+#define DQ_BENCH_ALLREDUCE_BENCH_H_
+
+#include <stdint.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kernels/codec.h"
+
+namespace dynamiq::bench {
+
+struct AllReduceBenchOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::string store = "127.0.0.1:29500";  // host:port of the TCP rendezvous store
+  bool serve_store = false;               // this rank hosts the store at `store`
+  std::string hostname = "127.0.0.1";     // address this rank's transport binds and advertises
+  kernels::CodecConfig codec;
+  std::string topology = "ring";
+  size_t elements = 1 << 20;  // fp32 values per rank
+  int iterations = 5;
+  int warmup = 1;
+  absl::Duration timeout = absl::Seconds(120);
+  size_t block_elements = size_t{2} << 20;
+  uint64_t seed = 1;
+};
+
+struct AllReduceBenchResult {
+  std::string method;                     // e.g. "dynamiq-ring-5"
+  double seconds = 0;                     // median over iterations
+  double algbw_gbps = 0, busbw_gbps = 0;  // GB/s on the uncompressed size (nccl-tests definitions)
+  uint64_t wire_bytes_per_rank = 0;       // bytes this rank sent per all-reduce, headers included
+  double vnmse = 0;
+  uint64_t output_checksum = 0;  // of the result bytes: equal on all ranks
+};
+
+absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptions& options);
+
+std::string FormatAllReduceJson(const AllReduceBenchResult& result, const AllReduceBenchOptions& options);
+
+}  // namespace dynamiq::bench
+
+#endif  // DQ_BENCH_ALLREDUCE_BENCH_H_

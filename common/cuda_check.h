@@ -1,0 +1,47 @@
+// DQ_CUDA_RETURN_IF_ERROR: the checker for CUDA runtime calls (one checker per error source, as
+// NCCL's CUDACHECK), turning a failed call into an absl::Status that names the call, file:line and
+// CUDA's own error name and text.
+//
+// Only for code that already includes the CUDA runtime (compiled by nvcc, or by g++ with
+// CUDA::cudart's include directories); kernels/cuda/launch.h is the CUDA-free interface for the
+// rest. Header-only; the caller links CUDA::cudart.
+#ifndef DQ_COMMON_CUDA_CHECK_H_
+#define DQ_COMMON_CUDA_CHECK_H_
+
+#include <cuda_runtime_api.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace dynamiq::common {
+
+// The status for `error` returned by `expr` at file:line.
+//   - No driver, no device, or an index past the last device: FAILED_PRECONDITION (the machine
+//     cannot run this, retrying will not help).
+//   - Anything else: INTERNAL.
+inline absl::Status CudaErrorStatus(cudaError_t error, const char* expr, const char* file, int line) {
+  std::string message = absl::StrCat(file, ":", line, ": ", expr, " failed: ", cudaGetErrorName(error), " (",
+                                     cudaGetErrorString(error), ")");
+  switch (error) {
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInvalidDevice:
+      return absl::FailedPreconditionError(std::move(message));
+    default:
+      return absl::InternalError(std::move(message));
+  }
+}
+
+}  // namespace dynamiq::common
+
+// Returns from the enclosing function (which returns absl::Status or absl::StatusOr<T>) if `expr`,
+// a CUDA runtime call, does not return cudaSuccess.
+#define DQ_CUDA_RETURN_IF_ERROR(expr)                                                       \
+  do {                                                                                      \
+    const cudaError_t dq_cuda_error_ = (expr);                                              \
+    if (dq_cuda_error_ != cudaSuccess) {                                                    \
+      return ::dynamiq::common::CudaErrorStatus(dq_cuda_error_, #expr, __FILE__, __LINE__); \
+    }                                                                                       \
+  } while (0)
+
+#endif  // DQ_COMMON_CUDA_CHECK_H_

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Multi-process all-reduce over loopback Gloo TCP: n separate dynamiq-bench processes per run.
+# Checks that every rank ends with bit-identical results (same output checksum), that `none` is
+# exact up to fp32 summation order and dynamiq's error is in its expected range, for ring with
+# n = 1, 2, 3, 5 and butterfly with n = 4; and that butterfly with n = 3 is rejected clearly.
+# Usage: multiprocess_allreduce_test.sh path/to/dynamiq-bench
+set -euo pipefail
+BENCH=${1:?usage: $0 path/to/dynamiq-bench}
+WORK=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+
+port() { echo $((20000 + (RANDOM % 20000))); }
+
+run() {  # run <n> <codec> <bits> <topology> -> writes $WORK/out.<r>
+  local n=$1 codec=$2 bits=$3 topo=$4 p
+  p=$(port)
+  local pids=()
+  for ((r = 0; r < n; r++)); do
+    local serve=""
+    [[ $r -eq 0 ]] && serve="--serve_store"
+    timeout 120 "$BENCH" allreduce --rank=$r --world_size=$n --store=127.0.0.1:$p $serve \
+      --codec=$codec --bits=$bits --topology=$topo --size=70000 --iterations=1 --warmup=0 \
+      --block=16384 --timeout=30 --all_ranks_print >"$WORK/out.$r" 2>"$WORK/err.$r" &
+    pids+=($!)
+  done
+  local rc=0
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  return $rc
+}
+
+field() { sed -n "s/.*\"$2\":\"\\{0,1\\}\\([^,\"}]*\\).*/\\1/p" "$WORK/out.$1"; }
+
+check() {  # check <n> <codec> <bits> <topology> <max_vnmse>
+  local n=$1 codec=$2 bits=$3 topo=$4 max=$5
+  if ! run "$n" "$codec" "$bits" "$topo"; then
+    echo "FAIL: $codec $topo n=$n did not complete"; tail -n 5 "$WORK"/err.*; exit 1
+  fi
+  local sum0 v
+  sum0=$(field 0 output_checksum)
+  for ((r = 1; r < n; r++)); do
+    [[ "$(field $r output_checksum)" == "$sum0" ]] || { echo "FAIL: $codec $topo n=$n rank $r differs"; exit 1; }
+  done
+  v=$(field 0 vnmse)
+  awk -v v="$v" -v m="$max" 'BEGIN { exit !(v <= m) }' || { echo "FAIL: $codec $topo n=$n vnmse $v > $max"; exit 1; }
+  echo "ok: $codec $topo n=$n vnmse=$v checksum=$sum0"
+}
+
+for n in 1 2 3 5; do
+  check $n none 0 ring 1e-12
+  check $n dynamiq 5 ring 5e-3
+done
+check 4 dynamiq 5 butterfly 5e-3
+check 4 mxfp8 0 ring 1e-2
+
+# Butterfly needs a power of two: every rank must say so and exit non-zero.
+if run 3 dynamiq 5 butterfly; then echo "FAIL: butterfly with 3 ranks ran"; exit 1; fi
+grep -q "power-of-two" "$WORK/err.0" || { echo "FAIL: no clear butterfly error"; cat "$WORK/err.0"; exit 1; }
+echo "ok: butterfly n=3 rejected: $(head -c 200 "$WORK/err.0")"
