@@ -56,3 +56,25 @@ check 4 mxfp8 0 ring 1e-2
 if run 3 dynamiq 5 butterfly; then echo "FAIL: butterfly with 3 ranks ran"; exit 1; fi
 grep -q "power-of-two" "$WORK/err.0" || { echo "FAIL: no clear butterfly error"; cat "$WORK/err.0"; exit 1; }
 echo "ok: butterfly n=3 rejected: $(head -c 200 "$WORK/err.0")"
+
+# A peer killed mid-collective: the survivors fail within their timeout (not hang), naming a rank.
+p=$(port)
+pids=()
+for ((r = 0; r < 3; r++)); do
+  serve=""
+  [[ $r -eq 0 ]] && serve="--serve_store"
+  timeout 60 "$BENCH" allreduce --rank=$r --world_size=3 --store=127.0.0.1:$p $serve --codec=dynamiq \
+    --size=2000000 --iterations=200 --warmup=0 --timeout=5 >"$WORK/kill.$r" 2>&1 &
+  pids+=($!)
+done
+sleep 2
+pkill -9 -P "${pids[1]}"  # the bench process (its parent is `timeout`)
+start=$SECONDS
+for r in 0 2; do
+  if wait "${pids[$r]}"; then echo "FAIL: rank $r succeeded although rank 1 was killed"; exit 1; fi
+done
+wait "${pids[1]}" 2>/dev/null || true
+elapsed=$((SECONDS - start))
+[[ $elapsed -le 20 ]] || { echo "FAIL: survivors took ${elapsed}s to fail"; exit 1; }
+grep -q "rank" "$WORK/kill.0" || { echo "FAIL: no rank named"; cat "$WORK/kill.0"; exit 1; }
+echo "ok: killed rank 1; survivors failed in ${elapsed}s: $(head -c 200 "$WORK/kill.0")"
