@@ -166,6 +166,24 @@ HWY_INLINE void PackVector(VI code, int k0, uint64_t* words) {
 }
 #endif  // HWY_TARGET != HWY_SCALAR
 
+#if HWY_TARGET != HWY_SCALAR
+// With 16 lanes (one whole group per vector): pack by merging neighbours in a tree, pairs within
+// 64-bit lanes, then even/odd lanes twice, which leaves the two words in lanes 0 and 1. Shorter
+// dependency chains than two horizontal sums.
+template <int W>
+HWY_INLINE void PackWholeGroup(VI code, uint8_t* codes) {
+  const hn::Repartition<uint64_t, DU> d64;
+  const auto x = hn::BitCast(d64, code);
+  const auto pairs = hn::Or(hn::And(x, hn::Set(d64, 0xffffffffull)), hn::ShiftLeft<W>(hn::ShiftRight<32>(x)));
+  const auto quads = hn::Or(hn::ConcatEven(d64, pairs, pairs), hn::ShiftLeft<2 * W>(hn::ConcatOdd(d64, pairs, pairs)));
+  const auto words = hn::Or(hn::ConcatEven(d64, quads, quads), hn::ShiftLeft<4 * W>(hn::ConcatOdd(d64, quads, quads)));
+  const uint64_t lo = hn::GetLane(words);
+  const uint64_t hi = hn::GetLane(hn::ShiftRightLanes<1>(d64, words));
+  memcpy(codes, &lo, W);
+  memcpy(codes + W, &hi, W);
+}
+#endif  // HWY_TARGET != HWY_SCALAR
+
 // How a table's levels are located and decoded.
 enum class Path { kTwoBit, kUniform, kRegister, kGather };
 
@@ -365,13 +383,15 @@ HWY_NOINLINE void EncodeImpl(const LevelTable& t, const float* v, uint32_t key, 
                  : vL;
       if constexpr (W == 8) {
         hn::StoreU(hn::DemoteTo(hn::Rebind<uint8_t, DI>(), code), hn::Rebind<uint8_t, DI>(), group + k);
+      } else if constexpr (hn::MaxLanes(DF()) == kGroupSize) {
+        PackWholeGroup<W>(code, group);
       } else if constexpr (kUseVectorPack && hn::MaxLanes(DF()) >= 2) {
         PackVector<W>(code, k, words);
       } else {
         hn::Store(code, di, staged + k);
       }
     }
-    if constexpr (W != 8) {
+    if constexpr (W != 8 && hn::MaxLanes(DF()) != kGroupSize) {
       if constexpr (kUseVectorPack && hn::MaxLanes(DF()) >= 2) {
         memcpy(group, &words[0], W);
         memcpy(group + W, &words[1], W);
