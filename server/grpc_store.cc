@@ -1,0 +1,82 @@
+#include "server/grpc_store.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "server/rendezvous_service.h"
+
+namespace dynamiq::server {
+namespace {
+
+// Slack on top of a server-side wait for the round trip.
+constexpr absl::Duration kRpcSlack = absl::Seconds(5);
+
+void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout + kRpcSlack));
+}
+
+}  // namespace
+
+GrpcStore::GrpcStore(const std::string& address)
+    : address_(address),
+      stub_(dynamiq::v1::Rendezvous::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+
+absl::Status GrpcStore::Set(absl::string_view key, absl::string_view value) {
+  dynamiq::v1::StoreSetRequest request;
+  request.set_key(std::string(key));
+  request.set_value(std::string(value));
+  dynamiq::v1::StoreSetResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, absl::ZeroDuration());
+  grpc::Status s = stub_->Set(&context, request, &response);
+  if (!s.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("rendezvous at ", address_, ": ", s.error_message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> GrpcStore::Get(absl::string_view key, absl::Duration timeout) {
+  dynamiq::v1::StoreGetRequest request;
+  request.set_key(std::string(key));
+  request.set_timeout_ms(static_cast<uint32_t>(std::clamp<int64_t>(absl::ToInt64Milliseconds(timeout), 0, 1 << 30)));
+  dynamiq::v1::StoreGetResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, timeout);
+  grpc::Status s = stub_->Get(&context, request, &response);
+  if (!s.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("rendezvous at ", address_, ": ", s.error_message()));
+  }
+  return std::move(*response.mutable_value());
+}
+
+absl::Status GrpcStore::Wait(absl::Span<const std::string> keys, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (const std::string& key : keys) {
+    absl::StatusOr<std::string> value = Get(key, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    if (!value.ok()) return value.status();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> GrpcStore::Join(uint32_t node_rank, uint32_t num_nodes,
+                                                         const std::string& address, absl::Duration timeout) {
+  dynamiq::v1::JoinRequest request;
+  request.set_node_rank(node_rank);
+  request.set_num_nodes(num_nodes);
+  request.set_address(address);
+  dynamiq::v1::JoinResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  grpc::Status s = stub_->Join(&context, request, &response);
+  if (!s.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("joining the cluster at ", address_, ": ", s.error_message()));
+  }
+  return std::vector<std::string>(response.members().begin(), response.members().end());
+}
+
+}  // namespace dynamiq::server

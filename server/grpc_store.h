@@ -1,0 +1,39 @@
+// GrpcStore: the engine::Store that daemons use, served by the coordinator's RendezvousService.
+// Every call carries a deadline; transport errors come back as UNAVAILABLE with the address.
+// Thread-safe (gRPC stubs are).
+#ifndef DQ_SERVER_GRPC_STORE_H_
+#define DQ_SERVER_GRPC_STORE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "dynamiq/v1/rendezvous.grpc.pb.h"
+#include "engine/store.h"
+
+namespace dynamiq::server {
+
+class GrpcStore final : public engine::Store {
+ public:
+  // `address` is "host:port" of the coordinator (insecure channel; authentication is separate).
+  explicit GrpcStore(const std::string& address);
+
+  absl::Status Set(absl::string_view key, absl::string_view value) override;
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
+  absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
+
+  // Joins the cluster as `node_rank` of `num_nodes` at `address`; returns every member's address
+  // by node rank once all have joined (or DEADLINE_EXCEEDED after `timeout`).
+  absl::StatusOr<std::vector<std::string>> Join(uint32_t node_rank, uint32_t num_nodes, const std::string& address,
+                                                absl::Duration timeout);
+
+ private:
+  std::string address_;
+  std::unique_ptr<dynamiq::v1::Rendezvous::Stub> stub_;
+};
+
+}  // namespace dynamiq::server
+
+#endif  // DQ_SERVER_GRPC_STORE_H_

@@ -1,0 +1,95 @@
+#include "server/rendezvous_service.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+
+namespace dynamiq::server {
+namespace {
+
+// Bounds a server-side wait by the request's timeout and the call's deadline.
+absl::Duration WaitFor(grpc::ServerContext* context, uint32_t timeout_ms) {
+  absl::Duration d = absl::Milliseconds(timeout_ms);
+  const absl::Duration left = absl::FromChrono(context->deadline()) - absl::Now();
+  return std::max(absl::ZeroDuration(), std::min(d, left));
+}
+
+absl::Status CheckKey(const std::string& key) {
+  if (key.empty() || key.size() > kMaxStoreKeyBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store key must be 1..", kMaxStoreKeyBytes, " bytes, got ", key.size()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+grpc::Status RendezvousService::Set(grpc::ServerContext*, const dynamiq::v1::StoreSetRequest* request,
+                                    dynamiq::v1::StoreSetResponse*) {
+  if (absl::Status s = CheckKey(request->key()); !s.ok()) return ToGrpcStatus(s);
+  if (request->value().size() > kMaxStoreValueBytes) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("store value of ", request->value().size(), " bytes exceeds ", kMaxStoreValueBytes)));
+  }
+  return ToGrpcStatus(store_.Set(request->key(), request->value()));
+}
+
+grpc::Status RendezvousService::Get(grpc::ServerContext* context, const dynamiq::v1::StoreGetRequest* request,
+                                    dynamiq::v1::StoreGetResponse* response) {
+  if (absl::Status s = CheckKey(request->key()); !s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<std::string> value = store_.Get(request->key(), WaitFor(context, request->timeout_ms()));
+  if (!value.ok()) return ToGrpcStatus(value.status());
+  response->set_value(*std::move(value));
+  return grpc::Status::OK;
+}
+
+grpc::Status RendezvousService::Join(grpc::ServerContext* context, const dynamiq::v1::JoinRequest* request,
+                                     dynamiq::v1::JoinResponse* response) {
+  const uint32_t n = request->num_nodes();
+  if (n == 0 || n > 65535 || request->node_rank() >= n) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("node rank ", request->node_rank(), " is not in a cluster of ", n, " nodes")));
+  }
+  if (request->address().empty()) return ToGrpcStatus(absl::InvalidArgumentError("join without an address"));
+  {
+    absl::MutexLock lock(&mu_);
+    if (num_nodes_ == 0) {
+      num_nodes_ = n;
+      members_.assign(n, "");
+    } else if (num_nodes_ != n) {
+      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "node ", request->node_rank(), " says the cluster has ", n, " nodes, earlier nodes said ", num_nodes_)));
+    }
+    std::string& slot = members_[request->node_rank()];
+    if (!slot.empty() && slot != request->address()) {
+      return ToGrpcStatus(absl::AlreadyExistsError(absl::StrCat(
+          "node rank ", request->node_rank(), " already joined from ", slot, ", not ", request->address())));
+    }
+    slot = request->address();
+  }
+  if (absl::Status s = store_.Set(absl::StrCat("member/", request->node_rank()), request->address()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  std::vector<std::string> keys;
+  for (uint32_t r = 0; r < n; ++r) keys.push_back(absl::StrCat("member/", r));
+  const absl::Duration wait = absl::FromChrono(context->deadline()) - absl::Now();
+  if (absl::Status s = store_.Wait(keys, std::max(absl::ZeroDuration(), wait)); !s.ok()) {
+    return ToGrpcStatus(absl::DeadlineExceededError(absl::StrCat("not every node joined in time: ", s.message())));
+  }
+  absl::MutexLock lock(&mu_);
+  for (const std::string& m : members_) response->add_members(m);
+  return grpc::Status::OK;
+}
+
+}  // namespace dynamiq::server

@@ -1,0 +1,48 @@
+// RendezvousService: the coordinator's gRPC service (dynamiq.v1.Rendezvous). Daemons Join to learn
+// the cluster's membership (every node gets the same list, by node rank, once all have joined)
+// and use Set/Get as the key-value store Gloo's and NCCL's rendezvous need (GrpcStore is the
+// client side). Backed by an engine::InMemoryStore; Get and Join wait server-side, bounded by
+// the request's timeout and the call's deadline.
+//
+// Bad input gets INVALID_ARGUMENT (empty or oversized key/value, node rank out of range, a
+// node count that disagrees with earlier joiners); a rank that joins twice with a different
+// address gets ALREADY_EXISTS. Thread-safe: gRPC calls handlers concurrently.
+#ifndef DQ_SERVER_RENDEZVOUS_SERVICE_H_
+#define DQ_SERVER_RENDEZVOUS_SERVICE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "dynamiq/v1/rendezvous.grpc.pb.h"
+#include "engine/store.h"
+
+namespace dynamiq::server {
+
+inline constexpr size_t kMaxStoreKeyBytes = 4096;
+inline constexpr size_t kMaxStoreValueBytes = size_t{16} << 20;
+
+class RendezvousService final : public dynamiq::v1::Rendezvous::Service {
+ public:
+  grpc::Status Set(grpc::ServerContext* context, const dynamiq::v1::StoreSetRequest* request,
+                   dynamiq::v1::StoreSetResponse* response) override;
+  grpc::Status Get(grpc::ServerContext* context, const dynamiq::v1::StoreGetRequest* request,
+                   dynamiq::v1::StoreGetResponse* response) override;
+  grpc::Status Join(grpc::ServerContext* context, const dynamiq::v1::JoinRequest* request,
+                    dynamiq::v1::JoinResponse* response) override;
+
+ private:
+  engine::InMemoryStore store_;
+  absl::Mutex mu_;
+  uint32_t num_nodes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> members_ ABSL_GUARDED_BY(mu_);
+};
+
+// absl::Status -> grpc::Status with the same code and message.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+}  // namespace dynamiq::server
+
+#endif  // DQ_SERVER_RENDEZVOUS_SERVICE_H_

@@ -1,0 +1,136 @@
+#include "server/rendezvous_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "engine/allreduce.h"
+#include "engine/gloo_transport.h"
+#include "gtest/gtest.h"
+#include "kernels/codec_registry.h"
+#include "server/grpc_store.h"
+#include "tests/testing/status_matchers.h"
+
+namespace dynamiq::server {
+namespace {
+
+using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::StatusIs;
+using ::testing::HasSubstr;
+
+class RendezvousServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    ASSERT_GT(port_, 0);
+    address_ = "127.0.0.1:" + std::to_string(port_);
+  }
+  void TearDown() override { server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1)); }
+
+  RendezvousService service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string address_;
+};
+
+TEST_F(RendezvousServiceTest, SetGetAndWait) {
+  GrpcStore a(address_), b(address_);
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_THAT(a.Set("k1", std::string("v\0x", 3)), IsOk());
+  });
+  auto v = b.Get("k1", absl::Seconds(5));  // waits server-side for the late Set
+  setter.join();
+  ASSERT_THAT(v, IsOk());
+  EXPECT_EQ(*v, std::string("v\0x", 3));
+  EXPECT_THAT(b.Wait({"k1"}, absl::Seconds(1)), IsOk());
+}
+
+TEST_F(RendezvousServiceTest, TimeoutsAndBadInputHaveClearCodes) {
+  GrpcStore s(address_);
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(s.Get("missing", absl::Milliseconds(200)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("missing")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_THAT(s.Set("", "x"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("store key")));
+  EXPECT_THAT(s.Set(std::string(5000, 'k'), "x"), StatusIs(absl::StatusCode::kInvalidArgument));
+  GrpcStore nowhere("127.0.0.1:1");
+  EXPECT_THAT(nowhere.Set("k", "v"), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("127.0.0.1:1")));
+}
+
+TEST_F(RendezvousServiceTest, EveryNodeLearnsTheSameMembership) {
+  const int n = 3;
+  std::vector<absl::StatusOr<std::vector<std::string>>> members(n, absl::UnknownError(""));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      GrpcStore s(address_);
+      members[r] = s.Join(r, n, "10.0.0." + std::to_string(r + 1) + ":7000", absl::Seconds(10));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    ASSERT_THAT(members[r], IsOk());
+    EXPECT_EQ(*members[r], (std::vector<std::string>{"10.0.0.1:7000", "10.0.0.2:7000", "10.0.0.3:7000"}));
+  }
+  GrpcStore s(address_);
+  EXPECT_THAT(s.Join(1, 3, "10.9.9.9:1", absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("already joined from 10.0.0.2:7000")));
+  EXPECT_THAT(s.Join(0, 4, "10.0.0.1:7000", absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("earlier nodes said 3")));
+  EXPECT_THAT(s.Join(5, 3, "x:1", absl::Seconds(1)), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST_F(RendezvousServiceTest, JoinTimesOutNamingTheMissingNodes) {
+  GrpcStore s(address_);
+  EXPECT_THAT(s.Join(0, 2, "a:1", absl::Milliseconds(300)), StatusIs(absl::StatusCode::kDeadlineExceeded));
+}
+
+TEST_F(RendezvousServiceTest, GlooRendezvousAndAllReduceThroughTheCoordinator) {
+  const int n = 3;
+  const size_t d = 10000;
+  kernels::CodecConfig config;
+  auto codec = kernels::CreateCodec(config);
+  ASSERT_THAT(codec, IsOk());
+  std::vector<std::vector<float>> in(n, std::vector<float>(d)), out(n, std::vector<float>(d));
+  for (int r = 0; r < n; ++r) {
+    for (size_t k = 0; k < d; ++k) in[r][k] = static_cast<float>((k % 97) * 0.01 + r);
+  }
+  std::vector<absl::Status> status(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      GrpcStore store(address_);
+      engine::PrefixStore scoped("job/epoch0", store);
+      auto transport = engine::ConnectGlooTransport(scoped, r, n, engine::GlooTransportOptions{});
+      if (!transport.ok()) {
+        status[r] = transport.status();
+        return;
+      }
+      status[r] = engine::AllReduce(**codec, **transport, engine::AllReduceOptions{},
+                                    {in[r].data(), kernels::DType::kFloat32, 0, nullptr},
+                                    {out[r].data(), kernels::DType::kFloat32, 0, nullptr}, d)
+                      .status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  double err = 0, norm = 0;
+  for (int r = 0; r < n; ++r) ASSERT_THAT(status[r], IsOk());
+  for (size_t k = 0; k < d; ++k) {
+    const double exact = 3 * ((k % 97) * 0.01) + 3;
+    err += (out[0][k] - exact) * (out[0][k] - exact);
+    norm += exact * exact;
+  }
+  EXPECT_LT(err / norm, 1e-3);
+  EXPECT_EQ(out[1], out[0]);
+  EXPECT_EQ(out[2], out[0]);
+}
+
+}  // namespace
+}  // namespace dynamiq::server
