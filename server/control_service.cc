@@ -1,0 +1,68 @@
+#include "server/control_service.h"
+
+#include "absl/time/time.h"
+#include "server/rendezvous_service.h"
+#include "server/worker_service.h"
+
+namespace dynamiq::server {
+
+grpc::Status ControlService::GetStatus(grpc::ServerContext*, const dynamiq::v1::GetStatusRequest*,
+                                       dynamiq::v1::GetStatusResponse* response) {
+  response->set_node_rank(daemon_.options().node_rank);
+  response->set_num_nodes(daemon_.options().num_nodes);
+  for (const std::string& m : daemon_.members()) response->add_members(m);
+  response->set_version("0.1.0");
+  for (const auto& [id, s] : daemon_.JobStatuses()) {
+    dynamiq::v1::JobStatus* j = response->add_jobs();
+    j->set_job_id(id);
+    j->set_workers(s.workers);
+    j->set_config_epoch(s.config_epoch);
+    ToProto(s.config, j->mutable_config());
+    j->set_inflight(s.inflight);
+    j->set_completed(s.completed);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::SetCompression(grpc::ServerContext*, const dynamiq::v1::SetCompressionRequest* request,
+                                            dynamiq::v1::SetCompressionResponse* response) {
+  const auto& c = request->config();
+  auto config = MakeJobConfig(c.codec(), c.bits(), c.topology(), c.min_compress_elements(), c.allocator());
+  if (!config.ok()) return ToGrpcStatus(config.status());
+  auto epoch = daemon_.SetCompression(request->job_id(), *config, request->expected_epoch());
+  if (!epoch.ok()) return ToGrpcStatus(epoch.status());
+  response->set_epoch(*epoch);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::GetFlightRecorder(grpc::ServerContext*,
+                                               const dynamiq::v1::GetFlightRecorderRequest* request,
+                                               dynamiq::v1::GetFlightRecorderResponse* response) {
+  std::vector<std::string> jobs;
+  if (request->job_id().empty()) {
+    for (const auto& [id, s] : daemon_.JobStatuses()) jobs.push_back(id);
+  } else {
+    jobs.push_back(request->job_id());
+  }
+  for (const std::string& id : jobs) {
+    auto records = daemon_.FlightRecorder(id, request->limit());
+    if (!records.ok()) return ToGrpcStatus(records.status());
+    for (const CollectiveRecord& r : *records) {
+      dynamiq::v1::CollectiveRecord* out = response->add_records();
+      out->set_sequence(r.sequence);
+      out->set_job_id(id);
+      out->set_tensor_name(r.tensor_name);
+      out->set_num_elements(r.num_elements);
+      ToProto(r.config, out->mutable_config());
+      out->set_config_epoch(r.config_epoch);
+      out->set_state(r.state);
+      out->set_error(r.error);
+      out->set_start_unix_nanos(absl::ToUnixNanos(r.start));
+      out->set_seconds(r.seconds);
+      out->set_wire_bytes(r.wire_bytes);
+    }
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace dynamiq::server

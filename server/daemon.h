@@ -1,0 +1,123 @@
+// Daemon: dynamiqd's core. Owns the node's shared memory (ShmRegistry), its jobs (Job), the
+// worker API (gRPC on a Unix socket, mode 0600) and the operator API (gRPC on TCP: Control,
+// grpc.health.v1, reflection, and on the coordinator node the Rendezvous service).
+//
+// Cluster: with num_nodes > 1 every daemon joins through the coordinator (node 0's daemon unless
+// --coordinator names another address) and learns the same membership; each job's cross-node
+// transport (Gloo TCP) rendezvous through the coordinator's store under "job/<id>/gen<g>".
+// Compression changes are published in that store with the sequence they apply at (one after the
+// job's next collective on the node that took the call), and every node polls for them before each
+// collective, so all nodes switch at the same boundary.
+//
+// Thread-safe. Start once, Shutdown once (also from a signal-watching thread).
+#ifndef DQ_SERVER_DAEMON_H_
+#define DQ_SERVER_DAEMON_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "engine/store.h"
+#include "server/job.h"
+#include "server/shm_registry.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace dynamiq::server {
+
+class ControlService;
+class RendezvousService;
+class WorkerService;
+
+struct DaemonOptions {
+  uint32_t node_rank = 0;
+  uint32_t num_nodes = 1;
+  // host:port of the coordinator's gRPC server; empty: node 0 serves it on `listen`.
+  std::string coordinator;
+  // Operator / peer gRPC address (TCP). Its host is also the address Gloo binds for peers.
+  std::string listen = "127.0.0.1:7070";
+  std::string worker_socket = "/tmp/dynamiq/dynamiqd.sock";
+  JobConfig default_config;
+  absl::Duration timeout = absl::Seconds(300);
+  // Shared memory limits.
+  size_t max_shm_bytes = size_t{64} << 30;
+};
+
+class Daemon {
+ public:
+  explicit Daemon(DaemonOptions options);
+  ~Daemon();
+
+  // Starts the gRPC servers, joins the cluster. Returns once the node is ready for workers.
+  absl::Status Start();
+  // Stops taking work, fails in-flight collectives, releases shared memory. Idempotent.
+  void Shutdown(absl::Duration grace = absl::Seconds(5));
+  // Blocks until Shutdown.
+  void Wait();
+
+  // The bound operator address (with the real port when `listen` asked for port 0).
+  std::string listen_address() const;
+  const DaemonOptions& options() const { return options_; }
+
+  // Worker API, called by the gRPC service.
+  struct Registration {
+    uint64_t worker_id = 0;
+    uint64_t config_epoch = 0;
+    JobConfig config;
+  };
+  absl::StatusOr<Registration> Register(const std::string& job_id, uint32_t local_rank, uint32_t local_world_size);
+  absl::StatusOr<ShmBufferInfo> Allocate(uint64_t worker_id, size_t bytes);
+  absl::Status Mapped(uint64_t worker_id, uint64_t buffer_id);
+  absl::Status Release(uint64_t worker_id, uint64_t buffer_id);
+  absl::Status Unregister(uint64_t worker_id);
+  struct AllReduceCall {
+    uint64_t worker_id = 0;
+    std::string tensor_name;
+    uint64_t buffer_id = 0;
+    uint64_t offset_bytes = 0;
+    uint64_t num_elements = 0;
+    kernels::DType dtype = kernels::DType::kFloat32;
+    bool average = false;
+  };
+  absl::StatusOr<Job::Result> AllReduce(const AllReduceCall& call);
+
+  // Operator API.
+  absl::StatusOr<uint64_t> SetCompression(const std::string& job_id, const JobConfig& config, uint64_t expected_epoch);
+  std::map<std::string, Job::Status> JobStatuses() const;
+  absl::StatusOr<std::vector<CollectiveRecord>> FlightRecorder(const std::string& job_id, size_t limit) const;
+  std::vector<std::string> members() const;
+
+ private:
+  absl::StatusOr<Job*> FindJob(const std::string& job_id) const;
+  Job* GetOrCreateJob(const std::string& job_id, uint32_t local_world_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<bool> PollConfig(const std::string& job_id, uint64_t sequence, uint64_t* epoch, JobConfig* config);
+
+  const DaemonOptions options_;
+  std::unique_ptr<ShmRegistry> registry_;
+  std::unique_ptr<RendezvousService> rendezvous_;  // coordinator node only
+  std::unique_ptr<engine::Store> store_;           // the coordinator's store (local when single-node)
+  std::unique_ptr<grpc::Server> operator_server_;
+  std::unique_ptr<grpc::Server> worker_server_;
+  std::unique_ptr<WorkerService> worker_service_;
+  std::unique_ptr<ControlService> control_service_;
+  std::string peer_host_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::string> worker_jobs_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_worker_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<std::string, uint64_t> published_epoch_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> members_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::string listen_address_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dynamiq::server
+
+#endif  // DQ_SERVER_DAEMON_H_

@@ -1,0 +1,325 @@
+#include "server/job.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "engine/allreduce.h"
+#include "kernels/bf16_math.h"
+#include "kernels/codec_registry.h"
+
+namespace dynamiq::server {
+namespace {
+
+// Stable 64-bit id of a job name for the engine's step headers (FNV-1a).
+uint64_t JobHash(absl::string_view id) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : id) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+  return h;
+}
+
+}  // namespace
+
+absl::StatusOr<JobConfig> MakeJobConfig(absl::string_view codec, double bits, absl::string_view topology,
+                                        uint64_t min_compress_elements, absl::string_view allocator) {
+  JobConfig c;
+  DQ_ASSIGN_OR_RETURN(c.codec.id, kernels::ParseCodecId(codec));
+  if (bits == 0) bits = c.codec.id == kernels::CodecId::kDynamiq ? 5.0 : 4.0;
+  c.codec.bits = bits;
+  if (allocator.empty() || allocator == "measured") {
+    c.codec.allocator = kernels::BitAllocator::kMeasured;
+  } else if (allocator == "paper") {
+    c.codec.allocator = kernels::BitAllocator::kPaper;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown allocator '", allocator, "' (measured or paper)"));
+  }
+  DQ_RETURN_IF_ERROR(kernels::ValidateCodecConfig(c.codec));
+  DQ_ASSIGN_OR_RETURN(c.topology, engine::ParseTopology(topology.empty() ? "ring" : topology));
+  c.min_compress_elements = min_compress_elements;
+  return c;
+}
+
+std::string DescribeJobConfig(const JobConfig& c) {
+  return absl::StrFormat("%s bits=%g %s min_compress=%d", kernels::CodecName(c.codec.id), c.codec.bits,
+                         engine::TopologyName(c.topology), c.min_compress_elements);
+}
+
+Job::Job(Options options) : options_(std::move(options)) {
+  {
+    absl::MutexLock lock(&mu_);
+    config_ = options_.config;
+  }
+  reducer_ = std::thread([this] { ReducerLoop(); });
+}
+
+Job::~Job() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  reducer_.join();
+  absl::MutexLock lock(&mu_);
+  for (auto& [seq, slot] : slots_) {
+    for (auto& [rank, e] : slot.entries) {
+      e->status = absl::UnavailableError(absl::StrCat("job ", options_.id, " is shutting down"));
+      e->done = true;
+    }
+  }
+}
+
+absl::Status Job::AddWorker(uint64_t worker_id, uint32_t local_rank, uint32_t local_world_size) {
+  if (local_world_size != options_.local_world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", options_.id, " has ", options_.local_world_size,
+                                                   " local workers, this worker says ", local_world_size));
+  }
+  if (local_rank >= local_world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local rank ", local_rank, " is not below the local world size ", local_world_size));
+  }
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, rank] : workers_) {
+    if (rank == local_rank) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("local rank ", local_rank, " of job ", options_.id, " is already registered (worker ", id, ")"));
+    }
+  }
+  workers_[worker_id] = local_rank;
+  // A (re-)registered worker joins at the collective the job runs next.
+  next_submit_[worker_id] = next_run_;
+  for (const auto& [seq, slot] : slots_) next_submit_[worker_id] = std::max(next_submit_[worker_id], seq);
+  return absl::OkStatus();
+}
+
+void Job::RemoveWorker(uint64_t worker_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return;
+  const uint32_t rank = it->second;
+  workers_.erase(it);
+  next_submit_.erase(worker_id);
+  // Collectives that still wait for this worker can never complete: fail and drop them, and let
+  // the job continue after them (other nodes see the failure as a timeout of that collective).
+  for (auto it = slots_.begin(); it != slots_.end();) {
+    Slot& slot = it->second;
+    if (slot.running || slot.entries.count(rank)) {
+      ++it;
+      continue;
+    }
+    for (auto& [r, e] : slot.entries) {
+      e->status = absl::AbortedError(absl::StrCat("collective ", it->first, " of job ", options_.id, ": local rank ",
+                                                  rank, " (worker ", worker_id, ") left before submitting"));
+      e->done = true;
+    }
+    next_run_ = std::max(next_run_, it->first + 1);
+    it = slots_.erase(it);
+  }
+  for (auto& [id, next] : next_submit_) next = std::max(next, next_run_);
+}
+
+absl::StatusOr<Job::Result> Job::Submit(const Request& request) {
+  Entry entry;
+  entry.request = request;
+  uint64_t sequence;
+  {
+    absl::MutexLock lock(&mu_);
+    auto w = workers_.find(request.worker_id);
+    if (w == workers_.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", request.worker_id, " is not registered with job ", options_.id));
+    }
+    entry.local_rank = w->second;
+    sequence = next_submit_[request.worker_id]++;
+    slots_[sequence].entries[entry.local_rank] = &entry;
+    // Wait for the reducer (which completes every entry of the slot) or the watchdog deadline.
+    auto done = [&entry]() { return entry.done; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&done), options_.timeout)) {
+      Slot& slot = slots_[sequence];
+      if (slot.running) {
+        // The reducer is using this entry; the engine's own timeout bounds how long that takes.
+        mu_.Await(absl::Condition(&done));
+      } else {
+        std::vector<std::string> missing;  // the local workers that never submitted
+        for (uint32_t r = 0; r < options_.local_world_size; ++r) {
+          if (!slot.entries.count(r)) missing.push_back(absl::StrCat(r));
+        }
+        slot.entries.erase(entry.local_rank);
+        if (slot.entries.empty()) slots_.erase(sequence);
+        return absl::DeadlineExceededError(
+            absl::StrCat("collective ", sequence, " of job ", options_.id, " timed out after ",
+                         absl::FormatDuration(options_.timeout),
+                         "; local ranks that did not submit: ", absl::StrJoin(missing, ", ")));
+      }
+    }
+  }
+  if (!entry.status.ok()) return entry.status;
+  return entry.result;
+}
+
+Job::Status Job::GetStatus() const {
+  absl::MutexLock lock(&mu_);
+  Status s;
+  s.workers = static_cast<uint32_t>(workers_.size());
+  s.config_epoch = config_epoch_;
+  s.config = config_;
+  s.inflight = static_cast<uint32_t>(slots_.size());
+  s.completed = completed_;
+  return s;
+}
+
+std::vector<CollectiveRecord> Job::FlightRecorder(size_t limit) const {
+  absl::MutexLock lock(&mu_);
+  const size_t n = limit == 0 ? records_.size() : std::min(limit, records_.size());
+  return std::vector<CollectiveRecord>(records_.end() - n, records_.end());
+}
+
+uint64_t Job::NextSequence() const {
+  absl::MutexLock lock(&mu_);
+  return next_run_;
+}
+
+void Job::Record(CollectiveRecord record) {
+  records_.push_back(std::move(record));
+  while (records_.size() > options_.flight_recorder_size) records_.pop_front();
+}
+
+void Job::ReducerLoop() {
+  while (true) {
+    uint64_t sequence;
+    Slot* slot;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (stopping_) return true;
+        auto it = slots_.find(next_run_);
+        return it != slots_.end() && it->second.entries.size() == options_.local_world_size;
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      sequence = next_run_;
+      slot = &slots_[sequence];
+      slot->running = true;
+    }
+    RunCollective(sequence, *slot);
+    absl::MutexLock lock(&mu_);
+    slots_.erase(sequence);
+    ++next_run_;
+    ++completed_;
+  }
+}
+
+void Job::RunCollective(uint64_t sequence, Slot& slot) {
+  // The entries are stable while the slot is complete: their submitters wait for `done`.
+  std::vector<Entry*> entries;
+  for (auto& [rank, e] : slot.entries) entries.push_back(e);
+  JobConfig config;
+  uint64_t epoch;
+  {
+    absl::MutexLock lock(&mu_);
+    if (options_.poll_config) {
+      uint64_t new_epoch = config_epoch_;
+      JobConfig new_config;
+      absl::StatusOr<bool> changed = options_.poll_config(sequence, &new_epoch, &new_config);
+      if (changed.ok() && *changed && new_epoch > config_epoch_) {
+        config_epoch_ = new_epoch;
+        config_ = new_config;
+      }
+    }
+    config = config_;
+    epoch = config_epoch_;
+  }
+  CollectiveRecord record;
+  record.sequence = sequence;
+  record.tensor_name = entries[0]->request.tensor_name;
+  record.num_elements = entries[0]->request.num_elements;
+  record.config = config;
+  record.config_epoch = epoch;
+  record.start = absl::Now();
+
+  absl::Status status;
+  // Every local worker must submit the same collective.
+  for (Entry* e : entries) {
+    const Request& a = entries[0]->request;
+    const Request& b = e->request;
+    if (a.tensor_name != b.tensor_name || a.num_elements != b.num_elements || a.dtype != b.dtype) {
+      status = absl::InvalidArgumentError(absl::StrFormat(
+          "collective %d of job %s: local rank %d submitted '%s' (%d x %s), local rank %d submitted '%s' (%d x %s)",
+          sequence, options_.id, entries[0]->local_rank, a.tensor_name, a.num_elements, kernels::DTypeName(a.dtype),
+          e->local_rank, b.tensor_name, b.num_elements, kernels::DTypeName(b.dtype)));
+      break;
+    }
+  }
+  const size_t n = entries[0]->request.num_elements;
+  std::vector<float> sum;
+  uint64_t wire_bytes = 0;
+  if (status.ok()) {
+    // Local reduce in fp32, in local-rank order (deterministic).
+    sum.assign(n, 0.0f);
+    for (Entry* e : entries) {
+      const uint8_t* p = e->request.region.data();
+      if (e->request.dtype == kernels::DType::kFloat32) {
+        const float* f = reinterpret_cast<const float*>(p);
+        for (size_t i = 0; i < n; ++i) sum[i] += f[i];
+      } else {
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+        for (size_t i = 0; i < n; ++i) sum[i] += kernels::Bf16ToFloat(h[i]);
+      }
+    }
+    if (options_.num_nodes > 1) status = CrossNode(sequence, config, epoch, sum, &wire_bytes);
+  }
+  if (status.ok()) {
+    const float scale = 1.0f / static_cast<float>(options_.num_nodes * options_.local_world_size);
+    for (Entry* e : entries) {
+      uint8_t* p = e->request.region.data();
+      if (e->request.dtype == kernels::DType::kFloat32) {
+        float* f = reinterpret_cast<float*>(p);
+        for (size_t i = 0; i < n; ++i) f[i] = e->request.average ? sum[i] * scale : sum[i];
+      } else {
+        uint16_t* h = reinterpret_cast<uint16_t*>(p);
+        for (size_t i = 0; i < n; ++i) h[i] = kernels::FloatToBf16(e->request.average ? sum[i] * scale : sum[i]);
+      }
+    }
+  }
+  record.seconds = absl::ToDoubleSeconds(absl::Now() - record.start);
+  record.wire_bytes = wire_bytes;
+  record.state = status.ok() ? "ok" : "failed";
+  record.error = std::string(status.message());
+  absl::MutexLock lock(&mu_);
+  for (Entry* e : entries) {
+    e->status = status;
+    e->result = Result{sequence, epoch, config, wire_bytes};
+    e->done = true;
+  }
+  Record(std::move(record));
+}
+
+absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch, std::vector<float>& sum,
+                            uint64_t* wire_bytes) {
+  if (!transport_) {
+    DQ_ASSIGN_OR_RETURN(transport_, options_.connect(generation_));
+  }
+  kernels::CodecConfig codec_config = config.codec;
+  if (sum.size() < config.min_compress_elements) codec_config = kernels::CodecConfig{kernels::CodecId::kNone};
+  DQ_ASSIGN_OR_RETURN(auto codec, kernels::CreateCodec(codec_config));
+  engine::AllReduceOptions o;
+  o.topology = config.topology;
+  o.job_id = JobHash(options_.id);
+  o.config_epoch = epoch;
+  o.sequence = sequence;
+  o.timeout = options_.timeout;
+  auto result = engine::AllReduce(*codec, *transport_, o, {sum.data(), kernels::DType::kFloat32, 0, nullptr},
+                                  {sum.data(), kernels::DType::kFloat32, 0, nullptr}, sum.size());
+  if (!result.ok()) {
+    // The group is broken: re-form it (fresh rendezvous keys) on the next collective.
+    transport_.reset();
+    ++generation_;
+    return absl::Status(result.status().code(), absl::StrCat("collective ", sequence, " of job ", options_.id, ": ",
+                                                             result.status().message()));
+  }
+  *wire_bytes = result->bytes_sent;
+  return absl::OkStatus();
+}
+
+}  // namespace dynamiq::server

@@ -1,0 +1,166 @@
+// Job: one training job on this node: its local workers, its compression configuration and the
+// reducer thread that runs its collectives one at a time, in sequence order.
+//
+// Every worker's k-th AllReduce belongs to collective k of the job. When all local workers have
+// submitted collective k, the reducer checks that they agree (tensor name, size, dtype), sums their
+// buffers locally in fp32, runs the compressed all-reduce across nodes (engine::AllReduce over the
+// job's transport, whose step headers make every node check the same job, sequence and config
+// epoch), and writes the result back into every worker's buffer. Submit blocks until then.
+//
+// Configuration changes (SetCompression) are staged with the sequence at which they apply; the
+// coordinator's store carries them to every node (see Daemon), so all nodes switch at the same
+// collective boundary, never mid-collective.
+//
+// Thread-safe: Submit is called from many gRPC handler threads.
+#ifndef DQ_SERVER_JOB_H_
+#define DQ_SERVER_JOB_H_
+
+#include <stdint.h>
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "engine/schedule.h"
+#include "engine/transport.h"
+#include "kernels/codec.h"
+
+namespace dynamiq::server {
+
+// A job's compression settings (dynamiq.v1.CompressionConfig, validated).
+struct JobConfig {
+  kernels::CodecConfig codec;
+  engine::Topology topology = engine::Topology::kRing;
+  uint64_t min_compress_elements = 0;
+};
+
+// Parses and validates codec / bits / topology / allocator; INVALID_ARGUMENT with a message.
+absl::StatusOr<JobConfig> MakeJobConfig(absl::string_view codec, double bits, absl::string_view topology,
+                                        uint64_t min_compress_elements, absl::string_view allocator);
+std::string DescribeJobConfig(const JobConfig& config);
+
+// One collective as the flight recorder keeps it.
+struct CollectiveRecord {
+  uint64_t sequence = 0;
+  std::string tensor_name;
+  uint64_t num_elements = 0;
+  JobConfig config;
+  uint64_t config_epoch = 0;
+  std::string state;  // running, ok, failed
+  std::string error;
+  absl::Time start;
+  double seconds = 0;
+  uint64_t wire_bytes = 0;
+};
+
+class Job {
+ public:
+  // Connects the job's transport across nodes; `generation` changes after a failure so every node
+  // re-forms the group under fresh rendezvous keys.
+  using ConnectFn = std::function<absl::StatusOr<std::unique_ptr<engine::Transport>>(uint64_t generation)>;
+  // Looks for a configuration change that applies at or before `sequence` (from the coordinator).
+  using PollConfigFn = std::function<absl::StatusOr<bool>(uint64_t sequence, uint64_t* epoch, JobConfig* config)>;
+
+  struct Options {
+    std::string id;
+    uint32_t local_world_size = 1;
+    uint32_t num_nodes = 1;
+    JobConfig config;
+    absl::Duration timeout = absl::Seconds(300);
+    ConnectFn connect;         // required when num_nodes > 1
+    PollConfigFn poll_config;  // optional
+    size_t flight_recorder_size = 256;
+  };
+
+  struct Request {
+    uint64_t worker_id = 0;
+    std::string tensor_name;
+    uint64_t num_elements = 0;
+    kernels::DType dtype = kernels::DType::kFloat32;
+    bool average = false;
+    absl::Span<uint8_t> region;  // the worker's bytes (shared memory)
+  };
+
+  struct Result {
+    uint64_t sequence = 0;
+    uint64_t config_epoch = 0;
+    JobConfig config;
+    uint64_t wire_bytes = 0;
+  };
+
+  explicit Job(Options options);
+  ~Job();  // fails pending requests and joins the reducer
+
+  const std::string& id() const { return options_.id; }
+
+  // Adds a local worker; INVALID_ARGUMENT for a rank outside the job's local world size or a
+  // different local world size than earlier workers said, ALREADY_EXISTS for a taken rank.
+  absl::Status AddWorker(uint64_t worker_id, uint32_t local_rank, uint32_t local_world_size);
+  // Removes a worker (unregistered or dead): collectives waiting for it fail, naming it.
+  void RemoveWorker(uint64_t worker_id);
+
+  // Blocks until the worker's next collective completes; its result is in request.region.
+  absl::StatusOr<Result> Submit(const Request& request);
+
+  // Stages a configuration change; returns the epoch it gets (local only: the Daemon publishes it).
+  struct Status {
+    uint32_t workers = 0;
+    uint64_t config_epoch = 0;
+    JobConfig config;
+    uint32_t inflight = 0;
+    uint64_t completed = 0;
+  };
+  Status GetStatus() const;
+  std::vector<CollectiveRecord> FlightRecorder(size_t limit) const;
+  // The sequence the reducer will run next (SetCompression applies one after it).
+  uint64_t NextSequence() const;
+
+ private:
+  struct Entry {
+    Request request;
+    uint32_t local_rank = 0;
+    bool done = false;
+    absl::Status status;
+    Result result;
+  };
+  struct Slot {
+    std::map<uint32_t, Entry*> entries;  // by local rank
+    bool running = false;                // the reducer owns the entries until it marks them done
+  };
+
+  void ReducerLoop();
+  // Runs collective `sequence` over the complete slot; fills every entry's status/result.
+  void RunCollective(uint64_t sequence, Slot& slot);
+  absl::Status CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch, std::vector<float>& sum,
+                         uint64_t* wire_bytes);
+  void Record(CollectiveRecord record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Options options_;
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, uint32_t> workers_ ABSL_GUARDED_BY(mu_);      // worker id -> local rank
+  std::map<uint64_t, uint64_t> next_submit_ ABSL_GUARDED_BY(mu_);  // worker id -> its next sequence
+  std::map<uint64_t, Slot> slots_ ABSL_GUARDED_BY(mu_);            // sequence -> submissions
+  uint64_t next_run_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
+  JobConfig config_ ABSL_GUARDED_BY(mu_);
+  uint64_t config_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<CollectiveRecord> records_ ABSL_GUARDED_BY(mu_);
+  // Reducer-thread state.
+  std::unique_ptr<engine::Transport> transport_;
+  uint64_t generation_ = 0;
+  std::thread reducer_;
+};
+
+}  // namespace dynamiq::server
+
+#endif  // DQ_SERVER_JOB_H_

@@ -1,0 +1,90 @@
+// dynamiqd: the per-node dynamiq daemon. See docs/design.md and `dynamiqd --help`.
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "server/daemon.h"
+
+ABSL_FLAG(uint32_t, node_rank, 0, "This node's rank in the cluster (0..num_nodes-1).");
+ABSL_FLAG(uint32_t, num_nodes, 1, "Number of nodes (one dynamiqd each).");
+ABSL_FLAG(std::string, coordinator, "",
+          "host:port of the coordinator (serves rendezvous and membership). Empty: node 0 is the coordinator "
+          "and serves it on --listen; other nodes must name node 0's --listen address.");
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
+          "Operator and peer gRPC address (TCP). Its host is also the address peers reach this node's "
+          "all-reduce transport on; use a routable address for multi-node clusters. Port 0 picks one.");
+ABSL_FLAG(std::string, worker_socket, "/tmp/dynamiq/dynamiqd.sock",
+          "Unix socket local workers connect to (created with mode 0600).");
+ABSL_FLAG(std::string, codec, "dynamiq",
+          "Default codec of new jobs: none, bf16, dynamiq, mxfp8, mxfp6, mxfp4, thc, uniform.");
+ABSL_FLAG(double, bits, 5, "Default bits: dynamiq average bits/coord incl. metadata (3..8); uniform bits per code.");
+ABSL_FLAG(std::string, topology, "ring", "Default topology of new jobs: ring or butterfly (power-of-two nodes).");
+ABSL_FLAG(uint64_t, min_compress_elements, 4096, "Tensors with fewer elements go uncompressed (fp32).");
+ABSL_FLAG(double, timeout, 300, "Seconds before a collective that has not completed fails on every participant.");
+ABSL_FLAG(std::string, device, "cpu", "cpu (host buffers, Gloo TCP between nodes). cuda is not yet supported.");
+
+namespace {
+
+dynamiq::server::Daemon* g_daemon = nullptr;
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "dynamiqd: %s\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "dynamiqd: per-node daemon for compressed gradient all-reduce. Local workers connect on "
+      "--worker_socket; operators on --listen (dynamiq.v1.Control, grpc.health.v1, reflection).\n"
+      "With no flags it runs a single-node daemon on loopback.\n"
+      "Two nodes: dynamiqd --num_nodes=2 --node_rank=0 --listen=10.0.0.1:7070\n"
+      "           dynamiqd --num_nodes=2 --node_rank=1 --listen=10.0.0.2:7070 --coordinator=10.0.0.1:7070");
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_device) != "cpu") {
+    return Fail(absl::StrCat("--device=", absl::GetFlag(FLAGS_device), " is not supported yet (cpu only)"));
+  }
+  auto config = dynamiq::server::MakeJobConfig(absl::GetFlag(FLAGS_codec), absl::GetFlag(FLAGS_bits),
+                                               absl::GetFlag(FLAGS_topology),
+                                               absl::GetFlag(FLAGS_min_compress_elements), "measured");
+  if (!config.ok()) return Fail(std::string(config.status().message()));
+  dynamiq::server::DaemonOptions o;
+  o.node_rank = absl::GetFlag(FLAGS_node_rank);
+  o.num_nodes = absl::GetFlag(FLAGS_num_nodes);
+  o.coordinator = absl::GetFlag(FLAGS_coordinator);
+  o.listen = absl::GetFlag(FLAGS_listen);
+  o.worker_socket = absl::GetFlag(FLAGS_worker_socket);
+  o.default_config = *config;
+  o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout));
+
+  // SIGTERM/SIGINT: stop taking work, fail in-flight collectives, release shm, exit 0.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  dynamiq::server::Daemon daemon(o);
+  g_daemon = &daemon;
+  absl::Status started = daemon.Start();
+  if (!started.ok()) return Fail(started.ToString());
+  std::fprintf(stderr, "dynamiqd: node %u/%u ready; operators on %s, workers on %s\n", o.node_rank, o.num_nodes,
+               daemon.listen_address().c_str(), o.worker_socket.c_str());
+  std::thread watcher([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::fprintf(stderr, "dynamiqd: signal %d, shutting down\n", sig);
+    daemon.Shutdown(absl::Seconds(10));
+  });
+  daemon.Wait();
+  watcher.join();
+  std::fprintf(stderr, "dynamiqd: stopped\n");
+  return 0;
+}

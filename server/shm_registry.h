@@ -1,0 +1,111 @@
+// ShmRegistry: the daemon's table of shared-memory buffers (server/shm_region.h) handed out to
+// local worker processes, keyed by (worker id, buffer id). The daemon allocates a buffer when a
+// worker asks for one, sends it the ShmBufferInfo, unlinks the name once the worker has mapped it,
+// resolves the (buffer, offset, length) regions named by all-reduce requests with Get(), and frees
+// everything a worker had when it disconnects or dies (ReleaseWorker()).
+//
+// Limits: a per-worker and a global byte limit, and a per-worker buffer count limit (every buffer
+// is one mapping; vm.max_map_count is finite). Allocations beyond them fail with
+// RESOURCE_EXHAUSTED and change nothing. Buffer ids are unique for the registry's lifetime (never
+// reused), so a stale id from a released buffer is NOT_FOUND rather than someone else's memory.
+//
+// Thread-safety: every method is thread-safe (one absl::Mutex). Creating a region (which reserves
+// its memory) and unmapping one run outside the lock, so a large allocation does not stall Get().
+// A span returned by Get() stays valid until that buffer is released (Release(), ReleaseWorker()
+// or the registry's destruction); the caller must not release a buffer that requests still use
+// (the daemon fails a worker's in-flight requests before releasing it).
+#ifndef DQ_SERVER_SHM_REGISTRY_H_
+#define DQ_SERVER_SHM_REGISTRY_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <limits>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "server/shm_region.h"
+
+namespace dynamiq::server {
+
+// What a worker needs to map a buffer: ShmRegion::Open(shm_name, size).
+struct ShmBufferInfo {
+  uint64_t buffer_id = 0;
+  std::string shm_name;
+  size_t size = 0;
+};
+
+class ShmRegistry {
+ public:
+  struct Options {
+    // Bytes one worker may have allocated at once.
+    size_t max_bytes_per_worker = std::numeric_limits<size_t>::max();
+    // Bytes all workers together may have allocated at once.
+    size_t max_total_bytes = std::numeric_limits<size_t>::max();
+    // Buffers one worker may have allocated at once.
+    size_t max_buffers_per_worker = 4096;
+  };
+
+  ShmRegistry() : ShmRegistry(Options()) {}
+  explicit ShmRegistry(Options options);
+  ShmRegistry(const ShmRegistry&) = delete;
+  ShmRegistry& operator=(const ShmRegistry&) = delete;
+  // Unmaps (and unlinks any still-linked name of) every buffer.
+  ~ShmRegistry();
+
+  // Creates a buffer of `bytes` bytes for `worker_id`. INVALID_ARGUMENT for a zero or oversized
+  // request, RESOURCE_EXHAUSTED over a limit (or when /dev/shm is full), ABORTED if the worker was
+  // released while the buffer was being created.
+  absl::StatusOr<ShmBufferInfo> Allocate(uint64_t worker_id, size_t bytes);
+
+  // The bytes [offset, offset + length) of a buffer of `worker_id`. NOT_FOUND if the worker has no
+  // such buffer (including another worker's buffer id); OUT_OF_RANGE if the region does not lie
+  // inside the buffer. A zero-length region at offset <= size is allowed (an empty span).
+  absl::StatusOr<absl::Span<uint8_t>> Get(uint64_t worker_id, uint64_t buffer_id, size_t offset, size_t length) const;
+
+  // Unlinks the buffer's shm name (call once the worker has mapped it); idempotent. NOT_FOUND for
+  // an unknown buffer.
+  absl::Status Unlink(uint64_t worker_id, uint64_t buffer_id);
+
+  // Frees one buffer. NOT_FOUND for an unknown buffer.
+  absl::Status Release(uint64_t worker_id, uint64_t buffer_id);
+
+  // Frees every buffer of `worker_id` (none is fine) and returns how many there were.
+  size_t ReleaseWorker(uint64_t worker_id);
+
+  // Bytes of all mapped buffers (for a shared-memory bytes gauge).
+  size_t TotalMappedBytes() const;
+  // Bytes of the mapped buffers of one worker (0 for an unknown worker).
+  size_t WorkerMappedBytes(uint64_t worker_id) const;
+  // Number of mapped buffers, all workers together.
+  size_t NumBuffers() const;
+
+ private:
+  struct WorkerState {
+    // Distinguishes this entry from one re-created after ReleaseWorker() for the same id.
+    uint64_t generation = 0;
+    absl::flat_hash_map<uint64_t, ShmRegion> buffers;
+    size_t mapped_bytes = 0;
+    // Allocations admitted against the limits whose regions are still being created.
+    size_t reserved_bytes = 0;
+    size_t reserved_buffers = 0;
+  };
+
+  const Options options_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, WorkerState> workers_ ABSL_GUARDED_BY(mu_);
+  size_t mapped_total_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t reserved_total_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t num_buffers_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace dynamiq::server
+
+#endif  // DQ_SERVER_SHM_REGISTRY_H_

@@ -1,0 +1,107 @@
+#include "server/worker_service.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "server/rendezvous_service.h"
+
+namespace dynamiq::server {
+namespace {
+
+absl::StatusOr<uint64_t> ParseWorkerId(const std::string& id) {
+  uint64_t v;
+  if (!absl::SimpleAtoi(id, &v) || v == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("malformed worker id '", id, "'"));
+  }
+  return v;
+}
+
+}  // namespace
+
+void ToProto(const JobConfig& c, dynamiq::v1::CompressionConfig* out) {
+  out->set_codec(std::string(kernels::CodecName(c.codec.id)));
+  out->set_bits(c.codec.bits);
+  out->set_topology(std::string(engine::TopologyName(c.topology)));
+  out->set_min_compress_elements(c.min_compress_elements);
+  out->set_allocator(c.codec.allocator == kernels::BitAllocator::kMeasured ? "measured" : "paper");
+}
+
+grpc::Status WorkerService::Register(grpc::ServerContext*, const dynamiq::v1::RegisterRequest* request,
+                                     dynamiq::v1::RegisterResponse* response) {
+  if (request->job_id().empty() || request->job_id().size() > 256) {
+    return ToGrpcStatus(absl::InvalidArgumentError("job id must be 1..256 bytes"));
+  }
+  auto r = daemon_.Register(request->job_id(), request->local_rank(), request->local_world_size());
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  response->set_worker_id(absl::StrCat(r->worker_id));
+  response->set_node_rank(daemon_.options().node_rank);
+  response->set_num_nodes(daemon_.options().num_nodes);
+  response->set_config_epoch(r->config_epoch);
+  ToProto(r->config, response->mutable_config());
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::AllocateBuffer(grpc::ServerContext*, const dynamiq::v1::AllocateBufferRequest* request,
+                                           dynamiq::v1::AllocateBufferResponse* response) {
+  auto worker = ParseWorkerId(request->worker_id());
+  if (!worker.ok()) return ToGrpcStatus(worker.status());
+  auto info = daemon_.Allocate(*worker, request->bytes());
+  if (!info.ok()) return ToGrpcStatus(info.status());
+  response->set_buffer_id(info->buffer_id);
+  response->set_shm_name(info->shm_name);
+  response->set_bytes(info->size);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Mapped(grpc::ServerContext*, const dynamiq::v1::MappedRequest* request,
+                                   dynamiq::v1::MappedResponse*) {
+  auto worker = ParseWorkerId(request->worker_id());
+  if (!worker.ok()) return ToGrpcStatus(worker.status());
+  return ToGrpcStatus(daemon_.Mapped(*worker, request->buffer_id()));
+}
+
+grpc::Status WorkerService::ReleaseBuffer(grpc::ServerContext*, const dynamiq::v1::ReleaseBufferRequest* request,
+                                          dynamiq::v1::ReleaseBufferResponse*) {
+  auto worker = ParseWorkerId(request->worker_id());
+  if (!worker.ok()) return ToGrpcStatus(worker.status());
+  return ToGrpcStatus(daemon_.Release(*worker, request->buffer_id()));
+}
+
+grpc::Status WorkerService::AllReduce(grpc::ServerContext*, const dynamiq::v1::AllReduceRequest* request,
+                                      dynamiq::v1::AllReduceResponse* response) {
+  auto worker = ParseWorkerId(request->worker_id());
+  if (!worker.ok()) return ToGrpcStatus(worker.status());
+  Daemon::AllReduceCall call;
+  call.worker_id = *worker;
+  call.tensor_name = request->tensor_name();
+  call.buffer_id = request->buffer_id();
+  call.offset_bytes = request->offset_bytes();
+  call.num_elements = request->num_elements();
+  call.average = request->average();
+  switch (request->dtype()) {
+    case dynamiq::v1::DTYPE_FLOAT32:
+      call.dtype = kernels::DType::kFloat32;
+      break;
+    case dynamiq::v1::DTYPE_BFLOAT16:
+      call.dtype = kernels::DType::kBFloat16;
+      break;
+    default:
+      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", request->dtype())));
+  }
+  auto r = daemon_.AllReduce(call);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  response->set_sequence(r->sequence);
+  response->set_config_epoch(r->config_epoch);
+  response->set_codec(std::string(kernels::CodecName(r->config.codec.id)));
+  response->set_bits(r->config.codec.bits);
+  response->set_wire_bytes(r->wire_bytes);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Unregister(grpc::ServerContext*, const dynamiq::v1::UnregisterRequest* request,
+                                       dynamiq::v1::UnregisterResponse*) {
+  auto worker = ParseWorkerId(request->worker_id());
+  if (!worker.ok()) return ToGrpcStatus(worker.status());
+  return ToGrpcStatus(daemon_.Unregister(*worker));
+}
+
+}  // namespace dynamiq::server

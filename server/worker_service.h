@@ -1,0 +1,37 @@
+// WorkerService: dynamiq.v1.Worker, the gRPC face of Daemon's worker API (Unix socket).
+// Translates messages and statuses; all logic lives in Daemon. AllReduce blocks its handler
+// thread until the collective completes (the sync server's pool serves other calls meanwhile).
+#ifndef DQ_SERVER_WORKER_SERVICE_H_
+#define DQ_SERVER_WORKER_SERVICE_H_
+
+#include "dynamiq/v1/worker.grpc.pb.h"
+#include "server/daemon.h"
+
+namespace dynamiq::server {
+
+class WorkerService final : public dynamiq::v1::Worker::Service {
+ public:
+  explicit WorkerService(Daemon& daemon) : daemon_(daemon) {}
+
+  grpc::Status Register(grpc::ServerContext*, const dynamiq::v1::RegisterRequest*,
+                        dynamiq::v1::RegisterResponse*) override;
+  grpc::Status AllocateBuffer(grpc::ServerContext*, const dynamiq::v1::AllocateBufferRequest*,
+                              dynamiq::v1::AllocateBufferResponse*) override;
+  grpc::Status Mapped(grpc::ServerContext*, const dynamiq::v1::MappedRequest*, dynamiq::v1::MappedResponse*) override;
+  grpc::Status ReleaseBuffer(grpc::ServerContext*, const dynamiq::v1::ReleaseBufferRequest*,
+                             dynamiq::v1::ReleaseBufferResponse*) override;
+  grpc::Status AllReduce(grpc::ServerContext*, const dynamiq::v1::AllReduceRequest*,
+                         dynamiq::v1::AllReduceResponse*) override;
+  grpc::Status Unregister(grpc::ServerContext*, const dynamiq::v1::UnregisterRequest*,
+                          dynamiq::v1::UnregisterResponse*) override;
+
+ private:
+  Daemon& daemon_;
+};
+
+// The proto form of a job configuration.
+void ToProto(const JobConfig& config, dynamiq::v1::CompressionConfig* out);
+
+}  // namespace dynamiq::server
+
+#endif  // DQ_SERVER_WORKER_SERVICE_H_

@@ -1,0 +1,284 @@
+#include "server/daemon.h"
+
+#include <dirent.h>
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "dynamiq/v1/control.grpc.pb.h"
+#include "dynamiq/v1/worker.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "server/shm_region.h"
+#include "tests/testing/status_matchers.h"
+
+namespace dynamiq::server {
+namespace {
+
+using ::dynamiq::testing::IsOk;
+using ::testing::HasSubstr;
+
+std::string TempDir() {
+  char tmpl[] = "/tmp/dqdaemon-XXXXXX";
+  return std::string(mkdtemp(tmpl));
+}
+
+// A worker as a test drives it: raw gRPC stub plus its mapped buffer.
+struct TestWorker {
+  std::unique_ptr<dynamiq::v1::Worker::Stub> stub;
+  std::string id;
+  uint64_t buffer_id = 0;
+  std::unique_ptr<ShmRegion> region;
+
+  float* data() { return reinterpret_cast<float*>(region->data()); }
+
+  grpc::Status AllReduce(const std::string& name, uint64_t n, uint64_t offset = 0) {
+    dynamiq::v1::AllReduceRequest req;
+    req.set_worker_id(id);
+    req.set_tensor_name(name);
+    req.set_buffer_id(buffer_id);
+    req.set_offset_bytes(offset);
+    req.set_num_elements(n);
+    req.set_dtype(dynamiq::v1::DTYPE_FLOAT32);
+    dynamiq::v1::AllReduceResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    return stub->AllReduce(&ctx, req, &resp);
+  }
+};
+
+TestWorker Connect(const std::string& socket, const std::string& job, uint32_t rank, uint32_t size, size_t floats) {
+  TestWorker w;
+  w.stub = dynamiq::v1::Worker::NewStub(grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+  dynamiq::v1::RegisterRequest reg;
+  reg.set_job_id(job);
+  reg.set_local_rank(rank);
+  reg.set_local_world_size(size);
+  dynamiq::v1::RegisterResponse reg_resp;
+  grpc::ClientContext c1;
+  EXPECT_TRUE(w.stub->Register(&c1, reg, &reg_resp).ok());
+  w.id = reg_resp.worker_id();
+  dynamiq::v1::AllocateBufferRequest alloc;
+  alloc.set_worker_id(w.id);
+  alloc.set_bytes(floats * 4);
+  dynamiq::v1::AllocateBufferResponse alloc_resp;
+  grpc::ClientContext c2;
+  EXPECT_TRUE(w.stub->AllocateBuffer(&c2, alloc, &alloc_resp).ok());
+  w.buffer_id = alloc_resp.buffer_id();
+  auto region = ShmRegion::Open(alloc_resp.shm_name(), floats * 4);
+  EXPECT_THAT(region, IsOk());
+  if (region.ok()) w.region = std::make_unique<ShmRegion>(std::move(region).value());
+  dynamiq::v1::MappedRequest mapped;
+  mapped.set_worker_id(w.id);
+  mapped.set_buffer_id(w.buffer_id);
+  dynamiq::v1::MappedResponse mapped_resp;
+  grpc::ClientContext c3;
+  EXPECT_TRUE(w.stub->Mapped(&c3, mapped, &mapped_resp).ok());
+  return w;
+}
+
+int CountShm(const std::string& needle) {
+  int count = 0;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) count += std::string(e->d_name).find(needle) != std::string::npos;
+    closedir(d);
+  }
+  return count;
+}
+
+DaemonOptions Options(const std::string& dir, uint32_t rank, uint32_t nodes, const std::string& coordinator,
+                      const std::string& codec = "dynamiq") {
+  DaemonOptions o;
+  o.node_rank = rank;
+  o.num_nodes = nodes;
+  o.coordinator = coordinator;
+  o.listen = "127.0.0.1:0";
+  o.worker_socket = absl::StrCat(dir, "/node", rank, ".sock");
+  o.default_config = *MakeJobConfig(codec, 5, "ring", 1024, "measured");
+  o.timeout = absl::Seconds(20);
+  return o;
+}
+
+TEST(DaemonTest, SingleNodeSumsLocalWorkersExactly) {
+  const std::string dir = TempDir();
+  Daemon daemon(Options(dir, 0, 1, ""));
+  ASSERT_THAT(daemon.Start(), IsOk());
+  const size_t n = 5000;
+  std::vector<TestWorker> workers;
+  for (uint32_t r = 0; r < 3; ++r) workers.push_back(Connect(dir + "/node0.sock", "job", r, 3, n));
+  for (uint32_t r = 0; r < 3; ++r) {
+    for (size_t k = 0; k < n; ++k) workers[r].data()[k] = static_cast<float>(r + 1) * (k % 13);
+  }
+  std::vector<grpc::Status> status(3);
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < 3; ++r) threads.emplace_back([&, r] { status[r] = workers[r].AllReduce("grad", n); });
+  for (auto& t : threads) t.join();
+  for (uint32_t r = 0; r < 3; ++r) {
+    ASSERT_TRUE(status[r].ok()) << status[r].error_message();
+    for (size_t k = 0; k < n; ++k) ASSERT_EQ(workers[r].data()[k], 6.0f * (k % 13)) << k;
+  }
+  // Names are unlinked once mapped; shutdown unmaps the rest.
+  daemon.Shutdown();
+  EXPECT_EQ(CountShm(absl::StrCat("dynamiq-", getpid())), 0);
+}
+
+TEST(DaemonTest, BadRequestsGetClearCodesAndTheDaemonKeepsServing) {
+  const std::string dir = TempDir();
+  Daemon daemon(Options(dir, 0, 1, ""));
+  ASSERT_THAT(daemon.Start(), IsOk());
+  TestWorker w = Connect(dir + "/node0.sock", "job", 0, 1, 1000);
+  // Unknown buffer, region out of range, unregistered worker.
+  TestWorker bad = {};
+  grpc::Status s;
+  {
+    dynamiq::v1::AllReduceRequest req;
+    req.set_worker_id(w.id);
+    req.set_tensor_name("t");
+    req.set_buffer_id(999);
+    req.set_num_elements(10);
+    req.set_dtype(dynamiq::v1::DTYPE_FLOAT32);
+    dynamiq::v1::AllReduceResponse resp;
+    grpc::ClientContext ctx;
+    s = w.stub->AllReduce(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  }
+  s = w.AllReduce("t", 2000);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE) << s.error_message();
+  {
+    dynamiq::v1::AllReduceRequest req;
+    req.set_worker_id("12345");
+    req.set_num_elements(10);
+    req.set_dtype(dynamiq::v1::DTYPE_FLOAT32);
+    dynamiq::v1::AllReduceResponse resp;
+    grpc::ClientContext ctx;
+    s = w.stub->AllReduce(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  }
+  {
+    dynamiq::v1::RegisterRequest reg;
+    reg.set_job_id("job");
+    reg.set_local_rank(0);
+    reg.set_local_world_size(1);
+    dynamiq::v1::RegisterResponse resp;
+    grpc::ClientContext ctx;
+    s = w.stub->Register(&ctx, reg, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS) << s.error_message();
+  }
+  // Still serving.
+  for (size_t k = 0; k < 1000; ++k) w.data()[k] = 1.5f;
+  s = w.AllReduce("t", 1000);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(w.data()[7], 1.5f);
+}
+
+TEST(DaemonTest, LocalWorkersThatDisagreeFailNamingBoth) {
+  const std::string dir = TempDir();
+  Daemon daemon(Options(dir, 0, 1, ""));
+  ASSERT_THAT(daemon.Start(), IsOk());
+  TestWorker a = Connect(dir + "/node0.sock", "job", 0, 2, 1000);
+  TestWorker b = Connect(dir + "/node0.sock", "job", 1, 2, 1000);
+  grpc::Status sa, sb;
+  std::thread t([&] { sa = a.AllReduce("x", 1000); });
+  sb = b.AllReduce("x", 999);
+  t.join();
+  EXPECT_EQ(sa.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(sb.error_message(),
+              HasSubstr("local rank 0 submitted 'x' (1000 x float32), local rank 1 submitted 'x' (999"));
+}
+
+// Two daemons on loopback with two workers each; compression change mid-run.
+TEST(DaemonTest, TwoNodesAllReduceAndSwitchCompressionAtTheSameCollective) {
+  const std::string dir = TempDir();
+  Daemon node0(Options(dir, 0, 2, ""));
+  std::unique_ptr<Daemon> node1;
+  std::thread start1;
+  absl::Status s0, s1;
+  // Node 0 must bind before node 1 can name it as coordinator.
+  DaemonOptions o0 = Options(dir, 0, 2, "");
+  std::thread start0([&] { s0 = node0.Start(); });
+  for (int i = 0; i < 500 && node0.listen_address().empty(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_FALSE(node0.listen_address().empty());
+  node1 = std::make_unique<Daemon>(Options(dir, 1, 2, node0.listen_address()));
+  s1 = node1->Start();
+  start0.join();
+  ASSERT_THAT(s0, IsOk());
+  ASSERT_THAT(s1, IsOk());
+
+  const size_t n = 20000;
+  std::vector<TestWorker> workers;
+  for (uint32_t node = 0; node < 2; ++node) {
+    for (uint32_t r = 0; r < 2; ++r)
+      workers.push_back(Connect(absl::StrCat(dir, "/node", node, ".sock"), "job", r, 2, n));
+  }
+  auto run = [&](const std::string& name) {
+    for (size_t w = 0; w < 4; ++w) {
+      for (size_t k = 0; k < n; ++k) workers[w].data()[k] = std::sin(0.001f * k * (w + 1)) + 0.1f * w;
+    }
+    std::vector<grpc::Status> st(4);
+    std::vector<std::thread> threads;
+    for (size_t w = 0; w < 4; ++w) threads.emplace_back([&, w] { st[w] = workers[w].AllReduce(name, n); });
+    for (auto& t : threads) t.join();
+    double err = 0, norm = 0;
+    for (size_t k = 0; k < n; ++k) {
+      double exact = 0;
+      for (size_t w = 0; w < 4; ++w) exact += std::sin(0.001f * k * (w + 1)) + 0.1f * w;
+      err += (workers[0].data()[k] - exact) * (workers[0].data()[k] - exact);
+      norm += exact * exact;
+    }
+    for (size_t w = 0; w < 4; ++w) {
+      EXPECT_TRUE(st[w].ok()) << st[w].error_message();
+      EXPECT_EQ(0, std::memcmp(workers[w].data(), workers[0].data(), n * 4)) << "worker " << w;
+    }
+    return err / norm;
+  };
+  for (int i = 0; i < 3; ++i) EXPECT_LT(run("g"), 5e-3);
+
+  // Change compression through node 1's operator API: it applies on both nodes at the same sequence.
+  auto control =
+      dynamiq::v1::Control::NewStub(grpc::CreateChannel(node1->listen_address(), grpc::InsecureChannelCredentials()));
+  dynamiq::v1::SetCompressionRequest set;
+  set.set_job_id("job");
+  set.mutable_config()->set_codec("none");
+  dynamiq::v1::SetCompressionResponse set_resp;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(control->SetCompression(&ctx, set, &set_resp).ok());
+  EXPECT_EQ(set_resp.epoch(), 1u);
+  double last = 1;
+  for (int i = 0; i < 3; ++i) last = run("g");
+  EXPECT_LT(last, 1e-12) << "uncompressed after the switch";
+  auto r0 = node0.FlightRecorder("job", 0);
+  auto r1 = node1->FlightRecorder("job", 0);
+  ASSERT_THAT(r0, IsOk());
+  ASSERT_THAT(r1, IsOk());
+  ASSERT_EQ(r0->size(), r1->size());
+  for (size_t i = 0; i < r0->size(); ++i) {
+    EXPECT_EQ((*r0)[i].config_epoch, (*r1)[i].config_epoch) << "sequence " << (*r0)[i].sequence;
+    EXPECT_EQ((*r0)[i].state, "ok");
+  }
+  EXPECT_EQ(r0->back().config_epoch, 1u);
+
+  // Invalid values, unknown job, stale epoch.
+  grpc::ClientContext c2;
+  set.mutable_config()->set_codec("dynamiq");
+  set.mutable_config()->set_bits(11);
+  EXPECT_EQ(control->SetCompression(&c2, set, &set_resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  grpc::ClientContext c3;
+  set.mutable_config()->set_bits(5);
+  set.set_job_id("nope");
+  EXPECT_EQ(control->SetCompression(&c3, set, &set_resp).error_code(), grpc::StatusCode::NOT_FOUND);
+  grpc::ClientContext c4;
+  set.set_job_id("job");
+  set.set_expected_epoch(7);
+  EXPECT_EQ(control->SetCompression(&c4, set, &set_resp).error_code(), grpc::StatusCode::ABORTED);
+  node1->Shutdown();
+  node0.Shutdown();
+}
+
+}  // namespace
+}  // namespace dynamiq::server
