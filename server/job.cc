@@ -214,21 +214,24 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   // The entries are stable while the slot is complete: their submitters wait for `done`.
   std::vector<Entry*> entries;
   for (auto& [rank, e] : slot.entries) entries.push_back(e);
+  // Adopt a published configuration change whose boundary is this collective (the poll talks to
+  // the coordinator, so it runs without holding the lock).
   JobConfig config;
   uint64_t epoch;
   {
     absl::MutexLock lock(&mu_);
-    if (options_.poll_config) {
-      uint64_t new_epoch = config_epoch_;
-      JobConfig new_config;
-      absl::StatusOr<bool> changed = options_.poll_config(sequence, &new_epoch, &new_config);
-      if (changed.ok() && *changed && new_epoch > config_epoch_) {
-        config_epoch_ = new_epoch;
-        config_ = new_config;
-      }
-    }
     config = config_;
     epoch = config_epoch_;
+  }
+  if (options_.poll_config) {
+    uint64_t new_epoch = epoch;
+    JobConfig new_config;
+    absl::StatusOr<bool> changed = options_.poll_config(sequence, &new_epoch, &new_config);
+    if (changed.ok() && *changed && new_epoch > epoch) {
+      absl::MutexLock lock(&mu_);
+      config_epoch_ = epoch = new_epoch;
+      config_ = config = new_config;
+    }
   }
   CollectiveRecord record;
   record.sequence = sequence;
