@@ -92,6 +92,10 @@ class Runner {
       pre[k] = &preposted_.at(Key(phase, step, k));
       Transfer& x = transfers[k];
       if (x.send_peer >= 0) {
+        if (x.send.size() > UINT32_MAX) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("message of ", x.send.size(), " bytes exceeds 4 GiB; use smaller pipelining blocks"));
+        }
         StepHeader h = Expected(phase, step, k, codec, t_.rank());
         h.payload_bytes = static_cast<uint32_t>(x.send.size());
         h.checksum = PayloadChecksum(x.send);
@@ -239,8 +243,10 @@ absl::Status RunExecutors(Runner& runner, const Codec& codec, const Schedule& sc
 
 }  // namespace
 
-absl::StatusOr<AllReduceResult> AllReduce(const Codec& codec, Transport& transport, const AllReduceOptions& options,
-                                          const kernels::Source& local, const kernels::Dest& out, size_t d) {
+namespace {
+
+absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& transport, const AllReduceOptions& options,
+                                              const kernels::Source& local, const kernels::Dest& out, size_t d) {
   const int n = transport.size();
   const int rank = transport.rank();
   DQ_ASSIGN_OR_RETURN(Schedule schedule, MakeSchedule(options.topology, n));
@@ -344,6 +350,17 @@ absl::StatusOr<AllReduceResult> AllReduce(const Codec& codec, Transport& transpo
   // 3. Reduce-scatter and all-gather, all blocks per step.
   DQ_RETURN_IF_ERROR(
       Annotate(RunExecutors(runner, codec, schedule, Phase::kReduceScatter, Phase::kAllGather, 0, executors), rank));
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<AllReduceResult> AllReduce(const Codec& codec, Transport& transport, const AllReduceOptions& options,
+                                          const kernels::Source& local, const kernels::Dest& out, size_t d) {
+  absl::StatusOr<AllReduceResult> result = AllReduceImpl(codec, transport, options, local, out, d);
+  // A failed collective may leave receives posted into buffers that die with it: abort the
+  // transport (it is broken for this group anyway) so nothing writes into them later.
+  if (!result.ok()) transport.Abort();
   return result;
 }
 

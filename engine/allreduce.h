@@ -12,7 +12,8 @@
 // Every message is preceded by a 64-byte StepHeader that is validated before the payload is
 // received (engine/step_header.h), and payloads carry a checksum. Errors name this rank, the peer
 // and what differed; a peer that stops answering fails the collective at the deadline instead of
-// hanging. After an error the transport must be considered broken (see Transport).
+// hanging. After an error the transport is aborted (posted receives must not outlive their
+// buffers) and the caller re-forms the group.
 //
 // `local` and `out` may be the same buffer (in place): all reads of `local` happen before the
 // first write to `out`. Memory: O(chunk) per block in flight plus the executor's buffers.

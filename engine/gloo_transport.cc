@@ -347,6 +347,13 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectGlooTransport(Store& store, in
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(ToGlooMillis(options.timeout));
     context->connectFullMesh(adapter, device);
+    // Gloo's connectFullMesh returns once this rank's pairs are up, while peers may still be
+    // completing theirs; a rank that tore down right away would break them ("Connection closed by
+    // peer" inside their connect). Return only when every rank is connected.
+    std::vector<std::string> keys;
+    for (int r = 0; r < size; ++r) keys.push_back(absl::StrCat("connected/", r));
+    adapter.set(keys[rank], {'1'});
+    adapter.wait(keys);
     return std::unique_ptr<Transport>(new GlooTransport(rank, size, std::move(context)));
   } catch (const std::exception& e) {
     if (!adapter.first_error().ok()) {

@@ -38,7 +38,7 @@ constexpr absl::Duration kHangupCheckInterval = absl::Milliseconds(250);
 constexpr absl::Duration kClientGrace = absl::Seconds(10);
 // A SET is answered at once; this bounds the client's wait for that answer.
 constexpr absl::Duration kSetTimeout = absl::Seconds(30);
-constexpr size_t kMaxConnections = 1024;
+constexpr size_t kMaxConnections = 4096;
 constexpr size_t kMaxIdleConnections = 8;
 constexpr absl::Duration kJoinTimeout = absl::Seconds(5);
 
@@ -394,8 +394,9 @@ absl::Status Execute(TcpStoreServerState& state, int fd, absl::string_view frame
         value_len > kMaxValueBytes || !in.Bytes(value_len, &value) || !in.done()) {
       return absl::InvalidArgumentError("malformed SET (bad key/value length or trailing bytes)");
     }
+    std::string k(key), v(value);  // Copy outside the lock (values reach 64 MiB).
     absl::MutexLock lock(&state.mu);
-    state.values[std::string(key)] = std::string(value);
+    state.values.insert_or_assign(std::move(k), std::move(v));
     return absl::OkStatus();
   }
   if (op == Op::kGet) {

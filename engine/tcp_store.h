@@ -22,7 +22,8 @@
 // A client sends one request per connection at a time and reads its response before the next.
 // The server answers a malformed request (unknown type, oversized frame or field, lengths that do
 // not add up to the frame) by logging one line to stderr and closing that connection; every other
-// connection is unaffected.
+// connection is unaffected. The server runs one thread per connection and refuses connections
+// beyond 4096 (with a log line).
 //
 // Thread-safety: both classes are thread-safe. TcpStoreClient keeps a small pool of connections,
 // so a Get blocked on one thread never delays a Set on another.

@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "bench/synthetic_gradients.h"
 #include "engine/gloo_transport.h"
 #include "engine/memory_transport.h"
@@ -185,11 +186,14 @@ TEST(AllReduceTest, ConfigMismatchFailsOnEveryRankNamingTheRank) {
     EXPECT_FALSE(run.results[r].ok()) << "rank " << r;
     EXPECT_THAT(run.results[r].status().message(), HasSubstr("rank")) << run.results[r].status();
   }
-  // The ranks next to rank 2 see the mismatch itself.
-  EXPECT_THAT(run.results[3],
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("config epoch 7 (expected 0)")));
-  EXPECT_THAT(run.results[2],
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("config epoch 0 (expected 7)")));
+  // A rank next to rank 2 sees the mismatch itself (the first to see it aborts the group, so the
+  // others fail at once instead of at the timeout).
+  int saw_mismatch = 0;
+  for (int r : {2, 3}) {
+    saw_mismatch += !run.results[r].ok() && run.results[r].status().code() == absl::StatusCode::kFailedPrecondition &&
+                    absl::StrContains(run.results[r].status().message(), "config epoch");
+  }
+  EXPECT_GE(saw_mismatch, 1);
 }
 
 TEST(AllReduceTest, DifferentSizesOrCodecsFail) {
@@ -226,9 +230,14 @@ TEST(AllReduceTest, AMissingPeerFailsTheOthersWithinTheTimeout) {
   RankRun run = RunThreads(
       *codec, inputs, [&](int) { return o; }, /*skip_rank=*/1);
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  int timed_out = 0;
   for (int r : {0, 2, 3}) {
-    EXPECT_THAT(run.results[r], StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("rank"))) << r;
+    EXPECT_THAT(run.results[r],
+                StatusIs(AnyOf(absl::StatusCode::kDeadlineExceeded, absl::StatusCode::kAborted), HasSubstr("rank")))
+        << r;
+    timed_out += run.results[r].status().code() == absl::StatusCode::kDeadlineExceeded;
   }
+  EXPECT_GE(timed_out, 1);
 }
 
 TEST(AllReduceTest, ButterflyNeedsAPowerOfTwo) {

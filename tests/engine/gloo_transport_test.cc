@@ -359,6 +359,39 @@ TEST(GlooTransportTest, UnwaitedOperationsAreCleanedUpOnDestruction) {
   }));
 }
 
+// The two Gloo size-mismatch behaviours the engine's StepHeader (exact-size receives) exists for.
+// The transport cannot detect them; these tests pin them down so a Gloo upgrade that changes them
+// is noticed.
+TEST(GlooTransportTest, ShortSendIntoLargerRecvCompletesSilently) {
+  ExpectAllOk(RunRanks(2, [&](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
+    if (rank == 0) {
+      std::vector<uint8_t> data(16, 0xab);
+      DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostSend(1, 3, data));
+      return t->Wait(h, Deadline());
+    }
+    std::vector<uint8_t> buf(64, 0);
+    DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostRecv(0, 3, absl::MakeSpan(buf)));
+    DQ_RETURN_IF_ERROR(t->Wait(h, Deadline()));
+    EXPECT_EQ(buf[15], 0xab);
+    EXPECT_EQ(buf[16], 0);  // Only partly filled, and nothing says so.
+    return absl::OkStatus();
+  }));
+}
+
+TEST(GlooTransportDeathTest, OversizedSendTerminatesTheReceivingProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        RunRanks(2, [&](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
+          std::vector<uint8_t> buf(rank == 0 ? 64 : 16);
+          DQ_ASSIGN_OR_RETURN(Transport::Handle h,
+                              rank == 0 ? t->PostSend(1, 3, buf) : t->PostRecv(0, 3, absl::MakeSpan(buf)));
+          return t->Wait(h, Deadline(absl::Seconds(5)));
+        });
+      },
+      "preamble.length <= op.nbytes");
+}
+
 TEST(GlooTransportTest, ConnectTimesOutWhenAPeerNeverShowsUp) {
   InMemoryStore store;
   const absl::Time start = absl::Now();

@@ -25,12 +25,12 @@ MATCHER(IsOk, "is OK") {
 MATCHER_P(StatusIs, code, "") {
   const absl::Status& s = GetStatus(arg);
   *result_listener << "status: " << s;
-  return s.code() == code;
+  return ::testing::Matches(code)(s.code());
 }
 MATCHER_P2(StatusIs, code, message_matcher, "") {
   const absl::Status& s = GetStatus(arg);
   *result_listener << "status: " << s;
-  return s.code() == code && ::testing::Matches(message_matcher)(std::string(s.message()));
+  return ::testing::Matches(code)(s.code()) && ::testing::Matches(message_matcher)(std::string(s.message()));
 }
 
 }  // namespace dynamiq::testing
