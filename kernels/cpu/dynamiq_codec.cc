@@ -152,9 +152,10 @@ absl::StatusOr<BucketPlan> DynamiqCodec::MakePlan(const RoundInfo& round, size_t
 }
 
 absl::StatusOr<DynamiqCodec::Layout> DynamiqCodec::ChunkLayout(const BucketPlan& plan, const ChunkRef& chunk) const {
-  if (plan.widths.size() != NumSuperGroups(plan.num_elements) || chunk.begin % kSuperGroupSize != 0 ||
-      chunk.begin > plan.num_elements || chunk.count > plan.num_elements - chunk.begin ||
-      chunk.count > kMaxChunkElements) {
+  // Empty chunks (small buckets on many ranks) may start anywhere, e.g. at the bucket's end.
+  if (plan.widths.size() != NumSuperGroups(plan.num_elements) ||
+      (chunk.count > 0 && chunk.begin % kSuperGroupSize != 0) || chunk.begin > plan.num_elements ||
+      chunk.count > plan.num_elements - chunk.begin || chunk.count > kMaxChunkElements) {
     return absl::InvalidArgumentError(absl::StrCat("chunk [", chunk.begin, ", +", chunk.count,
                                                    ") does not fit the dynamiq plan of ", plan.num_elements,
                                                    " elements / ", plan.widths.size(), " super-groups"));

@@ -63,7 +63,7 @@ absl::Status ValidatePlanAndChunk(const BucketPlan& plan, const ChunkRef& chunk)
     return absl::InvalidArgumentError(
         absl::StrCat("thc: bucket of ", plan.num_elements, " elements exceeds the limit ", kMaxBucketElements));
   }
-  if (chunk.begin % kThcBlockSize != 0 || chunk.count > kMaxChunkElements ||
+  if ((chunk.count > 0 && chunk.begin % kThcBlockSize != 0) || chunk.count > kMaxChunkElements ||
       chunk.begin + chunk.count > plan.num_elements) {
     return absl::InvalidArgumentError(absl::StrCat("thc: chunk ", chunk.chunk_id, " [", chunk.begin, ", +", chunk.count,
                                                    ") is not a 256-aligned range of the ", plan.num_elements,

@@ -32,7 +32,7 @@ absl::Status ValidateChunkRef(const BucketPlan& plan, const ChunkRef& chunk) {
     return absl::InvalidArgumentError(
         absl::StrCat("uniform: bucket of ", plan.num_elements, " elements exceeds the limit ", kMaxBucketElements));
   }
-  if (chunk.begin % kUniformStratumElements != 0 || chunk.count > kMaxChunkElements ||
+  if ((chunk.count > 0 && chunk.begin % kUniformStratumElements != 0) || chunk.count > kMaxChunkElements ||
       chunk.begin + chunk.count > plan.num_elements) {
     return absl::InvalidArgumentError(absl::StrCat("uniform: chunk ", chunk.chunk_id, " [", chunk.begin, ", +",
                                                    chunk.count, ") is not a 256-aligned range of the ",

@@ -14,9 +14,9 @@ size_t DynamiqCudaChunk::total_bytes() const { return kChunkHeaderBytes + payloa
 absl::StatusOr<DynamiqCudaChunk> PrepareDynamiqCudaChunk(const DynamiqCodec& codec, const BucketPlan& plan,
                                                          const ChunkRef& chunk) {
   // The same checks as DynamiqCodec::ChunkLayout.
-  if (plan.widths.size() != DynamiqNumSuperGroups(plan.num_elements) || chunk.begin % kSuperGroupSize != 0 ||
-      chunk.begin > plan.num_elements || chunk.count > plan.num_elements - chunk.begin ||
-      chunk.count > kMaxChunkElements) {
+  if (plan.widths.size() != DynamiqNumSuperGroups(plan.num_elements) ||
+      (chunk.count > 0 && chunk.begin % kSuperGroupSize != 0) || chunk.begin > plan.num_elements ||
+      chunk.count > plan.num_elements - chunk.begin || chunk.count > kMaxChunkElements) {
     return absl::InvalidArgumentError(absl::StrCat("chunk [", chunk.begin, ", +", chunk.count,
                                                    ") does not fit the dynamiq plan of ", plan.num_elements,
                                                    " elements / ", plan.widths.size(), " super-groups"));

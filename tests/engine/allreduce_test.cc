@@ -240,6 +240,21 @@ TEST(AllReduceTest, AMissingPeerFailsTheOthersWithinTheTimeout) {
   EXPECT_GE(timed_out, 1);
 }
 
+TEST(AllReduceTest, TinyBucketsWithEmptyChunks) {
+  // Fewer super-groups than ranks: some chunks are empty and start at the bucket's end.
+  for (auto [n, d] : {std::pair<int, size_t>{2, 1}, {3, 777}, {8, 300}, {5, 256}}) {
+    auto inputs = Inputs(n, d);
+    for (CodecId id : {CodecId::kDynamiq, CodecId::kNone, CodecId::kMxfp8, CodecId::kUniform, CodecId::kThc}) {
+      auto codec = Make(id);
+      RankRun run = RunThreads(*codec, inputs, [&](int) { return Options(Topology::kRing, 0); });
+      for (int r = 0; r < n; ++r) {
+        ASSERT_THAT(run.results[r], IsOk()) << kernels::CodecName(id) << " n " << n << " d " << d;
+        ASSERT_EQ(run.outputs[r], run.outputs[0]);
+      }
+    }
+  }
+}
+
 TEST(AllReduceTest, ButterflyNeedsAPowerOfTwo) {
   auto inputs = Inputs(3, 1000);
   auto codec = Make(CodecId::kDynamiq, 5);
