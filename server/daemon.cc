@@ -272,6 +272,7 @@ absl::StatusOr<Job::Result> Daemon::AllReduce(const AllReduceCall& call) {
   r.dtype = call.dtype;
   r.average = call.average;
   r.region = region;
+  r.submission = call.submission;
   return job->Submit(r);
 }
 

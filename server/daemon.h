@@ -84,6 +84,7 @@ class Daemon {
     uint64_t num_elements = 0;
     kernels::DType dtype = kernels::DType::kFloat32;
     bool average = false;
+    std::optional<uint64_t> submission;
   };
   absl::StatusOr<Job::Result> AllReduce(const AllReduceCall& call);
 

@@ -90,6 +90,7 @@ absl::Status Job::AddWorker(uint64_t worker_id, uint32_t local_rank, uint32_t lo
   // A (re-)registered worker joins at the collective the job runs next.
   next_submit_[worker_id] = next_run_;
   for (const auto& [seq, slot] : slots_) next_submit_[worker_id] = std::max(next_submit_[worker_id], seq);
+  base_[worker_id] = next_submit_[worker_id];
   return absl::OkStatus();
 }
 
@@ -100,6 +101,7 @@ void Job::RemoveWorker(uint64_t worker_id) {
   const uint32_t rank = it->second;
   workers_.erase(it);
   next_submit_.erase(worker_id);
+  base_.erase(worker_id);
   // Collectives that still wait for this worker can never complete: fail and drop them, and let
   // the job continue after them (other nodes see the failure as a timeout of that collective).
   for (auto it = slots_.begin(); it != slots_.end();) {
@@ -131,7 +133,22 @@ absl::StatusOr<Job::Result> Job::Submit(const Request& request) {
           absl::StrCat("worker ", request.worker_id, " is not registered with job ", options_.id));
     }
     entry.local_rank = w->second;
-    sequence = next_submit_[request.worker_id]++;
+    if (request.submission.has_value()) {
+      // The worker's own numbering: asynchronous requests may arrive out of order.
+      sequence = base_[request.worker_id] + *request.submission;
+      if (sequence < next_run_ || *request.submission > (uint64_t{1} << 40)) {
+        return absl::InvalidArgumentError(absl::StrCat("submission ", *request.submission, " of worker ",
+                                                       request.worker_id, " is out of order (collective ", sequence,
+                                                       " already ran or is absurd)"));
+      }
+      next_submit_[request.worker_id] = std::max(next_submit_[request.worker_id], sequence + 1);
+    } else {
+      sequence = next_submit_[request.worker_id]++;
+    }
+    if (slots_[sequence].entries.count(entry.local_rank)) {
+      return absl::AlreadyExistsError(absl::StrCat("worker ", request.worker_id, " submitted collective ", sequence,
+                                                   " twice (submission index reused)"));
+    }
     slots_[sequence].entries[entry.local_rank] = &entry;
     // Wait for the reducer (which completes every entry of the slot) or the watchdog deadline.
     auto done = [&entry]() { return entry.done; };

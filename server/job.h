@@ -21,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -88,6 +89,8 @@ class Job {
     kernels::DType dtype = kernels::DType::kFloat32;
     bool average = false;
     absl::Span<uint8_t> region;  // the worker's bytes (shared memory)
+    // The worker's own index of this request (0, 1, ... since it registered); unset: arrival order.
+    std::optional<uint64_t> submission;
   };
 
   struct Result {
@@ -148,6 +151,7 @@ class Job {
   mutable absl::Mutex mu_;
   std::map<uint64_t, uint32_t> workers_ ABSL_GUARDED_BY(mu_);      // worker id -> local rank
   std::map<uint64_t, uint64_t> next_submit_ ABSL_GUARDED_BY(mu_);  // worker id -> its next sequence
+  std::map<uint64_t, uint64_t> base_ ABSL_GUARDED_BY(mu_);         // worker id -> the sequence of its submission 0
   std::map<uint64_t, Slot> slots_ ABSL_GUARDED_BY(mu_);            // sequence -> submissions
   uint64_t next_run_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;

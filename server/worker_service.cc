@@ -77,6 +77,7 @@ grpc::Status WorkerService::AllReduce(grpc::ServerContext*, const dynamiq::v1::A
   call.offset_bytes = request->offset_bytes();
   call.num_elements = request->num_elements();
   call.average = request->average();
+  if (request->has_submission()) call.submission = request->submission();
   switch (request->dtype()) {
     case dynamiq::v1::DTYPE_FLOAT32:
       call.dtype = kernels::DType::kFloat32;

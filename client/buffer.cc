@@ -1,0 +1,60 @@
+#include "dynamiq/buffer.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "client/connection.h"
+
+namespace dynamiq {
+namespace {
+
+// Gives the buffer back to the daemon (unless the registration is gone) and unmaps it; `impl` is
+// empty afterwards whatever the daemon said.
+absl::Status ReleaseImpl(std::unique_ptr<client::internal::BufferImpl>& impl, absl::Duration timeout) {
+  if (impl == nullptr) return absl::OkStatus();
+  std::unique_ptr<client::internal::BufferImpl> owned = std::move(impl);
+  return owned->connection->ReleaseBuffer(owned->id, timeout);  // `owned` unmaps on the way out
+}
+
+}  // namespace
+
+Buffer::Buffer() = default;
+
+Buffer::Buffer(std::unique_ptr<client::internal::BufferImpl> impl)
+    : impl_(std::move(impl)), data_(impl_->region.data()), size_(impl_->size), id_(impl_->id) {}
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : impl_(std::move(other.impl_)),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      id_(std::exchange(other.id_, 0)) {}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    if (impl_ != nullptr) {
+      (void)ReleaseImpl(impl_, std::min(impl_->connection->options().timeout, client::internal::kTeardownTimeout));
+    }
+    impl_ = std::move(other.impl_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    id_ = std::exchange(other.id_, 0);
+  }
+  return *this;
+}
+
+Buffer::~Buffer() {
+  if (impl_ != nullptr) {
+    (void)ReleaseImpl(impl_, std::min(impl_->connection->options().timeout, client::internal::kTeardownTimeout));
+  }
+}
+
+absl::Status Buffer::Release() {
+  data_ = nullptr;
+  size_ = 0;
+  id_ = 0;
+  if (impl_ == nullptr) return absl::OkStatus();
+  const absl::Duration timeout = impl_->connection->options().timeout;
+  return ReleaseImpl(impl_, timeout);
+}
+
+}  // namespace dynamiq

@@ -1,0 +1,324 @@
+#include "dynamiq/client.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/connection.h"
+#include "common/env.h"
+#include "common/status_macros.h"
+
+namespace dynamiq {
+namespace {
+
+using client::internal::Connection;
+using client::internal::FutureState;
+using client::internal::kTeardownTimeout;
+
+// One asynchronous AllReduce: gRPC reads the request and writes the response and the context
+// until it runs the completion callback, which holds this object.
+struct AllReduceCall {
+  grpc::ClientContext context;
+  dynamiq::v1::AllReduceRequest request;
+  dynamiq::v1::AllReduceResponse response;
+};
+
+absl::Status CheckOptions(const ClientOptions& options) {
+  if (options.socket_path.empty()) return absl::InvalidArgumentError("ClientOptions::socket_path is empty");
+  if (options.job_id.empty()) return absl::InvalidArgumentError("ClientOptions::job_id is empty");
+  if (options.local_world_size == 0) return absl::InvalidArgumentError("ClientOptions::local_world_size is 0");
+  if (options.local_rank >= options.local_world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("ClientOptions::local_rank ", options.local_rank,
+                                                   " is not below local_world_size ", options.local_world_size));
+  }
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions::timeout must be positive, not ", absl::FormatDuration(options.timeout)));
+  }
+  return absl::OkStatus();
+}
+
+// gRPC's own message for a missing socket is generic; say which path and what to check.
+absl::Status CheckSocketExists(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) return absl::OkStatus();
+  const int err = errno;
+  if (err != ENOENT && err != ENOTDIR) return absl::OkStatus();  // let the connection attempt report it
+  return absl::UnavailableError(absl::StrCat(
+      "no dynamiqd worker socket at ", path, ": ", ::strerror(err), " (is dynamiqd running with --worker_socket=", path,
+      "? the client takes the path from DQ_SOCKET or ClientOptions::socket_path)"));
+}
+
+// Call only after Client::CheckAllReduce() accepted the arguments.
+dynamiq::v1::AllReduceRequest MakeAllReduceRequest(Connection& connection, const Buffer& buffer, size_t offset_bytes,
+                                                   size_t num_elements, DType dtype, absl::string_view tensor_name,
+                                                   bool average) {
+  dynamiq::v1::AllReduceRequest request;
+  request.set_worker_id(connection.worker_id);
+  request.set_tensor_name(std::string(tensor_name));
+  request.set_buffer_id(buffer.id());
+  request.set_offset_bytes(offset_bytes);
+  request.set_num_elements(num_elements);
+  request.set_dtype(static_cast<dynamiq::v1::DType>(static_cast<int>(dtype)));
+  request.set_average(average);
+  request.set_submission(connection.next_submission.fetch_add(1));
+  return request;
+}
+
+void Teardown(std::shared_ptr<Connection>& connection) {
+  if (connection == nullptr) return;
+  connection->tracker()->WaitIdle();
+  (void)connection->Unregister(std::min(connection->options().timeout, kTeardownTimeout));
+  connection.reset();
+}
+
+}  // namespace
+
+namespace client::internal {
+
+absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view rpc, absl::string_view socket_path,
+                            absl::Duration timeout) {
+  if (status.ok()) return absl::OkStatus();
+  const auto code = static_cast<absl::StatusCode>(status.error_code());
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+      return absl::Status(code, absl::StrCat(rpc, " to dynamiqd at ", socket_path, ": ", status.error_message()));
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return absl::Status(
+          code, absl::StrCat(rpc, " to dynamiqd at ", socket_path, " (deadline ", absl::FormatDuration(timeout),
+                             ", DQ_TIMEOUT_SECONDS): ", status.error_message()));
+    default:
+      return absl::Status(code, status.error_message());
+  }
+}
+
+absl::Status Connection::ReleaseBuffer(uint64_t buffer_id, absl::Duration timeout) const {
+  if (unregistered_.load()) return absl::OkStatus();
+  grpc::ClientContext context;
+  SetDeadline(context, timeout);
+  dynamiq::v1::ReleaseBufferRequest request;
+  request.set_worker_id(worker_id);
+  request.set_buffer_id(buffer_id);
+  dynamiq::v1::ReleaseBufferResponse response;
+  return FromGrpc(stub_->ReleaseBuffer(&context, request, &response), "ReleaseBuffer", timeout);
+}
+
+absl::Status Connection::Unregister(absl::Duration timeout) {
+  if (unregistered_.exchange(true)) return absl::OkStatus();
+  grpc::ClientContext context;
+  SetDeadline(context, timeout);
+  dynamiq::v1::UnregisterRequest request;
+  request.set_worker_id(worker_id);
+  dynamiq::v1::UnregisterResponse response;
+  return FromGrpc(stub_->Unregister(&context, request, &response), "Unregister", timeout);
+}
+
+}  // namespace client::internal
+
+ClientOptions::ClientOptions() {
+  const common::ClientEnv& env = common::ClientEnv::Get();
+  socket_path = env.socket_path;
+  job_id = env.job_id;
+  local_rank = env.local_rank;
+  local_world_size = env.local_world_size;
+  timeout = env.timeout;
+}
+
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return 4;
+    case DType::kBFloat16:
+      return 2;
+  }
+  return 0;
+}
+
+absl::string_view DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return "float32";
+    case DType::kBFloat16:
+      return "bfloat16";
+  }
+  return "invalid";
+}
+
+absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
+  DQ_RETURN_IF_ERROR(common::ClientEnv::Get().status);
+  DQ_RETURN_IF_ERROR(CheckOptions(options));
+  DQ_RETURN_IF_ERROR(CheckSocketExists(options.socket_path));
+
+  auto connection = std::make_shared<Connection>(
+      options, grpc::CreateChannel("unix:" + options.socket_path, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  Connection::SetDeadline(context, options.timeout);
+  dynamiq::v1::RegisterRequest request;
+  request.set_job_id(options.job_id);
+  request.set_local_rank(options.local_rank);
+  request.set_local_world_size(options.local_world_size);
+  dynamiq::v1::RegisterResponse response;
+  DQ_RETURN_IF_ERROR(
+      connection->FromGrpc(connection->stub().Register(&context, request, &response), "Register", options.timeout));
+  if (response.worker_id().empty()) {
+    return absl::InternalError(absl::StrCat("dynamiqd at ", options.socket_path, " registered job ", options.job_id,
+                                            " local rank ", options.local_rank, " without a worker id"));
+  }
+  connection->worker_id = response.worker_id();
+  connection->node_rank = response.node_rank();
+  connection->num_nodes = response.num_nodes();
+  connection->config_epoch = response.config_epoch();
+  const dynamiq::v1::CompressionConfig& config = response.config();
+  connection->config.codec = config.codec();
+  connection->config.bits = config.bits();
+  connection->config.topology = config.topology();
+  connection->config.min_compress_elements = config.min_compress_elements();
+  connection->config.allocator = config.allocator();
+  return Client(std::move(connection));
+}
+
+Client::Client(std::shared_ptr<Connection> connection) : connection_(std::move(connection)) {}
+Client::Client(Client&& other) noexcept = default;
+Client& Client::operator=(Client&& other) noexcept {
+  if (this != &other) {
+    Teardown(connection_);
+    connection_ = std::move(other.connection_);
+  }
+  return *this;
+}
+Client::~Client() { Teardown(connection_); }
+
+absl::StatusOr<Buffer> Client::Allocate(size_t bytes) {
+  if (connection_ == nullptr) return absl::FailedPreconditionError("Allocate on a moved-from dynamiq::Client");
+  if (bytes == 0 || bytes > server::kMaxShmRegionBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot allocate a buffer of ", bytes, " bytes (must be 1..", server::kMaxShmRegionBytes, ")"));
+  }
+  const absl::Duration timeout = connection_->options().timeout;
+  dynamiq::v1::AllocateBufferResponse allocated;
+  {
+    grpc::ClientContext context;
+    Connection::SetDeadline(context, timeout);
+    dynamiq::v1::AllocateBufferRequest request;
+    request.set_worker_id(connection_->worker_id);
+    request.set_bytes(bytes);
+    DQ_RETURN_IF_ERROR(connection_->FromGrpc(connection_->stub().AllocateBuffer(&context, request, &allocated),
+                                             "AllocateBuffer", timeout));
+  }
+  const uint64_t id = allocated.buffer_id();
+  // From here on a failure must give the buffer back, or the daemon keeps it until we unregister.
+  auto fail = [&](absl::Status status) {
+    (void)connection_->ReleaseBuffer(id, std::min(timeout, kTeardownTimeout));
+    return status;
+  };
+  if (allocated.bytes() < bytes) {
+    return fail(absl::InternalError(absl::StrCat("dynamiqd allocated buffer ", id, " of ", allocated.bytes(),
+                                                 " bytes when ", bytes, " were asked for")));
+  }
+  absl::StatusOr<server::ShmRegion> region = server::ShmRegion::Open(allocated.shm_name(), allocated.bytes());
+  if (!region.ok()) {
+    return fail(
+        absl::Status(region.status().code(),
+                     absl::StrCat("mapping buffer ", id, " (", allocated.bytes(), " bytes) that dynamiqd at ",
+                                  connection_->options().socket_path, " allocated: ", region.status().message())));
+  }
+  {
+    grpc::ClientContext context;
+    Connection::SetDeadline(context, timeout);
+    dynamiq::v1::MappedRequest request;
+    request.set_worker_id(connection_->worker_id);
+    request.set_buffer_id(id);
+    dynamiq::v1::MappedResponse response;
+    absl::Status mapped =
+        connection_->FromGrpc(connection_->stub().Mapped(&context, request, &response), "Mapped", timeout);
+    if (!mapped.ok()) return fail(std::move(mapped));
+  }
+  auto impl = std::make_unique<client::internal::BufferImpl>();
+  impl->connection = connection_;
+  impl->region = *std::move(region);
+  impl->id = id;
+  impl->size = allocated.bytes();
+  return Buffer(std::move(impl));
+}
+
+absl::Status Client::CheckAllReduce(const Buffer& buffer, size_t offset_bytes, size_t num_elements, DType dtype,
+                                    absl::string_view tensor_name) const {
+  if (connection_ == nullptr) return absl::FailedPreconditionError("AllReduce on a moved-from dynamiq::Client");
+  if (tensor_name.empty()) return absl::InvalidArgumentError("all-reduce with an empty tensor name");
+  if (!buffer.valid()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("all-reduce of '", tensor_name, "': the buffer is empty (released or moved from)"));
+  }
+  if (buffer.impl_->connection != connection_) {
+    return absl::InvalidArgumentError(absl::StrCat("all-reduce of '", tensor_name, "': buffer ", buffer.id(),
+                                                   " was allocated by another dynamiq::Client"));
+  }
+  const size_t element_bytes = DTypeSize(dtype);
+  if (element_bytes == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("all-reduce of '", tensor_name, "': unknown dtype ", static_cast<int>(dtype)));
+  }
+  if (num_elements == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("all-reduce of '", tensor_name, "' with 0 elements"));
+  }
+  if (offset_bytes % element_bytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("all-reduce of '", tensor_name, "': offset ", offset_bytes,
+                                                   " is not a multiple of the ", DTypeName(dtype), " size (",
+                                                   element_bytes, " bytes)"));
+  }
+  if (offset_bytes > buffer.size() || num_elements > (buffer.size() - offset_bytes) / element_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("all-reduce of '", tensor_name, "': ", num_elements, " ", DTypeName(dtype), " elements at offset ",
+                     offset_bytes, " do not fit in buffer ", buffer.id(), " of ", buffer.size(), " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::AllReduce(const Buffer& buffer, size_t offset_bytes, size_t num_elements, DType dtype,
+                               absl::string_view tensor_name, bool average) {
+  DQ_RETURN_IF_ERROR(CheckAllReduce(buffer, offset_bytes, num_elements, dtype, tensor_name));
+  const dynamiq::v1::AllReduceRequest request =
+      MakeAllReduceRequest(*connection_, buffer, offset_bytes, num_elements, dtype, tensor_name, average);
+  const absl::Duration timeout = connection_->options().timeout;
+  grpc::ClientContext context;
+  Connection::SetDeadline(context, timeout);
+  dynamiq::v1::AllReduceResponse response;
+  return connection_->FromGrpc(connection_->stub().AllReduce(&context, request, &response), "AllReduce", timeout);
+}
+
+Future Client::AllReduceAsync(const Buffer& buffer, size_t offset_bytes, size_t num_elements, DType dtype,
+                              absl::string_view tensor_name, bool average) {
+  auto state = std::make_shared<FutureState>();
+  if (absl::Status invalid = CheckAllReduce(buffer, offset_bytes, num_elements, dtype, tensor_name); !invalid.ok()) {
+    state->Complete(std::move(invalid));
+    return Future(std::move(state));
+  }
+  const absl::Duration timeout = connection_->options().timeout;
+  auto call = std::make_shared<AllReduceCall>();
+  call->request = MakeAllReduceRequest(*connection_, buffer, offset_bytes, num_elements, dtype, tensor_name, average);
+  Connection::SetDeadline(call->context, timeout);
+  std::shared_ptr<client::internal::OpTracker> tracker = connection_->tracker();
+  tracker->Start();
+  // The callback runs on a gRPC thread. It must not hold the Connection (see connection.h), so it
+  // carries what the error message needs by value.
+  connection_->stub().async()->AllReduce(
+      &call->context, &call->request, &call->response,
+      [call, state, tracker, socket_path = connection_->options().socket_path, timeout](grpc::Status status) {
+        state->Complete(client::internal::FromGrpcStatus(status, "AllReduce", socket_path, timeout));
+        tracker->Done();
+      });
+  return Future(std::move(state));
+}
+
+const std::string& Client::worker_id() const { return connection_->worker_id; }
+uint32_t Client::node_rank() const { return connection_->node_rank; }
+uint32_t Client::num_nodes() const { return connection_->num_nodes; }
+uint64_t Client::config_epoch() const { return connection_->config_epoch; }
+const CompressionConfig& Client::config() const { return connection_->config; }
+const ClientOptions& Client::options() const { return connection_->options(); }
+
+}  // namespace dynamiq

@@ -1,0 +1,145 @@
+// Internals of the client library (not installed): the gRPC connection shared by a Client and its
+// Buffers, the state behind a Future, and the gRPC -> absl::Status mapping.
+//
+// Lifetimes: a Client and every Buffer it allocated hold the Connection (shared_ptr), so a Buffer
+// can still release itself after its Client is gone. In-flight asynchronous calls hold only their
+// own CallState, the FutureState and the OpTracker, never the Connection: the Connection (and the
+// gRPC channel) is therefore always destroyed on a user thread, never inside a gRPC callback, and
+// ~Client waits on the OpTracker until no call is in flight before it lets go of the channel.
+#ifndef DQ_CLIENT_CONNECTION_H_
+#define DQ_CLIENT_CONNECTION_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <stdint.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "dynamiq/client.h"
+#include "dynamiq/v1/worker.grpc.pb.h"
+#include "server/shm_region.h"
+
+namespace dynamiq::client::internal {
+
+// Calls made from destructors (ReleaseBuffer from ~Buffer, Unregister from ~Client) wait at most
+// this long, or ClientOptions::timeout if that is shorter: a hung daemon must not hang teardown.
+inline constexpr absl::Duration kTeardownTimeout = absl::Seconds(5);
+
+// grpc::Status -> absl::Status. Codes the daemon produces (INVALID_ARGUMENT, NOT_FOUND, ...) keep
+// code and message unchanged. UNAVAILABLE and DEADLINE_EXCEEDED, which gRPC itself produces when the
+// socket is missing or the deadline passes, keep their code and get "<rpc> to dynamiqd at
+// <socket>[ (deadline <timeout>)]: " in front of the message, so the error says where and how long.
+absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view rpc, absl::string_view socket_path,
+                            absl::Duration timeout);
+
+// Counts a connection's in-flight asynchronous calls so that ~Client can wait for them.
+// Thread-safe.
+class OpTracker {
+ public:
+  void Start() {
+    absl::MutexLock lock(&mu_);
+    ++in_flight_;
+  }
+  void Done() {
+    absl::MutexLock lock(&mu_);
+    --in_flight_;
+  }
+  void WaitIdle() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int64_t* n) { return *n == 0; }, &in_flight_));
+  }
+
+ private:
+  absl::Mutex mu_;
+  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The completion of one asynchronous call. Thread-safe.
+class FutureState {
+ public:
+  void Complete(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    status_ = std::move(status);
+    done_ = true;
+  }
+  absl::Status Wait() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+    return status_;
+  }
+  bool Ready() {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+// One registration with the daemon. Immutable after Client::Connect() filled it in, except for the
+// stub (thread-safe) and the tracker (thread-safe): safe to share between threads.
+class Connection {
+ public:
+  Connection(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
+      : options_(std::move(options)),
+        channel_(std::move(channel)),
+        stub_(dynamiq::v1::Worker::NewStub(channel_)),
+        tracker_(std::make_shared<OpTracker>()) {}
+
+  const ClientOptions& options() const { return options_; }
+  dynamiq::v1::Worker::Stub& stub() const { return *stub_; }
+  const std::shared_ptr<OpTracker>& tracker() const { return tracker_; }
+
+  // Sets the deadline of a call: now + `timeout`.
+  static void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  }
+  absl::Status FromGrpc(const grpc::Status& status, absl::string_view rpc, absl::Duration timeout) const {
+    return FromGrpcStatus(status, rpc, options_.socket_path, timeout);
+  }
+
+  // ReleaseBuffer with the given deadline. After Unregister() it does not call the daemon (which
+  // frees a worker's buffers when it unregisters) and returns OK.
+  absl::Status ReleaseBuffer(uint64_t buffer_id, absl::Duration timeout) const;
+  // Unregister with the given deadline; at most once (later calls return OK).
+  absl::Status Unregister(absl::Duration timeout);
+
+  // Filled in by Client::Connect() from the RegisterResponse.
+  std::string worker_id;
+  // Numbers this worker's all-reduces in the order they are issued (AllReduceRequest.submission), so
+  // asynchronous requests that reach the daemon out of order still land in the right collective.
+  std::atomic<uint64_t> next_submission{0};
+  uint32_t node_rank = 0;
+  uint32_t num_nodes = 0;
+  uint64_t config_epoch = 0;
+  CompressionConfig config;
+
+ private:
+  const ClientOptions options_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<dynamiq::v1::Worker::Stub> stub_;
+  const std::shared_ptr<OpTracker> tracker_;
+  std::atomic<bool> unregistered_{false};
+};
+
+// What a Buffer owns: the mapping and its registration.
+struct BufferImpl {
+  std::shared_ptr<Connection> connection;
+  server::ShmRegion region;
+  uint64_t id = 0;
+  size_t size = 0;
+};
+
+}  // namespace dynamiq::client::internal
+
+#endif  // DQ_CLIENT_CONNECTION_H_

@@ -1,0 +1,182 @@
+// dynamiq-example-worker: a worker process that all-reduces deterministic data through its node's
+// dynamiqd and checks every result against the sum it computes itself.
+//
+// Every worker fills its buffer from its global rank g and the iteration t alone:
+//   value(g, i, t) = (g + 1) * w(i, t) + b(g) * u(i),  w in [0.5, 1.5), u in [-0.5, 0.5),
+//   b(g) in {-0.5, 0, 0.5},
+// so the expected sum over W workers is A * w(i, t) + B * u(i) with A = W (W + 1) / 2 and
+// B = sum of b(g): no worker needs another's data, and the sum stays at least A / 4 away from zero,
+// so relative errors are meaningful. By default g = node_rank * local_world_size + local_rank and
+// W = num_nodes * local_world_size (node rank and count from the daemon; local rank and size from
+// DQ_LOCAL_RANK / DQ_LOCAL_WORLD_SIZE); --global_rank and --world_size override them.
+//
+// Even iterations all-reduce the whole buffer synchronously; odd ones split it into --buckets
+// regions submitted asynchronously at once (as DDP overlaps buckets), then wait for all. One line
+// per iteration gives the time and the max relative error; the exit status is 1 if any iteration
+// exceeded --tolerance, 2 on an error from the client or daemon.
+//
+// Usage (one line per worker; here local rank 0 of 2):
+//   DQ_SOCKET=/tmp/dynamiq/dynamiqd.sock DQ_LOCAL_RANK=0 DQ_LOCAL_WORLD_SIZE=2 dynamiq-example-worker
+//   --elements=1048576
+#include <stdint.h>
+#include <stdio.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "dynamiq/client.h"
+
+ABSL_FLAG(int64_t, elements, 1 << 20, "Number of float32 elements in the buffer (all-reduced every iteration).");
+ABSL_FLAG(int32_t, iterations, 10, "Number of iterations; even ones are synchronous, odd ones asynchronous.");
+ABSL_FLAG(int32_t, buckets, 4, "Asynchronous iterations split the buffer into this many concurrent all-reduces.");
+ABSL_FLAG(double, tolerance, 1e-5,
+          "Largest acceptable relative error |result - sum| / |sum| of any element. Lossy codecs need more "
+          "(compare with the vNMSE printed per iteration).");
+ABSL_FLAG(bool, average, false, "Ask the daemon to average instead of sum (the check divides by --world_size).");
+ABSL_FLAG(int64_t, global_rank, -1,
+          "This worker's rank among all workers of the job; -1: node_rank * local_world_size + local_rank.");
+ABSL_FLAG(int64_t, world_size, -1, "Number of workers of the job on all nodes; -1: num_nodes * local_world_size.");
+ABSL_FLAG(std::string, socket, "", "dynamiqd's worker socket; empty: DQ_SOCKET or /tmp/dynamiq/dynamiqd.sock.");
+ABSL_FLAG(std::string, job, "", "Job id; empty: DQ_JOB or \"default\".");
+
+namespace {
+
+// Deterministic pseudo-random fractions in [0, 1) from small integer hashes (exact in double).
+double Frac(uint64_t x) { return static_cast<double>((x * 2654435761u) % 1024u) / 1024.0; }
+double W(uint64_t i, uint64_t t) { return 0.5 + Frac(i + 7919u * t); }
+double U(uint64_t i) { return Frac(i * 40503u + 17u) - 0.5; }
+double B(int64_t g) { return 0.5 * static_cast<double>(g % 3 - 1); }
+
+void Fill(float* data, size_t n, int64_t g, uint64_t t) {
+  const double a = static_cast<double>(g + 1), b = B(g);
+  for (size_t i = 0; i < n; ++i) data[i] = static_cast<float>(a * W(i, t) + b * U(i));
+}
+
+struct Errors {
+  double max_rel = 0;  // max over elements of |got - want| / |want|
+  double vnmse = 0;    // sum (got - want)^2 / sum want^2
+  bool finite = true;
+};
+
+Errors Check(const float* data, size_t n, int64_t world, uint64_t t, bool average) {
+  double sum_a = 0, sum_b = 0;
+  for (int64_t g = 0; g < world; ++g) {
+    sum_a += static_cast<double>(g + 1);
+    sum_b += B(g);
+  }
+  const double scale = average ? 1.0 / static_cast<double>(world) : 1.0;
+  Errors e;
+  double err2 = 0, norm2 = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double want = (sum_a * W(i, t) + sum_b * U(i)) * scale;
+    const double got = data[i];
+    if (!std::isfinite(got)) e.finite = false;
+    const double d = got - want;
+    e.max_rel = std::max(e.max_rel, std::fabs(d) / std::fabs(want));
+    err2 += d * d;
+    norm2 += want * want;
+  }
+  e.vnmse = err2 / norm2;
+  return e;
+}
+
+int Fail(absl::string_view what, const absl::Status& status) {
+  absl::FPrintF(stderr, "dynamiq-example-worker: %s: %s\n", what, status.ToString());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "All-reduces deterministic float32 data through dynamiqd and checks the results.\n"
+      "Connection settings come from DQ_SOCKET, DQ_JOB, DQ_LOCAL_RANK, DQ_LOCAL_WORLD_SIZE and DQ_TIMEOUT_SECONDS.\n"
+      "Usage: dynamiq-example-worker [--elements=N] [--iterations=N] [--buckets=N] [--tolerance=X]");
+  // --help lists the flags of files named like the program ("main.cc" etc.) by default; ours are here.
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view path) { return absl::EndsWith(path, "example_worker.cc"); };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage_config);
+  absl::ParseCommandLine(argc, argv);
+  const int64_t elements = absl::GetFlag(FLAGS_elements);
+  const int32_t iterations = absl::GetFlag(FLAGS_iterations);
+  const int32_t buckets = absl::GetFlag(FLAGS_buckets);
+  const double tolerance = absl::GetFlag(FLAGS_tolerance);
+  const bool average = absl::GetFlag(FLAGS_average);
+  if (elements <= 0 || iterations < 0 || buckets <= 0 || !(tolerance >= 0)) {
+    absl::FPrintF(stderr,
+                  "dynamiq-example-worker: need --elements > 0, --iterations >= 0, --buckets > 0, --tolerance >= 0\n");
+    return 2;
+  }
+
+  dynamiq::ClientOptions options;
+  if (!absl::GetFlag(FLAGS_socket).empty()) options.socket_path = absl::GetFlag(FLAGS_socket);
+  if (!absl::GetFlag(FLAGS_job).empty()) options.job_id = absl::GetFlag(FLAGS_job);
+  absl::StatusOr<dynamiq::Client> client = dynamiq::Client::Connect(options);
+  if (!client.ok()) return Fail("connect", client.status());
+
+  const int64_t world = absl::GetFlag(FLAGS_world_size) >= 0 ? absl::GetFlag(FLAGS_world_size)
+                                                             : int64_t{client->num_nodes()} * options.local_world_size;
+  const int64_t rank = absl::GetFlag(FLAGS_global_rank) >= 0
+                           ? absl::GetFlag(FLAGS_global_rank)
+                           : int64_t{client->node_rank()} * options.local_world_size + options.local_rank;
+  if (world <= 0 || rank >= world) {
+    absl::FPrintF(stderr, "dynamiq-example-worker: global rank %d is not in a world of %d workers\n", rank, world);
+    return 2;
+  }
+  const dynamiq::CompressionConfig& config = client->config();
+  absl::PrintF("worker %s: global rank %d of %d (node %d of %d, local rank %d of %d), job %s, codec %s %g bits %s\n",
+               client->worker_id(), rank, world, client->node_rank(), client->num_nodes(), options.local_rank,
+               options.local_world_size, options.job_id, config.codec, config.bits, config.topology);
+
+  const size_t n = static_cast<size_t>(elements);
+  absl::StatusOr<dynamiq::Buffer> buffer = client->Allocate(n * sizeof(float));
+  if (!buffer.ok()) return Fail("allocate", buffer.status());
+  float* data = static_cast<float*>(buffer->data());
+
+  bool mismatch = false;
+  for (int32_t t = 0; t < iterations; ++t) {
+    Fill(data, n, rank, static_cast<uint64_t>(t));
+    const bool async = t % 2 == 1;
+    size_t requests = 1;
+    const absl::Time start = absl::Now();
+    if (!async) {
+      absl::Status s = client->AllReduce(*buffer, 0, n, dynamiq::DType::kFloat32, absl::StrCat("iter", t), average);
+      if (!s.ok()) return Fail(absl::StrCat("all-reduce of iteration ", t), s);
+    } else {
+      const size_t per_bucket = (n + buckets - 1) / buckets;
+      std::vector<dynamiq::Future> futures;
+      futures.reserve(static_cast<size_t>(buckets));
+      for (size_t begin = 0, b = 0; begin < n; begin += per_bucket, ++b) {
+        const size_t count = std::min(per_bucket, n - begin);
+        futures.push_back(client->AllReduceAsync(*buffer, begin * sizeof(float), count, dynamiq::DType::kFloat32,
+                                                 absl::StrCat("iter", t, ".bucket", b), average));
+      }
+      requests = futures.size();
+      absl::Status first_error;
+      for (dynamiq::Future& f : futures) first_error.Update(f.Wait());
+      if (!first_error.ok()) return Fail(absl::StrCat("asynchronous all-reduce of iteration ", t), first_error);
+    }
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    const Errors e = Check(data, n, world, static_cast<uint64_t>(t), average);
+    const bool ok = e.finite && e.max_rel <= tolerance;
+    mismatch |= !ok;
+    absl::PrintF("iteration %d %s %d elements %.6f s max_rel_err %.3e vnmse %.3e %s\n", t,
+                 async ? absl::StrCat("async x", requests) : std::string("sync"), n, seconds, e.max_rel, e.vnmse,
+                 ok ? "OK" : "MISMATCH");
+    fflush(stdout);
+  }
+  return mismatch ? 1 : 0;
+}

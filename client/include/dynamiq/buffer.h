@@ -1,0 +1,70 @@
+// Buffer: a region of shared memory that dynamiqd allocated for one worker and that both map.
+// Include <dynamiq/client.h> rather than this header.
+//
+// Gradients are written into a Buffer and all-reduced in place (Client::AllReduce); the daemon
+// reads the worker's contribution from it and writes the result back into it.
+//
+// Thread-safety: data(), size(), id() and valid() may be called concurrently. Release(), moves
+// and destruction need exclusive access, and must not happen while an all-reduce on the buffer is
+// in flight. Nobody may touch the bytes of a region while an all-reduce on that region is in
+// flight (the daemon reads and writes them).
+#ifndef DQ_CLIENT_INCLUDE_DYNAMIQ_BUFFER_H_
+#define DQ_CLIENT_INCLUDE_DYNAMIQ_BUFFER_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <memory>
+
+#include "absl/status/status.h"
+
+namespace dynamiq {
+
+class Client;
+namespace client::internal {
+struct BufferImpl;
+}  // namespace client::internal
+
+/// A mapped shared-memory buffer owned by one Client's registration. Move-only.
+///
+/// Obtain one from Client::Allocate(). Releasing it (Release() or the destructor) tells the daemon
+/// to free its side (ReleaseBuffer) and unmaps this process's side. A Buffer may outlive its
+/// Client, but it can only be all-reduced through the Client that allocated it.
+class Buffer {
+ public:
+  /// An empty buffer (valid() is false), as is a moved-from one.
+  Buffer();
+  Buffer(Buffer&& other) noexcept;
+  /// Releases the buffer held before (ignoring errors), then takes `other`'s.
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  /// Releases the buffer like Release(), ignoring errors, with a deadline of at most 5 seconds.
+  ~Buffer();
+
+  /// Asks the daemon to free the buffer and unmaps it; the buffer is empty afterwards even if the
+  /// daemon call failed (the status says why). OK on an empty buffer.
+  absl::Status Release();
+
+  /// Start of the mapping (page-aligned), or nullptr for an empty buffer.
+  void* data() const { return data_; }
+  /// Usable bytes: at least the size asked of Client::Allocate().
+  size_t size() const { return size_; }
+  /// The daemon's id of the buffer, unique within the Client's registration (0 when empty).
+  uint64_t id() const { return id_; }
+  /// False for an empty (default-constructed, moved-from or released) buffer.
+  bool valid() const { return data_ != nullptr; }
+
+ private:
+  friend class Client;
+  explicit Buffer(std::unique_ptr<client::internal::BufferImpl> impl);
+
+  std::unique_ptr<client::internal::BufferImpl> impl_;
+  void* data_ = nullptr;
+  size_t size_ = 0;
+  uint64_t id_ = 0;
+};
+
+}  // namespace dynamiq
+
+#endif  // DQ_CLIENT_INCLUDE_DYNAMIQ_BUFFER_H_

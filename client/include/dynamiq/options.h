@@ -1,0 +1,70 @@
+// Plain types of the dynamiq client API: connection options, element types and the compression
+// configuration the daemon reports. Include <dynamiq/client.h> rather than this header.
+//
+// Thread-safety: these are values; the usual rules for copying and reading them apply.
+#ifndef DQ_CLIENT_INCLUDE_DYNAMIQ_OPTIONS_H_
+#define DQ_CLIENT_INCLUDE_DYNAMIQ_OPTIONS_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace dynamiq {
+
+/// How to reach this node's dynamiqd and who this worker is.
+///
+/// A default-constructed ClientOptions takes every field from the DQ_* environment variables
+/// (parsed once per process), falling back to the defaults named below for unset ones; a program
+/// may overwrite any field before calling Client::Connect(). If a DQ_* variable is set to an
+/// unusable value, Client::Connect() fails with INVALID_ARGUMENT naming it.
+struct ClientOptions {
+  ClientOptions();
+
+  /// Path of dynamiqd's worker Unix socket. Env DQ_SOCKET; default "/tmp/dynamiq/dynamiqd.sock".
+  std::string socket_path;
+  /// Job id shared by all workers of one training job on every node. Env DQ_JOB; default
+  /// "default".
+  std::string job_id;
+  /// This worker's rank among the job's workers on this node, below local_world_size.
+  /// Env DQ_LOCAL_RANK; default 0.
+  uint32_t local_rank = 0;
+  /// Number of the job's workers on this node (at least 1). Env DQ_LOCAL_WORLD_SIZE; default 1.
+  uint32_t local_world_size = 1;
+  /// Deadline of every call to the daemon, including an all-reduce from submission to completion
+  /// (must be positive). Env DQ_TIMEOUT_SECONDS; default 300 seconds.
+  absl::Duration timeout = absl::Seconds(300);
+};
+
+/// Element type of an all-reduced region. The daemon accumulates in fp32 whatever the type.
+/// The values match dynamiq.v1.DType.
+enum class DType : int {
+  kFloat32 = 1,
+  kBFloat16 = 2,
+};
+
+/// Bytes per element of `dtype`, or 0 if `dtype` is not a DType enumerator.
+size_t DTypeSize(DType dtype);
+/// "float32", "bfloat16", or "invalid".
+absl::string_view DTypeName(DType dtype);
+
+/// A job's gradient compression as the daemon reported it at registration (dynamiq.v1.CompressionConfig).
+struct CompressionConfig {
+  /// none, bf16, dynamiq, mxfp8, mxfp6, mxfp4, thc or uniform.
+  std::string codec;
+  /// dynamiq: average bits per coordinate including metadata; uniform: bits per code.
+  double bits = 0;
+  /// ring or butterfly.
+  std::string topology;
+  /// Tensors with fewer elements travel uncompressed.
+  uint64_t min_compress_elements = 0;
+  /// dynamiq bit allocator: measured or paper.
+  std::string allocator;
+};
+
+}  // namespace dynamiq
+
+#endif  // DQ_CLIENT_INCLUDE_DYNAMIQ_OPTIONS_H_

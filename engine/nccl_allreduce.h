@@ -1,0 +1,62 @@
+// NcclAllReduce: DynamiQ's all-reduce with everything on the GPU: the rank's input and output,
+// the compressed chunks and receive buffers, the codec kernels, and the NCCL point-to-point
+// transfers (NcclTransport). Built as dynamiq_engine_nccl_allreduce when CUDA and NCCL are
+// found; this header includes no CUDA or NCCL header.
+//
+// Protocol (engine/nccl_allreduce_program.h has the details): a 64-byte handshake with the ring
+// neighbours proves that every rank will derive the same message sizes; the DynamiQ statistics are
+// reduced exactly as engine::AllReduce reduces them (bf16 over the same schedule, on the host; the
+// messages are tiny), so every rank derives the same plan and therefore the exact size of every
+// chunk; then per reduce-scatter / all-gather step and pipelining block one NCCL group holds this
+// rank's send and its receive of exactly the planned sizes, posted in the same order on every
+// rank. Nothing announces a size on the wire. The result is bit-identical to engine::AllReduce's
+// with the same codec settings, options and inputs (same plan, same codec math, same order).
+//
+// Where host memory is used: the statistics (2 floats per 256 elements; computed on the device
+// by a small kernel bit-identical to DynamiqCodec::ComputeStats, then copied back), the plan,
+// the level tables (uploaded once per call), the per-chunk width/offset arrays (uploaded once
+// per call), and per received chunk its 32-byte header plus width map (one nibble per 256
+// elements) and one int of device validation, copied back and checked before the chunk's bytes
+// are sent on or the call returns.
+//
+// Device memory per call (cudaMallocAsync on `stream` where the device has memory pools, else
+// cudaMalloc; freed before returning; a few small pinned host buffers likewise): one
+// buffer per chunk and block holding its compressed bytes (in all: the compressed size of the
+// bucket, which for codec none is the bucket's own size), one fp32 chunk of scratch (DynamiQ
+// mean centring), an fp32 accumulator per chunk with several children (butterfly) and block,
+// the statistics, and the tables.
+//
+// Synchronous: returns once `device_out` holds the result (and `stream` is idle). Work on
+// `stream` is ordered after whatever the caller queued there before (so `device_in` may still be
+// in production on `stream`). device_in == device_out (in place) is allowed.
+//
+// Errors (prefixed "rank r: "): UNIMPLEMENTED for codecs other than none, bf16 and dynamiq;
+// FAILED_PRECONDITION when a neighbour runs a different collective or configuration (naming it);
+// INVALID_ARGUMENT when a received chunk's header, width map or super-groups are wrong (naming the
+// sender, the chunk, the block and the step); transport errors as NcclTransport reports them;
+// INTERNAL for CUDA errors. After any error the transport has been aborted, as engine::AllReduce
+// aborts its transport: re-form the group.
+// Not thread-safe per transport: one collective at a time.
+#ifndef DQ_ENGINE_NCCL_ALLREDUCE_H_
+#define DQ_ENGINE_NCCL_ALLREDUCE_H_
+
+#include <stddef.h>
+
+#include "absl/status/statusor.h"
+#include "engine/allreduce.h"
+#include "engine/nccl_transport.h"
+#include "kernels/codec.h"
+
+namespace dynamiq::engine {
+
+// Sums `device_in` (num_elements fp32 values in device memory of transport.device()) over all
+// ranks of `transport` into `device_out`, with the kernels on `stream` (a cudaStream_t of that
+// device as void*; nullptr = the legacy default stream). `codec` is the CPU codec object of the
+// configuration (kernels::CreateCodec): the device kernels read its settings and level tables.
+absl::StatusOr<AllReduceResult> NcclAllReduce(const kernels::Codec& codec, NcclTransport& transport,
+                                              const AllReduceOptions& options, const float* device_in,
+                                              float* device_out, size_t num_elements, void* stream);
+
+}  // namespace dynamiq::engine
+
+#endif  // DQ_ENGINE_NCCL_ALLREDUCE_H_

@@ -1,0 +1,599 @@
+// dynamiqctl against a real in-process dynamiqd: the ctl library (commands, formatting, Run's exit
+// codes) and the binary itself (flag parsing, --help, exit codes).
+#include "tools/dynamiqctl/ctl.h"
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "dynamiq/v1/worker.grpc.pb.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/daemon.h"
+#include "server/shm_region.h"
+#include "tests/testing/status_matchers.h"
+
+namespace dynamiq::ctl {
+namespace {
+
+using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::StatusIs;
+using grpc::health::v1::HealthCheckResponse;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr size_t kFloats = 2048;
+
+std::string TempDir() {
+  char tmpl[] = "/tmp/dqctl-XXXXXX";
+  return std::string(mkdtemp(tmpl));
+}
+
+// One local worker of job "job", driven through the raw Worker stub, with a mapped buffer.
+class TestWorker {
+ public:
+  explicit TestWorker(const std::string& socket) {
+    stub_ = dynamiq::v1::Worker::NewStub(grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+  }
+
+  void Connect(const std::string& job) {
+    dynamiq::v1::RegisterRequest reg;
+    reg.set_job_id(job);
+    reg.set_local_rank(0);
+    reg.set_local_world_size(1);
+    dynamiq::v1::RegisterResponse reg_resp;
+    grpc::ClientContext c1;
+    ASSERT_TRUE(stub_->Register(&c1, reg, &reg_resp).ok());
+    id_ = reg_resp.worker_id();
+    dynamiq::v1::AllocateBufferRequest alloc;
+    alloc.set_worker_id(id_);
+    alloc.set_bytes(kFloats * 4);
+    dynamiq::v1::AllocateBufferResponse alloc_resp;
+    grpc::ClientContext c2;
+    ASSERT_TRUE(stub_->AllocateBuffer(&c2, alloc, &alloc_resp).ok());
+    buffer_id_ = alloc_resp.buffer_id();
+    auto region = server::ShmRegion::Open(alloc_resp.shm_name(), kFloats * 4);
+    ASSERT_THAT(region, IsOk());
+    region_ = std::make_unique<server::ShmRegion>(std::move(region).value());
+    dynamiq::v1::MappedRequest mapped;
+    mapped.set_worker_id(id_);
+    mapped.set_buffer_id(buffer_id_);
+    dynamiq::v1::MappedResponse mapped_resp;
+    grpc::ClientContext c3;
+    ASSERT_TRUE(stub_->Mapped(&c3, mapped, &mapped_resp).ok());
+  }
+
+  // Runs one collective named `tensor` over the whole buffer.
+  void AllReduce(const std::string& tensor) {
+    dynamiq::v1::AllReduceRequest req;
+    req.set_worker_id(id_);
+    req.set_tensor_name(tensor);
+    req.set_buffer_id(buffer_id_);
+    req.set_num_elements(kFloats);
+    req.set_dtype(dynamiq::v1::DTYPE_FLOAT32);
+    dynamiq::v1::AllReduceResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    grpc::Status s = stub_->AllReduce(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+
+ private:
+  std::unique_ptr<dynamiq::v1::Worker::Stub> stub_;
+  std::string id_;
+  uint64_t buffer_id_ = 0;
+  std::unique_ptr<server::ShmRegion> region_;
+};
+
+// Parses one line of JSON into a protobuf Struct (a generic JSON object).
+bool ParsesAsObject(const std::string& line) {
+  google::protobuf::Struct s;
+  return google::protobuf::util::JsonStringToMessage(line, &s).ok();
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines = absl::StrSplit(text, '\n');
+  EXPECT_EQ(lines.back(), "") << "output must end with a newline";
+  lines.pop_back();
+  return lines;
+}
+
+class DynamiqctlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = TempDir();
+    server::DaemonOptions o;
+    o.listen = "127.0.0.1:0";
+    o.worker_socket = dir_ + "/dynamiqd.sock";
+    o.default_config = *server::MakeJobConfig("dynamiq", 5, "ring", 1024, "measured");
+    o.timeout = absl::Seconds(20);
+    daemon_ = std::make_unique<server::Daemon>(o);
+    ASSERT_THAT(daemon_->Start(), IsOk());
+    connect_.daemon = daemon_->listen_address();
+    connect_.timeout = absl::Seconds(10);
+    client_ = std::make_unique<ControlClient>(connect_);
+    worker_ = std::make_unique<TestWorker>(o.worker_socket);
+    worker_->Connect("job");
+  }
+
+  void TearDown() override {
+    worker_.reset();
+    if (daemon_) daemon_->Shutdown();
+  }
+
+  Invocation Command(const std::string& command) {
+    Invocation in;
+    in.args = {command};
+    in.connect = connect_;
+    return in;
+  }
+
+  // Runs `in` through Run(); returns the exit code, output in out_, errors in err_.
+  int RunIt(const Invocation& in) {
+    std::ostringstream out, err;
+    const int code = ctl::Run(in, out, err);
+    out_ = out.str();
+    err_ = err.str();
+    return code;
+  }
+
+  dynamiq::v1::JobStatus JobStatus() {
+    auto status = client_->GetStatus();
+    EXPECT_THAT(status, IsOk());
+    if (!status.ok() || status->jobs_size() != 1) return {};
+    return status->jobs(0);
+  }
+
+  std::string dir_;
+  std::unique_ptr<server::Daemon> daemon_;
+  ConnectOptions connect_;
+  std::unique_ptr<ControlClient> client_;
+  std::unique_ptr<TestWorker> worker_;
+  std::string out_, err_;
+};
+
+TEST_F(DynamiqctlTest, StatusListsTheJob) {
+  auto status = client_->GetStatus();
+  ASSERT_THAT(status, IsOk());
+  EXPECT_EQ(status->node_rank(), 0u);
+  EXPECT_EQ(status->num_nodes(), 1u);
+  EXPECT_THAT(status->members(), ElementsAre(daemon_->listen_address()));
+  ASSERT_EQ(status->jobs_size(), 1);
+  EXPECT_EQ(status->jobs(0).job_id(), "job");
+  EXPECT_EQ(status->jobs(0).workers(), 1u);
+
+  ASSERT_EQ(RunIt(Command("status")), kExitOk) << err_;
+  EXPECT_EQ(err_, "");
+  EXPECT_THAT(out_, HasSubstr("node     0 of 1\n"));
+  EXPECT_THAT(out_, HasSubstr(absl::StrCat("members  0=", daemon_->listen_address(), "\n")));
+  EXPECT_THAT(out_, HasSubstr("JOB  WORKERS  EPOCH  CODEC    BITS  TOPOLOGY  MIN COMPRESS  INFLIGHT  COMPLETED\n"
+                              "job        1      0  dynamiq     5  ring              1024         0          0\n"));
+}
+
+TEST_F(DynamiqctlTest, SetCompressionChangesTheEpochAndKeepsUnsetFields) {
+  CompressionChange change;
+  change.job_id = "job";
+  change.bits = 4;
+  auto result = ChangeCompression(*client_, change);
+  ASSERT_THAT(result, IsOk());
+  EXPECT_EQ(result->epoch, 1u);
+  EXPECT_FALSE(result->based_on_stale_config);
+  EXPECT_EQ(result->config.codec(), "dynamiq");
+  EXPECT_EQ(result->config.bits(), 4);
+  EXPECT_EQ(result->config.topology(), "ring");
+  EXPECT_EQ(result->config.min_compress_elements(), 1024u);
+  EXPECT_EQ(result->config.allocator(), "measured");
+
+  // Staged: it applies one collective after the next, on every node.
+  worker_->AllReduce("a");
+  worker_->AllReduce("b");
+  dynamiq::v1::JobStatus job = JobStatus();
+  EXPECT_EQ(job.config_epoch(), 1u);
+  EXPECT_EQ(job.config().codec(), "dynamiq");
+  EXPECT_EQ(job.config().bits(), 4);
+  EXPECT_EQ(job.config().min_compress_elements(), 1024u);
+
+  // Through Run: only --min_compress_elements; bits stay 4 (read back at epoch 1).
+  Invocation in = Command("set-compression");
+  in.job = "job";
+  in.min_compress_elements = 64;
+  ASSERT_EQ(RunIt(in), kExitOk) << err_;
+  EXPECT_EQ(err_, "");
+  EXPECT_EQ(out_,
+            "job job: codec=dynamiq bits=4 topology=ring min_compress_elements=64 allocator=measured\n"
+            "applies at config epoch 2 (every node switches at the same collective boundary)\n");
+  worker_->AllReduce("c");
+  worker_->AllReduce("d");
+  job = JobStatus();
+  EXPECT_EQ(job.config_epoch(), 2u);
+  EXPECT_EQ(job.config().bits(), 4);
+  EXPECT_EQ(job.config().min_compress_elements(), 64u);
+
+  // The flight recorder shows where each epoch took effect.
+  auto records = client_->GetFlightRecorder("job", 0);
+  ASSERT_THAT(records, IsOk());
+  ASSERT_EQ(records->records_size(), 4);
+  std::vector<uint64_t> epochs;
+  for (const auto& r : records->records()) epochs.push_back(r.config_epoch());
+  // Epoch 2 applies at c or d: the daemon stages it one past its next sequence, which may still
+  // read b's while b's workers have already been released.
+  EXPECT_THAT(epochs, ::testing::AnyOf(ElementsAre(0, 1, 1, 2), ElementsAre(0, 1, 2, 2)));
+  EXPECT_EQ(records->records(0).config().bits(), 5);
+  EXPECT_EQ(records->records(1).config().bits(), 4);
+}
+
+TEST_F(DynamiqctlTest, NewCodecWithoutBitsGetsThatCodecsDefault) {
+  CompressionChange change;
+  change.job_id = "job";
+  change.codec = "uniform";  // dynamiq's 5 bits kept would still be valid, thc's would not
+  auto result = ChangeCompression(*client_, change);
+  ASSERT_THAT(result, IsOk());
+  EXPECT_EQ(result->config.bits(), 0);
+  change.codec = "thc";
+  ASSERT_THAT(ChangeCompression(*client_, change), IsOk());
+  worker_->AllReduce("a");
+  worker_->AllReduce("b");
+  dynamiq::v1::JobStatus job = JobStatus();
+  EXPECT_EQ(job.config().codec(), "thc");
+  EXPECT_EQ(job.config().bits(), 4);
+}
+
+TEST_F(DynamiqctlTest, InvalidBitsAreInvalidArgument) {
+  CompressionChange change;
+  change.job_id = "job";
+  change.bits = 42;
+  EXPECT_THAT(ChangeCompression(*client_, change),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dynamiq bits must be between 3 and 8")));
+
+  Invocation in = Command("set-compression");
+  in.job = "job";
+  in.bits = 42;
+  EXPECT_EQ(RunIt(in), kExitFailure);
+  EXPECT_EQ(out_, "");
+  EXPECT_THAT(err_, HasSubstr("dynamiqctl: INVALID_ARGUMENT: dynamiq bits must be between 3 and 8"));
+  in.bits.reset();
+  in.topology = "hypercube";
+  EXPECT_EQ(RunIt(in), kExitFailure);
+  EXPECT_THAT(err_, HasSubstr("dynamiqctl: INVALID_ARGUMENT: "));
+  EXPECT_EQ(JobStatus().config_epoch(), 0u);
+}
+
+TEST_F(DynamiqctlTest, UnknownJobIsNotFound) {
+  CompressionChange change;
+  change.job_id = "nope";
+  change.bits = 4;
+  EXPECT_THAT(ChangeCompression(*client_, change), StatusIs(absl::StatusCode::kNotFound, HasSubstr("'nope'")));
+  // Every field given: no GetStatus, so this is the daemon's own answer.
+  change.codec = "dynamiq";
+  change.topology = "ring";
+  change.min_compress_elements = 0;
+  change.allocator = "measured";
+  EXPECT_THAT(ChangeCompression(*client_, change),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no job 'nope' on this node")));
+  EXPECT_THAT(client_->GetFlightRecorder("nope", 0), StatusIs(absl::StatusCode::kNotFound));
+
+  Invocation in = Command("set-compression");
+  in.job = "nope";
+  in.bits = 4;
+  EXPECT_EQ(RunIt(in), kExitFailure);
+  EXPECT_THAT(err_, HasSubstr("dynamiqctl: NOT_FOUND: no job 'nope'"));
+  in = Command("flight-recorder");
+  in.job = "nope";
+  EXPECT_EQ(RunIt(in), kExitFailure);
+  EXPECT_EQ(err_, "dynamiqctl: NOT_FOUND: no job 'nope' on this node\n");
+}
+
+TEST_F(DynamiqctlTest, StaleEpochsAreAbortedNotSilentlyUndone) {
+  CompressionChange change;
+  change.job_id = "job";
+  change.bits = 4;
+  change.expected_epoch = 7;
+  EXPECT_THAT(ChangeCompression(*client_, change),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("is at config epoch 0, not 7")));
+
+  // From epoch 0 the proto cannot express "expect 0": a second change on top of a staged one is
+  // made, but flagged.
+  change.expected_epoch.reset();
+  ASSERT_THAT(ChangeCompression(*client_, change), IsOk());  // epoch 1, staged
+  CompressionChange topology;
+  topology.job_id = "job";
+  topology.min_compress_elements = 10;
+  auto stale = ChangeCompression(*client_, topology);
+  ASSERT_THAT(stale, IsOk());
+  EXPECT_EQ(stale->epoch, 2u);
+  EXPECT_TRUE(stale->based_on_stale_config);
+  EXPECT_EQ(stale->base_epoch, 0u);
+  worker_->AllReduce("a");
+  worker_->AllReduce("b");
+  ASSERT_EQ(JobStatus().config_epoch(), 2u);
+
+  // Past epoch 0 the applied epoch is sent as the expectation: a staged change is not undone.
+  change.bits = 6;
+  ASSERT_THAT(ChangeCompression(*client_, change), IsOk());  // epoch 3, staged
+  Invocation in = Command("set-compression");
+  in.job = "job";
+  in.topology = "ring";
+  EXPECT_EQ(RunIt(in), kExitFailure);
+  EXPECT_THAT(err_, HasSubstr("dynamiqctl: ABORTED: job job is at config epoch 3, not 2 (dynamiqctl read"));
+}
+
+TEST_F(DynamiqctlTest, StaleBaseIsAWarningOnStderr) {
+  Invocation in = Command("set-compression");
+  in.job = "job";
+  in.bits = 4;
+  ASSERT_EQ(RunIt(in), kExitOk) << err_;
+  in.bits.reset();
+  in.allocator = "paper";
+  ASSERT_EQ(RunIt(in), kExitOk) << err_;
+  EXPECT_THAT(out_, HasSubstr("applies at config epoch 2"));
+  EXPECT_THAT(err_, HasSubstr("dynamiqctl: warning: the fields not given were read from the applied configuration at "
+                              "epoch 0"));
+}
+
+TEST_F(DynamiqctlTest, FlightRecorderTable) {
+  worker_->AllReduce("layer1.weight");
+  worker_->AllReduce("layer1.bias");
+  Invocation in = Command("flight-recorder");
+  in.limit = 1;
+  ASSERT_EQ(RunIt(in), kExitOk) << err_;
+  std::vector<std::string> lines = Lines(out_);
+  ASSERT_EQ(lines.size(), 2u) << out_;
+  EXPECT_THAT(lines[0], HasSubstr("SEQ  JOB  TENSOR       ELEMENTS  CODEC/BITS  EPOCH  STATE"));
+  EXPECT_THAT(lines[0], HasSubstr("WIRE BYTES  ERROR"));
+  EXPECT_THAT(lines[1], HasSubstr("  1  job  layer1.bias      2048  dynamiq/5       0  ok"));
+  EXPECT_THAT(lines[1], ::testing::EndsWith("  -"));
+
+  in.job = "job";
+  in.limit.reset();
+  ASSERT_EQ(RunIt(in), kExitOk) << err_;
+  EXPECT_EQ(Lines(out_).size(), 3u);
+}
+
+TEST(DynamiqctlFormatTest, TablesKeepOneLinePerRecordAndAlign) {
+  dynamiq::v1::GetFlightRecorderResponse records;
+  EXPECT_EQ(FormatFlightRecorder(records, false), "no collectives recorded\n");
+  EXPECT_EQ(FormatFlightRecorder(records, true), "");
+  auto* r = records.add_records();
+  r->set_sequence(12);
+  r->set_job_id("j");
+  r->set_tensor_name("t");
+  r->set_num_elements(100);
+  r->mutable_config()->set_codec("uniform");
+  r->mutable_config()->set_bits(3);
+  r->set_state("failed");
+  r->set_error("node 1 did not arrive\nwithin 20s");
+  r->set_seconds(20.5);
+  EXPECT_EQ(
+      FormatFlightRecorder(records, false),
+      "SEQ  JOB  TENSOR  ELEMENTS  CODEC/BITS  EPOCH  STATE     SECONDS  WIRE BYTES  ERROR\n"
+      " 12  j    t            100  uniform/3       0  failed  20.500000           0  node 1 did not arrive within "
+      "20s\n");
+
+  dynamiq::v1::GetStatusResponse status;
+  status.set_num_nodes(2);
+  status.set_node_rank(1);
+  status.add_members("10.0.0.1:7070");
+  status.add_members("10.0.0.2:7070");
+  status.set_version("0.1.0");
+  EXPECT_EQ(FormatStatus(status, false),
+            "node     1 of 2\nversion  0.1.0\nmembers  0=10.0.0.1:7070 1=10.0.0.2:7070\n\nno jobs\n");
+}
+
+TEST(DynamiqctlFormatTest, JsonEscapesStrings) {
+  CompressionChangeResult result;
+  result.job_id = "a\"b\\c\n";
+  result.epoch = 3;
+  const std::string json = FormatCompressionChange(result, true);
+  google::protobuf::Struct s;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &s).ok()) << json;
+  EXPECT_EQ(s.fields().at("job_id").string_value(), "a\"b\\c\n");
+  EXPECT_EQ(s.fields().at("epoch").string_value(), "3");
+  EXPECT_EQ(FormatError(absl::NotFoundError("gone")), "NOT_FOUND: gone");
+}
+
+TEST_F(DynamiqctlTest, HealthIsServing) {
+  for (const char* service : {"", "dynamiq.v1.Control"}) {
+    auto health = client_->CheckHealth(service);
+    ASSERT_THAT(health, IsOk());
+    EXPECT_EQ(*health, HealthCheckResponse::SERVING) << service;
+  }
+  EXPECT_THAT(client_->CheckHealth("no.such.Service"), StatusIs(absl::StatusCode::kNotFound));
+
+  Invocation in = Command("health");
+  ASSERT_EQ(RunIt(in), kExitOk) << err_;
+  EXPECT_EQ(out_, "SERVING\n");
+  in.service = "no.such.Service";
+  EXPECT_EQ(RunIt(in), kExitFailure);
+  EXPECT_THAT(err_, HasSubstr("dynamiqctl: NOT_FOUND: "));
+}
+
+TEST_F(DynamiqctlTest, JsonIsOneObjectPerLine) {
+  worker_->AllReduce("a");
+  worker_->AllReduce("b");
+  Invocation in = Command("status");
+  in.json = true;
+  ASSERT_EQ(RunIt(in), kExitOk) << err_;
+  std::vector<std::string> lines = Lines(out_);
+  ASSERT_EQ(lines.size(), 1u) << out_;
+  dynamiq::v1::GetStatusResponse status;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(lines[0], &status).ok()) << lines[0];
+  ASSERT_EQ(status.jobs_size(), 1);
+  EXPECT_EQ(status.jobs(0).job_id(), "job");
+  // Not exactly 2: the daemon counts a collective complete just after releasing its workers.
+  EXPECT_GE(status.jobs(0).completed(), 1u);
+  EXPECT_THAT(lines[0], HasSubstr("\"config_epoch\":\"0\""));  // .proto names, every field present
+
+  in = Command("flight-recorder");
+  in.json = true;
+  ASSERT_EQ(RunIt(in), kExitOk) << err_;
+  lines = Lines(out_);
+  ASSERT_EQ(lines.size(), 2u) << out_;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    dynamiq::v1::CollectiveRecord record;
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(lines[i], &record).ok()) << lines[i];
+    EXPECT_EQ(record.sequence(), i);
+    EXPECT_EQ(record.state(), "ok");
+    EXPECT_EQ(record.num_elements(), kFloats);
+  }
+
+  in = Command("set-compression");
+  in.json = true;
+  in.job = "job";
+  in.bits = 4;
+  ASSERT_EQ(RunIt(in), kExitOk) << err_;
+  lines = Lines(out_);
+  ASSERT_EQ(lines.size(), 1u) << out_;
+  google::protobuf::Struct change;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(lines[0], &change).ok()) << lines[0];
+  EXPECT_EQ(change.fields().at("job_id").string_value(), "job");
+  EXPECT_EQ(change.fields().at("epoch").string_value(), "1");
+  EXPECT_EQ(change.fields().at("config").struct_value().fields().at("bits").number_value(), 4);
+
+  in = Command("health");
+  in.json = true;
+  ASSERT_EQ(RunIt(in), kExitOk) << err_;
+  EXPECT_EQ(out_, "{\"service\":\"\",\"status\":\"SERVING\"}\n");
+  EXPECT_TRUE(ParsesAsObject(Lines(out_)[0]));
+}
+
+TEST_F(DynamiqctlTest, UsageErrors) {
+  Invocation in = Command("status");
+  in.args.clear();
+  EXPECT_EQ(RunIt(in), kExitUsage);
+  EXPECT_THAT(err_, HasSubstr("no command given"));
+  in.args = {"stats"};
+  EXPECT_EQ(RunIt(in), kExitUsage);
+  EXPECT_THAT(err_, HasSubstr("unknown command 'stats'"));
+  in.args = {"status", "extra"};
+  EXPECT_EQ(RunIt(in), kExitUsage);
+  EXPECT_THAT(err_, HasSubstr("unexpected argument 'extra'"));
+  in = Command("status");
+  in.codec = "none";
+  EXPECT_EQ(RunIt(in), kExitUsage);
+  EXPECT_THAT(err_, HasSubstr("--codec does not apply to 'status' (it is for set-compression)"));
+  in = Command("health");
+  in.job = "job";
+  EXPECT_EQ(RunIt(in), kExitUsage);
+  EXPECT_THAT(err_, HasSubstr("(it is for set-compression, flight-recorder)"));
+  in = Command("set-compression");
+  in.bits = 4;
+  EXPECT_EQ(RunIt(in), kExitUsage);
+  EXPECT_THAT(err_, HasSubstr("set-compression needs --job"));
+  in = Command("status");
+  in.connect.timeout = absl::ZeroDuration();
+  EXPECT_EQ(RunIt(in), kExitUsage);
+  EXPECT_EQ(out_, "");
+  // Nothing was changed by any of these.
+  EXPECT_EQ(JobStatus().config_epoch(), 0u);
+}
+
+// A loopback port nothing listens on.
+int ClosedPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST(DynamiqctlNoDaemonTest, UnreachableDaemonIsUnavailableAndNamed) {
+  Invocation in;
+  in.args = {"status"};
+  in.connect.daemon = absl::StrCat("127.0.0.1:", ClosedPort());
+  in.connect.timeout = absl::Seconds(5);
+  std::ostringstream out, err;
+  EXPECT_EQ(ctl::Run(in, out, err), kExitFailure);
+  EXPECT_THAT(err.str(), HasSubstr("dynamiqctl: UNAVAILABLE: "));
+  EXPECT_THAT(err.str(), HasSubstr(absl::StrCat("(dynamiqd at ", in.connect.daemon, ")")));
+  in.args = {"health"};
+  std::ostringstream out2, err2;
+  EXPECT_EQ(ctl::Run(in, out2, err2), kExitFailure);
+  EXPECT_EQ(out2.str(), "");
+}
+
+// The binary: flag parsing, --help and exit codes.
+struct Process {
+  int code = -1;
+  std::string out, err;
+};
+
+Process RunBinary(const std::string& args) {
+  char tmpl[] = "/tmp/dqctl-err-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  close(fd);
+  Process p;
+  FILE* pipe = popen(absl::StrCat(DQ_DYNAMIQCTL, " ", args, " 2>", tmpl).c_str(), "r");
+  if (pipe == nullptr) return p;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) p.out.append(buffer, n);
+  const int status = pclose(pipe);
+  p.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream err(tmpl);
+  p.err.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
+  unlink(tmpl);
+  return p;
+}
+
+TEST(DynamiqctlBinaryTest, HelpDocumentsEveryCommandAndFlag) {
+  Process p = RunBinary("--help");
+  EXPECT_EQ(p.code, 0) << p.err;
+  for (const char* word : {"status", "set-compression", "flight-recorder", "health", "--daemon", "--timeout", "--json",
+                           "--job", "--codec", "--bits", "--topology", "--min_compress_elements", "--allocator",
+                           "--expected_epoch", "--limit", "--service", "Default: 127.0.0.1:7070", "Exit status"}) {
+    EXPECT_THAT(p.out, HasSubstr(word));
+  }
+  EXPECT_EQ(RunBinary("help").out, p.out);
+}
+
+TEST(DynamiqctlBinaryTest, BadFlagsAreUsageErrors) {
+  Process p = RunBinary("--no_such_flag status");
+  EXPECT_EQ(p.code, 2);
+  EXPECT_THAT(p.err, HasSubstr("no_such_flag"));
+  p = RunBinary("flight-recorder --limit=many");
+  EXPECT_EQ(p.code, 2);
+  EXPECT_THAT(p.err, HasSubstr("limit"));
+  p = RunBinary("");
+  EXPECT_EQ(p.code, 2);
+  EXPECT_THAT(p.err, HasSubstr("no command given"));
+  p = RunBinary("--timeout=-1 status");
+  EXPECT_EQ(p.code, 2);
+}
+
+TEST_F(DynamiqctlTest, BinaryAgainstTheDaemon) {
+  const std::string daemon = absl::StrCat("--daemon=", daemon_->listen_address(), " ");
+  Process p = RunBinary(daemon + "status");
+  EXPECT_EQ(p.code, 0) << p.err;
+  EXPECT_THAT(p.out, HasSubstr("\njob        1      0  dynamiq"));
+  p = RunBinary(daemon + "set-compression --job=job --bits=4 --json");
+  EXPECT_EQ(p.code, 0) << p.err;
+  EXPECT_THAT(p.out, HasSubstr("\"epoch\":\"1\""));
+  p = RunBinary(daemon + "set-compression --job=nope --bits=4");
+  EXPECT_EQ(p.code, 1);
+  EXPECT_THAT(p.err, HasSubstr("dynamiqctl: NOT_FOUND: no job 'nope'"));
+  p = RunBinary(daemon + "health --service=dynamiq.v1.Control");
+  EXPECT_EQ(p.code, 0) << p.err;
+  EXPECT_EQ(p.out, "SERVING\n");
+  p = RunBinary(daemon + "flight-recorder --bits=4");
+  EXPECT_EQ(p.code, 2);
+}
+
+}  // namespace
+}  // namespace dynamiq::ctl

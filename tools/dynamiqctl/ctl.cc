@@ -1,0 +1,423 @@
+#include "tools/dynamiqctl/ctl.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+
+namespace dynamiq::ctl {
+namespace {
+
+using dynamiq::v1::CollectiveRecord;
+using dynamiq::v1::CompressionConfig;
+using grpc::health::v1::HealthCheckResponse;
+
+// A left/right-aligned text table: columns two spaces apart, no trailing blanks.
+class Table {
+ public:
+  struct Column {
+    std::string header;
+    bool right = false;  // numbers
+  };
+  explicit Table(std::vector<Column> columns) : columns_(std::move(columns)) {}
+
+  void AddRow(std::vector<std::string> cells) {
+    cells.resize(columns_.size());
+    rows_.push_back(std::move(cells));
+  }
+
+  std::string Render() const {
+    std::vector<size_t> width(columns_.size());
+    for (size_t c = 0; c < columns_.size(); ++c) {
+      width[c] = columns_[c].header.size();
+      for (const auto& row : rows_) width[c] = std::max(width[c], row[c].size());
+    }
+    std::string out;
+    auto line = [&](const std::vector<std::string>& cells) {
+      std::string text;
+      for (size_t c = 0; c < cells.size(); ++c) {
+        if (c > 0) text += "  ";
+        const std::string pad(width[c] - cells[c].size(), ' ');
+        absl::StrAppend(&text, columns_[c].right ? pad : "", cells[c], columns_[c].right ? "" : pad);
+      }
+      text.erase(text.find_last_not_of(' ') + 1);
+      absl::StrAppend(&out, text, "\n");
+    };
+    std::vector<std::string> headers;
+    for (const Column& c : columns_) headers.push_back(c.header);
+    line(headers);
+    for (const auto& row : rows_) line(row);
+    return out;
+  }
+
+ private:
+  std::vector<Column> columns_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+// One line of protobuf's canonical JSON with the .proto field names and every field present.
+std::string ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!status.ok()) return absl::StrCat("{\"error\":", "\"cannot print ", message.GetTypeName(), " as JSON\"}");
+  return json;
+}
+
+// A JSON string literal.
+std::string JsonString(absl::string_view s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c < 0x20) {
+          absl::StrAppendFormat(&out, "\\u%04x", c);
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string Bits(double bits) { return absl::StrFormat("%g", bits); }
+
+std::string DescribeConfig(const CompressionConfig& c) {
+  return absl::StrCat("codec=", c.codec(), " bits=", c.bits() == 0 ? "default" : Bits(c.bits()),
+                      " topology=", c.topology(), " min_compress_elements=", c.min_compress_elements(),
+                      " allocator=", c.allocator().empty() ? "measured" : c.allocator());
+}
+
+// Table cells hold one line.
+std::string OneLine(absl::string_view s) { return absl::StrReplaceAll(s, {{"\r\n", " "}, {"\n", " "}, {"\r", " "}}); }
+
+std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
+  return absl::ToChronoTime(absl::Now() + timeout);
+}
+
+// The command flags an invocation gave.
+std::vector<std::string> GivenCommandFlags(const Invocation& in) {
+  std::vector<std::string> given;
+  if (in.job) given.push_back("job");
+  if (in.codec) given.push_back("codec");
+  if (in.bits) given.push_back("bits");
+  if (in.topology) given.push_back("topology");
+  if (in.min_compress_elements) given.push_back("min_compress_elements");
+  if (in.allocator) given.push_back("allocator");
+  if (in.expected_epoch) given.push_back("expected_epoch");
+  if (in.limit) given.push_back("limit");
+  if (in.service) given.push_back("service");
+  return given;
+}
+
+int UsageError(std::ostream& err, absl::string_view message) {
+  err << "dynamiqctl: " << message << "\nRun 'dynamiqctl --help' for usage.\n";
+  return kExitUsage;
+}
+
+int Failure(std::ostream& err, const absl::Status& status) {
+  err << "dynamiqctl: " << FormatError(status) << "\n";
+  return kExitFailure;
+}
+
+}  // namespace
+
+ControlClient::ControlClient(ConnectOptions options) : options_(std::move(options)) {
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(options_.daemon, grpc::InsecureChannelCredentials());
+  control_ = dynamiq::v1::Control::NewStub(channel);
+  health_ = grpc::health::v1::Health::NewStub(channel);
+}
+
+absl::Status ControlClient::FromGrpc(const grpc::Status& status) const {
+  if (status.ok()) return absl::OkStatus();
+  std::string message = status.error_message();
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    absl::StrAppend(&message, " (dynamiqd at ", options_.daemon, ")");
+  } else if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    absl::StrAppend(&message, " (dynamiqd at ", options_.daemon, " did not answer within ",
+                    absl::FormatDuration(options_.timeout), "; see --timeout)");
+  }
+  // grpc::StatusCode and absl::StatusCode share their values (both are the canonical gRPC codes).
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), message);
+}
+
+absl::StatusOr<dynamiq::v1::GetStatusResponse> ControlClient::GetStatus() const {
+  grpc::ClientContext context;
+  context.set_deadline(Deadline(options_.timeout));
+  dynamiq::v1::GetStatusResponse response;
+  grpc::Status status = control_->GetStatus(&context, dynamiq::v1::GetStatusRequest(), &response);
+  if (!status.ok()) return FromGrpc(status);
+  return response;
+}
+
+absl::StatusOr<uint64_t> ControlClient::SetCompression(const dynamiq::v1::SetCompressionRequest& request) const {
+  grpc::ClientContext context;
+  context.set_deadline(Deadline(options_.timeout));
+  dynamiq::v1::SetCompressionResponse response;
+  grpc::Status status = control_->SetCompression(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status);
+  return response.epoch();
+}
+
+absl::StatusOr<dynamiq::v1::GetFlightRecorderResponse> ControlClient::GetFlightRecorder(const std::string& job_id,
+                                                                                        uint32_t limit) const {
+  grpc::ClientContext context;
+  context.set_deadline(Deadline(options_.timeout));
+  dynamiq::v1::GetFlightRecorderRequest request;
+  request.set_job_id(job_id);
+  request.set_limit(limit);
+  dynamiq::v1::GetFlightRecorderResponse response;
+  grpc::Status status = control_->GetFlightRecorder(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status);
+  return response;
+}
+
+absl::StatusOr<HealthCheckResponse::ServingStatus> ControlClient::CheckHealth(const std::string& service) const {
+  grpc::ClientContext context;
+  context.set_deadline(Deadline(options_.timeout));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  HealthCheckResponse response;
+  grpc::Status status = health_->Check(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status);
+  return response.status();
+}
+
+absl::StatusOr<CompressionChangeResult> ChangeCompression(const ControlClient& client,
+                                                          const CompressionChange& change) {
+  if (change.job_id.empty()) return absl::InvalidArgumentError("set-compression needs --job");
+  dynamiq::v1::SetCompressionRequest request;
+  request.set_job_id(change.job_id);
+  CompressionConfig* config = request.mutable_config();
+  const bool complete =
+      change.codec && change.bits && change.topology && change.min_compress_elements && change.allocator;
+  CompressionChangeResult result;
+  result.job_id = change.job_id;
+  bool filled = false;
+  if (complete) {
+    config->set_codec(*change.codec);
+    config->set_bits(*change.bits);
+    config->set_topology(*change.topology);
+    config->set_min_compress_elements(*change.min_compress_elements);
+    config->set_allocator(*change.allocator);
+  } else {
+    absl::StatusOr<dynamiq::v1::GetStatusResponse> status = client.GetStatus();
+    if (!status.ok()) return status.status();
+    const dynamiq::v1::JobStatus* job = nullptr;
+    for (const auto& j : status->jobs()) {
+      if (j.job_id() == change.job_id) job = &j;
+    }
+    if (job == nullptr) {
+      return absl::NotFoundError(absl::StrCat("no job '", change.job_id, "' on dynamiqd at ", client.options().daemon));
+    }
+    const CompressionConfig& current = job->config();
+    filled = true;
+    result.base_epoch = job->config_epoch();
+    config->set_codec(change.codec.value_or(current.codec()));
+    if (change.bits) {
+      config->set_bits(*change.bits);
+    } else if (config->codec() == current.codec()) {
+      config->set_bits(current.bits());
+    } else {
+      config->set_bits(0);  // the new codec's default
+    }
+    config->set_topology(change.topology.value_or(current.topology()));
+    config->set_min_compress_elements(change.min_compress_elements.value_or(current.min_compress_elements()));
+    config->set_allocator(change.allocator.value_or(current.allocator()));
+  }
+  bool implicit_expectation = false;
+  if (change.expected_epoch) {
+    request.set_expected_epoch(*change.expected_epoch);
+  } else if (filled && result.base_epoch > 0) {
+    request.set_expected_epoch(result.base_epoch);
+    implicit_expectation = true;
+  }
+  absl::StatusOr<uint64_t> epoch = client.SetCompression(request);
+  if (!epoch.ok()) {
+    if (implicit_expectation && epoch.status().code() == absl::StatusCode::kAborted) {
+      return absl::AbortedError(
+          absl::StrCat(epoch.status().message(), " (dynamiqctl read the unset fields at epoch ", result.base_epoch,
+                       ", the job's applied configuration; a newer change is staged for a later collective or was made "
+                       "concurrently. Give every field, or --expected_epoch to override)"));
+    }
+    return epoch.status();
+  }
+  result.epoch = *epoch;
+  result.config = *config;
+  // The daemon reports the newest published epoch, which is one past the base unless another change
+  // was staged on top of the applied configuration.
+  result.based_on_stale_config = filled && result.epoch > result.base_epoch + 1;
+  return result;
+}
+
+std::string FormatStatus(const dynamiq::v1::GetStatusResponse& status, bool json) {
+  if (json) return ToJson(status) + "\n";
+  std::vector<std::string> members;
+  for (int i = 0; i < status.members_size(); ++i) members.push_back(absl::StrCat(i, "=", status.members(i)));
+  std::string out =
+      absl::StrCat("node     ", status.node_rank(), " of ", status.num_nodes(), "\n", "version  ", status.version(),
+                   "\n", "members  ", members.empty() ? "-" : absl::StrJoin(members, " "), "\n\n");
+  if (status.jobs().empty()) return out + "no jobs\n";
+  Table table({{"JOB"},
+               {"WORKERS", true},
+               {"EPOCH", true},
+               {"CODEC"},
+               {"BITS", true},
+               {"TOPOLOGY"},
+               {"MIN COMPRESS", true},
+               {"INFLIGHT", true},
+               {"COMPLETED", true}});
+  for (const auto& j : status.jobs()) {
+    table.AddRow({OneLine(j.job_id()), absl::StrCat(j.workers()), absl::StrCat(j.config_epoch()), j.config().codec(),
+                  Bits(j.config().bits()), j.config().topology(), absl::StrCat(j.config().min_compress_elements()),
+                  absl::StrCat(j.inflight()), absl::StrCat(j.completed())});
+  }
+  return out + table.Render();
+}
+
+std::string FormatCompressionChange(const CompressionChangeResult& result, bool json) {
+  if (json) {
+    return absl::StrCat("{\"job_id\":", JsonString(result.job_id), ",\"epoch\":\"", result.epoch,
+                        "\",\"config\":", ToJson(result.config), "}\n");
+  }
+  return absl::StrCat("job ", result.job_id, ": ", DescribeConfig(result.config), "\napplies at config epoch ",
+                      result.epoch, " (every node switches at the same collective boundary)\n");
+}
+
+std::string FormatFlightRecorder(const dynamiq::v1::GetFlightRecorderResponse& records, bool json) {
+  if (json) {
+    std::string out;
+    for (const CollectiveRecord& r : records.records()) absl::StrAppend(&out, ToJson(r), "\n");
+    return out;
+  }
+  if (records.records().empty()) return "no collectives recorded\n";
+  Table table({{"SEQ", true},
+               {"JOB"},
+               {"TENSOR"},
+               {"ELEMENTS", true},
+               {"CODEC/BITS"},
+               {"EPOCH", true},
+               {"STATE"},
+               {"SECONDS", true},
+               {"WIRE BYTES", true},
+               {"ERROR"}});
+  for (const CollectiveRecord& r : records.records()) {
+    table.AddRow({absl::StrCat(r.sequence()), OneLine(r.job_id()), OneLine(r.tensor_name()),
+                  absl::StrCat(r.num_elements()), absl::StrCat(r.config().codec(), "/", Bits(r.config().bits())),
+                  absl::StrCat(r.config_epoch()), r.state(), absl::StrFormat("%.6f", r.seconds()),
+                  absl::StrCat(r.wire_bytes()), r.error().empty() ? "-" : OneLine(r.error())});
+  }
+  return table.Render();
+}
+
+std::string FormatHealth(const std::string& service, HealthCheckResponse::ServingStatus status, bool json) {
+  const std::string name = HealthCheckResponse::ServingStatus_Name(status);
+  if (json) return absl::StrCat("{\"service\":", JsonString(service), ",\"status\":", JsonString(name), "}\n");
+  return name + "\n";
+}
+
+std::string FormatError(const absl::Status& status) {
+  return absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message());
+}
+
+const std::vector<CommandInfo>& Commands() {
+  static const auto* commands = new std::vector<CommandInfo>{
+      {"status", "The node (rank, cluster size, members, version) and a table of its jobs.", {}},
+      {"set-compression",
+       "Stages a job's compression change and prints the config epoch at which every node applies it. "
+       "Flags not given keep the job's current values (read with GetStatus first); a new --codec without "
+       "--bits gets that codec's default bits.",
+       {"job", "codec", "bits", "topology", "min_compress_elements", "allocator", "expected_epoch"}},
+      {"flight-recorder", "The node's most recent collectives, oldest first.", {"job", "limit"}},
+      {"health", "grpc.health.v1 Check: prints SERVING or NOT_SERVING; exits 0 only when SERVING.", {"service"}},
+  };
+  return *commands;
+}
+
+int Run(const Invocation& in, std::ostream& out, std::ostream& err) {
+  if (in.args.empty()) {
+    return UsageError(err, "no command given (status, set-compression, flight-recorder or health)");
+  }
+  if (in.args.size() > 1) return UsageError(err, absl::StrCat("unexpected argument '", in.args[1], "'"));
+  const std::string& command = in.args[0];
+  const auto& commands = Commands();
+  auto info = std::find_if(commands.begin(), commands.end(), [&](const CommandInfo& c) { return c.name == command; });
+  if (info == commands.end()) {
+    return UsageError(
+        err, absl::StrCat("unknown command '", command, "' (status, set-compression, flight-recorder or health)"));
+  }
+  for (const std::string& flag : GivenCommandFlags(in)) {
+    if (std::find(info->flags.begin(), info->flags.end(), flag) != info->flags.end()) continue;
+    std::vector<std::string> takers;
+    for (const CommandInfo& c : commands) {
+      if (std::find(c.flags.begin(), c.flags.end(), flag) != c.flags.end()) takers.push_back(c.name);
+    }
+    return UsageError(err, absl::StrCat("--", flag, " does not apply to '", command, "' (it is for ",
+                                        absl::StrJoin(takers, ", "), ")"));
+  }
+  if (in.connect.daemon.empty()) return UsageError(err, "--daemon must name the daemon's host:port");
+  if (in.connect.timeout <= absl::ZeroDuration()) return UsageError(err, "--timeout must be positive");
+
+  const ControlClient client(in.connect);
+  if (command == "status") {
+    absl::StatusOr<dynamiq::v1::GetStatusResponse> status = client.GetStatus();
+    if (!status.ok()) return Failure(err, status.status());
+    out << FormatStatus(*status, in.json);
+    return kExitOk;
+  }
+  if (command == "set-compression") {
+    if (!in.job || in.job->empty()) return UsageError(err, "set-compression needs --job");
+    CompressionChange change;
+    change.job_id = *in.job;
+    change.codec = in.codec;
+    change.bits = in.bits;
+    change.topology = in.topology;
+    change.min_compress_elements = in.min_compress_elements;
+    change.allocator = in.allocator;
+    change.expected_epoch = in.expected_epoch;
+    absl::StatusOr<CompressionChangeResult> result = ChangeCompression(client, change);
+    if (!result.ok()) return Failure(err, result.status());
+    if (result->based_on_stale_config) {
+      err << "dynamiqctl: warning: the fields not given were read from the applied configuration at epoch "
+          << result->base_epoch << ", but the daemon had a newer change staged (now at epoch " << result->epoch
+          << "); this change may undo parts of it. Check 'dynamiqctl status' once it applies.\n";
+    }
+    out << FormatCompressionChange(*result, in.json);
+    return kExitOk;
+  }
+  if (command == "flight-recorder") {
+    absl::StatusOr<dynamiq::v1::GetFlightRecorderResponse> records =
+        client.GetFlightRecorder(in.job.value_or(""), in.limit.value_or(0));
+    if (!records.ok()) return Failure(err, records.status());
+    out << FormatFlightRecorder(*records, in.json);
+    return kExitOk;
+  }
+  // health
+  const std::string service = in.service.value_or("");
+  absl::StatusOr<HealthCheckResponse::ServingStatus> health = client.CheckHealth(service);
+  if (!health.ok()) return Failure(err, health.status());
+  out << FormatHealth(service, *health, in.json);
+  return *health == HealthCheckResponse::SERVING ? kExitOk : kExitFailure;
+}
+
+}  // namespace dynamiq::ctl

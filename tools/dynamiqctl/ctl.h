@@ -1,0 +1,138 @@
+// dynamiqctl's logic, kept out of main.cc so tests can drive it against an in-process daemon:
+// ControlClient (dynamiq.v1.Control and grpc.health.v1 calls, each with a deadline, failures as
+// absl::Status carrying the daemon's gRPC code), the read-modify-write behind `set-compression`,
+// the human-readable tables and JSON lines each command prints, and Run(), which validates an
+// Invocation, runs its command and returns the process exit code.
+//
+// Output contract: tables are for people and may change; --json prints one JSON object per line in
+// protobuf's canonical JSON mapping with the .proto field names (so uint64 fields such as
+// config_epoch are strings), the stable interface for scripts.
+//
+// Thread-safety: ControlClient is thread-safe (gRPC stubs are); the free functions are pure.
+#ifndef DQ_TOOLS_DYNAMIQCTL_CTL_H_
+#define DQ_TOOLS_DYNAMIQCTL_CTL_H_
+
+#include <stdint.h>
+
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "dynamiq/v1/control.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace dynamiq::ctl {
+
+// Exit codes of dynamiqctl.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;  // the daemon returned an error, or health is not SERVING
+inline constexpr int kExitUsage = 2;    // bad command line
+
+struct ConnectOptions {
+  // The daemon's --listen address (host:port; any gRPC target name works).
+  std::string daemon = "127.0.0.1:7070";
+  // Deadline of every RPC, counted from its start.
+  absl::Duration timeout = absl::Seconds(10);
+};
+
+// Calls dynamiqd's operator API. A failed call returns an absl::Status with the RPC's code and
+// message; transport failures (UNAVAILABLE, DEADLINE_EXCEEDED) also name the daemon address.
+class ControlClient {
+ public:
+  explicit ControlClient(ConnectOptions options);
+
+  absl::StatusOr<dynamiq::v1::GetStatusResponse> GetStatus() const;
+  // Returns the epoch at which the configuration applies.
+  absl::StatusOr<uint64_t> SetCompression(const dynamiq::v1::SetCompressionRequest& request) const;
+  absl::StatusOr<dynamiq::v1::GetFlightRecorderResponse> GetFlightRecorder(const std::string& job_id,
+                                                                           uint32_t limit) const;
+  // grpc.health.v1.Health/Check; `service` empty asks about the whole server. An unknown service is
+  // NOT_FOUND (the daemon's answer), not a status.
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> CheckHealth(const std::string& service) const;
+
+  const ConnectOptions& options() const { return options_; }
+
+ private:
+  absl::Status FromGrpc(const grpc::Status& status) const;
+
+  const ConnectOptions options_;
+  std::unique_ptr<dynamiq::v1::Control::Stub> control_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+};
+
+// set-compression: the fields left unset keep the job's current values, read with GetStatus first
+// (the applied configuration: a change that is staged but has not reached its collective boundary
+// yet is not visible there). Exception: when `codec` changes the codec and `bits` is unset, bits go
+// to the new codec's default (dynamiq 5, others 4), since bits mean different things per codec.
+struct CompressionChange {
+  std::string job_id;
+  std::optional<std::string> codec;
+  std::optional<double> bits;
+  std::optional<std::string> topology;
+  std::optional<uint64_t> min_compress_elements;
+  std::optional<std::string> allocator;
+  // Fail with ABORTED unless the job is at this epoch. When unset and some field was filled from
+  // GetStatus at epoch E > 0, E is sent, so a concurrent or still-staged change is never silently
+  // undone (the daemon's proto cannot express "expect epoch 0").
+  std::optional<uint64_t> expected_epoch;
+};
+
+struct CompressionChangeResult {
+  std::string job_id;
+  uint64_t epoch = 0;                     // the epoch at which `config` applies on every node
+  dynamiq::v1::CompressionConfig config;  // the complete configuration sent
+  // Some fields were filled from the job's applied configuration at `base_epoch`, and the daemon
+  // has other changes past it (epoch > base_epoch + 1): those fields may undo a staged change.
+  bool based_on_stale_config = false;
+  uint64_t base_epoch = 0;
+};
+
+absl::StatusOr<CompressionChangeResult> ChangeCompression(const ControlClient& client, const CompressionChange& change);
+
+// What each command prints on success; `json`: one JSON object per line.
+std::string FormatStatus(const dynamiq::v1::GetStatusResponse& status, bool json);
+std::string FormatCompressionChange(const CompressionChangeResult& result, bool json);
+// Tables oldest first as the daemon returns them; JSON: one CollectiveRecord per line.
+std::string FormatFlightRecorder(const dynamiq::v1::GetFlightRecorderResponse& records, bool json);
+std::string FormatHealth(const std::string& service, grpc::health::v1::HealthCheckResponse::ServingStatus status,
+                         bool json);
+// "NOT_FOUND: no job 'x' on this node": the gRPC code name, then the message.
+std::string FormatError(const absl::Status& status);
+
+// One dynamiqctl command line after flag parsing. Command flags are optional: unset means "not
+// given", and giving one to a command that does not take it is a usage error.
+struct Invocation {
+  std::vector<std::string> args;  // positional arguments: exactly one, the command
+  ConnectOptions connect;
+  bool json = false;
+  std::optional<std::string> job;
+  std::optional<std::string> codec;
+  std::optional<double> bits;
+  std::optional<std::string> topology;
+  std::optional<uint64_t> min_compress_elements;
+  std::optional<std::string> allocator;
+  std::optional<uint64_t> expected_epoch;
+  std::optional<uint32_t> limit;
+  std::optional<std::string> service;
+};
+
+// The commands, what they do and the command flags each takes (for validation and --help).
+struct CommandInfo {
+  std::string name;
+  std::string summary;
+  std::vector<std::string> flags;  // flag names without "--"
+};
+const std::vector<CommandInfo>& Commands();
+
+// Runs the command: its output on `out`, errors on `err` ("dynamiqctl: CODE: message"); returns
+// kExitOk, kExitFailure (RPC error; health not SERVING) or kExitUsage.
+int Run(const Invocation& invocation, std::ostream& out, std::ostream& err);
+
+}  // namespace dynamiq::ctl
+
+#endif  // DQ_TOOLS_DYNAMIQCTL_CTL_H_
