@@ -21,7 +21,8 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", o.rank, " is not in a world of ", o.world_size));
   }
-  if (o.iterations < 1 || o.warmup < 0) return absl::InvalidArgumentError("--iterations must be >= 1");
+  if (o.iterations < 1) return absl::InvalidArgumentError("--iterations must be >= 1");
+  if (o.warmup < 0) return absl::InvalidArgumentError("--warmup must be >= 0");
   DQ_ASSIGN_OR_RETURN(engine::Topology topology, engine::ParseTopology(o.topology));
   DQ_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Codec> codec, kernels::CreateCodec(o.codec));
 

@@ -153,7 +153,10 @@ int RunAllReduce() {
   if (!id.ok()) return Fail(absl::StrCat("--codec: ", id.status().message(), " (allreduce takes one codec)"));
   o.codec.id = *id;
   o.codec.correlated_rounding = absl::GetFlag(FLAGS_correlated);
-  double bits = o.codec.id == CodecId::kDynamiq ? 5.0 : 4.0;
+  // Only dynamiq (b̄), uniform (b) and thc (4) take a bit setting; the others report 0.
+  double bits = o.codec.id == CodecId::kDynamiq                                    ? 5.0
+                : (o.codec.id == CodecId::kUniform || o.codec.id == CodecId::kThc) ? 4.0
+                                                                                   : 0.0;
   if (!absl::GetFlag(FLAGS_bits).empty() && !absl::SimpleAtod(absl::GetFlag(FLAGS_bits), &bits)) {
     return Fail("--bits: allreduce takes one number");
   }

@@ -27,7 +27,11 @@ absl::StatusOr<JobConfig> MakeJobConfig(absl::string_view codec, double bits, ab
                                         uint64_t min_compress_elements, absl::string_view allocator) {
   JobConfig c;
   DQ_ASSIGN_OR_RETURN(c.codec.id, kernels::ParseCodecId(codec));
-  if (bits == 0) bits = c.codec.id == kernels::CodecId::kDynamiq ? 5.0 : 4.0;
+  if (bits == 0) {  // the codec's default; codecs without a bit setting keep 0
+    bits = c.codec.id == kernels::CodecId::kDynamiq                                             ? 5.0
+           : (c.codec.id == kernels::CodecId::kUniform || c.codec.id == kernels::CodecId::kThc) ? 4.0
+                                                                                                : 0.0;
+  }
   c.codec.bits = bits;
   if (allocator.empty() || allocator == "measured") {
     c.codec.allocator = kernels::BitAllocator::kMeasured;
