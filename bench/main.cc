@@ -11,6 +11,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -172,6 +174,10 @@ int RunAllReduce() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --help lists the flags of this file (abseil matches on the program name otherwise).
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view path) { return absl::EndsWith(path, "bench/main.cc"); };
+  absl::SetFlagsUsageConfig(usage_config);
   absl::SetProgramUsageMessage(
       "dynamiq benchmarks.\n"
       "  dynamiq-bench codec [flags]   compression error (vNMSE of the all-reduced sum), wire bits and "

@@ -224,10 +224,6 @@ void Job::ReducerLoop() {
       slot->running = true;
     }
     RunCollective(sequence, *slot);
-    absl::MutexLock lock(&mu_);
-    slots_.erase(sequence);
-    ++next_run_;
-    ++completed_;
   }
 }
 
@@ -310,6 +306,8 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   record.wire_bytes = wire_bytes;
   record.state = status.ok() ? "ok" : "failed";
   record.error = std::string(status.message());
+  // Advance the job in the same critical section that releases the submitters: once any worker
+  // sees its result, NextSequence() (which SetCompression's boundary is computed from) is current.
   absl::MutexLock lock(&mu_);
   for (Entry* e : entries) {
     e->status = status;
@@ -317,6 +315,9 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
     e->done = true;
   }
   Record(std::move(record));
+  slots_.erase(sequence);
+  ++next_run_;
+  ++completed_;
 }
 
 absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch, std::vector<float>& sum,

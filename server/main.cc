@@ -8,6 +8,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/daemon.h"
 
@@ -41,6 +43,10 @@ int Fail(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --help lists the flags of this file (abseil matches on the program name otherwise).
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view path) { return absl::EndsWith(path, "server/main.cc"); };
+  absl::SetFlagsUsageConfig(usage_config);
   absl::SetProgramUsageMessage(
       "dynamiqd: per-node daemon for compressed gradient all-reduce. Local workers connect on "
       "--worker_socket; operators on --listen (dynamiq.v1.Control, grpc.health.v1, reflection).\n"

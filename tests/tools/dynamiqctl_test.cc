@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -132,6 +133,8 @@ class DynamiqctlTest : public ::testing::Test {
   void TearDown() override {
     worker_.reset();
     if (daemon_) daemon_->Shutdown();
+    daemon_.reset();
+    std::filesystem::remove_all(dir_);
   }
 
   Invocation Command(const std::string& command) {
