@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -24,10 +25,19 @@ namespace {
 using ::dynamiq::testing::IsOk;
 using ::testing::HasSubstr;
 
-std::string TempDir() {
-  char tmpl[] = "/tmp/dqdaemon-XXXXXX";
-  return std::string(mkdtemp(tmpl));
-}
+// A scratch directory for worker sockets, removed when the test ends.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/dqdaemon-XXXXXX";
+    path_ = mkdtemp(tmpl);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  operator std::string() const { return path_; }  // NOLINT: used as a path string
+
+ private:
+  std::string path_;
+};
 
 // A worker as a test drives it: raw gRPC stub plus its mapped buffer.
 struct TestWorker {
@@ -106,7 +116,8 @@ DaemonOptions Options(const std::string& dir, uint32_t rank, uint32_t nodes, con
 }
 
 TEST(DaemonTest, SingleNodeSumsLocalWorkersExactly) {
-  const std::string dir = TempDir();
+  TempDir temp;
+  const std::string dir = temp;
   Daemon daemon(Options(dir, 0, 1, ""));
   ASSERT_THAT(daemon.Start(), IsOk());
   const size_t n = 5000;
@@ -129,7 +140,8 @@ TEST(DaemonTest, SingleNodeSumsLocalWorkersExactly) {
 }
 
 TEST(DaemonTest, BadRequestsGetClearCodesAndTheDaemonKeepsServing) {
-  const std::string dir = TempDir();
+  TempDir temp;
+  const std::string dir = temp;
   Daemon daemon(Options(dir, 0, 1, ""));
   ASSERT_THAT(daemon.Start(), IsOk());
   TestWorker w = Connect(dir + "/node0.sock", "job", 0, 1, 1000);
@@ -178,7 +190,8 @@ TEST(DaemonTest, BadRequestsGetClearCodesAndTheDaemonKeepsServing) {
 }
 
 TEST(DaemonTest, LocalWorkersThatDisagreeFailNamingBoth) {
-  const std::string dir = TempDir();
+  TempDir temp;
+  const std::string dir = temp;
   Daemon daemon(Options(dir, 0, 1, ""));
   ASSERT_THAT(daemon.Start(), IsOk());
   TestWorker a = Connect(dir + "/node0.sock", "job", 0, 2, 1000);
@@ -194,7 +207,8 @@ TEST(DaemonTest, LocalWorkersThatDisagreeFailNamingBoth) {
 
 // Two daemons on loopback with two workers each; compression change mid-run.
 TEST(DaemonTest, TwoNodesAllReduceAndSwitchCompressionAtTheSameCollective) {
-  const std::string dir = TempDir();
+  TempDir temp;
+  const std::string dir = temp;
   Daemon node0(Options(dir, 0, 2, ""));
   std::unique_ptr<Daemon> node1;
   std::thread start1;
