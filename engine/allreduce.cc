@@ -44,6 +44,11 @@ class Runner {
  public:
   Runner(Transport& transport, const AllReduceOptions& options, absl::Time deadline, AllReduceResult& result)
       : t_(transport), o_(options), deadline_(deadline), result_(result) {}
+  // Receives still posted into our buffers mean the collective failed: abort the transport before
+  // the buffers are freed, so nothing can write into them afterwards.
+  ~Runner() {
+    if (!preposted_.empty()) t_.Abort();
+  }
 
   // What one block sends and expects at one step.
   struct Transfer {
@@ -80,12 +85,32 @@ class Runner {
   template <typename Deliver>
   absl::Status Step(Phase phase, uint32_t step, const Codec& codec, std::vector<Transfer>& transfers,
                     Deliver&& deliver) {
+    StepBuffers buffers;
+    absl::Status status = StepImpl(phase, step, codec, transfers, deliver, buffers);
+    // A failed step may leave sends/receives posted on `buffers`: abort before they are freed.
+    if (!status.ok()) t_.Abort();
+    return status;
+  }
+
+ private:
+  // Memory the transport may touch while a step's operations are posted.
+  struct StepBuffers {
+    std::vector<std::array<uint8_t, kStepHeaderBytes>> send_headers;
+    std::vector<uint8_t> cts_out;
+    std::vector<std::vector<uint8_t>> payloads;
+  };
+
+  template <typename Deliver>
+  absl::Status StepImpl(Phase phase, uint32_t step, const Codec& codec, std::vector<Transfer>& transfers,
+                        Deliver& deliver, StepBuffers& buffers) {
     const size_t blocks = transfers.size();
     for (size_t k = 0; k < blocks; ++k) {
       DQ_RETURN_IF_ERROR(Prepost(phase, step, k, transfers[k].recv_peer, transfers[k].send_peer));
     }
-    std::vector<std::array<uint8_t, kStepHeaderBytes>> send_headers(blocks);
-    std::vector<uint8_t> cts_out(blocks, 1);
+    auto& send_headers = buffers.send_headers;
+    send_headers.resize(blocks);
+    auto& cts_out = buffers.cts_out;
+    cts_out.assign(blocks, 1);
     std::vector<Transport::Handle> sends, payload_recvs(blocks, 0);
     std::vector<Preposted*> pre(blocks);
     for (size_t k = 0; k < blocks; ++k) {
@@ -107,7 +132,8 @@ class Runner {
         if (phase == Phase::kStats) result_.stats_bytes_sent += kStepHeaderBytes + x.send.size();
       }
     }
-    std::vector<std::vector<uint8_t>> payloads(blocks);
+    auto& payloads = buffers.payloads;
+    payloads.resize(blocks);
     std::vector<StepHeader> headers(blocks);
     for (size_t k = 0; k < blocks; ++k) {
       Transfer& x = transfers[k];

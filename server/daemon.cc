@@ -136,11 +136,12 @@ void Daemon::Shutdown(absl::Duration grace) {
   }
   if (operator_server_) operator_server_->GetHealthCheckService()->SetServingStatus(false);
   // Fail in-flight collectives first so blocked handlers return, then stop the servers.
-  std::map<std::string, std::unique_ptr<Job>> jobs;
+  std::map<std::string, std::shared_ptr<Job>> jobs;
   {
     absl::MutexLock lock(&mu_);
     jobs.swap(jobs_);
   }
+  for (auto& [id, job] : jobs) job->Stop();  // fails in-flight work; handlers return
   jobs.clear();
   const auto deadline = absl::ToChronoTime(absl::Now() + grace);
   if (worker_server_) worker_server_->Shutdown(deadline);
@@ -184,17 +185,17 @@ Job* Daemon::GetOrCreateJob(const std::string& job_id, uint32_t local_world_size
   o.poll_config = [this, job_id](uint64_t sequence, uint64_t* epoch, JobConfig* config) {
     return PollConfig(job_id, sequence, epoch, config);
   };
-  auto job = std::make_unique<Job>(std::move(o));
+  auto job = std::make_shared<Job>(std::move(o));
   Job* raw = job.get();
   jobs_[job_id] = std::move(job);
   return raw;
 }
 
-absl::StatusOr<Job*> Daemon::FindJob(const std::string& job_id) const {
+absl::StatusOr<std::shared_ptr<Job>> Daemon::FindJob(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "' on this node"));
-  return it->second.get();
+  return it->second;
 }
 
 absl::StatusOr<Daemon::Registration> Daemon::Register(const std::string& job_id, uint32_t local_rank,
@@ -225,6 +226,19 @@ absl::StatusOr<ShmBufferInfo> Daemon::Allocate(uint64_t worker_id, size_t bytes)
 absl::Status Daemon::Mapped(uint64_t worker_id, uint64_t buffer_id) { return registry_->Unlink(worker_id, buffer_id); }
 
 absl::Status Daemon::Release(uint64_t worker_id, uint64_t buffer_id) {
+  std::string job_id;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = worker_jobs_.find(worker_id);
+    if (it != worker_jobs_.end()) job_id = it->second;
+  }
+  if (!job_id.empty()) {
+    auto job = FindJob(job_id);
+    if (job.ok() && (*job)->BufferInUse(worker_id, buffer_id)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("buffer ", buffer_id, " is used by an all-reduce that has not completed"));
+    }
+  }
   return registry_->Release(worker_id, buffer_id);
 }
 
@@ -237,7 +251,7 @@ absl::Status Daemon::Unregister(uint64_t worker_id) {
     job_id = it->second;
     worker_jobs_.erase(it);
   }
-  DQ_ASSIGN_OR_RETURN(Job * job, FindJob(job_id));
+  DQ_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
   job->RemoveWorker(worker_id);
   registry_->ReleaseWorker(worker_id);
   return absl::OkStatus();
@@ -264,9 +278,10 @@ absl::StatusOr<Job::Result> Daemon::AllReduce(const AllReduceCall& call) {
     return absl::InvalidArgumentError(
         absl::StrCat("offset ", call.offset_bytes, " is not aligned to ", kernels::DTypeName(call.dtype)));
   }
-  DQ_ASSIGN_OR_RETURN(Job * job, FindJob(job_id));
+  DQ_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
   Job::Request r;
   r.worker_id = call.worker_id;
+  r.buffer_id = call.buffer_id;
   r.tensor_name = call.tensor_name;
   r.num_elements = call.num_elements;
   r.dtype = call.dtype;
@@ -278,7 +293,7 @@ absl::StatusOr<Job::Result> Daemon::AllReduce(const AllReduceCall& call) {
 
 absl::StatusOr<uint64_t> Daemon::SetCompression(const std::string& job_id, const JobConfig& config,
                                                 uint64_t expected_epoch) {
-  DQ_ASSIGN_OR_RETURN(Job * job, FindJob(job_id));
+  DQ_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
   absl::MutexLock lock(&mu_);
   // The newest epoch any node published for this job (they may have changed it elsewhere).
   uint64_t current = std::max(published_epoch_[job_id], job->GetStatus().config_epoch);
@@ -289,8 +304,9 @@ absl::StatusOr<uint64_t> Daemon::SetCompression(const std::string& job_id, const
     return absl::AbortedError(absl::StrCat("job ", job_id, " is at config epoch ", current, ", not ", expected_epoch));
   }
   const uint64_t epoch = current + 1;
-  // Nodes run collectives in lockstep, so none has started (next + 1) before it can see this key.
-  const uint64_t apply_at = job->NextSequence() + 1;
+  // Nodes run collectives in lockstep: another node can be at most one collective ahead of this
+  // one, so none can have started (next + 2) before this key is visible.
+  const uint64_t apply_at = job->NextSequence() + 2;
   DQ_RETURN_IF_ERROR(store_->Set(absl::StrCat("job/", job_id, "/config/", epoch), EncodeConfig(config, apply_at)));
   DQ_RETURN_IF_ERROR(store_->Set(absl::StrCat("job/", job_id, "/latest_epoch"), absl::StrCat(epoch)));
   published_epoch_[job_id] = epoch;
@@ -324,7 +340,7 @@ std::map<std::string, Job::Status> Daemon::JobStatuses() const {
 }
 
 absl::StatusOr<std::vector<CollectiveRecord>> Daemon::FlightRecorder(const std::string& job_id, size_t limit) const {
-  DQ_ASSIGN_OR_RETURN(Job * job, FindJob(job_id));
+  DQ_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
   return job->FlightRecorder(limit);
 }
 

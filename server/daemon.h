@@ -95,7 +95,7 @@ class Daemon {
   std::vector<std::string> members() const;
 
  private:
-  absl::StatusOr<Job*> FindJob(const std::string& job_id) const;
+  absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id) const;
   Job* GetOrCreateJob(const std::string& job_id, uint32_t local_world_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<bool> PollConfig(const std::string& job_id, uint64_t sequence, uint64_t* epoch, JobConfig* config);
 
@@ -110,7 +110,8 @@ class Daemon {
   std::string peer_host_;
 
   mutable absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  // Handlers hold a reference while they use a job, so Shutdown can drop the map safely.
+  std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::string> worker_jobs_ ABSL_GUARDED_BY(mu_);
   uint64_t next_worker_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, uint64_t> published_epoch_ ABSL_GUARDED_BY(mu_);

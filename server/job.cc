@@ -60,18 +60,8 @@ Job::Job(Options options) : options_(std::move(options)) {
 }
 
 Job::~Job() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
+  Stop();
   reducer_.join();
-  absl::MutexLock lock(&mu_);
-  for (auto& [seq, slot] : slots_) {
-    for (auto& [rank, e] : slot.entries) {
-      e->status = absl::UnavailableError(absl::StrCat("job ", options_.id, " is shutting down"));
-      e->done = true;
-    }
-  }
 }
 
 absl::Status Job::AddWorker(uint64_t worker_id, uint32_t local_rank, uint32_t local_world_size) {
@@ -106,23 +96,63 @@ void Job::RemoveWorker(uint64_t worker_id) {
   workers_.erase(it);
   next_submit_.erase(worker_id);
   base_.erase(worker_id);
-  // Collectives that still wait for this worker can never complete: fail and drop them, and let
-  // the job continue after them (other nodes see the failure as a timeout of that collective).
-  for (auto it = slots_.begin(); it != slots_.end();) {
-    Slot& slot = it->second;
-    if (slot.running || slot.entries.count(rank)) {
-      ++it;
+  // Queued collectives either wait for this worker or hold its (soon unmapped) buffer: fail them
+  // all and let the job continue after them (other nodes see a timeout of those collectives).
+  for (auto slot = slots_.begin(); slot != slots_.end();) {
+    if (slot->second.running) {
+      ++slot;
       continue;
     }
-    for (auto& [r, e] : slot.entries) {
-      e->status = absl::AbortedError(absl::StrCat("collective ", it->first, " of job ", options_.id, ": local rank ",
-                                                  rank, " (worker ", worker_id, ") left before submitting"));
+    for (auto& [r, e] : slot->second.entries) {
+      e->status = absl::AbortedError(absl::StrCat("collective ", slot->first, " of job ", options_.id, ": local rank ",
+                                                  rank, " (worker ", worker_id, ") left"));
       e->done = true;
     }
-    next_run_ = std::max(next_run_, it->first + 1);
-    it = slots_.erase(it);
+    next_run_ = std::max(next_run_, slot->first + 1);
+    slot = slots_.erase(slot);
   }
   for (auto& [id, next] : next_submit_) next = std::max(next, next_run_);
+  // A running collective may still read or write this worker's buffer: wait until it is done, so
+  // the caller can release the worker's shared memory.
+  auto idle = [this, rank]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& [seq, slot] : slots_) {
+      if (slot.running && slot.entries.count(rank)) return false;
+    }
+    return true;
+  };
+  mu_.Await(absl::Condition(&idle));
+}
+
+bool Job::BufferInUse(uint64_t worker_id, uint64_t buffer_id) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [seq, slot] : slots_) {
+    for (const auto& [r, e] : slot.entries) {
+      if (e->request.worker_id == worker_id && e->request.buffer_id == buffer_id && !e->done) return true;
+    }
+  }
+  return false;
+}
+
+void Job::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (auto& [seq, slot] : slots_) {
+      if (slot.running) continue;
+      for (auto& [r, e] : slot.entries) {
+        e->status = absl::UnavailableError(absl::StrCat("job ", options_.id, " is shutting down"));
+        e->done = true;
+      }
+    }
+  }
+  {
+    // Make a running collective fail promptly instead of at its timeout.
+    absl::MutexLock lock(&transport_mu_);
+    if (transport_) transport_->Abort();
+  }
+  absl::MutexLock lock(&mu_);
+  auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return active_submitters_ == 0; };
+  mu_.Await(absl::Condition(&drained));
 }
 
 absl::StatusOr<Job::Result> Job::Submit(const Request& request) {
@@ -145,15 +175,22 @@ absl::StatusOr<Job::Result> Job::Submit(const Request& request) {
                                                        request.worker_id, " is out of order (collective ", sequence,
                                                        " already ran or is absurd)"));
       }
-      next_submit_[request.worker_id] = std::max(next_submit_[request.worker_id], sequence + 1);
     } else {
-      sequence = next_submit_[request.worker_id]++;
+      sequence = next_submit_[request.worker_id];
     }
-    if (slots_[sequence].entries.count(entry.local_rank)) {
+    if (stopping_) return absl::UnavailableError(absl::StrCat("job ", options_.id, " is shutting down"));
+    auto existing = slots_.find(sequence);
+    if (existing != slots_.end() && existing->second.entries.count(entry.local_rank)) {
       return absl::AlreadyExistsError(absl::StrCat("worker ", request.worker_id, " submitted collective ", sequence,
                                                    " twice (submission index reused)"));
     }
+    next_submit_[request.worker_id] = std::max(next_submit_[request.worker_id], sequence + 1);
     slots_[sequence].entries[entry.local_rank] = &entry;
+    ++active_submitters_;
+    struct Leave {
+      Job* job;
+      ~Leave() ABSL_NO_THREAD_SAFETY_ANALYSIS { --job->active_submitters_; }
+    } leave{this};
     // Wait for the reducer (which completes every entry of the slot) or the watchdog deadline.
     auto done = [&entry]() { return entry.done; };
     if (!mu_.AwaitWithTimeout(absl::Condition(&done), options_.timeout)) {
@@ -166,8 +203,18 @@ absl::StatusOr<Job::Result> Job::Submit(const Request& request) {
         for (uint32_t r = 0; r < options_.local_world_size; ++r) {
           if (!slot.entries.count(r)) missing.push_back(absl::StrCat(r));
         }
-        slot.entries.erase(entry.local_rank);
-        if (slot.entries.empty()) slots_.erase(sequence);
+        // The collective can no longer complete here: fail it for every local worker and let the
+        // job continue after it (other nodes see the failure as a timeout of the same collective).
+        const absl::Status failed = absl::DeadlineExceededError(
+            absl::StrCat("collective ", sequence, " of job ", options_.id, " timed out after ",
+                         absl::FormatDuration(options_.timeout),
+                         "; local ranks that did not submit: ", absl::StrJoin(missing, ", ")));
+        for (auto& [r, e] : slot.entries) {
+          e->status = failed;
+          e->done = true;
+        }
+        slots_.erase(sequence);
+        if (sequence == next_run_) ++next_run_;
         return absl::DeadlineExceededError(
             absl::StrCat("collective ", sequence, " of job ", options_.id, " timed out after ",
                          absl::FormatDuration(options_.timeout),
@@ -276,7 +323,14 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   uint64_t wire_bytes = 0;
   if (status.ok()) {
     // Local reduce in fp32, in local-rank order (deterministic).
-    sum.assign(n, 0.0f);
+    try {
+      sum.assign(n, 0.0f);
+    } catch (const std::bad_alloc&) {
+      status = absl::ResourceExhaustedError(
+          absl::StrCat("collective ", sequence, " of job ", options_.id, ": no memory for a ", n, "-element sum"));
+    }
+  }
+  if (status.ok()) {
     for (Entry* e : entries) {
       const uint8_t* p = e->request.region.data();
       if (e->request.dtype == kernels::DType::kFloat32) {
@@ -316,14 +370,19 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   }
   Record(std::move(record));
   slots_.erase(sequence);
-  ++next_run_;
+  next_run_ = std::max(next_run_, sequence + 1);  // RemoveWorker may have skipped ahead meanwhile
   ++completed_;
 }
 
 absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch, std::vector<float>& sum,
                             uint64_t* wire_bytes) {
-  if (!transport_) {
-    DQ_ASSIGN_OR_RETURN(transport_, options_.connect(generation_));
+  engine::Transport* transport;
+  {
+    absl::MutexLock lock(&transport_mu_);
+    if (!transport_) {
+      DQ_ASSIGN_OR_RETURN(transport_, options_.connect(generation_));
+    }
+    transport = transport_.get();
   }
   kernels::CodecConfig codec_config = config.codec;
   if (sum.size() < config.min_compress_elements) codec_config = kernels::CodecConfig{kernels::CodecId::kNone};
@@ -334,10 +393,11 @@ absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t
   o.config_epoch = epoch;
   o.sequence = sequence;
   o.timeout = options_.timeout;
-  auto result = engine::AllReduce(*codec, *transport_, o, {sum.data(), kernels::DType::kFloat32, 0, nullptr},
+  auto result = engine::AllReduce(*codec, *transport, o, {sum.data(), kernels::DType::kFloat32, 0, nullptr},
                                   {sum.data(), kernels::DType::kFloat32, 0, nullptr}, sum.size());
   if (!result.ok()) {
     // The group is broken: re-form it (fresh rendezvous keys) on the next collective.
+    absl::MutexLock lock(&transport_mu_);
     transport_.reset();
     ++generation_;
     return absl::Status(result.status().code(), absl::StrCat("collective ", sequence, " of job ", options_.id, ": ",

@@ -84,6 +84,7 @@ class Job {
 
   struct Request {
     uint64_t worker_id = 0;
+    uint64_t buffer_id = 0;
     std::string tensor_name;
     uint64_t num_elements = 0;
     kernels::DType dtype = kernels::DType::kFloat32;
@@ -108,8 +109,14 @@ class Job {
   // Adds a local worker; INVALID_ARGUMENT for a rank outside the job's local world size or a
   // different local world size than earlier workers said, ALREADY_EXISTS for a taken rank.
   absl::Status AddWorker(uint64_t worker_id, uint32_t local_rank, uint32_t local_world_size);
-  // Removes a worker (unregistered or dead): collectives waiting for it fail, naming it.
+  // Removes a worker (unregistered or dead): queued collectives fail, naming it; returns once no
+  // running collective uses its buffers any more (they may then be unmapped).
   void RemoveWorker(uint64_t worker_id);
+  // True while a submitted, unfinished request uses the buffer (it must not be released).
+  bool BufferInUse(uint64_t worker_id, uint64_t buffer_id) const;
+  // Fails queued requests, aborts a running collective, rejects new ones, and waits until no
+  // handler is inside Submit. Called by the destructor; idempotent.
+  void Stop();
 
   // Blocks until the worker's next collective completes; its result is in request.region.
   absl::StatusOr<Result> Submit(const Request& request);
@@ -159,8 +166,10 @@ class Job {
   uint64_t config_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<CollectiveRecord> records_ ABSL_GUARDED_BY(mu_);
-  // Reducer-thread state.
-  std::unique_ptr<engine::Transport> transport_;
+  uint32_t active_submitters_ ABSL_GUARDED_BY(mu_) = 0;
+  // The cross-node transport: used by the reducer thread, aborted by Stop from another thread.
+  absl::Mutex transport_mu_;
+  std::unique_ptr<engine::Transport> transport_ ABSL_GUARDED_BY(transport_mu_);
   uint64_t generation_ = 0;
   std::thread reducer_;
 };

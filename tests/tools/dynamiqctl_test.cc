@@ -200,9 +200,10 @@ TEST_F(DynamiqctlTest, SetCompressionChangesTheEpochAndKeepsUnsetFields) {
   EXPECT_EQ(result->config.min_compress_elements(), 1024u);
   EXPECT_EQ(result->config.allocator(), "measured");
 
-  // Staged: it applies one collective after the next, on every node.
+  // Staged: it applies two collectives after the next one to run, on every node.
   worker_->AllReduce("a");
   worker_->AllReduce("b");
+  worker_->AllReduce("c");
   dynamiq::v1::JobStatus job = JobStatus();
   EXPECT_EQ(job.config_epoch(), 1u);
   EXPECT_EQ(job.config().codec(), "dynamiq");
@@ -218,8 +219,9 @@ TEST_F(DynamiqctlTest, SetCompressionChangesTheEpochAndKeepsUnsetFields) {
   EXPECT_EQ(out_,
             "job job: codec=dynamiq bits=4 topology=ring min_compress_elements=64 allocator=measured\n"
             "applies at config epoch 2 (every node switches at the same collective boundary)\n");
-  worker_->AllReduce("c");
   worker_->AllReduce("d");
+  worker_->AllReduce("e");
+  worker_->AllReduce("f");
   job = JobStatus();
   EXPECT_EQ(job.config_epoch(), 2u);
   EXPECT_EQ(job.config().bits(), 4);
@@ -228,14 +230,13 @@ TEST_F(DynamiqctlTest, SetCompressionChangesTheEpochAndKeepsUnsetFields) {
   // The flight recorder shows where each epoch took effect.
   auto records = client_->GetFlightRecorder("job", 0);
   ASSERT_THAT(records, IsOk());
-  ASSERT_EQ(records->records_size(), 4);
+  ASSERT_EQ(records->records_size(), 6);
   std::vector<uint64_t> epochs;
   for (const auto& r : records->records()) epochs.push_back(r.config_epoch());
-  // Epoch 2 applies at c or d: the daemon stages it one past its next sequence, which may still
-  // read b's while b's workers have already been released.
-  EXPECT_THAT(epochs, ::testing::AnyOf(ElementsAre(0, 1, 1, 2), ElementsAre(0, 1, 2, 2)));
+  // Each change applies at (next sequence + 2): epoch 1 at c (sequence 2), epoch 2 at f (5).
+  EXPECT_THAT(epochs, ElementsAre(0, 0, 1, 1, 1, 2));
   EXPECT_EQ(records->records(0).config().bits(), 5);
-  EXPECT_EQ(records->records(1).config().bits(), 4);
+  EXPECT_EQ(records->records(2).config().bits(), 4);
 }
 
 TEST_F(DynamiqctlTest, NewCodecWithoutBitsGetsThatCodecsDefault) {
@@ -249,6 +250,7 @@ TEST_F(DynamiqctlTest, NewCodecWithoutBitsGetsThatCodecsDefault) {
   ASSERT_THAT(ChangeCompression(*client_, change), IsOk());
   worker_->AllReduce("a");
   worker_->AllReduce("b");
+  worker_->AllReduce("c");
   dynamiq::v1::JobStatus job = JobStatus();
   EXPECT_EQ(job.config().codec(), "thc");
   EXPECT_EQ(job.config().bits(), 4);
@@ -321,6 +323,7 @@ TEST_F(DynamiqctlTest, StaleEpochsAreAbortedNotSilentlyUndone) {
   EXPECT_EQ(stale->base_epoch, 0u);
   worker_->AllReduce("a");
   worker_->AllReduce("b");
+  worker_->AllReduce("c");
   ASSERT_EQ(JobStatus().config_epoch(), 2u);
 
   // Past epoch 0 the applied epoch is sent as the expectation: a staged change is not undone.
