@@ -294,7 +294,7 @@ absl::StatusOr<Job::Result> Daemon::AllReduce(const AllReduceCall& call) {
 absl::StatusOr<uint64_t> Daemon::SetCompression(const std::string& job_id, const JobConfig& config,
                                                 uint64_t expected_epoch) {
   DQ_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&config_mu_);
   // The newest epoch any node published for this job (they may have changed it elsewhere).
   uint64_t current = std::max(published_epoch_[job_id], job->GetStatus().config_epoch);
   auto latest = store_->Get(absl::StrCat("job/", job_id, "/latest_epoch"), absl::ZeroDuration());

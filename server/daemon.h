@@ -114,7 +114,10 @@ class Daemon {
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::string> worker_jobs_ ABSL_GUARDED_BY(mu_);
   uint64_t next_worker_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<std::string, uint64_t> published_epoch_ ABSL_GUARDED_BY(mu_);
+  // Serialises this node's SetCompression calls without blocking the worker API while they talk
+  // to the coordinator.
+  absl::Mutex config_mu_;
+  std::map<std::string, uint64_t> published_epoch_ ABSL_GUARDED_BY(config_mu_);
   std::vector<std::string> members_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::string listen_address_ ABSL_GUARDED_BY(mu_);
