@@ -319,21 +319,32 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
     }
   }
   const size_t n = entries[0]->request.num_elements;
-  std::vector<float> sum;
   uint64_t wire_bytes = 0;
+  // The fp32 sum lives in local rank 0's own buffer when that is fp32 (no scratch allocation and
+  // no extra copy: the cross-node all-reduce runs in place in shared memory), else in scratch.
+  const bool in_place = entries[0]->request.dtype == kernels::DType::kFloat32;
+  std::vector<float> scratch;
+  float* sum = nullptr;
   if (status.ok()) {
-    // Local reduce in fp32, in local-rank order (deterministic).
-    try {
-      sum.assign(n, 0.0f);
-    } catch (const std::bad_alloc&) {
-      status = absl::ResourceExhaustedError(
-          absl::StrCat("collective ", sequence, " of job ", options_.id, ": no memory for a ", n, "-element sum"));
+    if (in_place) {
+      sum = reinterpret_cast<float*>(entries[0]->request.region.data());
+    } else {
+      try {
+        scratch.resize(n);
+        sum = scratch.data();
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(entries[0]->request.region.data());
+        for (size_t i = 0; i < n; ++i) scratch[i] = kernels::Bf16ToFloat(h[i]);
+      } catch (const std::bad_alloc&) {
+        status = absl::ResourceExhaustedError(
+            absl::StrCat("collective ", sequence, " of job ", options_.id, ": no memory for a ", n, "-element sum"));
+      }
     }
   }
   if (status.ok()) {
-    for (Entry* e : entries) {
-      const uint8_t* p = e->request.region.data();
-      if (e->request.dtype == kernels::DType::kFloat32) {
+    // Local reduce in fp32, in local-rank order (deterministic).
+    for (size_t k = 1; k < entries.size(); ++k) {
+      const uint8_t* p = entries[k]->request.region.data();
+      if (entries[k]->request.dtype == kernels::DType::kFloat32) {
         const float* f = reinterpret_cast<const float*>(p);
         for (size_t i = 0; i < n; ++i) sum[i] += f[i];
       } else {
@@ -341,15 +352,23 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
         for (size_t i = 0; i < n; ++i) sum[i] += kernels::Bf16ToFloat(h[i]);
       }
     }
-    if (options_.num_nodes > 1) status = CrossNode(sequence, config, epoch, sum, &wire_bytes);
+    if (options_.num_nodes > 1) status = CrossNode(sequence, config, epoch, sum, n, &wire_bytes);
   }
   if (status.ok()) {
     const float scale = 1.0f / static_cast<float>(options_.num_nodes * options_.local_world_size);
-    for (Entry* e : entries) {
+    // Worker buffers other than the one holding the sum first, then that one (scaled in place).
+    for (size_t k = entries.size(); k-- > 0;) {
+      Entry* e = entries[k];
       uint8_t* p = e->request.region.data();
       if (e->request.dtype == kernels::DType::kFloat32) {
         float* f = reinterpret_cast<float*>(p);
-        for (size_t i = 0; i < n; ++i) f[i] = e->request.average ? sum[i] * scale : sum[i];
+        if (f == sum) {
+          if (e->request.average) {
+            for (size_t i = 0; i < n; ++i) f[i] = sum[i] * scale;
+          }
+        } else {
+          for (size_t i = 0; i < n; ++i) f[i] = e->request.average ? sum[i] * scale : sum[i];
+        }
       } else {
         uint16_t* h = reinterpret_cast<uint16_t*>(p);
         for (size_t i = 0; i < n; ++i) h[i] = kernels::FloatToBf16(e->request.average ? sum[i] * scale : sum[i]);
@@ -374,7 +393,7 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   ++completed_;
 }
 
-absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch, std::vector<float>& sum,
+absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch, float* sum, size_t n,
                             uint64_t* wire_bytes) {
   engine::Transport* transport;
   {
@@ -385,7 +404,7 @@ absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t
     transport = transport_.get();
   }
   kernels::CodecConfig codec_config = config.codec;
-  if (sum.size() < config.min_compress_elements) codec_config = kernels::CodecConfig{kernels::CodecId::kNone};
+  if (n < config.min_compress_elements) codec_config = kernels::CodecConfig{kernels::CodecId::kNone};
   DQ_ASSIGN_OR_RETURN(auto codec, kernels::CreateCodec(codec_config));
   engine::AllReduceOptions o;
   o.topology = config.topology;
@@ -393,8 +412,8 @@ absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t
   o.config_epoch = epoch;
   o.sequence = sequence;
   o.timeout = options_.timeout;
-  auto result = engine::AllReduce(*codec, *transport, o, {sum.data(), kernels::DType::kFloat32, 0, nullptr},
-                                  {sum.data(), kernels::DType::kFloat32, 0, nullptr}, sum.size());
+  auto result = engine::AllReduce(*codec, *transport, o, {sum, kernels::DType::kFloat32, 0, nullptr},
+                                  {sum, kernels::DType::kFloat32, 0, nullptr}, n);
   if (!result.ok()) {
     // The group is broken: re-form it (fresh rendezvous keys) on the next collective.
     absl::MutexLock lock(&transport_mu_);

@@ -150,7 +150,8 @@ class Job {
   void ReducerLoop();
   // Runs collective `sequence` over the complete slot; fills every entry's status/result.
   void RunCollective(uint64_t sequence, Slot& slot);
-  absl::Status CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch, std::vector<float>& sum,
+  // All-reduces sum[0, n) across nodes in place.
+  absl::Status CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch, float* sum, size_t n,
                          uint64_t* wire_bytes);
   void Record(CollectiveRecord record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
