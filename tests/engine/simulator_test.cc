@@ -99,7 +99,9 @@ TEST(ScheduleTest, ChunksTileTheBucketOnSuperGroupBoundaries) {
       for (int c = 0; c < n; ++c) {
         kernels::ChunkRef ch = ChunkOf(d, n, c);
         EXPECT_EQ(ch.begin, next);
-        if (ch.count > 0 && ch.begin + ch.count < d) EXPECT_EQ((ch.begin + ch.count) % 256, 0u);
+        if (ch.count > 0 && ch.begin + ch.count < d) {
+          EXPECT_EQ((ch.begin + ch.count) % 256, 0u);
+        }
         next = ch.begin + ch.count;
       }
       EXPECT_EQ(next, d);
@@ -263,7 +265,9 @@ TEST(SimulatorTest, ExtremeRangesNeverProduceInfOrNan) {
           for (int r = 0; r < n; ++r) norm += double(inputs[r][k]) * inputs[r][k];
         }
         // Path error grows at most like n^2 times one quantization's (< 1 even at 2 bits).
-        if (norm > 0) EXPECT_LT(err / norm, double(n) * n) << "n " << n << " super-group " << sg;
+        if (norm > 0) {
+          EXPECT_LT(err / norm, double(n) * n) << "n " << n << " super-group " << sg;
+        }
       }
     }
   }
