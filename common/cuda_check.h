@@ -32,6 +32,33 @@ inline absl::Status CudaErrorStatus(cudaError_t error, const char* expr, const c
   }
 }
 
+// Makes `device` current for the calling thread and restores the previous device on exit, so
+// code driven from threads that work on other devices leaves their device as it found it.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      previous_ = -1;
+    }
+    if (previous_ != device) {
+      ok_ = cudaSetDevice(device) == cudaSuccess;
+      if (!ok_) (void)cudaGetLastError();
+    }
+  }
+  ~ScopedDevice() {
+    if (previous_ >= 0 && ok_) (void)cudaSetDevice(previous_);
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+  // False if `device` could not be made current.
+  bool ok() const { return ok_; }
+
+ private:
+  int previous_ = -1;
+  bool ok_ = true;
+};
+
 }  // namespace dynamiq::common
 
 // Returns from the enclosing function (which returns absl::Status or absl::StatusOr<T>) if `expr`,

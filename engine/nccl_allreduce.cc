@@ -40,30 +40,7 @@ absl::Status CudaStatus(int error, const char* what, int line) {
 // For launchers returning a cudaError_t as int, and for runtime calls.
 #define DQ_CUDA_OK(expr) DQ_RETURN_IF_ERROR(CudaStatus(static_cast<int>(expr), #expr, __LINE__))
 
-// Makes `device` current and restores the caller's device on exit (as NcclTransport does).
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
-      (void)cudaGetLastError();
-      previous_ = -1;
-    }
-    if (previous_ != device) {
-      ok_ = cudaSetDevice(device) == cudaSuccess;
-      if (!ok_) (void)cudaGetLastError();
-    }
-  }
-  ~ScopedDevice() {
-    if (previous_ >= 0 && ok_) (void)cudaSetDevice(previous_);
-  }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
-  bool ok() const { return ok_; }
-
- private:
-  int previous_ = -1;
-  bool ok_ = true;
-};
+using ::dynamiq::common::ScopedDevice;
 
 // The device backend: buffers in device memory, kernels on the caller's stream, one event per
 // block marking the end of its queued work.

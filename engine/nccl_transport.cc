@@ -29,30 +29,7 @@ constexpr size_t kMaxDescribedOps = 8;
 #define DQ_NCCL_STATUS(result, comm, what) \
   ::dynamiq::engine::NcclErrorStatus((result), (comm), (what), __FILE__, __LINE__)
 
-// Makes `device` current for the calling thread and restores the previous device on exit: the
-// transport may be driven (and aborted) from threads that work on other devices.
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
-      (void)cudaGetLastError();
-      previous_ = -1;
-    }
-    if (previous_ != device) {
-      ok_ = cudaSetDevice(device) == cudaSuccess;
-      if (!ok_) (void)cudaGetLastError();
-    }
-  }
-  ~ScopedDevice() {
-    if (previous_ >= 0 && ok_) (void)cudaSetDevice(previous_);
-  }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
-
- private:
-  int previous_ = -1;
-  bool ok_ = true;
-};
+using ::dynamiq::common::ScopedDevice;
 
 // Between two polls: yield for the first ones (an NCCL step on NVLink takes microseconds), then
 // sleep 10 us doubling up to 1 ms, never past `deadline`.

@@ -13,6 +13,13 @@ namespace {
 // Slack on top of a server-side wait for the round trip.
 constexpr absl::Duration kRpcSlack = absl::Seconds(5);
 
+// The RPC's status with the coordinator's address (and what was being done) in front.
+absl::Status Annotate(const grpc::Status& s, absl::string_view what) {
+  absl::Status status = FromGrpcStatus(s);
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
+}
+
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout + kRpcSlack));
 }
@@ -30,12 +37,7 @@ absl::Status GrpcStore::Set(absl::string_view key, absl::string_view value) {
   dynamiq::v1::StoreSetResponse response;
   grpc::ClientContext context;
   SetDeadline(context, absl::ZeroDuration());
-  grpc::Status s = stub_->Set(&context, request, &response);
-  if (!s.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("rendezvous at ", address_, ": ", s.error_message()));
-  }
-  return absl::OkStatus();
+  return Annotate(stub_->Set(&context, request, &response), absl::StrCat("rendezvous at ", address_));
 }
 
 absl::StatusOr<std::string> GrpcStore::Get(absl::string_view key, absl::Duration timeout) {
@@ -45,11 +47,8 @@ absl::StatusOr<std::string> GrpcStore::Get(absl::string_view key, absl::Duration
   dynamiq::v1::StoreGetResponse response;
   grpc::ClientContext context;
   SetDeadline(context, timeout);
-  grpc::Status s = stub_->Get(&context, request, &response);
-  if (!s.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("rendezvous at ", address_, ": ", s.error_message()));
-  }
+  absl::Status s = Annotate(stub_->Get(&context, request, &response), absl::StrCat("rendezvous at ", address_));
+  if (!s.ok()) return s;
   return std::move(*response.mutable_value());
 }
 
@@ -71,11 +70,9 @@ absl::StatusOr<std::vector<std::string>> GrpcStore::Join(uint32_t node_rank, uin
   dynamiq::v1::JoinResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  grpc::Status s = stub_->Join(&context, request, &response);
-  if (!s.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("joining the cluster at ", address_, ": ", s.error_message()));
-  }
+  absl::Status s =
+      Annotate(stub_->Join(&context, request, &response), absl::StrCat("joining the cluster at ", address_));
+  if (!s.ok()) return s;
   return std::vector<std::string>(response.members().begin(), response.members().end());
 }
 

@@ -28,9 +28,8 @@ using DU = hn::RebindToUnsigned<DF>;
 using VF = hn::Vec<DF>;
 using VI = hn::Vec<DI>;
 using VU = hn::Vec<DU>;
-constexpr int kRegisterEntries = 32;  // MEE tables up to 6-bit codes (L + 1 = 32 levels)
-constexpr int kMaxPieces = kRegisterEntries;
-constexpr bool kUseVectorPack = true;  // 16-entry tables in pieces of one vector (N >= 1 lanes)
+constexpr int kRegisterEntries = 32;          // MEE tables up to 6-bit codes (L + 1 = 32 levels)
+constexpr int kMaxPieces = kRegisterEntries;  // register tables in pieces of one vector (N >= 1 lanes)
 
 HWY_INLINE VU Mix32Simd(VU x) {
   const DU du;
@@ -385,14 +384,14 @@ HWY_NOINLINE void EncodeImpl(const LevelTable& t, const float* v, uint32_t key, 
         hn::StoreU(hn::DemoteTo(hn::Rebind<uint8_t, DI>(), code), hn::Rebind<uint8_t, DI>(), group + k);
       } else if constexpr (hn::MaxLanes(DF()) == kGroupSize) {
         PackWholeGroup<W>(code, group);
-      } else if constexpr (kUseVectorPack && hn::MaxLanes(DF()) >= 2) {
+      } else if constexpr (hn::MaxLanes(DF()) >= 2) {
         PackVector<W>(code, k, words);
       } else {
         hn::Store(code, di, staged + k);
       }
     }
     if constexpr (W != 8 && hn::MaxLanes(DF()) != kGroupSize) {
-      if constexpr (kUseVectorPack && hn::MaxLanes(DF()) >= 2) {
+      if constexpr (hn::MaxLanes(DF()) >= 2) {
         memcpy(group, &words[0], W);
         memcpy(group + W, &words[1], W);
       } else {
