@@ -279,7 +279,7 @@ absl::Status Client::CheckAllReduce(const Buffer& buffer, size_t offset_bytes, s
 }
 
 absl::Status Client::AllReduce(const Buffer& buffer, size_t offset_bytes, size_t num_elements, DType dtype,
-                               absl::string_view tensor_name, bool average) {
+                               absl::string_view tensor_name, bool average, AllReduceResult* result) {
   DQ_RETURN_IF_ERROR(CheckAllReduce(buffer, offset_bytes, num_elements, dtype, tensor_name));
   const dynamiq::v1::AllReduceRequest request =
       MakeAllReduceRequest(*connection_, buffer, offset_bytes, num_elements, dtype, tensor_name, average);
@@ -287,7 +287,10 @@ absl::Status Client::AllReduce(const Buffer& buffer, size_t offset_bytes, size_t
   grpc::ClientContext context;
   Connection::SetDeadline(context, timeout);
   dynamiq::v1::AllReduceResponse response;
-  return connection_->FromGrpc(connection_->stub().AllReduce(&context, request, &response), "AllReduce", timeout);
+  DQ_RETURN_IF_ERROR(
+      connection_->FromGrpc(connection_->stub().AllReduce(&context, request, &response), "AllReduce", timeout));
+  if (result != nullptr) *result = client::internal::ToResult(response);
+  return absl::OkStatus();
 }
 
 Future Client::AllReduceAsync(const Buffer& buffer, size_t offset_bytes, size_t num_elements, DType dtype,
@@ -308,7 +311,9 @@ Future Client::AllReduceAsync(const Buffer& buffer, size_t offset_bytes, size_t 
   connection_->stub().async()->AllReduce(
       &call->context, &call->request, &call->response,
       [call, state, tracker, socket_path = connection_->options().socket_path, timeout](grpc::Status status) {
-        state->Complete(client::internal::FromGrpcStatus(status, "AllReduce", socket_path, timeout));
+        absl::Status s = client::internal::FromGrpcStatus(status, "AllReduce", socket_path, timeout);
+        const bool ok = s.ok();
+        state->Complete(std::move(s), ok ? client::internal::ToResult(call->response) : AllReduceResult());
         tracker->Done();
       });
   return Future(std::move(state));

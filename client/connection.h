@@ -32,6 +32,17 @@ namespace dynamiq::client::internal {
 // this long, or ClientOptions::timeout if that is shorter: a hung daemon must not hang teardown.
 inline constexpr absl::Duration kTeardownTimeout = absl::Seconds(5);
 
+// The fields of an AllReduceResponse.
+inline AllReduceResult ToResult(const dynamiq::v1::AllReduceResponse& response) {
+  AllReduceResult r;
+  r.sequence = response.sequence();
+  r.config_epoch = response.config_epoch();
+  r.codec = response.codec();
+  r.bits = response.bits();
+  r.wire_bytes = response.wire_bytes();
+  return r;
+}
+
 // grpc::Status -> absl::Status. Codes the daemon produces (INVALID_ARGUMENT, NOT_FOUND, ...) keep
 // code and message unchanged. UNAVAILABLE and DEADLINE_EXCEEDED, which gRPC itself produces when the
 // socket is missing or the deadline passes, keep their code and get "<rpc> to dynamiqd at
@@ -65,9 +76,10 @@ class OpTracker {
 // The completion of one asynchronous call. Thread-safe.
 class FutureState {
  public:
-  void Complete(absl::Status status) {
+  void Complete(absl::Status status, AllReduceResult result = {}) {
     absl::MutexLock lock(&mu_);
     status_ = std::move(status);
+    result_ = std::move(result);
     done_ = true;
   }
   absl::Status Wait() {
@@ -79,11 +91,17 @@ class FutureState {
     absl::MutexLock lock(&mu_);
     return done_;
   }
+  // Complete() writes it once; callers read it after Wait(), so the reference stays valid.
+  const AllReduceResult& result() {
+    absl::MutexLock lock(&mu_);
+    return result_;
+  }
 
  private:
   absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+  AllReduceResult result_ ABSL_GUARDED_BY(mu_);
 };
 
 // One registration with the daemon. Immutable after Client::Connect() filled it in, except for the

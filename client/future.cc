@@ -19,4 +19,9 @@ absl::Status Future::Wait() const {
 
 bool Future::Ready() const { return state_ == nullptr || state_->Ready(); }
 
+const AllReduceResult& Future::result() const {
+  static const AllReduceResult* const kEmpty = new AllReduceResult();
+  return state_ == nullptr ? *kEmpty : state_->result();
+}
+
 }  // namespace dynamiq

@@ -11,6 +11,16 @@ absl::Status InMemoryStore::Set(absl::string_view key, absl::string_view value) 
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> InMemoryStore::CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
+                                                  absl::string_view desired) {
+  absl::MutexLock lock(&mu_);
+  auto it = values_.find(key);
+  const bool matches = it == values_.end() ? !expected.has_value() : expected.has_value() && it->second == *expected;
+  if (!matches) return false;
+  values_[std::string(key)] = std::string(desired);
+  return true;
+}
+
 absl::StatusOr<std::string> InMemoryStore::Get(absl::string_view key, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto present = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return values_.find(key) != values_.end(); };
@@ -43,6 +53,11 @@ absl::Status InMemoryStore::Wait(absl::Span<const std::string> keys, absl::Durat
 std::string PrefixStore::Key(absl::string_view key) const { return absl::StrCat(prefix_, "/", key); }
 
 absl::Status PrefixStore::Set(absl::string_view key, absl::string_view value) { return base_.Set(Key(key), value); }
+
+absl::StatusOr<bool> PrefixStore::CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
+                                                absl::string_view desired) {
+  return base_.CompareAndSet(Key(key), expected, desired);
+}
 
 absl::StatusOr<std::string> PrefixStore::Get(absl::string_view key, absl::Duration timeout) {
   return base_.Get(Key(key), timeout);

@@ -9,6 +9,7 @@
 #define DQ_ENGINE_STORE_H_
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,14 @@ class Store {
   virtual absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) = 0;
   // Waits until every key is set; DEADLINE_EXCEEDED names the keys still missing.
   virtual absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) = 0;
+  // Atomically sets `key` to `desired` if its value is `expected` (nullopt: if it is not set) and
+  // returns true; otherwise leaves it and returns false. What nodes use to claim a value
+  // (e.g. the next configuration epoch) when several may try at once. UNIMPLEMENTED by stores that
+  // cannot do it atomically.
+  virtual absl::StatusOr<bool> CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
+                                             absl::string_view desired) {
+    return absl::UnimplementedError("this store has no compare-and-set");
+  }
 };
 
 // Store for ranks that are threads of one process.
@@ -39,6 +48,8 @@ class InMemoryStore final : public Store {
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
   absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
+  absl::StatusOr<bool> CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
+                                     absl::string_view desired) override;
 
  private:
   absl::Mutex mu_;
@@ -52,6 +63,8 @@ class PrefixStore final : public Store {
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
   absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
+  absl::StatusOr<bool> CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
+                                     absl::string_view desired) override;
 
  private:
   std::string Key(absl::string_view key) const;

@@ -1,17 +1,30 @@
 #include "server/control_service.h"
 
 #include "absl/time/time.h"
+#include "server/build_info.h"
 #include "server/rendezvous_service.h"
 #include "server/worker_service.h"
 
 namespace dynamiq::server {
+namespace {
+
+// Every error a handler returns (but a collective's own failure) is a refused request.
+grpc::Status Refuse(Daemon& daemon, const absl::Status& status) {
+  daemon.RecordRejected(status);
+  return ToGrpcStatus(status);
+}
+
+}  // namespace
 
 grpc::Status ControlService::GetStatus(grpc::ServerContext*, const dynamiq::v1::GetStatusRequest*,
                                        dynamiq::v1::GetStatusResponse* response) {
   response->set_node_rank(daemon_.options().node_rank);
   response->set_num_nodes(daemon_.options().num_nodes);
   for (const std::string& m : daemon_.members()) response->add_members(m);
-  response->set_version("0.1.0");
+  response->set_version(std::string(BuildVersion()));
+  response->set_git_commit(std::string(BuildGitCommit()));
+  response->set_metrics_address(daemon_.metrics_address());
+  response->set_error_sample_rate(daemon_.error_sample_rate());
   for (const auto& [id, s] : daemon_.JobStatuses()) {
     dynamiq::v1::JobStatus* j = response->add_jobs();
     j->set_job_id(id);
@@ -20,6 +33,13 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext*, const dynamiq::v1::
     ToProto(s.config, j->mutable_config());
     j->set_inflight(s.inflight);
     j->set_completed(s.completed);
+    j->set_failed(s.failed);
+    j->set_payload_bytes(s.payload_bytes);
+    j->set_bus_bytes(s.bus_bytes);
+    j->set_wire_bytes(s.wire_bytes);
+    j->set_duration_seconds_sum(s.duration_seconds);
+    j->set_last_vnmse(s.last_vnmse);
+    j->set_error_samples(s.error_samples);
   }
   return grpc::Status::OK;
 }
@@ -28,9 +48,9 @@ grpc::Status ControlService::SetCompression(grpc::ServerContext*, const dynamiq:
                                             dynamiq::v1::SetCompressionResponse* response) {
   const auto& c = request->config();
   auto config = MakeJobConfig(c.codec(), c.bits(), c.topology(), c.min_compress_elements(), c.allocator());
-  if (!config.ok()) return ToGrpcStatus(config.status());
+  if (!config.ok()) return Refuse(daemon_, config.status());
   auto epoch = daemon_.SetCompression(request->job_id(), *config, request->expected_epoch());
-  if (!epoch.ok()) return ToGrpcStatus(epoch.status());
+  if (!epoch.ok()) return Refuse(daemon_, epoch.status());
   response->set_epoch(*epoch);
   return grpc::Status::OK;
 }
@@ -46,7 +66,7 @@ grpc::Status ControlService::GetFlightRecorder(grpc::ServerContext*,
   }
   for (const std::string& id : jobs) {
     auto records = daemon_.FlightRecorder(id, request->limit());
-    if (!records.ok()) return ToGrpcStatus(records.status());
+    if (!records.ok()) return Refuse(daemon_, records.status());
     for (const CollectiveRecord& r : *records) {
       dynamiq::v1::CollectiveRecord* out = response->add_records();
       out->set_sequence(r.sequence);

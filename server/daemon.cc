@@ -7,17 +7,23 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "engine/gloo_transport.h"
 #include "server/control_service.h"
+#include "server/counting_transport.h"
 #include "server/grpc_store.h"
+#include "server/metrics.h"
+#include "server/process_watcher.h"
 #include "server/rendezvous_service.h"
+#include "server/worker_listener.h"
 #include "server/worker_service.h"
 
 namespace dynamiq::server {
@@ -53,6 +59,7 @@ Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {
   ShmRegistry::Options shm;
   shm.max_total_bytes = options_.max_shm_bytes;
   registry_ = std::make_unique<ShmRegistry>(shm);
+  metrics_ = std::make_unique<Metrics>(options_.node_rank, options_.num_nodes);
 }
 
 Daemon::~Daemon() { Shutdown(absl::Seconds(1)); }
@@ -65,6 +72,14 @@ absl::Status Daemon::Start() {
   const bool coordinator_here = options_.coordinator.empty() && options_.node_rank == 0;
   if (options_.coordinator.empty() && options_.num_nodes > 1 && !coordinator_here) {
     return absl::InvalidArgumentError("--coordinator is required on nodes other than node 0");
+  }
+  if (options_.metrics_port < -1 || options_.metrics_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_port must be -1 (off), 0 (any free port) or a port, got ", options_.metrics_port));
+  }
+  if (!(options_.error_sample_rate >= 0 && options_.error_sample_rate <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--error_sample_rate must be in [0, 1], got ", options_.error_sample_rate));
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -102,29 +117,57 @@ absl::Status Daemon::Start() {
     members_ = std::move(members);
     store_ = std::move(grpc_store);
   }
+  DQ_RETURN_IF_ERROR(AgreeOnErrorSampleRate());
 
-  // Worker server on a Unix socket only the owner can reach.
-  const std::string dir = options_.worker_socket.substr(0, options_.worker_socket.rfind('/'));
-  if (!dir.empty() && mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", std::strerror(errno)));
-  }
-  struct stat st;
-  if (lstat(options_.worker_socket.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(options_.worker_socket, " exists and is not a socket; refusing to replace it"));
-    }
-    unlink(options_.worker_socket.c_str());  // a stale socket from a previous run
-  }
+  // Worker server on a Unix socket only the owner can reach: mode 0600, and every connection's
+  // SO_PEERCRED uid checked before gRPC sees it (WorkerListener hands accepted sockets to gRPC).
+  process_watcher_ = std::make_unique<ProcessWatcher>();
   worker_service_ = std::make_unique<WorkerService>(*this);
   grpc::ServerBuilder wb;
-  wb.AddListeningPort("unix:" + options_.worker_socket, grpc::InsecureServerCredentials());
   wb.RegisterService(worker_service_.get());
   worker_server_ = wb.BuildAndStart();
-  if (!worker_server_) return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.worker_socket));
-  if (chmod(options_.worker_socket.c_str(), 0600) != 0) {
-    return absl::UnavailableError(absl::StrCat("chmod 0600 ", options_.worker_socket, ": ", std::strerror(errno)));
+  if (!worker_server_) return absl::UnavailableError("cannot start the worker gRPC server");
+  // A refused connection (another uid) counts as a rejected request.
+  DQ_ASSIGN_OR_RETURN(worker_listener_, WorkerListener::Start(options_.worker_socket, worker_server_.get(),
+                                                              [this](const absl::Status& s) { RecordRejected(s); }));
+
+  // Metrics: state gauges are read at every scrape.
+  metrics_->SetGaugeSource([this] {
+    Metrics::Snapshot snapshot;
+    for (const auto& [id, s] : JobStatuses()) {
+      snapshot.jobs.push_back(Metrics::JobGauges{id, s.workers, s.inflight, s.config_epoch, s.config});
+    }
+    snapshot.shm_mapped_bytes = registry_->TotalMappedBytes();
+    return snapshot;
+  });
+  if (options_.metrics_port >= 0) {
+    DQ_ASSIGN_OR_RETURN(std::string address, metrics_->Serve(peer_host_, options_.metrics_port));
+    absl::MutexLock lock(&mu_);
+    metrics_address_ = std::move(address);
   }
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::AgreeOnErrorSampleRate() {
+  double rate = options_.error_sample_rate;
+  if (options_.num_nodes > 1) {
+    // Every node must run the same side all-reduces (server/error_probe.h): node 0's rate applies.
+    const std::string key = "cluster/error_sample_rate";
+    if (options_.node_rank == 0) {
+      DQ_RETURN_IF_ERROR(store_->Set(key, absl::StrFormat("%.17g", rate)));
+    } else {
+      DQ_ASSIGN_OR_RETURN(std::string value, store_->Get(key, options_.timeout));
+      if (!absl::SimpleAtod(value, &rate) || !(rate >= 0 && rate <= 1)) {
+        return absl::DataLossError(absl::StrCat("malformed error sample rate '", value, "' from node 0"));
+      }
+      if (rate != options_.error_sample_rate) {
+        std::fprintf(stderr, "dynamiqd: using node 0's --error_sample_rate=%g instead of %g\n", rate,
+                     options_.error_sample_rate);
+      }
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  error_sample_rate_ = rate;
   return absl::OkStatus();
 }
 
@@ -134,6 +177,9 @@ void Daemon::Shutdown(absl::Duration grace) {
     if (shut_down_) return;
     shut_down_ = true;
   }
+  // No scrape may read the jobs or the shared memory while they go away.
+  metrics_->StopServing();
+  metrics_->SetGaugeSource(nullptr);
   if (operator_server_) operator_server_->GetHealthCheckService()->SetServingStatus(false);
   // Fail in-flight collectives first so blocked handlers return, then stop the servers.
   std::map<std::string, std::shared_ptr<Job>> jobs;
@@ -144,10 +190,11 @@ void Daemon::Shutdown(absl::Duration grace) {
   for (auto& [id, job] : jobs) job->Stop();  // fails in-flight work; handlers return
   jobs.clear();
   const auto deadline = absl::ToChronoTime(absl::Now() + grace);
+  worker_listener_.reset();  // stops accepting workers, unlinks the socket
   if (worker_server_) worker_server_->Shutdown(deadline);
   if (operator_server_) operator_server_->Shutdown(deadline);
-  registry_.reset();  // unmaps and unlinks every shared-memory buffer
-  if (!options_.worker_socket.empty()) unlink(options_.worker_socket.c_str());
+  process_watcher_.reset();  // no more exit callbacks
+  registry_.reset();         // unmaps and unlinks every shared-memory buffer
 }
 
 void Daemon::Wait() {
@@ -158,6 +205,20 @@ void Daemon::Wait() {
 std::string Daemon::listen_address() const {
   absl::MutexLock lock(&mu_);
   return listen_address_;
+}
+
+std::string Daemon::metrics_address() const {
+  absl::MutexLock lock(&mu_);
+  return metrics_address_;
+}
+
+double Daemon::error_sample_rate() const {
+  absl::MutexLock lock(&mu_);
+  return error_sample_rate_;
+}
+
+void Daemon::RecordRejected(const absl::Status& status) {
+  if (!status.ok()) metrics_->OnRejected(status.code());
 }
 
 std::vector<std::string> Daemon::members() const {
@@ -174,13 +235,18 @@ Job* Daemon::GetOrCreateJob(const std::string& job_id, uint32_t local_world_size
   o.num_nodes = options_.num_nodes;
   o.config = options_.default_config;
   o.timeout = options_.timeout;
+  o.observer = metrics_.get();
+  o.error_sample_rate = error_sample_rate_;
   o.connect = [this, job_id](uint64_t generation) -> absl::StatusOr<std::unique_ptr<engine::Transport>> {
     engine::PrefixStore scoped(absl::StrCat("job/", job_id, "/gen", generation), *store_);
     engine::GlooTransportOptions t;
     t.hostname = peer_host_;
     t.timeout = options_.timeout;
-    return engine::ConnectGlooTransport(scoped, static_cast<int>(options_.node_rank),
-                                        static_cast<int>(options_.num_nodes), t);
+    DQ_ASSIGN_OR_RETURN(std::unique_ptr<engine::Transport> gloo,
+                        engine::ConnectGlooTransport(scoped, static_cast<int>(options_.node_rank),
+                                                     static_cast<int>(options_.num_nodes), t));
+    // Counts bytes per peer node (dynamiq_peer_bytes_total).
+    return std::unique_ptr<engine::Transport>(std::make_unique<CountingTransport>(std::move(gloo), metrics_.get()));
   };
   o.poll_config = [this, job_id](uint64_t sequence, uint64_t* epoch, JobConfig* config) {
     return PollConfig(job_id, sequence, epoch, config);
@@ -199,7 +265,7 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::FindJob(const std::string& job_id) 
 }
 
 absl::StatusOr<Daemon::Registration> Daemon::Register(const std::string& job_id, uint32_t local_rank,
-                                                      uint32_t local_world_size) {
+                                                      uint32_t local_world_size, std::optional<PeerCredentials> peer) {
   if (local_world_size == 0 || local_world_size > 1024) {
     return absl::InvalidArgumentError(absl::StrCat("local world size must be 1..1024, got ", local_world_size));
   }
@@ -209,6 +275,14 @@ absl::StatusOr<Daemon::Registration> Daemon::Register(const std::string& job_id,
   const uint64_t id = next_worker_id_++;
   DQ_RETURN_IF_ERROR(job->AddWorker(id, local_rank, local_world_size));
   worker_jobs_[id] = job_id;
+  if (peer.has_value() && process_watcher_) {
+    // A worker that dies without unregistering is removed at once (not at the collective timeout).
+    const pid_t pid = peer->pid;
+    auto watch = process_watcher_->Watch(pid, [this, id, pid, local_rank] {
+      (void)RemoveWorker(id, absl::StrCat("local rank ", local_rank, " (worker ", id, ", pid ", pid, ") exited"));
+    });
+    if (watch.ok()) worker_watches_[id] = *watch;
+  }
   Job::Status s = job->GetStatus();
   return Registration{id, s.config_epoch, s.config};
 }
@@ -243,21 +317,46 @@ absl::Status Daemon::Release(uint64_t worker_id, uint64_t buffer_id) {
 }
 
 absl::Status Daemon::Unregister(uint64_t worker_id) {
+  return RemoveWorker(worker_id, absl::StrCat("worker ", worker_id, " unregistered"));
+}
+
+absl::Status Daemon::RemoveWorker(uint64_t worker_id, const std::string& reason) {
   std::string job_id;
+  uint64_t watch = 0;
   {
     absl::MutexLock lock(&mu_);
     auto it = worker_jobs_.find(worker_id);
     if (it == worker_jobs_.end()) return absl::NotFoundError(absl::StrCat("worker ", worker_id, " is not registered"));
     job_id = it->second;
     worker_jobs_.erase(it);
+    auto w = worker_watches_.find(worker_id);
+    if (w != worker_watches_.end()) {
+      watch = w->second;
+      worker_watches_.erase(w);
+    }
   }
+  if (watch != 0 && process_watcher_) process_watcher_->Unwatch(watch);
   DQ_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
-  job->RemoveWorker(worker_id);
+  job->RemoveWorker(worker_id, reason);
   registry_->ReleaseWorker(worker_id);
   return absl::OkStatus();
 }
 
+std::optional<PeerCredentials> Daemon::WorkerPeer(const std::string& grpc_peer) const {
+  return worker_listener_ ? worker_listener_->CredentialsOf(grpc_peer) : std::nullopt;
+}
+
 absl::StatusOr<Job::Result> Daemon::AllReduce(const AllReduceCall& call) {
+  std::shared_ptr<Job> job;
+  absl::StatusOr<Job::Request> request = CheckAllReduce(call, &job);
+  if (!request.ok()) {
+    RecordRejected(request.status());
+    return request.status();
+  }
+  return job->Submit(*request);
+}
+
+absl::StatusOr<Job::Request> Daemon::CheckAllReduce(const AllReduceCall& call, std::shared_ptr<Job>* job_out) {
   std::string job_id;
   {
     absl::MutexLock lock(&mu_);
@@ -288,29 +387,46 @@ absl::StatusOr<Job::Result> Daemon::AllReduce(const AllReduceCall& call) {
   r.average = call.average;
   r.region = region;
   r.submission = call.submission;
-  return job->Submit(r);
+  *job_out = std::move(job);
+  return r;
 }
 
 absl::StatusOr<uint64_t> Daemon::SetCompression(const std::string& job_id, const JobConfig& config,
                                                 uint64_t expected_epoch) {
   DQ_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
   absl::MutexLock lock(&config_mu_);
-  // The newest epoch any node published for this job (they may have changed it elsewhere).
-  uint64_t current = std::max(published_epoch_[job_id], job->GetStatus().config_epoch);
-  auto latest = store_->Get(absl::StrCat("job/", job_id, "/latest_epoch"), absl::ZeroDuration());
-  uint64_t stored = 0;
-  if (latest.ok() && absl::SimpleAtoi(*latest, &stored)) current = std::max(current, stored);
-  if (expected_epoch != 0 && expected_epoch != current) {
-    return absl::AbortedError(absl::StrCat("job ", job_id, " is at config epoch ", current, ", not ", expected_epoch));
+  const std::string latest_key = absl::StrCat("job/", job_id, "/latest_epoch");
+  // Claim the next epoch with a compare-and-set on the coordinator's store: changes made at the
+  // same time through different nodes get distinct epochs, and a stale expected epoch is refused.
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    absl::StatusOr<std::string> latest = store_->Get(latest_key, absl::ZeroDuration());
+    std::optional<std::string> seen;
+    uint64_t current = 0;
+    if (latest.ok()) {
+      if (!absl::SimpleAtoi(*latest, &current)) {
+        return absl::DataLossError(absl::StrCat("malformed ", latest_key, " '", *latest, "'"));
+      }
+      seen = *latest;
+    } else if (!absl::IsDeadlineExceeded(latest.status()) && !absl::IsNotFound(latest.status())) {
+      return latest.status();  // the coordinator is unreachable: nothing was changed
+    }
+    if (expected_epoch != 0 && expected_epoch != current) {
+      return absl::AbortedError(
+          absl::StrCat("job ", job_id, " is at config epoch ", current, ", not ", expected_epoch));
+    }
+    const uint64_t epoch = current + 1;
+    // Nodes run collectives in lockstep: another node can be at most one collective ahead of this
+    // one, so none can have started (next + 2) before the configuration is visible.
+    const uint64_t apply_at = job->NextSequence() + 2;
+    std::optional<absl::string_view> expected;
+    if (seen.has_value()) expected = *seen;
+    DQ_ASSIGN_OR_RETURN(bool claimed, store_->CompareAndSet(latest_key, expected, absl::StrCat(epoch)));
+    if (!claimed) continue;  // another node claimed it first: read the new epoch and try again
+    // Nodes that see the claimed epoch wait (PollConfig) for this key, written right away.
+    DQ_RETURN_IF_ERROR(store_->Set(absl::StrCat("job/", job_id, "/config/", epoch), EncodeConfig(config, apply_at)));
+    return epoch;
   }
-  const uint64_t epoch = current + 1;
-  // Nodes run collectives in lockstep: another node can be at most one collective ahead of this
-  // one, so none can have started (next + 2) before this key is visible.
-  const uint64_t apply_at = job->NextSequence() + 2;
-  DQ_RETURN_IF_ERROR(store_->Set(absl::StrCat("job/", job_id, "/config/", epoch), EncodeConfig(config, apply_at)));
-  DQ_RETURN_IF_ERROR(store_->Set(absl::StrCat("job/", job_id, "/latest_epoch"), absl::StrCat(epoch)));
-  published_epoch_[job_id] = epoch;
-  return epoch;
+  return absl::AbortedError(absl::StrCat("job ", job_id, ": configuration changed concurrently too often; retry"));
 }
 
 absl::StatusOr<bool> Daemon::PollConfig(const std::string& job_id, uint64_t sequence, uint64_t* epoch,

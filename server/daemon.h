@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "engine/store.h"
 #include "server/job.h"
+#include "server/peer_credentials.h"
 #include "server/shm_registry.h"
 
 namespace grpc {
@@ -32,6 +33,9 @@ class Server;
 namespace dynamiq::server {
 
 class ControlService;
+class Metrics;
+class ProcessWatcher;
+class WorkerListener;
 class RendezvousService;
 class WorkerService;
 
@@ -47,6 +51,12 @@ struct DaemonOptions {
   absl::Duration timeout = absl::Seconds(300);
   // Shared memory limits.
   size_t max_shm_bytes = size_t{64} << 30;
+  // Prometheus /metrics port on the host of `listen`: 0 picks a free one, -1 serves none (the
+  // default here, so in-process daemons never collide; dynamiqd's flag defaults to 9400).
+  int metrics_port = -1;
+  // Fraction (0..1) of compressed cross-node collectives whose error is measured (see
+  // server/error_probe.h). Node 0's value applies to the whole cluster.
+  double error_sample_rate = 0.01;
 };
 
 class Daemon {
@@ -63,6 +73,14 @@ class Daemon {
 
   // The bound operator address (with the real port when `listen` asked for port 0).
   std::string listen_address() const;
+  // The bound metrics address (host:port, GET /metrics); empty when metrics are off.
+  std::string metrics_address() const;
+  // The error sample rate in force: node 0's (read from the coordinator's store at Start).
+  double error_sample_rate() const;
+  // The node's metrics (always recorded; served only with metrics_port >= 0).
+  Metrics& metrics() { return *metrics_; }
+  // Counts a refused worker or operator request (dynamiq_rejected_requests_total); OK is ignored.
+  void RecordRejected(const absl::Status& status);
   const DaemonOptions& options() const { return options_; }
 
   // Worker API, called by the gRPC service.
@@ -71,11 +89,16 @@ class Daemon {
     uint64_t config_epoch = 0;
     JobConfig config;
   };
-  absl::StatusOr<Registration> Register(const std::string& job_id, uint32_t local_rank, uint32_t local_world_size);
+  // `peer`: the worker's process (from SO_PEERCRED); when given, the daemon unregisters the worker
+  // as soon as that process exits.
+  absl::StatusOr<Registration> Register(const std::string& job_id, uint32_t local_rank, uint32_t local_world_size,
+                                        std::optional<PeerCredentials> peer = std::nullopt);
   absl::StatusOr<ShmBufferInfo> Allocate(uint64_t worker_id, size_t bytes);
   absl::Status Mapped(uint64_t worker_id, uint64_t buffer_id);
   absl::Status Release(uint64_t worker_id, uint64_t buffer_id);
   absl::Status Unregister(uint64_t worker_id);
+  // The credentials of the worker connection gRPC calls `grpc_peer` (ServerContext::peer()).
+  std::optional<PeerCredentials> WorkerPeer(const std::string& grpc_peer) const;
   struct AllReduceCall {
     uint64_t worker_id = 0;
     std::string tensor_name;
@@ -96,15 +119,24 @@ class Daemon {
 
  private:
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id) const;
+  // Removes a worker; `reason` says why (in the errors of the collectives that fail with it).
+  absl::Status RemoveWorker(uint64_t worker_id, const std::string& reason);
   Job* GetOrCreateJob(const std::string& job_id, uint32_t local_world_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<bool> PollConfig(const std::string& job_id, uint64_t sequence, uint64_t* epoch, JobConfig* config);
+  // Multi-node: node 0 publishes its error sample rate in the coordinator's store, the others adopt it.
+  absl::Status AgreeOnErrorSampleRate();
+  // Validates an all-reduce call and turns it into the job's request (errors are rejections).
+  absl::StatusOr<Job::Request> CheckAllReduce(const AllReduceCall& call, std::shared_ptr<Job>* job);
 
   const DaemonOptions options_;
   std::unique_ptr<ShmRegistry> registry_;
+  std::unique_ptr<Metrics> metrics_;               // outlives the jobs, which report into it
   std::unique_ptr<RendezvousService> rendezvous_;  // coordinator node only
   std::unique_ptr<engine::Store> store_;           // the coordinator's store (local when single-node)
   std::unique_ptr<grpc::Server> operator_server_;
   std::unique_ptr<grpc::Server> worker_server_;
+  std::unique_ptr<WorkerListener> worker_listener_;
+  std::unique_ptr<ProcessWatcher> process_watcher_;
   std::unique_ptr<WorkerService> worker_service_;
   std::unique_ptr<ControlService> control_service_;
   std::string peer_host_;
@@ -113,14 +145,16 @@ class Daemon {
   // Handlers hold a reference while they use a job, so Shutdown can drop the map safely.
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::string> worker_jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, uint64_t> worker_watches_ ABSL_GUARDED_BY(mu_);  // worker id -> ProcessWatcher handle
   uint64_t next_worker_id_ ABSL_GUARDED_BY(mu_) = 1;
   // Serialises this node's SetCompression calls without blocking the worker API while they talk
   // to the coordinator.
   absl::Mutex config_mu_;
-  std::map<std::string, uint64_t> published_epoch_ ABSL_GUARDED_BY(config_mu_);
   std::vector<std::string> members_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::string listen_address_ ABSL_GUARDED_BY(mu_);
+  std::string metrics_address_ ABSL_GUARDED_BY(mu_);
+  double error_sample_rate_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace dynamiq::server

@@ -52,6 +52,21 @@ absl::StatusOr<std::string> GrpcStore::Get(absl::string_view key, absl::Duration
   return std::move(*response.mutable_value());
 }
 
+absl::StatusOr<bool> GrpcStore::CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
+                                              absl::string_view desired) {
+  dynamiq::v1::StoreCompareAndSetRequest request;
+  request.set_key(std::string(key));
+  if (expected.has_value()) request.set_expected(std::string(*expected));
+  request.set_desired(std::string(desired));
+  dynamiq::v1::StoreCompareAndSetResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, absl::ZeroDuration());
+  absl::Status s =
+      Annotate(stub_->CompareAndSet(&context, request, &response), absl::StrCat("rendezvous at ", address_));
+  if (!s.ok()) return s;
+  return response.swapped();
+}
+
 absl::Status GrpcStore::Wait(absl::Span<const std::string> keys, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   for (const std::string& key : keys) {
@@ -70,6 +85,9 @@ absl::StatusOr<std::vector<std::string>> GrpcStore::Join(uint32_t node_rank, uin
   dynamiq::v1::JoinResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  // Nodes may start before the coordinator listens: wait for it (up to the deadline) instead of
+  // failing at the first refused connection.
+  context.set_wait_for_ready(true);
   absl::Status s =
       Annotate(stub_->Join(&context, request, &response), absl::StrCat("joining the cluster at ", address_));
   if (!s.ok()) return s;

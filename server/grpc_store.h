@@ -23,6 +23,8 @@ class GrpcStore final : public engine::Store {
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
   absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
+  absl::StatusOr<bool> CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
+                                     absl::string_view desired) override;
 
   // Joins the cluster as `node_rank` of `num_nodes` at `address`; returns every member's address
   // by node rank once all have joined (or DEADLINE_EXCEEDED after `timeout`).

@@ -10,6 +10,7 @@
 #include "engine/allreduce.h"
 #include "kernels/bf16_math.h"
 #include "kernels/codec_registry.h"
+#include "server/error_probe.h"
 
 namespace dynamiq::server {
 namespace {
@@ -88,7 +89,7 @@ absl::Status Job::AddWorker(uint64_t worker_id, uint32_t local_rank, uint32_t lo
   return absl::OkStatus();
 }
 
-void Job::RemoveWorker(uint64_t worker_id) {
+void Job::RemoveWorker(uint64_t worker_id, const std::string& reason) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) return;
@@ -97,7 +98,8 @@ void Job::RemoveWorker(uint64_t worker_id) {
   next_submit_.erase(worker_id);
   base_.erase(worker_id);
   // Queued collectives either wait for this worker or hold its (soon unmapped) buffer: fail them
-  // all and let the job continue after them (other nodes see a timeout of those collectives).
+  // all and let the job continue after them (the other nodes fail them too: BreakGroup).
+  uint64_t failed = 0;
   for (auto slot = slots_.begin(); slot != slots_.end();) {
     if (slot->second.running) {
       ++slot;
@@ -105,13 +107,19 @@ void Job::RemoveWorker(uint64_t worker_id) {
     }
     for (auto& [r, e] : slot->second.entries) {
       e->status = absl::AbortedError(absl::StrCat("collective ", slot->first, " of job ", options_.id, ": local rank ",
-                                                  rank, " (worker ", worker_id, ") left"));
+                                                  rank, " left (", reason, ")"));
       e->done = true;
     }
+    if (!slot->second.entries.empty()) {
+      CountFailure(slot->second.entries.begin()->second->request.num_elements,
+                   {CollectiveResult::kAborted, FaultKind::kAbort});
+    }
+    ++failed;
     next_run_ = std::max(next_run_, slot->first + 1);
     slot = slots_.erase(slot);
   }
   for (auto& [id, next] : next_submit_) next = std::max(next, next_run_);
+  if (failed > 0) BreakGroup(failed);
   // A running collective may still read or write this worker's buffer: wait until it is done, so
   // the caller can release the worker's shared memory.
   auto idle = [this, rank]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -137,12 +145,22 @@ void Job::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    for (auto& [seq, slot] : slots_) {
-      if (slot.running) continue;
-      for (auto& [r, e] : slot.entries) {
+    for (auto it = slots_.begin(); it != slots_.end();) {
+      if (it->second.running) {
+        ++it;
+        continue;
+      }
+      for (auto& [r, e] : it->second.entries) {
         e->status = absl::UnavailableError(absl::StrCat("job ", options_.id, " is shutting down"));
         e->done = true;
       }
+      if (!it->second.entries.empty()) {
+        CountFailure(it->second.entries.begin()->second->request.num_elements,
+                     {CollectiveResult::kAborted, FaultKind::kAbort});
+      }
+      // The entries live in their submitters' frames, which return now: drop the slot so nothing
+      // (a second Stop, BufferInUse) touches them afterwards.
+      it = slots_.erase(it);
     }
   }
   {
@@ -156,6 +174,10 @@ void Job::Stop() {
 }
 
 absl::StatusOr<Job::Result> Job::Submit(const Request& request) {
+  auto reject = [this](absl::Status status) {
+    if (options_.observer != nullptr) options_.observer->OnRejected(status.code());
+    return status;
+  };
   Entry entry;
   entry.request = request;
   uint64_t sequence;
@@ -163,26 +185,26 @@ absl::StatusOr<Job::Result> Job::Submit(const Request& request) {
     absl::MutexLock lock(&mu_);
     auto w = workers_.find(request.worker_id);
     if (w == workers_.end()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("worker ", request.worker_id, " is not registered with job ", options_.id));
+      return reject(absl::FailedPreconditionError(
+          absl::StrCat("worker ", request.worker_id, " is not registered with job ", options_.id)));
     }
     entry.local_rank = w->second;
     if (request.submission.has_value()) {
       // The worker's own numbering: asynchronous requests may arrive out of order.
       sequence = base_[request.worker_id] + *request.submission;
       if (sequence < next_run_ || *request.submission > (uint64_t{1} << 40)) {
-        return absl::InvalidArgumentError(absl::StrCat("submission ", *request.submission, " of worker ",
-                                                       request.worker_id, " is out of order (collective ", sequence,
-                                                       " already ran or is absurd)"));
+        return reject(absl::InvalidArgumentError(absl::StrCat("submission ", *request.submission, " of worker ",
+                                                              request.worker_id, " is out of order (collective ",
+                                                              sequence, " already ran or is absurd)")));
       }
     } else {
       sequence = next_submit_[request.worker_id];
     }
-    if (stopping_) return absl::UnavailableError(absl::StrCat("job ", options_.id, " is shutting down"));
+    if (stopping_) return reject(absl::UnavailableError(absl::StrCat("job ", options_.id, " is shutting down")));
     auto existing = slots_.find(sequence);
     if (existing != slots_.end() && existing->second.entries.count(entry.local_rank)) {
-      return absl::AlreadyExistsError(absl::StrCat("worker ", request.worker_id, " submitted collective ", sequence,
-                                                   " twice (submission index reused)"));
+      return reject(absl::AlreadyExistsError(absl::StrCat("worker ", request.worker_id, " submitted collective ",
+                                                          sequence, " twice (submission index reused)")));
     }
     next_submit_[request.worker_id] = std::max(next_submit_[request.worker_id], sequence + 1);
     slots_[sequence].entries[entry.local_rank] = &entry;
@@ -215,6 +237,8 @@ absl::StatusOr<Job::Result> Job::Submit(const Request& request) {
         }
         slots_.erase(sequence);
         if (sequence == next_run_) ++next_run_;
+        CountFailure(request.num_elements, {CollectiveResult::kTimeout, FaultKind::kTimeout});
+        BreakGroup();
         return absl::DeadlineExceededError(
             absl::StrCat("collective ", sequence, " of job ", options_.id, " timed out after ",
                          absl::FormatDuration(options_.timeout),
@@ -234,6 +258,13 @@ Job::Status Job::GetStatus() const {
   s.config = config_;
   s.inflight = static_cast<uint32_t>(slots_.size());
   s.completed = completed_;
+  s.failed = totals_.failed;
+  s.payload_bytes = totals_.payload_bytes;
+  s.bus_bytes = totals_.bus_bytes;
+  s.wire_bytes = totals_.wire_bytes;
+  s.duration_seconds = totals_.duration_seconds;
+  s.error_samples = totals_.error_samples;
+  s.last_vnmse = totals_.last_vnmse;
   return s;
 }
 
@@ -251,6 +282,13 @@ uint64_t Job::NextSequence() const {
 void Job::Record(CollectiveRecord record) {
   records_.push_back(std::move(record));
   while (records_.size() > options_.flight_recorder_size) records_.pop_front();
+}
+
+void Job::BreakGroup(uint64_t collectives) {
+  if (options_.num_nodes <= 1) return;
+  absl::MutexLock lock(&transport_mu_);
+  if (transport_) transport_->Abort();
+  pending_generations_ += collectives;
 }
 
 void Job::ReducerLoop() {
@@ -320,6 +358,7 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   }
   const size_t n = entries[0]->request.num_elements;
   uint64_t wire_bytes = 0;
+  ProbeResult probe;
   // The fp32 sum lives in local rank 0's own buffer when that is fp32 (no scratch allocation and
   // no extra copy: the cross-node all-reduce runs in place in shared memory), else in scratch.
   const bool in_place = entries[0]->request.dtype == kernels::DType::kFloat32;
@@ -340,6 +379,7 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
       }
     }
   }
+  if (!status.ok()) BreakGroup();  // the local workers disagree: this node skips the cross-node step
   if (status.ok()) {
     // Local reduce in fp32, in local-rank order (deterministic).
     for (size_t k = 1; k < entries.size(); ++k) {
@@ -352,7 +392,7 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
         for (size_t i = 0; i < n; ++i) sum[i] += kernels::Bf16ToFloat(h[i]);
       }
     }
-    if (options_.num_nodes > 1) status = CrossNode(sequence, config, epoch, sum, n, &wire_bytes);
+    if (options_.num_nodes > 1) status = CrossNode(sequence, config, epoch, sum, n, &wire_bytes, &probe);
   }
   if (status.ok()) {
     const float scale = 1.0f / static_cast<float>(options_.num_nodes * options_.local_world_size);
@@ -379,6 +419,9 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   record.wire_bytes = wire_bytes;
   record.state = status.ok() ? "ok" : "failed";
   record.error = std::string(status.message());
+  if (status.ok() && !probe.status.ok()) record.error = absl::StrCat("error probe: ", probe.status.message());
+  // Metrics count the collective, not the measurement on the side.
+  const double seconds = std::max(0.0, record.seconds - probe.seconds);
   // Advance the job in the same critical section that releases the submitters: once any worker
   // sees its result, NextSequence() (which SetCompression's boundary is computed from) is current.
   absl::MutexLock lock(&mu_);
@@ -390,22 +433,97 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   Record(std::move(record));
   slots_.erase(sequence);
   next_run_ = std::max(next_run_, sequence + 1);  // RemoveWorker may have skipped ahead meanwhile
+  if (!status.ok()) {
+    CountFailure(n, ClassifyFailure(status, stopping_));
+    return;
+  }
   ++completed_;
+  CollectiveOutcome outcome;
+  outcome.codec = EffectiveCodec(config, n);
+  outcome.topology = config.topology;
+  outcome.num_elements = n;
+  outcome.seconds = seconds;
+  outcome.wire_bytes = wire_bytes;
+  totals_.payload_bytes += n * sizeof(float);
+  totals_.bus_bytes += BusBytes(n * sizeof(float), options_.num_nodes);
+  totals_.wire_bytes += wire_bytes;
+  totals_.duration_seconds += seconds;
+  if (probe.vnmse.has_value()) {
+    ++totals_.error_samples;
+    totals_.last_vnmse = *probe.vnmse;
+  }
+  if (options_.observer != nullptr) {
+    options_.observer->OnCollective(options_.id, outcome);
+    if (probe.vnmse.has_value()) options_.observer->OnErrorSample(options_.id, outcome.codec, *probe.vnmse);
+  }
+}
+
+absl::StatusOr<kernels::Codec*> Job::CachedCodec(const kernels::CodecConfig& config) {
+  for (const auto& [cached, codec] : codecs_) {
+    if (cached.id == config.id && cached.bits == config.bits && cached.allocator == config.allocator &&
+        cached.levels == config.levels && cached.correlated_rounding == config.correlated_rounding &&
+        cached.seed == config.seed) {
+      return codec.get();
+    }
+  }
+  DQ_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Codec> codec, kernels::CreateCodec(config));
+  if (codecs_.size() >= 8) codecs_.erase(codecs_.begin());  // oldest first; a job uses one or two at a time
+  codecs_.emplace_back(config, std::move(codec));
+  return codecs_.back().second.get();
+}
+
+kernels::CodecConfig Job::EffectiveCodec(const JobConfig& config, uint64_t num_elements) {
+  return num_elements < config.min_compress_elements ? kernels::CodecConfig{kernels::CodecId::kNone} : config.codec;
+}
+
+void Job::CountFailure(uint64_t num_elements, Classification how) {
+  ++totals_.failed;
+  if (options_.observer == nullptr) return;
+  CollectiveOutcome outcome;
+  outcome.result = how.result;
+  outcome.fault = how.fault;
+  outcome.codec = EffectiveCodec(config_, num_elements);
+  outcome.topology = config_.topology;
+  outcome.num_elements = num_elements;
+  options_.observer->OnCollective(options_.id, outcome);
 }
 
 absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch, float* sum, size_t n,
-                            uint64_t* wire_bytes) {
+                            uint64_t* wire_bytes, ProbeResult* probe) {
   engine::Transport* transport;
   {
     absl::MutexLock lock(&transport_mu_);
+    if (pending_generations_ > 0) {
+      transport_.reset();
+      generation_ += pending_generations_;
+      pending_generations_ = 0;
+    }
     if (!transport_) {
-      DQ_ASSIGN_OR_RETURN(transport_, options_.connect(generation_));
+      auto connected = options_.connect(generation_);
+      if (!connected.ok()) {
+        ++generation_;  // this collective failed: the next one meets the others at the next generation
+        return absl::Status(connected.status().code(), absl::StrCat("collective ", sequence, " of job ", options_.id,
+                                                                    ": ", connected.status().message()));
+      }
+      transport_ = *std::move(connected);
     }
     transport = transport_.get();
   }
-  kernels::CodecConfig codec_config = config.codec;
-  if (n < config.min_compress_elements) codec_config = kernels::CodecConfig{kernels::CodecId::kNone};
-  DQ_ASSIGN_OR_RETURN(auto codec, kernels::CreateCodec(codec_config));
+  const kernels::CodecConfig codec_config = EffectiveCodec(config, n);
+  DQ_ASSIGN_OR_RETURN(kernels::Codec * codec, CachedCodec(codec_config));
+  // Error probe: keep this node's exact local sum of a sampled compressed collective. Every node
+  // decides the same way (SampleForError is a function of job, sequence and the shared rate).
+  std::vector<float> exact;
+  const bool sampled =
+      codec_config.id != kernels::CodecId::kNone && SampleForError(options_.id, sequence, options_.error_sample_rate);
+  bool no_memory_for_probe = false;
+  if (sampled) {
+    try {
+      exact.assign(sum, sum + n);
+    } catch (const std::bad_alloc&) {
+      no_memory_for_probe = true;  // the collective itself is unaffected; its probe is skipped below
+    }
+  }
   engine::AllReduceOptions o;
   o.topology = config.topology;
   o.job_id = JobHash(options_.id);
@@ -423,6 +541,36 @@ absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t
                                                              result.status().message()));
   }
   *wire_bytes = result->bytes_sent;
+  if (!sampled) return absl::OkStatus();
+  if (no_memory_for_probe) {
+    // The peers are about to run the side all-reduce: make it fail now rather than at their
+    // deadline, and re-form the group as they will (one generation per failed exchange).
+    absl::MutexLock lock(&transport_mu_);
+    transport_->Abort();
+    transport_.reset();
+    ++generation_;
+    probe->status = absl::ResourceExhaustedError(absl::StrCat("no memory for a ", n, "-element exact sum"));
+    return absl::OkStatus();
+  }
+  // The exact side all-reduce (codec none) of the copy, over the same transport and step-header
+  // validation, under a sequence number no real collective uses.
+  const absl::Time start = absl::Now();
+  DQ_ASSIGN_OR_RETURN(auto none, kernels::CreateCodec(kernels::CodecConfig{kernels::CodecId::kNone}));
+  engine::AllReduceOptions exact_options = o;
+  exact_options.sequence = ErrorProbeSequence(sequence);
+  auto exact_result =
+      engine::AllReduce(*none, *transport, exact_options, {exact.data(), kernels::DType::kFloat32, 0, nullptr},
+                        {exact.data(), kernels::DType::kFloat32, 0, nullptr}, n);
+  probe->seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (!exact_result.ok()) {
+    // The result is fine but the group is broken: re-form it, as after a failed collective.
+    absl::MutexLock lock(&transport_mu_);
+    transport_.reset();
+    ++generation_;
+    probe->status = exact_result.status();
+    return absl::OkStatus();
+  }
+  probe->vnmse = Vnmse(sum, exact.data(), n);
   return absl::OkStatus();
 }
 

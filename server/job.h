@@ -34,6 +34,7 @@
 #include "engine/schedule.h"
 #include "engine/transport.h"
 #include "kernels/codec.h"
+#include "server/job_observer.h"
 
 namespace dynamiq::server {
 
@@ -80,6 +81,11 @@ class Job {
     ConnectFn connect;         // required when num_nodes > 1
     PollConfigFn poll_config;  // optional
     size_t flight_recorder_size = 256;
+    // Metrics; null: none. Must outlive the job.
+    JobObserver* observer = nullptr;
+    // Fraction of compressed cross-node collectives whose error is measured against an exact sum
+    // (server/error_probe.h). Every node of the job must use the same rate.
+    double error_sample_rate = 0;
   };
 
   struct Request {
@@ -109,9 +115,9 @@ class Job {
   // Adds a local worker; INVALID_ARGUMENT for a rank outside the job's local world size or a
   // different local world size than earlier workers said, ALREADY_EXISTS for a taken rank.
   absl::Status AddWorker(uint64_t worker_id, uint32_t local_rank, uint32_t local_world_size);
-  // Removes a worker (unregistered or dead): queued collectives fail, naming it; returns once no
-  // running collective uses its buffers any more (they may then be unmapped).
-  void RemoveWorker(uint64_t worker_id);
+  // Removes a worker (unregistered or dead): queued collectives fail with `reason`; returns once
+  // no running collective uses its buffers any more (they may then be unmapped).
+  void RemoveWorker(uint64_t worker_id, const std::string& reason);
   // True while a submitted, unfinished request uses the buffer (it must not be released).
   bool BufferInUse(uint64_t worker_id, uint64_t buffer_id) const;
   // Fails queued requests, aborts a running collective, rejects new ones, and waits until no
@@ -127,7 +133,15 @@ class Job {
     uint64_t config_epoch = 0;
     JobConfig config;
     uint32_t inflight = 0;
-    uint64_t completed = 0;
+    // Cumulative since the job started on this node (dynamiqctl top turns them into rates).
+    uint64_t completed = 0;       // collectives that succeeded
+    uint64_t failed = 0;          // collectives that failed (reducer, watchdog, a worker leaving, shutdown)
+    uint64_t payload_bytes = 0;   // successful collectives' elements x 4
+    uint64_t bus_bytes = 0;       // payload x 2(n-1)/n over n nodes
+    uint64_t wire_bytes = 0;      // sent for the cross-node all-reduces, headers included
+    double duration_seconds = 0;  // successful collectives' time, as dynamiq_collective_duration_seconds
+    uint64_t error_samples = 0;   // collectives whose compression error was measured
+    double last_vnmse = 0;        // the latest measured vNMSE (when error_samples > 0)
   };
   Status GetStatus() const;
   std::vector<CollectiveRecord> FlightRecorder(size_t limit) const;
@@ -150,10 +164,28 @@ class Job {
   void ReducerLoop();
   // Runs collective `sequence` over the complete slot; fills every entry's status/result.
   void RunCollective(uint64_t sequence, Slot& slot);
-  // All-reduces sum[0, n) across nodes in place.
+  // What the error probe of a sampled collective measured (server/error_probe.h).
+  struct ProbeResult {
+    double seconds = 0;
+    std::optional<double> vnmse;  // unset when undefined (zero or non-finite sum)
+    absl::Status status;          // a failed probe re-forms the group but does not fail the collective
+  };
+  // All-reduces sum[0, n) across nodes in place; for a sampled collective also measures its error.
   absl::Status CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch, float* sum, size_t n,
-                         uint64_t* wire_bytes);
+                         uint64_t* wire_bytes, ProbeResult* probe);
+  // The codec collectives of `num_elements` use across nodes (none below min_compress_elements).
+  static kernels::CodecConfig EffectiveCodec(const JobConfig& config, uint64_t num_elements);
+  // The codec for `config`, created once: building one (DynamiQ's level and error tables) costs
+  // milliseconds, far more than coding a small tensor. Reducer thread only.
+  absl::StatusOr<kernels::Codec*> CachedCodec(const kernels::CodecConfig& config);
+  // Counts a failed collective and reports it to the observer.
+  void CountFailure(uint64_t num_elements, Classification how) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Record(CollectiveRecord record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // This node fails `collectives` collectives without running their cross-node part: abort the
+  // transport so the other nodes fail them now instead of at their timeout, and advance the group's
+  // generation by as many before the next one. Invariant that keeps nodes in one group: every node
+  // advances one generation per collective it fails, locally or across nodes.
+  void BreakGroup(uint64_t collectives = 1);
 
   const Options options_;
   mutable absl::Mutex mu_;
@@ -163,6 +195,7 @@ class Job {
   std::map<uint64_t, Slot> slots_ ABSL_GUARDED_BY(mu_);            // sequence -> submissions
   uint64_t next_run_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
+  Status totals_ ABSL_GUARDED_BY(mu_);  // the cumulative fields of GetStatus
   JobConfig config_ ABSL_GUARDED_BY(mu_);
   uint64_t config_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
@@ -172,6 +205,8 @@ class Job {
   absl::Mutex transport_mu_;
   std::unique_ptr<engine::Transport> transport_ ABSL_GUARDED_BY(transport_mu_);
   uint64_t generation_ = 0;
+  std::vector<std::pair<kernels::CodecConfig, std::unique_ptr<kernels::Codec>>> codecs_;  // CachedCodec
+  uint64_t pending_generations_ ABSL_GUARDED_BY(transport_mu_) = 0;                       // from BreakGroup
   std::thread reducer_;
 };
 

@@ -30,6 +30,13 @@ ABSL_FLAG(std::string, topology, "ring", "Default topology of new jobs: ring or 
 ABSL_FLAG(uint64_t, min_compress_elements, 4096, "Tensors with fewer elements go uncompressed (fp32).");
 ABSL_FLAG(double, timeout, 300, "Seconds before a collective that has not completed fails on every participant.");
 ABSL_FLAG(std::string, device, "cpu", "cpu (host buffers, Gloo TCP between nodes). cuda is not yet supported.");
+ABSL_FLAG(int32_t, metrics_port, 9400,
+          "Port of the Prometheus metrics endpoint (GET /metrics), bound on the host of --listen. 0 picks a free "
+          "port (logged at startup and shown by `dynamiqctl status`); -1 turns metrics off. See docs/metrics.md.");
+ABSL_FLAG(double, error_sample_rate, 0.01,
+          "Fraction (0..1) of compressed cross-node collectives whose compression error is measured against an "
+          "exact fp32 sum computed on the side (an extra uncompressed all-reduce; "
+          "dynamiq_compression_error_vnmse). Node 0's value applies to the whole cluster.");
 
 namespace {
 
@@ -50,6 +57,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "dynamiqd: per-node daemon for compressed gradient all-reduce. Local workers connect on "
       "--worker_socket; operators on --listen (dynamiq.v1.Control, grpc.health.v1, reflection).\n"
+      "Prometheus metrics are served on --metrics_port (default 9400) at /metrics (docs/metrics.md).\n"
       "With no flags it runs a single-node daemon on loopback.\n"
       "Two nodes: dynamiqd --num_nodes=2 --node_rank=0 --listen=10.0.0.1:7070\n"
       "           dynamiqd --num_nodes=2 --node_rank=1 --listen=10.0.0.2:7070 --coordinator=10.0.0.1:7070");
@@ -69,6 +77,8 @@ int main(int argc, char** argv) {
   o.worker_socket = absl::GetFlag(FLAGS_worker_socket);
   o.default_config = *config;
   o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout));
+  o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.error_sample_rate = absl::GetFlag(FLAGS_error_sample_rate);
 
   // SIGTERM/SIGINT: stop taking work, fail in-flight collectives, release shm, exit 0.
   sigset_t signals;
@@ -81,8 +91,10 @@ int main(int argc, char** argv) {
   g_daemon = &daemon;
   absl::Status started = daemon.Start();
   if (!started.ok()) return Fail(started.ToString());
-  std::fprintf(stderr, "dynamiqd: node %u/%u ready; operators on %s, workers on %s\n", o.node_rank, o.num_nodes,
-               daemon.listen_address().c_str(), o.worker_socket.c_str());
+  const std::string metrics = daemon.metrics_address();
+  std::fprintf(stderr, "dynamiqd: node %u/%u ready; operators on %s, workers on %s, metrics on %s\n", o.node_rank,
+               o.num_nodes, daemon.listen_address().c_str(), o.worker_socket.c_str(),
+               metrics.empty() ? "(off)" : absl::StrCat("http://", metrics, "/metrics").c_str());
   std::thread watcher([&] {
     int sig = 0;
     sigwait(&signals, &sig);

@@ -45,6 +45,22 @@ grpc::Status RendezvousService::Set(grpc::ServerContext*, const dynamiq::v1::Sto
   return ToGrpcStatus(store_.Set(request->key(), request->value()));
 }
 
+grpc::Status RendezvousService::CompareAndSet(grpc::ServerContext*,
+                                              const dynamiq::v1::StoreCompareAndSetRequest* request,
+                                              dynamiq::v1::StoreCompareAndSetResponse* response) {
+  if (absl::Status s = CheckKey(request->key()); !s.ok()) return ToGrpcStatus(s);
+  if (request->desired().size() > kMaxStoreValueBytes) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("store value of ", request->desired().size(), " bytes exceeds ", kMaxStoreValueBytes)));
+  }
+  std::optional<absl::string_view> expected;
+  if (request->has_expected()) expected = request->expected();
+  absl::StatusOr<bool> swapped = store_.CompareAndSet(request->key(), expected, request->desired());
+  if (!swapped.ok()) return ToGrpcStatus(swapped.status());
+  response->set_swapped(*swapped);
+  return grpc::Status::OK;
+}
+
 grpc::Status RendezvousService::Get(grpc::ServerContext* context, const dynamiq::v1::StoreGetRequest* request,
                                     dynamiq::v1::StoreGetResponse* response) {
   if (absl::Status s = CheckKey(request->key()); !s.ok()) return ToGrpcStatus(s);

@@ -29,6 +29,8 @@ class RendezvousService final : public dynamiq::v1::Rendezvous::Service {
                    dynamiq::v1::StoreSetResponse* response) override;
   grpc::Status Get(grpc::ServerContext* context, const dynamiq::v1::StoreGetRequest* request,
                    dynamiq::v1::StoreGetResponse* response) override;
+  grpc::Status CompareAndSet(grpc::ServerContext* context, const dynamiq::v1::StoreCompareAndSetRequest* request,
+                             dynamiq::v1::StoreCompareAndSetResponse* response) override;
   grpc::Status Join(grpc::ServerContext* context, const dynamiq::v1::JoinRequest* request,
                     dynamiq::v1::JoinResponse* response) override;
 

@@ -7,6 +7,12 @@
 namespace dynamiq::server {
 namespace {
 
+// Every error a handler returns (but a collective's own failure) is a refused request.
+grpc::Status Refuse(Daemon& daemon, const absl::Status& status) {
+  daemon.RecordRejected(status);
+  return ToGrpcStatus(status);
+}
+
 absl::StatusOr<uint64_t> ParseWorkerId(const std::string& id) {
   uint64_t v;
   if (!absl::SimpleAtoi(id, &v) || v == 0) {
@@ -25,13 +31,14 @@ void ToProto(const JobConfig& c, dynamiq::v1::CompressionConfig* out) {
   out->set_allocator(c.codec.allocator == kernels::BitAllocator::kMeasured ? "measured" : "paper");
 }
 
-grpc::Status WorkerService::Register(grpc::ServerContext*, const dynamiq::v1::RegisterRequest* request,
+grpc::Status WorkerService::Register(grpc::ServerContext* context, const dynamiq::v1::RegisterRequest* request,
                                      dynamiq::v1::RegisterResponse* response) {
   if (request->job_id().empty() || request->job_id().size() > 256) {
-    return ToGrpcStatus(absl::InvalidArgumentError("job id must be 1..256 bytes"));
+    return Refuse(daemon_, absl::InvalidArgumentError("job id must be 1..256 bytes"));
   }
-  auto r = daemon_.Register(request->job_id(), request->local_rank(), request->local_world_size());
-  if (!r.ok()) return ToGrpcStatus(r.status());
+  auto r = daemon_.Register(request->job_id(), request->local_rank(), request->local_world_size(),
+                            daemon_.WorkerPeer(context->peer()));
+  if (!r.ok()) return Refuse(daemon_, r.status());
   response->set_worker_id(absl::StrCat(r->worker_id));
   response->set_node_rank(daemon_.options().node_rank);
   response->set_num_nodes(daemon_.options().num_nodes);
@@ -43,9 +50,9 @@ grpc::Status WorkerService::Register(grpc::ServerContext*, const dynamiq::v1::Re
 grpc::Status WorkerService::AllocateBuffer(grpc::ServerContext*, const dynamiq::v1::AllocateBufferRequest* request,
                                            dynamiq::v1::AllocateBufferResponse* response) {
   auto worker = ParseWorkerId(request->worker_id());
-  if (!worker.ok()) return ToGrpcStatus(worker.status());
+  if (!worker.ok()) return Refuse(daemon_, worker.status());
   auto info = daemon_.Allocate(*worker, request->bytes());
-  if (!info.ok()) return ToGrpcStatus(info.status());
+  if (!info.ok()) return Refuse(daemon_, info.status());
   response->set_buffer_id(info->buffer_id);
   response->set_shm_name(info->shm_name);
   response->set_bytes(info->size);
@@ -55,21 +62,21 @@ grpc::Status WorkerService::AllocateBuffer(grpc::ServerContext*, const dynamiq::
 grpc::Status WorkerService::Mapped(grpc::ServerContext*, const dynamiq::v1::MappedRequest* request,
                                    dynamiq::v1::MappedResponse*) {
   auto worker = ParseWorkerId(request->worker_id());
-  if (!worker.ok()) return ToGrpcStatus(worker.status());
-  return ToGrpcStatus(daemon_.Mapped(*worker, request->buffer_id()));
+  if (!worker.ok()) return Refuse(daemon_, worker.status());
+  return Refuse(daemon_, daemon_.Mapped(*worker, request->buffer_id()));
 }
 
 grpc::Status WorkerService::ReleaseBuffer(grpc::ServerContext*, const dynamiq::v1::ReleaseBufferRequest* request,
                                           dynamiq::v1::ReleaseBufferResponse*) {
   auto worker = ParseWorkerId(request->worker_id());
-  if (!worker.ok()) return ToGrpcStatus(worker.status());
-  return ToGrpcStatus(daemon_.Release(*worker, request->buffer_id()));
+  if (!worker.ok()) return Refuse(daemon_, worker.status());
+  return Refuse(daemon_, daemon_.Release(*worker, request->buffer_id()));
 }
 
 grpc::Status WorkerService::AllReduce(grpc::ServerContext*, const dynamiq::v1::AllReduceRequest* request,
                                       dynamiq::v1::AllReduceResponse* response) {
   auto worker = ParseWorkerId(request->worker_id());
-  if (!worker.ok()) return ToGrpcStatus(worker.status());
+  if (!worker.ok()) return Refuse(daemon_, worker.status());
   Daemon::AllReduceCall call;
   call.worker_id = *worker;
   call.tensor_name = request->tensor_name();
@@ -86,7 +93,7 @@ grpc::Status WorkerService::AllReduce(grpc::ServerContext*, const dynamiq::v1::A
       call.dtype = kernels::DType::kBFloat16;
       break;
     default:
-      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", request->dtype())));
+      return Refuse(daemon_, absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", request->dtype())));
   }
   auto r = daemon_.AllReduce(call);
   if (!r.ok()) return ToGrpcStatus(r.status());
@@ -101,8 +108,8 @@ grpc::Status WorkerService::AllReduce(grpc::ServerContext*, const dynamiq::v1::A
 grpc::Status WorkerService::Unregister(grpc::ServerContext*, const dynamiq::v1::UnregisterRequest* request,
                                        dynamiq::v1::UnregisterResponse*) {
   auto worker = ParseWorkerId(request->worker_id());
-  if (!worker.ok()) return ToGrpcStatus(worker.status());
-  return ToGrpcStatus(daemon_.Unregister(*worker));
+  if (!worker.ok()) return Refuse(daemon_, worker.status());
+  return Refuse(daemon_, daemon_.Unregister(*worker));
 }
 
 }  // namespace dynamiq::server

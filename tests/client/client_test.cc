@@ -156,6 +156,10 @@ class FakeWorkerService final : public dynamiq::v1::Worker::Service {
       }
     }
     response->set_sequence(request->num_elements());
+    response->set_config_epoch(7);
+    response->set_codec("dynamiq");
+    response->set_bits(5);
+    response->set_wire_bytes(3 * request->num_elements());
     return grpc::Status::OK;
   }
 
@@ -325,8 +329,15 @@ TEST_F(ClientTest, SyncAllReduceReducesTheRegionInPlace) {
   float* v = Floats(buffer);
   for (int i = 0; i < 64; ++i) v[i] = static_cast<float>(i);
 
-  ASSERT_THAT(client.AllReduce(buffer, 0, 64, DType::kFloat32, "all"), IsOk());
+  AllReduceResult result;
+  ASSERT_THAT(client.AllReduce(buffer, 0, 64, DType::kFloat32, "all", /*average=*/false, &result), IsOk());
   for (int i = 0; i < 64; ++i) EXPECT_EQ(v[i], 2.0f * i) << i;
+  // The daemon's report of the collective reaches the caller.
+  EXPECT_EQ(result.sequence, 64u);
+  EXPECT_EQ(result.config_epoch, 7u);
+  EXPECT_EQ(result.codec, "dynamiq");
+  EXPECT_EQ(result.bits, 5);
+  EXPECT_EQ(result.wire_bytes, 3u * 64);
 
   // Only the named region changes.
   ASSERT_THAT(client.AllReduce(buffer, 16 * sizeof(float), 8, DType::kFloat32, "part", /*average=*/false), IsOk());
@@ -382,6 +393,10 @@ TEST_F(ClientTest, AsyncAllReduceBecomesReadyWhenTheDaemonCompletes) {
   EXPECT_THAT(f.Wait(), IsOk());
   EXPECT_TRUE(f.Ready());
   EXPECT_EQ(Floats(buffer)[0], 6);
+  EXPECT_EQ(f.result().sequence, 1u);
+  EXPECT_EQ(f.result().config_epoch, 7u);
+  EXPECT_EQ(f.result().codec, "dynamiq");
+  EXPECT_EQ(f.result().wire_bytes, 3u);
 
   Future moved = std::move(f);
   EXPECT_FALSE(f.valid());  // NOLINT(bugprone-use-after-move): testing the moved-from state
@@ -395,9 +410,11 @@ TEST_F(ClientTest, DaemonErrorsKeepTheirCodeAndMessage) {
   const absl::Status sync = client.AllReduce(buffer, 0, 4, DType::kFloat32, kBadTensor);
   EXPECT_EQ(sync.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(sync.message(), kBadTensorMessage);
-  const absl::Status async = client.AllReduceAsync(buffer, 0, 4, DType::kFloat32, kBadTensor).Wait();
+  Future failed = client.AllReduceAsync(buffer, 0, 4, DType::kFloat32, kBadTensor);
+  const absl::Status async = failed.Wait();
   EXPECT_EQ(async.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(async.message(), kBadTensorMessage);
+  EXPECT_EQ(failed.result().codec, "");  // a failed collective reports nothing
   // The connection keeps working after an error.
   EXPECT_THAT(client.AllReduce(buffer, 0, 4, DType::kFloat32, "fine"), IsOk());
 }

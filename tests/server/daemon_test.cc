@@ -2,6 +2,8 @@
 
 #include <dirent.h>
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -205,16 +207,105 @@ TEST(DaemonTest, LocalWorkersThatDisagreeFailNamingBoth) {
               HasSubstr("local rank 0 submitted 'x' (1000 x float32), local rank 1 submitted 'x' (999"));
 }
 
+// A worker process that dies without unregistering (SIGKILL) is noticed through its pidfd: the
+// collective it was part of fails at once for its local peers, naming its pid, and its local rank
+// can register again and work, long before the 20 s collective timeout.
+TEST(DaemonTest, DeadWorkerProcessIsRemovedAtOnceAndItsRankCanRejoin) {
+  TempDir temp;
+  const std::string dir = temp;
+  const std::string socket = dir + "/node0.sock";
+  Daemon daemon(Options(dir, 0, 1, ""));
+  ASSERT_THAT(daemon.Start(), IsOk());
+  TestWorker a = Connect(socket, "job", 0, 2, 4096);
+
+  // Local rank 1: a real worker process that submits its first collective and waits for rank 0.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    setenv("DQ_LOCAL_RANK", "1", 1);
+    setenv("DQ_LOCAL_WORLD_SIZE", "2", 1);
+    execl(DQ_EXAMPLE_WORKER, DQ_EXAMPLE_WORKER, ("--socket=" + socket).c_str(), "--job=job", "--elements=4096",
+          "--iterations=1", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  auto job_status = [&daemon] { return daemon.JobStatuses()["job"]; };
+  const absl::Time deadline = absl::Now() + absl::Seconds(15);
+  while (job_status().inflight == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(job_status().inflight, 1u) << "the worker process never submitted";
+  ASSERT_EQ(job_status().workers, 2u);
+
+  const absl::Time killed = absl::Now();
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  while ((job_status().workers != 1 || job_status().inflight != 0) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(job_status().workers, 1u);
+  EXPECT_EQ(job_status().inflight, 0u);
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(5));
+
+  // The rank is free again: a new worker takes it and the pair all-reduces exactly.
+  TestWorker b = Connect(socket, "job", 1, 2, 4096);
+  for (int i = 0; i < 4096; ++i) a.data()[i] = 1.0f, b.data()[i] = 2.0f;
+  grpc::Status sa;
+  std::thread t([&] { sa = a.AllReduce("g", 4096); });
+  grpc::Status sb = b.AllReduce("g", 4096);
+  t.join();
+  ASSERT_TRUE(sa.ok()) << sa.error_message();
+  ASSERT_TRUE(sb.ok()) << sb.error_message();
+  EXPECT_EQ(a.data()[17], 3.0f);
+  EXPECT_EQ(b.data()[4095], 3.0f);
+}
+
+// A node whose local workers disagree skips the cross-node step: it breaks the group so the other
+// node fails that collective at once (not at its timeout), and both re-form the group at the same
+// generation, so the next collective works.
+TEST(DaemonTest, LocalFailureOnOneNodeFailsThePeerPromptlyAndTheGroupRecovers) {
+  TempDir temp;
+  const std::string dir = temp;
+  Daemon node0(Options(dir, 0, 2, "", "none"));
+  absl::Status s0;
+  std::thread start0([&] { s0 = node0.Start(); });  // returns once node 1 has joined
+  for (int i = 0; i < 500 && node0.listen_address().empty(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_FALSE(node0.listen_address().empty());
+  Daemon node1(Options(dir, 1, 2, node0.listen_address(), "none"));
+  absl::Status s1 = node1.Start();
+  start0.join();
+  ASSERT_THAT(s0, IsOk());
+  ASSERT_THAT(s1, IsOk());
+  TestWorker a = Connect(dir + "/node0.sock", "job", 0, 1, 4096);
+  TestWorker b0 = Connect(dir + "/node1.sock", "job", 0, 2, 4096);
+  TestWorker b1 = Connect(dir + "/node1.sock", "job", 1, 2, 4096);
+  auto run = [&](uint64_t n1) {
+    std::vector<grpc::Status> s(3);
+    std::thread ta([&] { s[0] = a.AllReduce("x", 4096); });
+    std::thread tb([&] { s[1] = b0.AllReduce("x", 4096); });
+    s[2] = b1.AllReduce("x", n1);
+    ta.join();
+    tb.join();
+    return s;
+  };
+  for (int i = 0; i < 4096; ++i) a.data()[i] = b0.data()[i] = b1.data()[i] = 1.0f;
+  for (const grpc::Status& s : run(4096)) ASSERT_TRUE(s.ok()) << s.error_message();  // the group forms
+  const absl::Time start = absl::Now();
+  std::vector<grpc::Status> failed = run(4000);  // node 1's workers disagree
+  EXPECT_EQ(failed[1].error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_FALSE(failed[0].ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "node 0 waited for its timeout: " << failed[0].error_message();
+  for (int i = 0; i < 4096; ++i) a.data()[i] = b0.data()[i] = b1.data()[i] = 1.0f;
+  for (const grpc::Status& s : run(4096)) EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(a.data()[5], 3.0f);
+  EXPECT_EQ(b1.data()[4000], 3.0f);
+}
+
 // Two daemons on loopback with two workers each; compression change mid-run.
 TEST(DaemonTest, TwoNodesAllReduceAndSwitchCompressionAtTheSameCollective) {
   TempDir temp;
   const std::string dir = temp;
   Daemon node0(Options(dir, 0, 2, ""));
   std::unique_ptr<Daemon> node1;
-  std::thread start1;
   absl::Status s0, s1;
   // Node 0 must bind before node 1 can name it as coordinator.
-  DaemonOptions o0 = Options(dir, 0, 2, "");
   std::thread start0([&] { s0 = node0.Start(); });
   for (int i = 0; i < 500 && node0.listen_address().empty(); ++i) absl::SleepFor(absl::Milliseconds(10));
   ASSERT_FALSE(node0.listen_address().empty());

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -17,6 +18,7 @@ namespace dynamiq::server {
 namespace {
 
 using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::IsOkAndHolds;
 using ::dynamiq::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -50,6 +52,28 @@ TEST_F(RendezvousServiceTest, SetGetAndWait) {
   ASSERT_THAT(v, IsOk());
   EXPECT_EQ(*v, std::string("v\0x", 3));
   EXPECT_THAT(b.Wait({"k1"}, absl::Seconds(1)), IsOk());
+}
+
+TEST_F(RendezvousServiceTest, CompareAndSetSwapsOnlyFromTheExpectedValue) {
+  GrpcStore a(address_), b(address_);
+  EXPECT_THAT(a.CompareAndSet("epoch", std::nullopt, "1"), IsOkAndHolds(true));   // absent -> 1
+  EXPECT_THAT(b.CompareAndSet("epoch", std::nullopt, "1"), IsOkAndHolds(false));  // no longer absent
+  EXPECT_THAT(b.CompareAndSet("epoch", "0", "2"), IsOkAndHolds(false));
+  EXPECT_THAT(b.CompareAndSet("epoch", "1", "2"), IsOkAndHolds(true));
+  EXPECT_THAT(a.Get("epoch", absl::Seconds(1)), IsOkAndHolds("2"));
+  // Many clients racing from the same value: exactly one wins.
+  std::atomic<int> wins{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      GrpcStore c(address_);
+      auto swapped = c.CompareAndSet("epoch", "2", absl::StrCat("3-", i));
+      if (swapped.ok() && *swapped) ++wins;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wins.load(), 1);
+  EXPECT_THAT(a.CompareAndSet("", "x", "y"), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST_F(RendezvousServiceTest, TimeoutsAndBadInputHaveClearCodes) {

@@ -33,6 +33,15 @@ MATCHER_P2(StatusIs, code, message_matcher, "") {
   return ::testing::Matches(code)(s.code()) && ::testing::Matches(message_matcher)(std::string(s.message()));
 }
 
+// A StatusOr that is OK and whose value matches `value_matcher`.
+MATCHER_P(IsOkAndHolds, value_matcher, "") {
+  if (!arg.ok()) {
+    *result_listener << "status is " << arg.status();
+    return false;
+  }
+  return ::testing::ExplainMatchResult(value_matcher, *arg, result_listener);
+}
+
 }  // namespace dynamiq::testing
 
 #define DQ_ASSERT_OK(expr) ASSERT_THAT((expr), ::dynamiq::testing::IsOk())

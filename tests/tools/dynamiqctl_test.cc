@@ -10,14 +10,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "dynamiq/v1/worker.grpc.pb.h"
@@ -35,6 +39,7 @@ using ::dynamiq::testing::StatusIs;
 using grpc::health::v1::HealthCheckResponse;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr size_t kFloats = 2048;
 
@@ -561,9 +566,12 @@ Process RunBinary(const std::string& args) {
 TEST(DynamiqctlBinaryTest, HelpDocumentsEveryCommandAndFlag) {
   Process p = RunBinary("--help");
   EXPECT_EQ(p.code, 0) << p.err;
-  for (const char* word : {"status", "set-compression", "flight-recorder", "health", "--daemon", "--timeout", "--json",
-                           "--job", "--codec", "--bits", "--topology", "--min_compress_elements", "--allocator",
-                           "--expected_epoch", "--limit", "--service", "Default: 127.0.0.1:7070", "Exit status"}) {
+  for (const char* word : {"status",      "set-compression",  "flight-recorder", "health",
+                           "--daemon",    "--timeout",        "--json",          "--job",
+                           "--codec",     "--bits",           "--topology",      "--min_compress_elements",
+                           "--allocator", "--expected_epoch", "--limit",         "--service",
+                           "top",         "--interval",       "--iterations",    "Default: 127.0.0.1:7070",
+                           "Exit status"}) {
     EXPECT_THAT(p.out, HasSubstr(word));
   }
   EXPECT_EQ(RunBinary("help").out, p.out);
@@ -583,6 +591,133 @@ TEST(DynamiqctlBinaryTest, BadFlagsAreUsageErrors) {
   EXPECT_EQ(p.code, 2);
 }
 
+TEST(DynamiqctlTopTest, RatesBetweenTwoAnswers) {
+  dynamiq::v1::GetStatusResponse before, after;
+  after.set_num_nodes(2);
+  dynamiq::v1::JobStatus* a0 = before.add_jobs();
+  a0->set_job_id("a");
+  a0->set_completed(10);
+  a0->set_payload_bytes(1000);
+  a0->set_bus_bytes(1000);
+  a0->set_wire_bytes(200);
+  a0->set_duration_seconds_sum(1.0);
+  dynamiq::v1::JobStatus* a1 = after.add_jobs();
+  *a1 = *a0;
+  a1->set_completed(30);                  // 20 more in 2 s
+  a1->set_payload_bytes(1000 + 8000000);  // 8 MB in 0.5 s of collectives
+  a1->set_bus_bytes(1000 + 8000000);
+  a1->set_wire_bytes(200 + 1000000);
+  a1->set_duration_seconds_sum(1.5);
+  a1->set_failed(1);
+  a1->set_error_samples(3);
+  a1->set_last_vnmse(6.3e-4);
+  a1->mutable_config()->set_codec("dynamiq");
+  a1->mutable_config()->set_bits(5);
+  a1->set_config_epoch(2);
+  a1->set_workers(4);
+  a1->set_inflight(1);
+  dynamiq::v1::JobStatus* b = after.add_jobs();  // new since the previous answer: counts from zero
+  b->set_job_id("b");
+  b->set_completed(4);
+  std::vector<TopRow> rows = TopRows(before, after, 2.0);
+  ASSERT_EQ(rows.size(), 2u);
+  const TopRow& r = rows[0];
+  EXPECT_EQ(r.job_id, "a");
+  EXPECT_EQ(r.collectives, 20u);
+  EXPECT_EQ(r.failed, 1u);
+  EXPECT_DOUBLE_EQ(r.collectives_per_second, 10);
+  ASSERT_TRUE(r.algbw.has_value());
+  EXPECT_DOUBLE_EQ(*r.algbw, 16e6);
+  ASSERT_TRUE(r.busbw.has_value());
+  EXPECT_DOUBLE_EQ(*r.busbw, 16e6);
+  EXPECT_DOUBLE_EQ(r.wire_bytes_per_second, 0.5e6);
+  ASSERT_TRUE(r.compression_ratio.has_value());
+  EXPECT_DOUBLE_EQ(*r.compression_ratio, 8);
+  ASSERT_TRUE(r.last_vnmse.has_value());
+  EXPECT_DOUBLE_EQ(*r.last_vnmse, 6.3e-4);
+  EXPECT_EQ(rows[1].collectives, 4u);
+  EXPECT_FALSE(rows[1].algbw.has_value()) << "no time spent in collectives: no bandwidth";
+  EXPECT_FALSE(rows[1].compression_ratio.has_value());
+  EXPECT_FALSE(rows[1].last_vnmse.has_value());
+  // A restarted daemon (counters went down) counts from zero instead of going negative.
+  rows = TopRows(after, before, 1.0);
+  EXPECT_EQ(rows[0].collectives, 10u);
+
+  const absl::Time now = absl::FromUnixSeconds(1700000000);
+  EXPECT_EQ(
+      FormatTop(after, TopRows(before, after, 2.0), false, false, now),
+      "dynamiqctl top  node 0 of 2  2023-11-14T22:13:20.000Z  (rates over 2.0 s)\n"
+      "JOB  CODEC/BITS  EPOCH  WORKERS  INFLIGHT  COLL/S  FAILED  ALGBW MB/S  BUSBW MB/S  WIRE MB/S  RATIO     VNMSE\n"
+      "a    dynamiq/5       2        4         1    10.0       1        16.0        16.0        0.5  8.00x  6.30e-04\n"
+      "b    /0              0        0         0     2.0       0           -           -        0.0      -         "
+      "-\n");
+  EXPECT_TRUE(absl::StartsWith(FormatTop(after, {}, false, true, now), "\x1b[H\x1b[2J")) << "redraws in a terminal";
+  std::vector<std::string> lines = Lines(FormatTop(after, TopRows(before, after, 2.0), true, true, now));
+  ASSERT_EQ(lines.size(), 2u);
+  google::protobuf::Struct s;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(lines[0], &s).ok()) << lines[0];
+  EXPECT_EQ(s.fields().at("job_id").string_value(), "a");
+  EXPECT_EQ(s.fields().at("algbw_bytes_per_second").number_value(), 16e6);
+  EXPECT_EQ(s.fields().at("compression_ratio").number_value(), 8);
+  EXPECT_EQ(s.fields().at("config_epoch").string_value(), "2");
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(lines[1], &s).ok()) << lines[1];
+  EXPECT_TRUE(s.fields().at("algbw_bytes_per_second").has_null_value());
+}
+
+TEST_F(DynamiqctlTest, TopPollsTheLiveDaemon) {
+  // Keep the job busy while top samples it (bounded: at most 2000 collectives or 30 s).
+  std::atomic<bool> stop{false};
+  std::atomic<int> done{0};
+  std::thread load([&] {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    for (int i = 0; i < 2000 && !stop.load() && absl::Now() < deadline; ++i) {
+      worker_->AllReduce("t");
+      done.fetch_add(1);
+    }
+  });
+  Invocation in = Command("top");
+  in.json = true;
+  in.interval = 0.3;
+  in.iterations = 2;
+  const int code = RunIt(in);
+  const std::string json_out = out_;
+  in.json = false;
+  const int table_code = RunIt(in);
+  stop = true;
+  load.join();
+  ASSERT_EQ(code, kExitOk) << err_;
+  ASSERT_EQ(table_code, kExitOk) << err_;
+  // --json: one object per job per refresh.
+  std::vector<std::string> lines = Lines(json_out);
+  ASSERT_EQ(lines.size(), 2u) << json_out;
+  double collectives = 0;
+  for (const std::string& line : lines) {
+    google::protobuf::Struct s;
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(line, &s).ok()) << line;
+    EXPECT_EQ(s.fields().at("job_id").string_value(), "job");
+    EXPECT_EQ(s.fields().at("codec").string_value(), "dynamiq");
+    EXPECT_EQ(s.fields().at("workers").number_value(), 1);
+    EXPECT_NEAR(s.fields().at("interval_seconds").number_value(), 0.3, 0.25);
+    collectives += s.fields().at("collectives_per_second").number_value();
+    // One node: no bus bytes, nothing on the wire.
+    EXPECT_TRUE(s.fields().at("busbw_bytes_per_second").has_null_value());
+    EXPECT_TRUE(s.fields().at("compression_ratio").has_null_value());
+  }
+  EXPECT_GT(collectives, 0) << "the load ran " << done.load() << " collectives";
+  // Tables: two refreshes, each a header and a row for the job.
+  EXPECT_EQ(std::count(out_.begin(), out_.end(), '\n'), 7) << out_;
+  EXPECT_THAT(out_, HasSubstr("JOB  CODEC/BITS  EPOCH  WORKERS  INFLIGHT  COLL/S"));
+  EXPECT_THAT(out_, HasSubstr("\njob  dynamiq/5       0        1"));
+
+  in.interval = 0;
+  EXPECT_EQ(RunIt(in), kExitUsage);
+  EXPECT_THAT(err_, HasSubstr("--interval"));
+  in = Command("status");
+  in.iterations = 1;
+  EXPECT_EQ(RunIt(in), kExitUsage);
+  EXPECT_THAT(err_, HasSubstr("--iterations does not apply to 'status' (it is for top)"));
+}
+
 TEST_F(DynamiqctlTest, BinaryAgainstTheDaemon) {
   const std::string daemon = absl::StrCat("--daemon=", daemon_->listen_address(), " ");
   Process p = RunBinary(daemon + "status");
@@ -598,6 +733,12 @@ TEST_F(DynamiqctlTest, BinaryAgainstTheDaemon) {
   EXPECT_EQ(p.code, 0) << p.err;
   EXPECT_EQ(p.out, "SERVING\n");
   p = RunBinary(daemon + "flight-recorder --bits=4");
+  EXPECT_EQ(p.code, 2);
+  p = RunBinary(daemon + "top --interval=0.1 --iterations=1");
+  EXPECT_EQ(p.code, 0) << p.err;
+  EXPECT_THAT(p.out, HasSubstr("dynamiqctl top  node 0 of 1"));
+  EXPECT_THAT(p.out, Not(HasSubstr("\x1b[2J"))) << "not a terminal: no screen clearing";
+  p = RunBinary(daemon + "top --iterations=many");
   EXPECT_EQ(p.code, 2);
 }
 

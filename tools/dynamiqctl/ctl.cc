@@ -127,6 +127,8 @@ std::vector<std::string> GivenCommandFlags(const Invocation& in) {
   if (in.expected_epoch) given.push_back("expected_epoch");
   if (in.limit) given.push_back("limit");
   if (in.service) given.push_back("service");
+  if (in.interval) given.push_back("interval");
+  if (in.iterations) given.push_back("iterations");
   return given;
 }
 
@@ -276,7 +278,13 @@ std::string FormatStatus(const dynamiq::v1::GetStatusResponse& status, bool json
   for (int i = 0; i < status.members_size(); ++i) members.push_back(absl::StrCat(i, "=", status.members(i)));
   std::string out =
       absl::StrCat("node     ", status.node_rank(), " of ", status.num_nodes(), "\n", "version  ", status.version(),
-                   "\n", "members  ", members.empty() ? "-" : absl::StrJoin(members, " "), "\n\n");
+                   status.git_commit().empty() ? "" : absl::StrCat(" (", status.git_commit(), ")"), "\n", "members  ",
+                   members.empty() ? "-" : absl::StrJoin(members, " "), "\n");
+  if (!status.metrics_address().empty()) {
+    absl::StrAppend(&out, "metrics  http://", status.metrics_address(), "/metrics (error sample rate ",
+                    absl::StrFormat("%g", status.error_sample_rate()), ")\n");
+  }
+  out += "\n";
   if (status.jobs().empty()) return out + "no jobs\n";
   Table table({{"JOB"},
                {"WORKERS", true},
@@ -336,6 +344,109 @@ std::string FormatHealth(const std::string& service, HealthCheckResponse::Servin
   return name + "\n";
 }
 
+namespace {
+
+// Counter growth between two answers; a counter that went backwards (daemon restarted) restarts
+// from zero.
+template <typename T>
+T Delta(T current, T previous) {
+  return current >= previous ? current - previous : current;
+}
+
+std::string MegabytesPerSecond(std::optional<double> bytes_per_second) {
+  return bytes_per_second ? absl::StrFormat("%.1f", *bytes_per_second / 1e6) : "-";
+}
+
+std::string JsonNumber(std::optional<double> v) { return v ? absl::StrFormat("%.9g", *v) : "null"; }
+
+}  // namespace
+
+std::vector<TopRow> TopRows(const dynamiq::v1::GetStatusResponse& previous,
+                            const dynamiq::v1::GetStatusResponse& current, double seconds) {
+  std::vector<TopRow> rows;
+  for (const dynamiq::v1::JobStatus& j : current.jobs()) {
+    dynamiq::v1::JobStatus before;  // zeros for a job that was not there yet
+    for (const dynamiq::v1::JobStatus& p : previous.jobs()) {
+      if (p.job_id() == j.job_id()) before = p;
+    }
+    TopRow r;
+    r.job_id = j.job_id();
+    r.codec = j.config().codec();
+    r.bits = j.config().bits();
+    r.config_epoch = j.config_epoch();
+    r.workers = j.workers();
+    r.inflight = j.inflight();
+    r.seconds = seconds;
+    r.collectives = Delta(j.completed(), before.completed());
+    r.failed = Delta(j.failed(), before.failed());
+    const uint64_t payload = Delta(j.payload_bytes(), before.payload_bytes());
+    const uint64_t bus = Delta(j.bus_bytes(), before.bus_bytes());
+    const uint64_t wire = Delta(j.wire_bytes(), before.wire_bytes());
+    const double busy = j.duration_seconds_sum() >= before.duration_seconds_sum()
+                            ? j.duration_seconds_sum() - before.duration_seconds_sum()
+                            : j.duration_seconds_sum();
+    if (seconds > 0) {
+      r.collectives_per_second = r.collectives / seconds;
+      r.wire_bytes_per_second = wire / seconds;
+    }
+    if (r.collectives > 0 && busy > 0) {
+      r.algbw = payload / busy;
+      if (current.num_nodes() > 1) r.busbw = bus / busy;
+    }
+    if (wire > 0) r.compression_ratio = static_cast<double>(bus) / wire;
+    if (j.error_samples() > 0) r.last_vnmse = j.last_vnmse();
+    r.error_samples = j.error_samples();
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+std::string FormatTop(const dynamiq::v1::GetStatusResponse& status, const std::vector<TopRow>& rows, bool json,
+                      bool terminal, absl::Time now) {
+  const std::string time = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", now, absl::UTCTimeZone());
+  if (json) {
+    std::string out;
+    for (const TopRow& r : rows) {
+      absl::StrAppend(
+          &out, "{\"time\":\"", time, "\",\"node_rank\":", status.node_rank(), ",\"job_id\":", JsonString(r.job_id),
+          ",\"codec\":", JsonString(r.codec), ",\"bits\":", JsonNumber(r.bits), ",\"config_epoch\":\"", r.config_epoch,
+          "\",\"workers\":", r.workers, ",\"inflight\":", r.inflight, ",\"interval_seconds\":", JsonNumber(r.seconds),
+          ",\"collectives\":\"", r.collectives, "\",\"failed\":\"", r.failed,
+          "\",\"collectives_per_second\":", JsonNumber(r.collectives_per_second),
+          ",\"algbw_bytes_per_second\":", JsonNumber(r.algbw), ",\"busbw_bytes_per_second\":", JsonNumber(r.busbw),
+          ",\"wire_bytes_per_second\":", JsonNumber(r.wire_bytes_per_second),
+          ",\"compression_ratio\":", JsonNumber(r.compression_ratio), ",\"last_vnmse\":", JsonNumber(r.last_vnmse),
+          ",\"error_samples\":\"", r.error_samples, "\"}\n");
+    }
+    return out;
+  }
+  std::string out = terminal ? "\x1b[H\x1b[2J" : "";
+  absl::StrAppend(&out, "dynamiqctl top  node ", status.node_rank(), " of ", status.num_nodes(), "  ", time);
+  if (rows.empty()) return out + "\nno jobs\n";
+  absl::StrAppend(&out, absl::StrFormat("  (rates over %.1f s)\n", rows[0].seconds));
+  Table table({{"JOB"},
+               {"CODEC/BITS"},
+               {"EPOCH", true},
+               {"WORKERS", true},
+               {"INFLIGHT", true},
+               {"COLL/S", true},
+               {"FAILED", true},
+               {"ALGBW MB/S", true},
+               {"BUSBW MB/S", true},
+               {"WIRE MB/S", true},
+               {"RATIO", true},
+               {"VNMSE", true}});
+  for (const TopRow& r : rows) {
+    table.AddRow({OneLine(r.job_id), absl::StrCat(r.codec, "/", Bits(r.bits)), absl::StrCat(r.config_epoch),
+                  absl::StrCat(r.workers), absl::StrCat(r.inflight), absl::StrFormat("%.1f", r.collectives_per_second),
+                  absl::StrCat(r.failed), MegabytesPerSecond(r.algbw), MegabytesPerSecond(r.busbw),
+                  MegabytesPerSecond(r.wire_bytes_per_second),
+                  r.compression_ratio ? absl::StrFormat("%.2fx", *r.compression_ratio) : "-",
+                  r.last_vnmse ? absl::StrFormat("%.2e", *r.last_vnmse) : "-"});
+  }
+  return out + table.Render();
+}
+
 std::string FormatError(const absl::Status& status) {
   return absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message());
 }
@@ -350,13 +461,45 @@ const std::vector<CommandInfo>& Commands() {
        {"job", "codec", "bits", "topology", "min_compress_elements", "allocator", "expected_epoch"}},
       {"flight-recorder", "The node's most recent collectives, oldest first.", {"job", "limit"}},
       {"health", "grpc.health.v1 Check: prints SERVING or NOT_SERVING; exits 0 only when SERVING.", {"service"}},
+      {"top",
+       "A live view of the node's jobs, refreshed every --interval seconds: collectives/s, algbw and busbw "
+       "(bytes over time spent in collectives), wire MB/s, compression ratio (bus bytes / wire bytes), the last "
+       "measured vNMSE, codec/bits, config epoch, workers and in-flight collectives. --json prints one object "
+       "per job per refresh. Runs until interrupted unless --iterations is given.",
+       {"interval", "iterations"}},
   };
   return *commands;
 }
 
+namespace {
+
+int RunTop(const ControlClient& client, const Invocation& in, std::ostream& out, std::ostream& err) {
+  const double interval = in.interval.value_or(1.0);
+  // Bounded so the conversion cannot overflow; a day between refreshes is no live view.
+  if (!(interval > 0) || interval > 86400) return UsageError(err, "--interval must be in (0, 86400] seconds");
+  const uint64_t iterations = in.iterations.value_or(0);
+  absl::StatusOr<dynamiq::v1::GetStatusResponse> previous = client.GetStatus();
+  if (!previous.ok()) return Failure(err, previous.status());
+  absl::Time previous_time = absl::Now();
+  for (uint64_t i = 0; iterations == 0 || i < iterations; ++i) {
+    absl::SleepFor(absl::Seconds(interval));
+    absl::StatusOr<dynamiq::v1::GetStatusResponse> current = client.GetStatus();
+    if (!current.ok()) return Failure(err, current.status());
+    const absl::Time now = absl::Now();
+    const std::vector<TopRow> rows = TopRows(*previous, *current, absl::ToDoubleSeconds(now - previous_time));
+    if (i > 0 && !in.terminal && !in.json) out << "\n";  // refreshes one after another in a log or pipe
+    out << FormatTop(*current, rows, in.json, in.terminal && !in.json, now) << std::flush;
+    previous = std::move(current);
+    previous_time = now;
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
 int Run(const Invocation& in, std::ostream& out, std::ostream& err) {
   if (in.args.empty()) {
-    return UsageError(err, "no command given (status, set-compression, flight-recorder or health)");
+    return UsageError(err, "no command given (status, set-compression, flight-recorder, health or top)");
   }
   if (in.args.size() > 1) return UsageError(err, absl::StrCat("unexpected argument '", in.args[1], "'"));
   const std::string& command = in.args[0];
@@ -364,7 +507,7 @@ int Run(const Invocation& in, std::ostream& out, std::ostream& err) {
   auto info = std::find_if(commands.begin(), commands.end(), [&](const CommandInfo& c) { return c.name == command; });
   if (info == commands.end()) {
     return UsageError(
-        err, absl::StrCat("unknown command '", command, "' (status, set-compression, flight-recorder or health)"));
+        err, absl::StrCat("unknown command '", command, "' (status, set-compression, flight-recorder, health or top)"));
   }
   for (const std::string& flag : GivenCommandFlags(in)) {
     if (std::find(info->flags.begin(), info->flags.end(), flag) != info->flags.end()) continue;
@@ -379,6 +522,7 @@ int Run(const Invocation& in, std::ostream& out, std::ostream& err) {
   if (in.connect.timeout <= absl::ZeroDuration()) return UsageError(err, "--timeout must be positive");
 
   const ControlClient client(in.connect);
+  if (command == "top") return RunTop(client, in, out, err);
   if (command == "status") {
     absl::StatusOr<dynamiq::v1::GetStatusResponse> status = client.GetStatus();
     if (!status.ok()) return Failure(err, status.status());

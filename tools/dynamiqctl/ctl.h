@@ -101,6 +101,36 @@ std::string FormatCompressionChange(const CompressionChangeResult& result, bool 
 std::string FormatFlightRecorder(const dynamiq::v1::GetFlightRecorderResponse& records, bool json);
 std::string FormatHealth(const std::string& service, grpc::health::v1::HealthCheckResponse::ServingStatus status,
                          bool json);
+
+// `top`: one job's activity between two GetStatus answers `seconds` apart. Rates follow the metric
+// definitions (docs/metrics.md): algbw and busbw divide bytes by the time spent in collectives
+// (nccl-tests), wire bandwidth and collectives/s by wall-clock time, the compression ratio is bus
+// bytes over wire bytes. A job missing from `previous`, or whose counters went backwards (daemon
+// restarted), counts from zero.
+struct TopRow {
+  std::string job_id;
+  std::string codec;
+  double bits = 0;
+  uint64_t config_epoch = 0;
+  uint32_t workers = 0;
+  uint32_t inflight = 0;
+  double seconds = 0;        // the interval
+  uint64_t collectives = 0;  // succeeded in the interval
+  uint64_t failed = 0;       // failed in the interval
+  double collectives_per_second = 0;
+  std::optional<double> algbw;  // bytes/s; unset without collectives in the interval
+  std::optional<double> busbw;  // bytes/s; unset without collectives or on one node
+  double wire_bytes_per_second = 0;
+  std::optional<double> compression_ratio;  // unset without wire bytes in the interval
+  std::optional<double> last_vnmse;         // unset until an error sample exists
+  uint64_t error_samples = 0;               // cumulative
+};
+std::vector<TopRow> TopRows(const dynamiq::v1::GetStatusResponse& previous,
+                            const dynamiq::v1::GetStatusResponse& current, double seconds);
+// One refresh: a header line and a table (or "no jobs"); JSON: one object per job per line.
+// `terminal`: start with the escape sequence that clears the screen (tables only).
+std::string FormatTop(const dynamiq::v1::GetStatusResponse& status, const std::vector<TopRow>& rows, bool json,
+                      bool terminal, absl::Time now);
 // "NOT_FOUND: no job 'x' on this node": the gRPC code name, then the message.
 std::string FormatError(const absl::Status& status);
 
@@ -119,6 +149,9 @@ struct Invocation {
   std::optional<uint64_t> expected_epoch;
   std::optional<uint32_t> limit;
   std::optional<std::string> service;
+  std::optional<double> interval;      // top: seconds between refreshes (default 1)
+  std::optional<uint64_t> iterations;  // top: refreshes before exiting (default 0: until interrupted)
+  bool terminal = false;               // stdout is a terminal: top redraws in place
 };
 
 // The commands, what they do and the command flags each takes (for validation and --help).

@@ -1,5 +1,7 @@
 // dynamiqctl: the operator CLI for dynamiqd (dynamiq.v1.Control and grpc.health.v1 on its --listen
 // address). Parses flags into a ctl::Invocation and runs it; the logic lives in ctl.h.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -41,6 +43,9 @@ ABSL_FLAG(std::optional<uint64_t>, expected_epoch, std::nullopt,
 ABSL_FLAG(std::optional<uint32_t>, limit, std::nullopt, "Show the most recent N collectives (default: all kept).");
 ABSL_FLAG(std::optional<std::string>, service, std::nullopt,
           "Service to check, e.g. dynamiq.v1.Control (default: the whole server).");
+ABSL_FLAG(std::optional<double>, interval, std::nullopt, "Seconds between refreshes (default 1).");
+ABSL_FLAG(std::optional<uint64_t>, iterations, std::nullopt,
+          "Refreshes before exiting (default 0: until interrupted with Ctrl-C).");
 
 namespace {
 
@@ -90,7 +95,8 @@ std::string Help() {
                   "  dynamiqctl status\n"
                   "  dynamiqctl --daemon=10.0.0.1:7070 set-compression --job=resnet --codec=dynamiq --bits=4\n"
                   "  dynamiqctl flight-recorder --job=resnet --limit=20 --json\n"
-                  "  dynamiqctl health --service=dynamiq.v1.Control\n");
+                  "  dynamiqctl health --service=dynamiq.v1.Control\n"
+                  "  dynamiqctl top --interval=2\n");
   return out;
 }
 
@@ -157,5 +163,8 @@ int main(int argc, char** argv) {
   in.expected_epoch = absl::GetFlag(FLAGS_expected_epoch);
   in.limit = absl::GetFlag(FLAGS_limit);
   in.service = absl::GetFlag(FLAGS_service);
+  in.interval = absl::GetFlag(FLAGS_interval);
+  in.iterations = absl::GetFlag(FLAGS_iterations);
+  in.terminal = isatty(STDOUT_FILENO) == 1;
   return dynamiq::ctl::Run(in, std::cout, std::cerr);
 }

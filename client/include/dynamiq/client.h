@@ -71,9 +71,10 @@ class Client {
   /// the region, or with an error. `tensor_name` identifies the collective across workers and
   /// nodes. Bad arguments (empty buffer, a buffer of another Client, empty region or one that does
   /// not fit in the buffer, an offset not aligned to the element size, unknown dtype, empty name)
-  /// fail with INVALID_ARGUMENT without contacting the daemon.
+  /// fail with INVALID_ARGUMENT without contacting the daemon. On success, `result` (if not null)
+  /// receives what the daemon reported about the collective.
   absl::Status AllReduce(const Buffer& buffer, size_t offset_bytes, size_t num_elements, DType dtype,
-                         absl::string_view tensor_name, bool average = false);
+                         absl::string_view tensor_name, bool average = false, AllReduceResult* result = nullptr);
 
   /// Like AllReduce(), but submits the all-reduce and returns at once; the Future completes with
   /// the status AllReduce() would have returned. Several may be outstanding; leave the region (and

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "absl/status/status.h"
+#include "dynamiq/options.h"
 
 namespace dynamiq {
 
@@ -40,6 +41,10 @@ class Future {
 
   /// True once Wait() would return without blocking.
   bool Ready() const;
+
+  /// What the daemon reported about the collective. Call only after Wait() returned OK (otherwise
+  /// every field is zero or empty). The reference lives as long as the Future.
+  const AllReduceResult& result() const;
 
   /// False for a default-constructed or moved-from future.
   bool valid() const { return state_ != nullptr; }

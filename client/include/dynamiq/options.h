@@ -65,6 +65,20 @@ struct CompressionConfig {
   std::string allocator;
 };
 
+/// What the daemon reported for a completed all-reduce (dynamiq.v1.AllReduceResponse). Every
+/// worker of a collective sees the same sequence, config epoch, codec and bits.
+struct AllReduceResult {
+  /// The collective's index among the job's collectives (0, 1, 2, ...).
+  uint64_t sequence = 0;
+  /// The compression config epoch the collective ran under, and that configuration's codec and bits
+  /// (a tensor below its min_compress_elements still travelled uncompressed).
+  uint64_t config_epoch = 0;
+  std::string codec;
+  double bits = 0;
+  /// Bytes this node sent to other nodes for the collective (0 on a single node).
+  uint64_t wire_bytes = 0;
+};
+
 }  // namespace dynamiq
 
 #endif  // DQ_CLIENT_INCLUDE_DYNAMIQ_OPTIONS_H_

@@ -1,0 +1,353 @@
+"""PyTorch integration: a DDP communication hook and a plain all_reduce through dynamiqd.
+
+    import torch.distributed as dist, dynamiq.torch
+    dist.init_process_group("gloo", ...)                 # DDP still broadcasts parameters over it
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    state = dynamiq.torch.DynamiqState()                  # connects with the DQ_* environment
+    model.register_comm_hook(state, dynamiq.torch.allreduce_hook)
+
+Each gradient bucket is copied into a shared-memory buffer of the node's dynamiqd (one per bucket
+index, reused every step), submitted asynchronously, and the hook returns at once so backward keeps
+computing later buckets; a background thread waits for the daemon, copies the averaged result back
+into the bucket and completes the torch.futures.Future DDP waits on.
+
+The daemon compresses only between nodes (workers of one node are summed exactly in fp32 shared
+memory), with the job's configuration: dynamiqd's --codec/--bits/--min_compress_elements for new
+jobs, or what DynamiqState(codec=..., control=...) sets through the operator API before training.
+See docs/python.md.
+"""
+
+import collections
+import itertools
+import queue
+import threading
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+import dynamiq
+
+__all__ = ["DynamiqState", "allreduce_hook", "all_reduce", "wire_dtype"]
+
+# Buffers grow in steps of this many bytes, so that slightly larger rebuilt buckets reuse them.
+_ALLOCATION_QUANTUM = 1 << 20
+# How many tiny all-reduces DynamiqState waits for a compression change to take effect. The daemon
+# applies a change two collectives after the job's next one on the node that took it.
+_MAX_CONFIG_SYNC_COLLECTIVES = 8
+
+
+def wire_dtype(dtype):
+    """The dtype a tensor of `dtype` travels to the daemon in: float32 and bfloat16 as they are,
+    float16 as float32 (exact; the daemon takes float32 or bfloat16 and accumulates in fp32).
+    TypeError for anything else."""
+    if dtype == torch.float32 or dtype == torch.float16:
+        return torch.float32
+    if dtype == torch.bfloat16:
+        return torch.bfloat16
+    raise TypeError(f"dynamiq all-reduces float32, bfloat16 or float16 tensors, not {dtype}")
+
+
+def _dq_dtype(torch_dtype):
+    return dynamiq.bfloat16 if torch_dtype == torch.bfloat16 else dynamiq.float32
+
+
+class _Slot:
+    """A shared-memory buffer and a torch view of it per dtype (no copies)."""
+
+    def __init__(self, client, nbytes):
+        size = -(-nbytes // _ALLOCATION_QUANTUM) * _ALLOCATION_QUANTUM
+        self.buffer = client.allocate(size)
+        self._views = {}
+
+    def view(self, dtype, count):
+        full = self._views.get(dtype)
+        if full is None:
+            if dtype == torch.bfloat16:
+                # torch 1.13 takes no uint16 arrays: int16 bits, reinterpreted.
+                full = torch.from_numpy(self.buffer.numpy(np.int16)).view(torch.bfloat16)
+            else:
+                full = torch.from_numpy(self.buffer.numpy(np.float32))
+            self._views[dtype] = full
+        return full[:count]
+
+    def fits(self, nbytes):
+        return self.buffer.size >= nbytes
+
+    def release(self):
+        """Frees the buffer now, or, if something still maps it (a traceback holding a view after
+        a failed all-reduce), when the last view goes away."""
+        self._views.clear()
+        try:
+            self.buffer.release()
+        except BufferError:
+            pass  # unmapped and freed in the daemon by the Buffer's destructor instead
+        self.buffer = None
+
+
+class DynamiqState:
+    """State of the DDP communication hook (allreduce_hook): the dynamiq Client, one shared-memory
+    buffer per bucket index, the completion thread, and what the daemon reported per collective.
+
+    Args:
+      client: a dynamiq.Client; default: dynamiq.Client() from the DQ_* environment (closed by
+        close()).
+      process_group: the torch.distributed group DDP runs on (default: the default group). Used
+        for the warm-up steps, record_error's exact reference, and to agree on a compression
+        change; the dynamiq job must consist of exactly its ranks.
+      average: divide the sum by the number of workers (DDP's semantics). Default True.
+      warmup_steps: the first this many steps (backward passes) bypass dynamiqd and run torch's
+        own uncompressed all-reduce on process_group (default_hooks.allreduce_hook). The daemon has
+        no per-request codec switch, so exact warm-up steps take the process group's path.
+      codec, bits, min_compress_elements, topology: if any is given, global rank 0 changes the
+        job's compression through the operator API at `control` (any dynamiqd's --listen
+        address; the change reaches every node through the coordinator), and every rank then runs
+        tiny all-reduces until the daemon reports the new config epoch, so all of training runs
+        with it. Unset fields keep the job's values (dynamiqctl set-compression semantics).
+      control: host:port of a dynamiqd's operator API; required with the options above.
+      record_error: also all-reduce every bucket exactly over process_group (costs a second,
+        uncompressed all-reduce) and record the squared error and squared norm of the daemon's
+        result, for vNMSE = sum(err) / sum(norm) per step. For measurements, not training speed.
+      name_prefix: prefix of the collective names ("<prefix>.bucket<i>"); every worker must use the
+        same one.
+      max_records: how many of the latest per-collective records to keep (see `records`).
+    """
+
+    def __init__(self, client=None, process_group=None, *, average=True, warmup_steps=0, codec=None,
+                 bits=None, min_compress_elements=None, topology=None, control=None,
+                 record_error=False, name_prefix="ddp", max_records=100_000):
+        self._owns_client = client is None
+        self.client = client if client is not None else dynamiq.Client()
+        self.process_group = process_group
+        self.average = average
+        self.warmup_steps = int(warmup_steps)
+        self.record_error = record_error
+        self.name_prefix = name_prefix
+        self.step = 0
+        # One record per dynamiq collective (dicts; see docs/python.md), appended by the
+        # completion thread in completion order; the oldest are dropped past max_records.
+        self.records = collections.deque(maxlen=max_records)
+        self._slots = {}
+        self._lock = threading.Lock()  # DDP may call hooks from one autograd thread per device
+        self._queue = queue.Queue()
+        self._thread = None
+        self._closed = False
+        if any(v is not None for v in (codec, bits, min_compress_elements, topology)):
+            self._set_compression(control, codec=codec, bits=bits,
+                                  min_compress_elements=min_compress_elements, topology=topology)
+
+    # -- compression -------------------------------------------------------------------------
+
+    def _set_compression(self, control, **config):
+        if not dist.is_initialized():
+            # Without it every worker would make its own change and stop syncing at its own epoch.
+            raise ValueError("DynamiqState: codec options need torch.distributed initialized "
+                             "(global rank 0 changes the job's compression, the others wait for it)")
+        group = self.process_group
+        rank = dist.get_rank(group)
+        # broadcast() takes a global rank: that of the group's rank 0.
+        source = 0 if group is None else dist.distributed_c10d._get_global_rank(group, 0)
+        epoch = torch.zeros(1, dtype=torch.int64)
+        error = None
+        if rank == 0:
+            try:
+                if control is None:
+                    raise ValueError("DynamiqState: codec/bits/min_compress_elements/topology need "
+                                     "control='host:port' (a dynamiqd's --listen address)")
+                changes = {k: v for k, v in config.items() if v is not None}
+                epoch[0] = dynamiq.Control(control).set_compression(self.client.job, **changes)
+            except Exception as e:  # every rank must leave the broadcast below
+                error = e
+                epoch[0] = -1
+        dist.broadcast(epoch, src=source, group=group)
+        if error is not None:
+            raise error
+        if epoch[0] < 0:
+            raise RuntimeError("DynamiqState: rank 0 failed to change the job's compression (see its error)")
+        target = int(epoch[0])
+        buffer = self.client.allocate(4)
+        try:
+            value = buffer.numpy(np.float32, 1)
+            for _ in range(_MAX_CONFIG_SYNC_COLLECTIVES):
+                value[0] = 0
+                # Every worker sees the same epoch for the same collective, so all stop together.
+                if self.client.all_reduce(value, "dynamiq.torch.config").config_epoch >= target:
+                    break
+            else:
+                raise RuntimeError(f"dynamiqd did not apply config epoch {target} within "
+                                   f"{_MAX_CONFIG_SYNC_COLLECTIVES} collectives")
+        finally:
+            value = None  # the view must go before the buffer
+            try:
+                buffer.release()
+            except BufferError:
+                pass  # a traceback still holds the view: the buffer goes with it
+
+    # -- the hook ----------------------------------------------------------------------------
+
+    def _slot(self, index, nbytes):
+        slot = self._slots.get(index)
+        if slot is not None and not slot.fits(nbytes):
+            # The bucket grew (DDP rebuilds buckets after the first step); its last all-reduce
+            # completed before this step's backward began.
+            slot.release()
+            slot = None
+        if slot is None:
+            slot = _Slot(self.client, nbytes)
+            self._slots[index] = slot
+        return slot
+
+    def _ensure_thread(self):
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._complete_loop, name="dynamiq-hook", daemon=True)
+            self._thread.start()
+
+    def submit(self, tensor, index, step):
+        """Starts the all-reduce of one flat gradient tensor and returns a torch.futures.Future that
+        completes with `tensor` holding the (averaged) result. What allreduce_hook calls."""
+        if self._closed:
+            raise RuntimeError("DynamiqState is closed")
+        send_dtype = wire_dtype(tensor.dtype)
+        n = tensor.numel()
+        with self._lock:
+            slot = self._slot(index, n * torch.tensor([], dtype=send_dtype).element_size())
+            view = slot.view(send_dtype, n)
+            view.copy_(tensor.reshape(-1))
+            reference = work = None
+            if self.record_error:
+                reference = tensor.detach().reshape(-1).to(torch.float32, copy=True)
+                work = dist.all_reduce(reference, group=self.process_group, async_op=True)
+            name = f"{self.name_prefix}.bucket{index}"
+            started = time.perf_counter()
+            pending = self.client.all_reduce_async(slot.buffer, name, count=n, dtype=_dq_dtype(send_dtype),
+                                                   average=self.average)
+            future = torch.futures.Future()
+            self._ensure_thread()
+            self._queue.put((pending, view, tensor, future, step, index, n, started, reference, work))
+        return future
+
+    def _complete_loop(self):
+        # The daemon completes a job's collectives in order, so waiting in submission order is
+        # never slower than waiting for any.
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            pending, view, tensor, future, step, index, n, started, reference, work = item
+            try:
+                result = pending.wait()
+                tensor.copy_(view.reshape(tensor.shape))
+                record = {"step": step, "bucket": index, "elements": n, "sequence": result.sequence,
+                          "config_epoch": result.config_epoch, "codec": result.codec,
+                          "bits": result.bits, "wire_bytes": result.wire_bytes,
+                          "seconds": time.perf_counter() - started}
+                if work is not None:
+                    work.wait()
+                    if self.average:
+                        reference /= dist.get_world_size(self.process_group)
+                    got = view.to(torch.float32)
+                    record["sq_error"] = float(((got - reference) ** 2).sum(dtype=torch.float64))
+                    record["sq_norm"] = float((reference ** 2).sum(dtype=torch.float64))
+                self.records.append(record)
+                future.set_result(tensor)
+            except BaseException as e:  # noqa: B902 -- DDP must see every failure
+                future.set_exception(e)
+            # Drop this item's views now: a slot can only be released once nothing maps it.
+            del item, pending, view, tensor, future, reference, work
+
+    def close(self):
+        """Stops the completion thread (after the pending all-reduces), releases the buffers and,
+        if the state created its Client, closes it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+        for slot in self._slots.values():
+            slot.release()
+        self._slots.clear()
+        if self._owns_client:
+            self.client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def step_summary(self, step):
+        """Sums of the records of one step: buckets, elements, wire_bytes, and vnmse (if recorded)."""
+        rs = [r for r in self.records if r["step"] == step]
+        out = {"step": step, "buckets": len(rs), "elements": sum(r["elements"] for r in rs),
+               "wire_bytes": sum(r["wire_bytes"] for r in rs)}
+        if rs and "sq_error" in rs[0]:
+            norm = sum(r["sq_norm"] for r in rs)
+            out["vnmse"] = sum(r["sq_error"] for r in rs) / norm if norm > 0 else 0.0
+        return out
+
+
+def allreduce_hook(state, bucket):
+    """DDP communication hook: model.register_comm_hook(state, allreduce_hook) with a DynamiqState.
+
+    Returns a torch.futures.Future at once; it completes (from the state's background thread) with
+    the bucket holding the average over all workers, or with the daemon's error (dynamiq.Error),
+    which DDP raises from backward()."""
+    step = state.step
+    if bucket.is_last():
+        state.step += 1
+    if step < state.warmup_steps:
+        return default_hooks.allreduce_hook(state.process_group, bucket)
+    return state.submit(bucket.buffer(), bucket.index(), step)
+
+
+_default_client = None
+_default_slot = None
+_default_lock = threading.Lock()
+_default_names = itertools.count()
+
+
+def all_reduce(tensor, average=False, *, client=None, name=None):
+    """All-reduces `tensor` in place through dynamiqd (synchronously; the GIL is released while
+    waiting) and returns it. float32 and bfloat16 travel as they are, float16 as float32; tensors
+    on other devices are staged through host shared memory.
+
+    client: default, one dynamiq.Client per process from the DQ_* environment, created on first use.
+    name: the collective's name (every worker must pass the same); default "all_reduce.<k>" for
+    the k-th call in this process (workers must then call in the same order).
+    Raises dynamiq.Error with the daemon's message on failure (e.g. workers disagreeing on size)."""
+    global _default_client, _default_slot
+    send_dtype = wire_dtype(tensor.dtype)
+    nbytes = tensor.numel() * torch.tensor([], dtype=send_dtype).element_size()
+    if client is None:
+        # The default client's slot is shared: one all-reduce at a time through it.
+        with _default_lock:
+            if _default_client is None:
+                _default_client = dynamiq.Client()
+            if name is None:
+                name = f"all_reduce.{next(_default_names)}"
+            if _default_slot is None or not _default_slot.fits(nbytes):
+                if _default_slot is not None:
+                    _default_slot.release()
+                _default_slot = _Slot(_default_client, nbytes)
+            _all_reduce_through(_default_client, _default_slot, tensor, send_dtype, name, average)
+        return tensor
+    if name is None:
+        with _default_lock:
+            name = f"all_reduce.{next(_default_names)}"
+    slot = _Slot(client, nbytes)
+    try:
+        _all_reduce_through(client, slot, tensor, send_dtype, name, average)
+    finally:
+        slot.release()
+    return tensor
+
+
+def _all_reduce_through(client, slot, tensor, send_dtype, name, average):
+    n = tensor.numel()
+    view = slot.view(send_dtype, n)
+    view.copy_(tensor.reshape(-1))
+    client.all_reduce(slot.buffer, name, count=n, dtype=_dq_dtype(send_dtype), average=average)
+    tensor.copy_(view.reshape(tensor.shape))

@@ -1,0 +1,60 @@
+// CountingTransport: an engine::Transport decorator that counts the bytes moved to and from each
+// peer (dynamiq_peer_bytes_total) and otherwise forwards every call unchanged. The daemon wraps it
+// around each job's Gloo transport, so peer ranks are node ranks.
+//
+// Bytes are counted when Wait succeeds for an operation (a failed or never-waited operation moved
+// nothing we can vouch for): a send counts its size, a receive the size it was posted with (the
+// Transport contract makes that exactly what arrived).
+//
+// Thread-safety as Transport: one thread drives it; Abort may come from any thread. The sink must
+// be thread-safe (transports of several jobs report into one) and outlive the transport.
+#ifndef DQ_SERVER_COUNTING_TRANSPORT_H_
+#define DQ_SERVER_COUNTING_TRANSPORT_H_
+
+#include <stdint.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/transport.h"
+
+namespace dynamiq::server {
+
+// Receives the counts (server/metrics.h implements it).
+class PeerBytesSink {
+ public:
+  virtual ~PeerBytesSink() = default;
+  virtual void AddPeerBytes(int peer, bool sent, uint64_t bytes) = 0;
+};
+
+class CountingTransport final : public engine::Transport {
+ public:
+  CountingTransport(std::unique_ptr<engine::Transport> inner, PeerBytesSink* sink);
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string name() const override { return inner_->name(); }
+  absl::StatusOr<Handle> PostSend(int peer, uint64_t tag, absl::Span<const uint8_t> data) override;
+  absl::StatusOr<Handle> PostRecv(int peer, uint64_t tag, absl::Span<uint8_t> buffer) override;
+  absl::Status Wait(Handle handle, absl::Time deadline) override;
+  void Abort() override { inner_->Abort(); }
+
+ private:
+  struct Pending {
+    int peer = 0;
+    bool sent = false;
+    uint64_t bytes = 0;
+  };
+
+  const std::unique_ptr<engine::Transport> inner_;
+  PeerBytesSink* const sink_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<Handle, Pending> pending_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dynamiq::server
+
+#endif  // DQ_SERVER_COUNTING_TRANSPORT_H_

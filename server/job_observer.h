@@ -1,0 +1,73 @@
+// JobObserver: what a Job reports while it runs, for metrics (server/metrics.h implements it; a
+// job without an observer reports nothing). Kept as a small interface so Job does not depend on
+// Prometheus.
+//
+// Contract for implementations: thread-safe, fast, and never calling back into the job. Jobs call
+// them from the reducer thread and from gRPC handler threads, sometimes with the job's own lock
+// held, so an implementation may only take leaf locks of its own.
+#ifndef DQ_SERVER_JOB_OBSERVER_H_
+#define DQ_SERVER_JOB_OBSERVER_H_
+
+#include <stdint.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "engine/schedule.h"
+#include "kernels/codec.h"
+
+namespace dynamiq::server {
+
+// How a collective ended (the `result` label of dynamiq_collectives_total).
+enum class CollectiveResult { kOk, kError, kTimeout, kAborted };
+// Why it failed (the `kind` label of dynamiq_faults_total); kNone for a successful one.
+enum class FaultKind { kNone, kTimeout, kAbort, kPeerFailure, kMismatch };
+
+absl::string_view CollectiveResultName(CollectiveResult result);  // "ok", "error", "timeout", "aborted"
+absl::string_view FaultKindName(FaultKind kind);                  // "timeout", "abort", "peer_failure", ...
+
+// Classifies the status a collective failed with. `stopping`: the job was being stopped (shutdown),
+// which makes any failure an abort. DEADLINE_EXCEEDED is a timeout; ABORTED/CANCELLED an abort;
+// INVALID_ARGUMENT/FAILED_PRECONDITION a mismatch (local workers or a peer's step header disagree,
+// a peer announced an impossible size); anything else (a peer gone or reset, a corrupted payload,
+// no memory) an error of kind peer_failure.
+struct Classification {
+  CollectiveResult result;
+  FaultKind fault;
+};
+Classification ClassifyFailure(const absl::Status& status, bool stopping);
+
+// nccl-tests bus bytes of an all-reduce of `payload_bytes` over `num_nodes` ranks:
+// payload x 2(n-1)/n (0 on a single node).
+uint64_t BusBytes(uint64_t payload_bytes, uint32_t num_nodes);
+
+// One finished collective as the job reports it.
+struct CollectiveOutcome {
+  CollectiveResult result = CollectiveResult::kOk;
+  FaultKind fault = FaultKind::kNone;
+  // The codec the cross-node all-reduce used: the job's, or none for tensors below
+  // min_compress_elements.
+  kernels::CodecConfig codec;
+  engine::Topology topology = engine::Topology::kRing;
+  uint64_t num_elements = 0;
+  // Successful collectives only: from the moment all local workers had submitted to the result
+  // being in their buffers, without the error probe's side all-reduce.
+  double seconds = 0;
+  uint64_t wire_bytes = 0;  // bytes this node sent for the cross-node all-reduce, headers included
+};
+
+class JobObserver {
+ public:
+  virtual ~JobObserver() = default;
+  // Every collective once, successful or not (including those failed by the watchdog, by a
+  // worker leaving or by shutdown before they ran).
+  virtual void OnCollective(const std::string& job, const CollectiveOutcome& outcome) = 0;
+  // A sampled collective's measured compression error (see server/error_probe.h).
+  virtual void OnErrorSample(const std::string& job, const kernels::CodecConfig& codec, double vnmse) = 0;
+  // A worker request refused before it became part of a collective, with the code it got.
+  virtual void OnRejected(absl::StatusCode code) = 0;
+};
+
+}  // namespace dynamiq::server
+
+#endif  // DQ_SERVER_JOB_OBSERVER_H_

@@ -1,0 +1,325 @@
+#include "server/metrics.h"
+
+#include <cmath>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
+#include "server/build_info.h"
+
+namespace dynamiq::server {
+namespace {
+
+using prometheus::Counter;
+using prometheus::Gauge;
+using prometheus::Histogram;
+
+// 100 us .. 100 s, four buckets per decade.
+const Histogram::BucketBoundaries& DurationBuckets() {
+  static const auto* buckets = [] {
+    auto* b = new Histogram::BucketBoundaries;
+    for (int k = 0; k <= 24; ++k) b->push_back(1e-4 * std::pow(10.0, k / 4.0));
+    return b;
+  }();
+  return *buckets;
+}
+
+// 1e-9 .. 1, factor sqrt(10).
+const Histogram::BucketBoundaries& VnmseBuckets() {
+  static const auto* buckets = [] {
+    auto* b = new Histogram::BucketBoundaries;
+    for (int k = 0; k <= 18; ++k) b->push_back(1e-9 * std::pow(10.0, k / 2.0));
+    return b;
+  }();
+  return *buckets;
+}
+
+constexpr CollectiveResult kResults[] = {CollectiveResult::kOk, CollectiveResult::kError, CollectiveResult::kTimeout,
+                                         CollectiveResult::kAborted};
+constexpr FaultKind kFaults[] = {FaultKind::kTimeout, FaultKind::kAbort, FaultKind::kPeerFailure, FaultKind::kMismatch};
+// Codes worker and operator requests are refused with; created at zero so alerts see them.
+constexpr absl::StatusCode kRejectReasons[] = {
+    absl::StatusCode::kInvalidArgument, absl::StatusCode::kNotFound,   absl::StatusCode::kFailedPrecondition,
+    absl::StatusCode::kAlreadyExists,   absl::StatusCode::kOutOfRange, absl::StatusCode::kResourceExhausted,
+    absl::StatusCode::kUnauthenticated, absl::StatusCode::kAborted,    absl::StatusCode::kUnavailable,
+    absl::StatusCode::kPermissionDenied};
+
+}  // namespace
+
+class Metrics::Collector final : public prometheus::Collectable {
+ public:
+  explicit Collector(Metrics* metrics) : metrics_(metrics) {}
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    metrics_->Refresh();
+    return metrics_->registry_->Collect();
+  }
+
+ private:
+  Metrics* const metrics_;
+};
+
+Metrics::Metrics(uint32_t node_rank, uint32_t num_nodes)
+    : node_rank_(node_rank),
+      num_nodes_(num_nodes),
+      registry_(std::make_shared<prometheus::Registry>()),
+      collectives_(prometheus::BuildCounter()
+                       .Name("dynamiq_collectives_total")
+                       .Help("Finished collectives by result (ok, error, timeout, aborted).")
+                       .Register(*registry_)),
+      duration_(prometheus::BuildHistogram()
+                    .Name("dynamiq_collective_duration_seconds")
+                    .Help("Time of a successful collective on this node, from the last local submission to the "
+                          "result in every local worker's buffer (excluding the error probe).")
+                    .Register(*registry_)),
+      payload_bytes_(prometheus::BuildCounter()
+                         .Name("dynamiq_payload_bytes_total")
+                         .Help("Uncompressed fp32 bytes all-reduced by successful collectives (elements x 4, once "
+                               "per collective).")
+                         .Register(*registry_)),
+      bus_bytes_(prometheus::BuildCounter()
+                     .Name("dynamiq_bus_bytes_total")
+                     .Help("Payload bytes x 2(n-1)/n over n nodes (nccl-tests bus bytes).")
+                     .Register(*registry_)),
+      wire_bytes_(prometheus::BuildCounter()
+                      .Name("dynamiq_wire_bytes_total")
+                      .Help("Bytes this node sent for the cross-node all-reduce of successful collectives, step "
+                            "headers included.")
+                      .Register(*registry_)),
+      vnmse_(prometheus::BuildHistogram()
+                 .Name("dynamiq_compression_error_vnmse")
+                 .Help("Measured vNMSE ||x^ - x||^2 / ||x||^2 of sampled collectives against an exact fp32 sum "
+                       "computed on the side.")
+                 .Register(*registry_)),
+      error_samples_(prometheus::BuildCounter()
+                         .Name("dynamiq_compression_error_samples_total")
+                         .Help("Collectives sampled for the compression error.")
+                         .Register(*registry_)),
+      peer_bytes_(prometheus::BuildCounter()
+                      .Name("dynamiq_peer_bytes_total")
+                      .Help("Bytes sent to and received from each peer node (all jobs, error probes included).")
+                      .Register(*registry_)),
+      faults_(prometheus::BuildCounter()
+                  .Name("dynamiq_faults_total")
+                  .Help("Failed collectives by cause (timeout, abort, peer_failure, mismatch).")
+                  .Register(*registry_)),
+      rejected_(prometheus::BuildCounter()
+                    .Name("dynamiq_rejected_requests_total")
+                    .Help("Worker and operator requests refused, by gRPC code.")
+                    .Register(*registry_)),
+      inflight_(prometheus::BuildGauge()
+                    .Name("dynamiq_inflight_collectives")
+                    .Help("Collectives submitted by some local worker and not finished.")
+                    .Register(*registry_)),
+      workers_(prometheus::BuildGauge()
+                   .Name("dynamiq_connected_workers")
+                   .Help("Registered local workers.")
+                   .Register(*registry_)),
+      epoch_(prometheus::BuildGauge()
+                 .Name("dynamiq_config_epoch")
+                 .Help("The job's current compression config epoch.")
+                 .Register(*registry_)),
+      compression_info_(prometheus::BuildGauge()
+                            .Name("dynamiq_job_compression_info")
+                            .Help("The job's active compression (value 1).")
+                            .Register(*registry_)),
+      shm_bytes_(prometheus::BuildGauge()
+                     .Name("dynamiq_shm_mapped_bytes")
+                     .Help("Shared-memory bytes allocated to local workers.")
+                     .Register(*registry_)
+                     .Add({})) {
+  prometheus::BuildGauge()
+      .Name("dynamiq_build_info")
+      .Help("The build (value 1).")
+      .Register(*registry_)
+      .Add({{"version", std::string(BuildVersion())}, {"git_commit", std::string(BuildGitCommit())}})
+      .Set(1);
+  prometheus::BuildGauge()
+      .Name("dynamiq_nodes")
+      .Help("Nodes in the cluster.")
+      .Register(*registry_)
+      .Add({})
+      .Set(num_nodes);
+  prometheus::BuildGauge()
+      .Name("dynamiq_node_rank")
+      .Help("This node's rank.")
+      .Register(*registry_)
+      .Add({})
+      .Set(node_rank);
+  for (absl::StatusCode code : kRejectReasons) rejected_.Add({{"reason", ReasonLabel(code)}});
+  collector_ = std::make_shared<Collector>(this);
+}
+
+Metrics::~Metrics() { StopServing(); }
+
+absl::StatusOr<std::string> Metrics::Serve(const std::string& host, int port) {
+  if (port < 0 || port > 65535) return absl::InvalidArgumentError(absl::StrCat("metrics port ", port, " is invalid"));
+  absl::MutexLock lock(&exposer_mu_);
+  if (exposer_) return absl::FailedPreconditionError("metrics are already served");
+  const std::string bind = host.empty() ? absl::StrCat(port) : absl::StrCat(host, ":", port);
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(bind, /*num_threads=*/2);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", bind,
+                                               " (address in use? --metrics_port=0 picks a free port): ", e.what()));
+  }
+  std::vector<int> ports = exposer_->GetListeningPorts();
+  if (ports.empty()) {
+    exposer_.reset();
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", bind));
+  }
+  exposer_->RegisterCollectable(collector_);
+  return absl::StrCat(host.empty() ? "0.0.0.0" : host, ":", ports[0]);
+}
+
+void Metrics::StopServing() {
+  std::unique_ptr<prometheus::Exposer> exposer;
+  {
+    absl::MutexLock lock(&exposer_mu_);
+    exposer = std::move(exposer_);
+  }
+  exposer.reset();  // civetweb joins its threads: no scrape runs after this
+}
+
+void Metrics::SetGaugeSource(GaugeSource source) {
+  absl::MutexLock lock(&refresh_mu_);
+  source_ = std::move(source);
+}
+
+std::string Metrics::Render() { return prometheus::TextSerializer().Serialize(collector_->Collect()); }
+
+std::string Metrics::TopologyLabel(engine::Topology topology) const {
+  return num_nodes_ <= 1 ? "local" : std::string(engine::TopologyName(topology));
+}
+
+std::string Metrics::BitsLabel(double bits) { return absl::StrFormat("%g", bits); }
+
+std::string Metrics::ReasonLabel(absl::StatusCode code) {
+  return absl::AsciiStrToLower(absl::StatusCodeToString(code));
+}
+
+void Metrics::EnsureJob(const std::string& job, const kernels::CodecConfig& codec, engine::Topology topology) {
+  const std::string codec_name(kernels::CodecName(codec.id));
+  const std::string topology_name = TopologyLabel(topology);
+  {
+    absl::MutexLock lock(&mu_);
+    std::set<std::string>& seen = known_[job];
+    const bool first = seen.empty();
+    if (!seen.insert(absl::StrCat(codec_name, "|", topology_name)).second) return;
+    if (first) {
+      for (FaultKind kind : kFaults) faults_.Add({{"job", job}, {"kind", std::string(FaultKindName(kind))}});
+      error_samples_.Add({{"job", job}});
+    }
+  }
+  const std::string transport = num_nodes_ <= 1 ? "local" : "gloo";
+  for (CollectiveResult result : kResults) {
+    collectives_.Add({{"job", job},
+                      {"codec", codec_name},
+                      {"topology", topology_name},
+                      {"transport", transport},
+                      {"result", std::string(CollectiveResultName(result))}});
+  }
+}
+
+void Metrics::OnCollective(const std::string& job, const CollectiveOutcome& o) {
+  EnsureJob(job, o.codec, o.topology);
+  const std::string codec(kernels::CodecName(o.codec.id));
+  const std::string topology = TopologyLabel(o.topology);
+  collectives_
+      .Add({{"job", job},
+            {"codec", codec},
+            {"topology", topology},
+            {"transport", num_nodes_ <= 1 ? "local" : "gloo"},
+            {"result", std::string(CollectiveResultName(o.result))}})
+      .Increment();
+  if (o.result != CollectiveResult::kOk) {
+    if (o.fault != FaultKind::kNone) {
+      faults_.Add({{"job", job}, {"kind", std::string(FaultKindName(o.fault))}}).Increment();
+    }
+    return;
+  }
+  const prometheus::Labels labels{{"job", job}, {"codec", codec}, {"topology", topology}};
+  duration_.Add(labels, DurationBuckets()).Observe(o.seconds);
+  const uint64_t payload = o.num_elements * sizeof(float);
+  payload_bytes_.Add(labels).Increment(static_cast<double>(payload));
+  bus_bytes_.Add(labels).Increment(static_cast<double>(BusBytes(payload, num_nodes_)));
+  wire_bytes_.Add(labels).Increment(static_cast<double>(o.wire_bytes));
+}
+
+void Metrics::OnErrorSample(const std::string& job, const kernels::CodecConfig& codec, double vnmse) {
+  vnmse_
+      .Add({{"job", job}, {"codec", std::string(kernels::CodecName(codec.id))}, {"bits", BitsLabel(codec.bits)}},
+           VnmseBuckets())
+      .Observe(vnmse);
+  error_samples_.Add({{"job", job}}).Increment();
+}
+
+void Metrics::OnRejected(absl::StatusCode code) { rejected_.Add({{"reason", ReasonLabel(code)}}).Increment(); }
+
+void Metrics::AddPeerBytes(int peer, bool sent, uint64_t bytes) {
+  if (peer < 0 || static_cast<uint32_t>(peer) >= num_nodes_) return;
+  Counter* counter;
+  {
+    absl::MutexLock lock(&mu_);
+    if (peer_counters_.size() < num_nodes_) peer_counters_.resize(num_nodes_, {nullptr, nullptr});
+    Counter*& slot = peer_counters_[peer][sent ? 1 : 0];
+    if (slot == nullptr) {
+      slot = &peer_bytes_.Add({{"peer", absl::StrCat(peer)}, {"direction", sent ? "sent" : "received"}});
+    }
+    counter = slot;
+  }
+  counter->Increment(static_cast<double>(bytes));
+}
+
+void Metrics::Refresh() {
+  absl::MutexLock lock(&refresh_mu_);
+  if (!source_) return;
+  const Snapshot snapshot = source_();
+  shm_bytes_.Set(static_cast<double>(snapshot.shm_mapped_bytes));
+  std::set<std::string> present;
+  for (const JobGauges& j : snapshot.jobs) {
+    present.insert(j.job);
+    EnsureJob(j.job, j.config.codec, j.config.topology);
+    const prometheus::Labels job{{"job", j.job}};
+    inflight_.Add(job).Set(j.inflight);
+    workers_.Add(job).Set(j.workers);
+    epoch_.Add(job).Set(static_cast<double>(j.config_epoch));
+    const prometheus::Labels info{{"job", j.job},
+                                  {"codec", std::string(kernels::CodecName(j.config.codec.id))},
+                                  {"bits", BitsLabel(j.config.codec.bits)},
+                                  {"topology", TopologyLabel(j.config.topology)}};
+    auto old = info_labels_.find(j.job);
+    if (old != info_labels_.end() && old->second != info) compression_info_.Remove(&compression_info_.Add(old->second));
+    compression_info_.Add(info).Set(1);
+    info_labels_[j.job] = info;
+  }
+  // Jobs that are gone: their state gauges go too (their counters stay).
+  for (auto it = gauge_jobs_.begin(); it != gauge_jobs_.end();) {
+    if (present.count(*it)) {
+      ++it;
+      continue;
+    }
+    const prometheus::Labels job{{"job", *it}};
+    inflight_.Remove(&inflight_.Add(job));
+    workers_.Remove(&workers_.Add(job));
+    epoch_.Remove(&epoch_.Add(job));
+    auto info = info_labels_.find(*it);
+    if (info != info_labels_.end()) {
+      compression_info_.Remove(&compression_info_.Add(info->second));
+      info_labels_.erase(info);
+    }
+    it = gauge_jobs_.erase(it);
+  }
+  gauge_jobs_.insert(present.begin(), present.end());
+}
+
+}  // namespace dynamiq::server

@@ -1,0 +1,146 @@
+// Metrics: dynamiqd's Prometheus metrics (names, labels and meaning: docs/metrics.md). Owns a
+// prometheus::Registry with every dynamiq_* family and, once Serve() is called, a
+// prometheus::Exposer (civetweb) answering GET /metrics on its own port.
+//
+// Counters and histograms are pushed as things happen: jobs report through JobObserver, transports
+// through PeerBytesSink (server/counting_transport.h), the gRPC services through OnRejected.
+// Gauges that describe state (workers, in-flight collectives, config epoch, active compression,
+// mapped shared memory) are pulled at each scrape from a GaugeSource the daemon sets, so they are
+// never stale and no code path has to remember to update them.
+//
+// Labels are bounded: job ids, codec names, bit settings, topologies, node ranks and fixed enums;
+// never tensor names or sequence numbers. A job's label sets that can be known in advance (its
+// fault kinds, its collective results under the current configuration, its error sample count) are
+// created at zero when the job first appears, so rate() and alerts see them before the first event.
+//
+// Thread-safe. Lock order: the scrape path holds `refresh_mu_` while it calls the GaugeSource
+// (which takes daemon and job locks); the push paths (called with job locks held) only take leaf
+// locks (prometheus' own, `mu_`), never `refresh_mu_`.
+#ifndef DQ_SERVER_METRICS_H_
+#define DQ_SERVER_METRICS_H_
+
+#include <stdint.h>
+
+#include <array>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "prometheus/labels.h"
+#include "server/counting_transport.h"
+#include "server/job.h"
+#include "server/job_observer.h"
+
+namespace prometheus {
+class Counter;
+class Exposer;
+class Gauge;
+class Histogram;
+class Registry;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace dynamiq::server {
+
+class Metrics final : public JobObserver, public PeerBytesSink {
+ public:
+  // The state gauges, read at every scrape.
+  struct JobGauges {
+    std::string job;
+    uint32_t workers = 0;
+    uint32_t inflight = 0;
+    uint64_t config_epoch = 0;
+    JobConfig config;
+  };
+  struct Snapshot {
+    std::vector<JobGauges> jobs;
+    uint64_t shm_mapped_bytes = 0;
+  };
+  using GaugeSource = std::function<Snapshot()>;
+
+  Metrics(uint32_t node_rank, uint32_t num_nodes);
+  ~Metrics() override;
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // Serves GET /metrics on `host`:`port` (port 0: a free port; host as in --listen, IPv6 in
+  // brackets). Returns the bound "host:port". UNAVAILABLE when it cannot bind, FAILED_PRECONDITION
+  // when already serving.
+  absl::StatusOr<std::string> Serve(const std::string& host, int port);
+  // Stops the HTTP server (idempotent); in-progress scrapes finish first.
+  void StopServing();
+  // Replaces the gauge source; nullptr stops pulling (gauges keep their last values). Waits for a
+  // scrape that is using the old source.
+  void SetGaugeSource(GaugeSource source);
+
+  // The text exposition format, exactly what GET /metrics returns.
+  std::string Render();
+
+  // JobObserver.
+  void OnCollective(const std::string& job, const CollectiveOutcome& outcome) override;
+  void OnErrorSample(const std::string& job, const kernels::CodecConfig& codec, double vnmse) override;
+  void OnRejected(absl::StatusCode code) override;
+  // PeerBytesSink.
+  void AddPeerBytes(int peer, bool sent, uint64_t bytes) override;
+
+  // Label values as the metrics spell them.
+  std::string TopologyLabel(engine::Topology topology) const;  // ring|butterfly; "local" on one node
+  static std::string BitsLabel(double bits);                   // "%g": 5, 4.5, 0 for codecs without bits
+  static std::string ReasonLabel(absl::StatusCode code);       // "invalid_argument", ...
+
+ private:
+  class Collector;
+  // Creates the zero-valued label sets of a job seen for the first time (and of a configuration it
+  // has not run under yet).
+  void EnsureJob(const std::string& job, const kernels::CodecConfig& codec, engine::Topology topology)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Pulls the gauges; called by the Collector before every collection.
+  void Refresh() ABSL_LOCKS_EXCLUDED(refresh_mu_);
+
+  const uint32_t node_rank_;
+  const uint32_t num_nodes_;
+  const std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<Collector> collector_;
+
+  prometheus::Family<prometheus::Counter>& collectives_;
+  prometheus::Family<prometheus::Histogram>& duration_;
+  prometheus::Family<prometheus::Counter>& payload_bytes_;
+  prometheus::Family<prometheus::Counter>& bus_bytes_;
+  prometheus::Family<prometheus::Counter>& wire_bytes_;
+  prometheus::Family<prometheus::Histogram>& vnmse_;
+  prometheus::Family<prometheus::Counter>& error_samples_;
+  prometheus::Family<prometheus::Counter>& peer_bytes_;
+  prometheus::Family<prometheus::Counter>& faults_;
+  prometheus::Family<prometheus::Counter>& rejected_;
+  prometheus::Family<prometheus::Gauge>& inflight_;
+  prometheus::Family<prometheus::Gauge>& workers_;
+  prometheus::Family<prometheus::Gauge>& epoch_;
+  prometheus::Family<prometheus::Gauge>& compression_info_;
+  prometheus::Gauge& shm_bytes_;
+
+  absl::Mutex mu_;  // leaf
+  // job -> "codec|topology" label sets created at zero.
+  std::map<std::string, std::set<std::string>> known_ ABSL_GUARDED_BY(mu_);
+  // Per peer rank: [received, sent] counters, created on first use.
+  std::vector<std::array<prometheus::Counter*, 2>> peer_counters_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex refresh_mu_;  // serialises scrapes, source changes and the gauges they own
+  GaugeSource source_ ABSL_GUARDED_BY(refresh_mu_);
+  // The state gauges' current label sets, so those of vanished jobs or old configs are removed.
+  std::map<std::string, prometheus::Labels> info_labels_ ABSL_GUARDED_BY(refresh_mu_);
+  std::set<std::string> gauge_jobs_ ABSL_GUARDED_BY(refresh_mu_);
+
+  absl::Mutex exposer_mu_;
+  std::unique_ptr<prometheus::Exposer> exposer_ ABSL_GUARDED_BY(exposer_mu_);
+};
+
+}  // namespace dynamiq::server
+
+#endif  // DQ_SERVER_METRICS_H_
