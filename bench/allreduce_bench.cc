@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "engine/allreduce.h"
 #include "engine/gloo_transport.h"
+#include "engine/step_auth.h"
 #include "engine/step_header.h"
 #include "engine/store.h"
 #include "engine/tcp_store.h"
@@ -51,6 +52,8 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
   kernels::CodecConfig none_config;
   none_config.id = kernels::CodecId::kNone;
   DQ_ASSIGN_OR_RETURN(auto none, kernels::CreateCodec(none_config));
+  std::unique_ptr<engine::StepAuthenticator> auth;
+  if (!o.cluster_secret.empty()) auth = engine::StepAuthenticator::ForJob(o.cluster_secret, "bench");
   float token = 1, token_out = 0;
   uint64_t sequence = 0;
   auto barrier = [&]() -> absl::Status {
@@ -58,6 +61,7 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
     b.sequence = sequence++;
     b.timeout = o.timeout;
     b.job_id = 1;
+    b.authenticator = auth.get();
     return engine::AllReduce(*none, *transport, b, {&token, kernels::DType::kFloat32, 0, nullptr},
                              {&token_out, kernels::DType::kFloat32, 0, nullptr}, 1)
         .status();
@@ -72,6 +76,7 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
     ar.sequence = sequence++;
     ar.timeout = o.timeout;
     ar.block_elements = o.block_elements;
+    ar.authenticator = auth.get();
     const absl::Time start = absl::Now();
     DQ_ASSIGN_OR_RETURN(
         engine::AllReduceResult r,
@@ -101,9 +106,10 @@ std::string FormatAllReduceJson(const AllReduceBenchResult& r, const AllReduceBe
   return absl::StrFormat(
       R"({"method":"%s","codec":"%s","bits":%g,"topology":"%s","world_size":%d,"rank":%d,"elements":%d,)"
       R"("bytes_per_rank":%d,"seconds":%.6f,"algbw_GBps":%.4f,"busbw_GBps":%.4f,"wire_bytes_per_rank":%d,)"
-      R"("vnmse":%.6g,"output_checksum":"%016x"})",
+      R"("vnmse":%.6g,"output_checksum":"%016x","authenticated":%s})",
       r.method, kernels::CodecName(o.codec.id), o.codec.bits, o.topology, o.world_size, o.rank, o.elements,
-      4 * o.elements, r.seconds, r.algbw_gbps, r.busbw_gbps, r.wire_bytes_per_rank, r.vnmse, r.output_checksum);
+      4 * o.elements, r.seconds, r.algbw_gbps, r.busbw_gbps, r.wire_bytes_per_rank, r.vnmse, r.output_checksum,
+      o.cluster_secret.empty() ? "false" : "true");
 }
 
 }  // namespace dynamiq::bench

@@ -28,6 +28,9 @@ struct AllReduceBenchOptions {
   absl::Duration timeout = absl::Seconds(120);
   size_t block_elements = size_t{2} << 20;
   uint64_t seed = 1;
+  // Non-empty: every message carries an HMAC tag under a key derived from this secret
+  // (engine/step_auth.h), as dynamiqd's --cluster_secret_file does; all ranks need the same one.
+  std::string cluster_secret;
 };
 
 struct AllReduceBenchResult {

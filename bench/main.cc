@@ -3,6 +3,8 @@
 //              all-reduce (bench/codec_bench.h).
 //   allreduce  one rank of a compressed all-reduce between processes over Gloo TCP
 //              (bench/allreduce_bench.h); scripts/bench-network runs n of them in namespaces.
+//   controller error-budget compression in closed loop on the simulated all-reduce, with a
+//              gradient shift mid-run (bench/controller_sim.h); per-step CSV or JSON.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -18,6 +20,8 @@
 #include "absl/strings/str_split.h"
 #include "bench/allreduce_bench.h"
 #include "bench/codec_bench.h"
+#include "bench/controller_sim.h"
+#include "common/secret_file.h"
 #include "kernels/codec.h"
 
 ABSL_FLAG(std::string, codec, "all",
@@ -56,6 +60,29 @@ ABSL_FLAG(int, warmup, 1, "allreduce: untimed all-reduces first.");
 ABSL_FLAG(double, timeout, 120, "allreduce: seconds before a rendezvous or collective fails.");
 ABSL_FLAG(int64_t, block, 2 << 20, "allreduce: pipelining block in elements (0 = no pipelining).");
 ABSL_FLAG(bool, all_ranks_print, false, "allreduce: every rank prints its JSON line (default: rank 0 only).");
+ABSL_FLAG(std::string, cluster_secret_file, "",
+          "allreduce: authenticate every message with HMAC-SHA256 under a key derived from this secret file (as "
+          "dynamiqd --cluster_secret_file; mode 0600); every rank needs the same file.");
+// controller (also --workers, --topology, --seed, --correlation, --json)
+ABSL_FLAG(int64_t, elements, 1 << 16, "controller: elements per rank (synthetic data).");
+ABSL_FLAG(double, target_vnmse, 1e-3, "controller: the error budget (target vNMSE).");
+ABSL_FLAG(double, min_bits, 3, "controller: lowest b̄ the controller may choose.");
+ABSL_FLAG(double, max_bits, 8, "controller: highest b̄ the controller may choose.");
+ABSL_FLAG(double, initial_bits, 5, "controller: b̄ of the first step.");
+ABSL_FLAG(int, steps, 60, "controller: simulated training steps (one all-reduce each).");
+ABSL_FLAG(int, shift_step, 20, "controller: the step at which the gradient distribution shifts.");
+ABSL_FLAG(double, correlation_after, 0.5, "controller: --correlation after the shift.");
+ABSL_FLAG(int, revert_step, -1, "controller: the step at which the data shifts back (-1: never).");
+ABSL_FLAG(double, magnitude_sigma, 1.22,
+          "controller: ln-sd of the per-super-group magnitudes before the shift (the synthetic data's 1.22).");
+ABSL_FLAG(double, magnitude_sigma_after, 0.5,
+          "controller: ln-sd of the magnitudes after the shift (narrower: the energy is spread over more "
+          "super-groups and the error at a given b̄ grows, ~10x at 5 bits for 0.5).");
+ABSL_FLAG(int, apply_delay, 2, "controller: steps a decision waits before it applies (dynamiqd: 2).");
+ABSL_FLAG(bool, compare_fixed, true,
+          "controller: also measure every fixed b̄ (quarter bits in [--min_bits, --max_bits]) on the same data and "
+          "report in the summary line (starts with #; with --json an object with \"summary\":true) the smallest "
+          "fixed b̄ that meets the target at every step.");
 
 namespace {
 
@@ -151,6 +178,11 @@ int RunAllReduce() {
   o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout));
   o.block_elements = static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_block)));
   o.seed = absl::GetFlag(FLAGS_seed);
+  if (!absl::GetFlag(FLAGS_cluster_secret_file).empty()) {
+    auto secret = dynamiq::common::ReadSecret(absl::GetFlag(FLAGS_cluster_secret_file), "--cluster_secret_file");
+    if (!secret.ok()) return Fail(std::string(secret.status().message()));
+    o.cluster_secret = *std::move(secret);
+  }
   auto id = dynamiq::kernels::ParseCodecId(absl::GetFlag(FLAGS_codec));
   if (!id.ok()) return Fail(absl::StrCat("--codec: ", id.status().message(), " (allreduce takes one codec)"));
   o.codec.id = *id;
@@ -171,6 +203,59 @@ int RunAllReduce() {
   return 0;
 }
 
+int RunController() {
+  dynamiq::bench::ControllerSimOptions o;
+  o.ranks = absl::GetFlag(FLAGS_workers);
+  o.elements = static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_elements)));
+  o.topology = absl::GetFlag(FLAGS_topology);
+  o.steps = absl::GetFlag(FLAGS_steps);
+  o.shift_step = absl::GetFlag(FLAGS_shift_step);
+  o.correlation_before = absl::GetFlag(FLAGS_correlation);
+  o.correlation_after = absl::GetFlag(FLAGS_correlation_after);
+  o.revert_step = absl::GetFlag(FLAGS_revert_step);
+  o.magnitude_sigma_before = absl::GetFlag(FLAGS_magnitude_sigma);
+  o.magnitude_sigma_after = absl::GetFlag(FLAGS_magnitude_sigma_after);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.apply_delay = absl::GetFlag(FLAGS_apply_delay);
+  o.initial_bits = absl::GetFlag(FLAGS_initial_bits);
+  o.policy.target_vnmse = absl::GetFlag(FLAGS_target_vnmse);
+  o.policy.min_bits = absl::GetFlag(FLAGS_min_bits);
+  o.policy.max_bits = absl::GetFlag(FLAGS_max_bits);
+  std::vector<double> grid;
+  if (absl::GetFlag(FLAGS_compare_fixed)) {
+    for (double b = o.policy.min_bits; b <= o.policy.max_bits + 1e-9; b += 0.25) grid.push_back(b);
+  }
+  auto result = dynamiq::bench::RunControllerSim(o, grid);
+  if (!result.ok()) return Fail(std::string(result.status().message()));
+  const std::vector<dynamiq::bench::SimStep>& steps = result->steps;
+  std::printf("%s", absl::GetFlag(FLAGS_json) ? dynamiq::bench::FormatSimJson(steps, o).c_str()
+                                              : dynamiq::bench::FormatSimCsv(steps, o).c_str());
+  double mean_bits = 0, worst = 0;
+  int over = 0;
+  for (const auto& s : steps) {
+    mean_bits += s.bits / steps.size();
+    worst = std::max(worst, s.vnmse);
+    over += s.vnmse > o.policy.target_vnmse;
+  }
+  std::string fixed = "(not measured)";
+  if (absl::GetFlag(FLAGS_compare_fixed)) {
+    const std::optional<double> best = dynamiq::bench::SmallestFixedBudgetMeeting(*result, o.policy.target_vnmse);
+    fixed = best.has_value() ? absl::StrCat(*best) : "none within [min_bits, max_bits]";
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf(R"({"summary":true,"mean_bits":%.4f,"steps_over_target":%d,"steps":%zu,"max_vnmse":%.6g,)"
+                R"("best_fixed_bits":"%s"})"
+                "\n",
+                mean_bits, over, steps.size(), worst, fixed.c_str());
+  } else {
+    std::printf(
+        "# controller: mean bits %.3f, steps over target %d of %zu, max vnmse %.3g; smallest fixed b̄ meeting "
+        "the target at every step: %s\n",
+        mean_bits, over, steps.size(), worst, fixed.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -184,13 +269,18 @@ int main(int argc, char** argv) {
       "single-core GB/s of compress, decompress and fused DAR, per codec, on a simulated ring or butterfly.\n"
       "  dynamiq-bench allreduce [flags] one rank of a compressed all-reduce over Gloo TCP; prints JSON "
       "(method, seconds = median, algbw/busbw on the uncompressed size, wire bytes per rank, vnmse).\n"
+      "  dynamiq-bench controller [flags] error-budget compression in closed loop on the simulated all-reduce "
+      "(--workers ranks, --elements per rank) with a gradient shift at --shift_step; prints per-step CSV (or --json): "
+      "step, target, bits, vnmse, epoch, wire_bits, shifted, decision; then a # summary line.\n"
       "Example: dynamiq-bench codec --codec=dynamiq,mxfp8 --bits=4,5,6 --workers=8 --topology=ring\n"
       "Example: dynamiq-bench allreduce --rank=0 --world_size=2 --serve_store --codec=dynamiq --bits=5 &\n"
-      "         dynamiq-bench allreduce --rank=1 --world_size=2 --codec=dynamiq --bits=5");
+      "         dynamiq-bench allreduce --rank=1 --world_size=2 --codec=dynamiq --bits=5\n"
+      "Example: dynamiq-bench controller --target_vnmse=1e-3 --workers=8 --steps=100 --shift_step=30 --revert_step=60");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() < 2) return Fail("missing subcommand (codec or allreduce); see --help");
+  if (args.size() < 2) return Fail("missing subcommand (codec, allreduce or controller); see --help");
   const std::string command = args[1];
   if (command == "codec") return RunCodec();
   if (command == "allreduce") return RunAllReduce();
+  if (command == "controller") return RunController();
   return Fail(absl::StrCat("unknown subcommand '", command, "'; see --help"));
 }

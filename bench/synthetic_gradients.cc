@@ -21,16 +21,16 @@ double Normal(uint32_t key, uint32_t i) {
 
 std::vector<std::vector<float>> SyntheticGradients(const SyntheticOptions& o) {
   const uint32_t magnitude_key = StreamKey(o.seed, 0, 1);
-  const uint32_t shared_key = StreamKey(o.seed, 0, 2);
+  const uint32_t shared_key = StreamKey(o.seed, 2 * o.step, 2);
   std::vector<uint32_t> worker_keys(o.workers);
-  for (int w = 0; w < o.workers; ++w) worker_keys[w] = StreamKey(o.seed, 1, 100 + w);
+  for (int w = 0; w < o.workers; ++w) worker_keys[w] = StreamKey(o.seed, 2 * o.step + 1, 100 + w);
   std::vector<std::vector<float>> out(o.workers, std::vector<float>(o.elements));
   const double a = std::sqrt(o.correlation), b = std::sqrt(1.0 - o.correlation);
   for (size_t begin = 0; begin < o.elements; begin += 256) {
     const uint32_t sg = static_cast<uint32_t>(begin / 256);
     const bool small = Unit(magnitude_key, 3 * sg) < 0.21;
     const double z = Normal(magnitude_key, 3 * sg + 1);
-    const double scale = (small ? std::exp(-16.41 + 4.63 * z) : std::exp(-3.99 + 1.22 * z)) / 16.0;
+    const double scale = (small ? std::exp(-16.41 + 4.63 * z) : std::exp(-3.99 + o.magnitude_sigma * z)) / 16.0;
     for (size_t k = begin; k < std::min(o.elements, begin + 256); ++k) {
       const double shared = Normal(shared_key, static_cast<uint32_t>(k));
       for (int w = 0; w < o.workers; ++w) {

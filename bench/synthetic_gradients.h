@@ -5,7 +5,12 @@
 //   the super-groups are orders of magnitude smaller than the median, as in LLM gradients;
 //   worker i's element k is M_j / 16 * (sqrt(rho) z_k + sqrt(1 - rho) z_ik) with standard normal
 //   z's: a component shared by all workers plus a private one (rho = 0.5 by default).
-// Deterministic for a given seed.
+//   magnitude_sigma sets the 1.22: a smaller spread spreads the energy over more super-groups, so
+//   DynamiQ's allocator cannot concentrate the bits, and the error at a given budget grows (about
+//   10x at 5 bits for 0.5).
+// Deterministic for a given seed and step. `step` redraws the normal values (shared and private) but
+// keeps the magnitudes (up to magnitude_sigma): consecutive steps of one model, whose gradients keep
+// their per-layer scales while the values change.
 #ifndef DQ_BENCH_SYNTHETIC_GRADIENTS_H_
 #define DQ_BENCH_SYNTHETIC_GRADIENTS_H_
 
@@ -19,8 +24,10 @@ namespace dynamiq::bench {
 struct SyntheticOptions {
   int workers = 8;
   size_t elements = 1 << 20;
-  double correlation = 0.5;  // rho
+  double correlation = 0.5;       // rho
+  double magnitude_sigma = 1.22;  // ln-sd of the main magnitude component
   uint64_t seed = 1;
+  uint64_t step = 0;
 };
 
 // workers x elements values.

@@ -2,7 +2,8 @@
 //
 // The client is configured only through these variables (a launcher such as torchrun or a job
 // script sets them per worker process) and through the ClientOptions a program passes explicitly;
-// no other part of dynamiq reads the environment (the daemon takes flags). Adding a variable means
+// no other part of dynamiq reads the environment (the daemon takes flags; dynamiqctl and the Python
+// Control class read DQ_TOKEN_FILE, the operator token file, docs/security.md). Adding a variable means
 // adding a field here, with its name, meaning and default in the field's comment.
 //
 // Owner: client library. Thread-safety: Get() parses the environment on first use (thread-safe,

@@ -123,8 +123,12 @@ class Runner {
         }
         StepHeader h = Expected(phase, step, k, codec, t_.rank());
         h.payload_bytes = static_cast<uint32_t>(x.send.size());
-        h.checksum = PayloadChecksum(x.send);
-        send_headers[k] = EncodeStepHeader(h);
+        if (o_.authenticator != nullptr) {
+          send_headers[k] = o_.authenticator->Seal(h, static_cast<uint32_t>(x.send_peer), x.send);
+        } else {
+          h.checksum = PayloadChecksum(x.send);
+          send_headers[k] = EncodeStepHeader(h);
+        }
         DQ_ASSIGN_OR_RETURN(auto a,
                             t_.PostSend(x.send_peer, Tag(o_.sequence, phase, step, k, kHeader), send_headers[k]));
         sends.push_back(a);
@@ -141,6 +145,7 @@ class Runner {
       DQ_RETURN_IF_ERROR(Peer(t_.Wait(pre[k]->header, deadline_), x.recv_peer));
       DQ_ASSIGN_OR_RETURN(headers[k], Peer(DecodeStepHeader(pre[k]->header_bytes), x.recv_peer));
       DQ_RETURN_IF_ERROR(MatchStepHeader(headers[k], Expected(phase, step, k, codec, x.recv_peer)));
+      DQ_RETURN_IF_ERROR(CheckAuthenticationMode(headers[k], x.recv_peer));
       if (headers[k].payload_bytes > x.recv_max) {
         return absl::InvalidArgumentError(absl::StrCat("rank ", x.recv_peer, " announced ", headers[k].payload_bytes,
                                                        " payload bytes at step ", step, ", at most ", x.recv_max,
@@ -165,7 +170,14 @@ class Runner {
       if (x.recv_peer < 0) continue;
       DQ_RETURN_IF_ERROR(Peer(t_.Wait(payload_recvs[k], deadline_), x.recv_peer));
       result_.bytes_received += kStepHeaderBytes + payloads[k].size();
-      if (PayloadChecksum(payloads[k]) != headers[k].checksum) {
+      // Verified before `deliver` decodes anything.
+      if (o_.authenticator != nullptr) {
+        if (!o_.authenticator->Verify(pre[k]->header_bytes, static_cast<uint32_t>(t_.rank()), payloads[k])) {
+          return absl::UnauthenticatedError(absl::StrCat(
+              "authentication failed: the message from rank ", x.recv_peer, " at step ", step, " block ", k,
+              " has a bad MAC (a different cluster secret, or altered in transit); its payload was not decoded"));
+        }
+      } else if (PayloadChecksum(payloads[k]) != headers[k].checksum) {
         return absl::DataLossError(absl::StrCat("payload from rank ", x.recv_peer, " at step ", step, " block ", k,
                                                 " failed its checksum (corrupted in transit)"));
       }
@@ -189,6 +201,18 @@ class Runner {
     h.step = step;
     h.block = static_cast<uint32_t>(block);
     return h;
+  }
+  // Both sides of a link must authenticate, or neither.
+  absl::Status CheckAuthenticationMode(const StepHeader& received, int peer) const {
+    if (o_.authenticator != nullptr && !received.authenticated) {
+      return absl::UnauthenticatedError(absl::StrCat("authentication failed: rank ", peer,
+                                                     " sent an unauthenticated message (it has no cluster secret?)"));
+    }
+    if (o_.authenticator == nullptr && received.authenticated) {
+      return absl::UnauthenticatedError(
+          absl::StrCat("rank ", peer, " authenticates its messages with a cluster secret, but this rank has none"));
+    }
+    return absl::OkStatus();
   }
   template <typename T>
   static T Peer(T status_or, int peer) {

@@ -10,7 +10,10 @@
 //      re-quantized as soon as it arrives, while the later blocks are still on the wire.
 //
 // Every message is preceded by a 64-byte StepHeader that is validated before the payload is
-// received (engine/step_header.h), and payloads carry a checksum. Errors name this rank, the peer
+// received (engine/step_header.h), and payloads carry a checksum, or with an authenticator an
+// HMAC tag (engine/step_auth.h) that is verified before the payload is decoded: a message with a
+// bad or missing tag fails the collective with UNAUTHENTICATED naming the peer rank. All ranks
+// must agree on whether an authenticator is used (the error says which side lacks one). Errors name this rank, the peer
 // and what differed; a peer that stops answering fails the collective at the deadline instead of
 // hanging. After an error the transport is aborted (posted receives must not outlive their
 // buffers) and the caller re-forms the group.
@@ -27,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "engine/schedule.h"
+#include "engine/step_auth.h"
 #include "engine/transport.h"
 #include "kernels/codec.h"
 
@@ -40,6 +44,9 @@ struct AllReduceOptions {
   absl::Duration timeout = absl::Seconds(60);
   // Pipelining block size in elements (rounded up to a multiple of 256); 0 = one block.
   size_t block_elements = size_t{2} << 20;
+  // Authenticates every message with the job's key (null: checksums only, for trusted networks).
+  // Must outlive the call.
+  const StepAuthenticator* authenticator = nullptr;
 };
 
 struct AllReduceResult {

@@ -12,7 +12,8 @@ namespace dynamiq::engine {
 namespace {
 
 constexpr uint32_t kMagic = 0x31535144u;  // "DQS1"
-constexpr uint8_t kVersion = 1;
+constexpr uint8_t kVersion = 2;
+constexpr uint8_t kFlagAuthenticated = 1;
 
 template <typename T>
 void Put(uint8_t* p, T v) {
@@ -45,6 +46,7 @@ std::array<uint8_t, kStepHeaderBytes> EncodeStepHeader(const StepHeader& h) {
   b[4] = kVersion;
   b[5] = static_cast<uint8_t>(h.phase);
   b[6] = h.codec;
+  b[7] = h.authenticated ? kFlagAuthenticated : 0;
   Put<uint32_t>(&b[8], h.bits_x1000);
   Put<uint32_t>(&b[12], h.sender);
   Put<uint64_t>(&b[16], h.job_id);
@@ -53,7 +55,11 @@ std::array<uint8_t, kStepHeaderBytes> EncodeStepHeader(const StepHeader& h) {
   Put<uint32_t>(&b[40], h.step);
   Put<uint32_t>(&b[44], h.block);
   Put<uint32_t>(&b[48], h.payload_bytes);
-  Put<uint64_t>(&b[56], h.checksum);
+  if (h.authenticated) {
+    std::memcpy(&b[kStepHeaderMacCoverage], h.tag.data(), kStepTagBytes);
+  } else {
+    Put<uint64_t>(&b[56], h.checksum);
+  }
   return b;
 }
 
@@ -66,8 +72,13 @@ absl::StatusOr<StepHeader> DecodeStepHeader(absl::Span<const uint8_t> b) {
     return absl::InvalidArgumentError(absl::StrCat("step header version ", b[4], ", this build speaks ", kVersion));
   }
   if (b[5] > 2) return absl::InvalidArgumentError(absl::StrCat("step header with unknown phase ", b[5]));
-  if (b[7] != 0 || Get<uint32_t>(&b[52]) != 0) return absl::InvalidArgumentError("step header reserved bytes set");
+  if ((b[7] & ~kFlagAuthenticated) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("step header with unknown flags ", b[7]));
+  }
+  const bool authenticated = (b[7] & kFlagAuthenticated) != 0;
+  if (!authenticated && Get<uint32_t>(&b[52]) != 0) return absl::InvalidArgumentError("step header reserved bytes set");
   StepHeader h;
+  h.authenticated = authenticated;
   h.phase = static_cast<Phase>(b[5]);
   h.codec = b[6];
   h.bits_x1000 = Get<uint32_t>(&b[8]);
@@ -78,7 +89,11 @@ absl::StatusOr<StepHeader> DecodeStepHeader(absl::Span<const uint8_t> b) {
   h.step = Get<uint32_t>(&b[40]);
   h.block = Get<uint32_t>(&b[44]);
   h.payload_bytes = Get<uint32_t>(&b[48]);
-  h.checksum = Get<uint64_t>(&b[56]);
+  if (authenticated) {
+    std::memcpy(h.tag.data(), &b[kStepHeaderMacCoverage], kStepTagBytes);
+  } else {
+    h.checksum = Get<uint64_t>(&b[56]);
+  }
   return h;
 }
 

@@ -6,10 +6,10 @@
 //
 //   offset size field
 //        0    4 magic            "DQS1"
-//        4    1 version          1
+//        4    1 version          2
 //        5    1 phase            0 statistics, 1 reduce-scatter, 2 all-gather
 //        6    1 codec            CodecId
-//        7    1 reserved         0
+//        7    1 flags            bit 0: authenticated; the other bits must be 0
 //        8    4 bits_x1000       the codec's bits setting x 1000 (e.g. 5000)
 //       12    4 sender           rank of the sender
 //       16    8 job_id
@@ -18,8 +18,14 @@
 //       40    4 step
 //       44    4 block            pipelining block
 //       48    4 payload_bytes
+//   not authenticated:
 //       52    4 reserved         0
 //       56    8 checksum         of the payload (PayloadChecksum)
+//   authenticated (a cluster secret is configured, engine/step_auth.h):
+//       52   12 tag              HMAC-SHA256 of bytes 0..51, the receiver's rank and the payload,
+//                                truncated to 96 bits; replaces the checksum (it detects corruption too)
+//
+// Version 2 added the flags and the tag (version 1 had reserved zeros at byte 7).
 #ifndef DQ_ENGINE_STEP_HEADER_H_
 #define DQ_ENGINE_STEP_HEADER_H_
 
@@ -35,6 +41,10 @@
 namespace dynamiq::engine {
 
 inline constexpr size_t kStepHeaderBytes = 64;
+// Bytes 0..51: what the tag of an authenticated header covers (with the receiver and the payload).
+inline constexpr size_t kStepHeaderMacCoverage = 52;
+inline constexpr size_t kStepTagBytes = kStepHeaderBytes - kStepHeaderMacCoverage;  // 12: 96 bits
+using StepTag = std::array<uint8_t, kStepTagBytes>;
 
 enum class Phase : uint8_t { kStats = 0, kReduceScatter = 1, kAllGather = 2 };
 
@@ -49,16 +59,21 @@ struct StepHeader {
   uint32_t step = 0;
   uint32_t block = 0;
   uint32_t payload_bytes = 0;
+  // Exactly one of the two protects the payload: the tag when `authenticated`, else the checksum.
+  bool authenticated = false;
   uint64_t checksum = 0;
+  StepTag tag{};
 };
 
 std::array<uint8_t, kStepHeaderBytes> EncodeStepHeader(const StepHeader& header);
 
-// Parses a header; INVALID_ARGUMENT for a wrong magic/version/phase or non-zero reserved bytes.
+// Parses a header; INVALID_ARGUMENT for a wrong magic/version/phase, unknown flags or non-zero
+// reserved bytes. The tag is not checked here (StepAuthenticator::Verify does, with the payload).
 absl::StatusOr<StepHeader> DecodeStepHeader(absl::Span<const uint8_t> bytes);
 
 // Compares a received header with the one this rank expects for the same transfer. The error
-// names the sender and, for each differing field, the received and the expected value.
+// names the sender and, for each differing field, the received and the expected value. Neither
+// `authenticated`, the checksum nor the tag are compared (they depend on the payload).
 absl::Status MatchStepHeader(const StepHeader& received, const StepHeader& expected);
 
 // 64-bit checksum of a payload (detects corruption, not forgery).

@@ -16,8 +16,15 @@ grpc::Status Refuse(Daemon& daemon, const absl::Status& status) {
 
 }  // namespace
 
-grpc::Status ControlService::GetStatus(grpc::ServerContext*, const dynamiq::v1::GetStatusRequest*,
+grpc::Status ControlService::Authorize(const grpc::ServerContext& context) {
+  if (auth_ == nullptr) return grpc::Status::OK;
+  absl::Status s = auth_->Check(context);
+  return s.ok() ? grpc::Status::OK : Refuse(daemon_, s);
+}
+
+grpc::Status ControlService::GetStatus(grpc::ServerContext* context, const dynamiq::v1::GetStatusRequest*,
                                        dynamiq::v1::GetStatusResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
   response->set_node_rank(daemon_.options().node_rank);
   response->set_num_nodes(daemon_.options().num_nodes);
   for (const std::string& m : daemon_.members()) response->add_members(m);
@@ -44,8 +51,10 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext*, const dynamiq::v1::
   return grpc::Status::OK;
 }
 
-grpc::Status ControlService::SetCompression(grpc::ServerContext*, const dynamiq::v1::SetCompressionRequest* request,
+grpc::Status ControlService::SetCompression(grpc::ServerContext* context,
+                                            const dynamiq::v1::SetCompressionRequest* request,
                                             dynamiq::v1::SetCompressionResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
   const auto& c = request->config();
   auto config = MakeJobConfig(c.codec(), c.bits(), c.topology(), c.min_compress_elements(), c.allocator());
   if (!config.ok()) return Refuse(daemon_, config.status());
@@ -55,9 +64,10 @@ grpc::Status ControlService::SetCompression(grpc::ServerContext*, const dynamiq:
   return grpc::Status::OK;
 }
 
-grpc::Status ControlService::GetFlightRecorder(grpc::ServerContext*,
+grpc::Status ControlService::GetFlightRecorder(grpc::ServerContext* context,
                                                const dynamiq::v1::GetFlightRecorderRequest* request,
                                                dynamiq::v1::GetFlightRecorderResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
   std::vector<std::string> jobs;
   if (request->job_id().empty()) {
     for (const auto& [id, s] : daemon_.JobStatuses()) jobs.push_back(id);

@@ -81,17 +81,20 @@ absl::Status Daemon::Start() {
     return absl::InvalidArgumentError(
         absl::StrCat("--error_sample_rate must be in [0, 1], got ", options_.error_sample_rate));
   }
+  // Token, secret and TLS files: a bad one stops the daemon here, naming the flag (server/security.h).
+  DQ_ASSIGN_OR_RETURN(security_, LoadServerSecurity(options_.security, options_.num_nodes));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
   // Operator (and coordinator) server on TCP.
-  control_service_ = std::make_unique<ControlService>(*this);
+  control_service_ = std::make_unique<ControlService>(*this, security_.operator_auth.get());
   grpc::ServerBuilder op;
   int port = 0;
-  op.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port);
+  op.AddListeningPort(options_.listen, security_.server_credentials, &port);
   op.RegisterService(control_service_.get());
   if (coordinator_here) {
-    rendezvous_ = std::make_unique<RendezvousService>();
+    rendezvous_ = std::make_unique<RendezvousService>(security_.rendezvous_auth.get(),
+                                                      [this](const absl::Status& s) { RecordRejected(s); });
     op.RegisterService(rendezvous_.get());
   }
   operator_server_ = op.BuildAndStart();
@@ -110,7 +113,8 @@ absl::Status Daemon::Start() {
     store_ = std::make_unique<engine::InMemoryStore>();
   } else {
     const std::string me = listen_address();
-    auto grpc_store = std::make_unique<GrpcStore>(coordinator_here ? me : options_.coordinator);
+    auto grpc_store = std::make_unique<GrpcStore>(coordinator_here ? me : options_.coordinator,
+                                                  security_.channel_credentials, security_.rendezvous_token);
     DQ_ASSIGN_OR_RETURN(std::vector<std::string> members,
                         grpc_store->Join(options_.node_rank, options_.num_nodes, me, options_.timeout));
     absl::MutexLock lock(&mu_);
@@ -118,6 +122,10 @@ absl::Status Daemon::Start() {
     store_ = std::move(grpc_store);
   }
   DQ_RETURN_IF_ERROR(AgreeOnErrorSampleRate());
+  if (options_.num_nodes > 1) {
+    DQ_RETURN_IF_ERROR(
+        AgreeOnClusterAuthentication(*store_, options_.node_rank, !security_.cluster_secret.empty(), options_.timeout));
+  }
 
   // Worker server on a Unix socket only the owner can reach: mode 0600, and every connection's
   // SO_PEERCRED uid checked before gRPC sees it (WorkerListener hands accepted sockets to gRPC).
@@ -237,6 +245,10 @@ Job* Daemon::GetOrCreateJob(const std::string& job_id, uint32_t local_world_size
   o.timeout = options_.timeout;
   o.observer = metrics_.get();
   o.error_sample_rate = error_sample_rate_;
+  // Engine messages between nodes carry HMAC tags under the job's key (engine/step_auth.h).
+  if (!security_.cluster_secret.empty()) {
+    o.authenticator = engine::StepAuthenticator::ForJob(security_.cluster_secret, job_id);
+  }
   o.connect = [this, job_id](uint64_t generation) -> absl::StatusOr<std::unique_ptr<engine::Transport>> {
     engine::PrefixStore scoped(absl::StrCat("job/", job_id, "/gen", generation), *store_);
     engine::GlooTransportOptions t;

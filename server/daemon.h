@@ -24,6 +24,7 @@
 #include "engine/store.h"
 #include "server/job.h"
 #include "server/peer_credentials.h"
+#include "server/security.h"
 #include "server/shm_registry.h"
 
 namespace grpc {
@@ -57,6 +58,8 @@ struct DaemonOptions {
   // Fraction (0..1) of compressed cross-node collectives whose error is measured (see
   // server/error_probe.h). Node 0's value applies to the whole cluster.
   double error_sample_rate = 0.01;
+  // Operator token, cluster secret and TLS files (server/security.h, docs/security.md); unset: off.
+  SecurityOptions security;
 };
 
 class Daemon {
@@ -129,6 +132,7 @@ class Daemon {
   absl::StatusOr<Job::Request> CheckAllReduce(const AllReduceCall& call, std::shared_ptr<Job>* job);
 
   const DaemonOptions options_;
+  ServerSecurity security_;  // loaded by Start; outlives the services that use it
   std::unique_ptr<ShmRegistry> registry_;
   std::unique_ptr<Metrics> metrics_;               // outlives the jobs, which report into it
   std::unique_ptr<RendezvousService> rendezvous_;  // coordinator node only

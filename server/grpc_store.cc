@@ -20,15 +20,21 @@ absl::Status Annotate(const grpc::Status& s, absl::string_view what) {
   return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
 }
 
-void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout + kRpcSlack));
-}
+absl::Time Deadline(absl::Duration timeout) { return absl::Now() + timeout + kRpcSlack; }
 
 }  // namespace
 
-GrpcStore::GrpcStore(const std::string& address)
-    : address_(address),
-      stub_(dynamiq::v1::Rendezvous::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+GrpcStore::GrpcStore(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials,
+                     std::string token)
+    : address_(address), token_(std::move(token)), tls_(credentials != nullptr) {
+  if (!credentials) credentials = grpc::InsecureChannelCredentials();
+  stub_ = dynamiq::v1::Rendezvous::NewStub(grpc::CreateChannel(address, credentials));
+}
+
+void GrpcStore::Prepare(grpc::ClientContext& context, absl::Time deadline) const {
+  context.set_deadline(absl::ToChronoTime(deadline));
+  if (!token_.empty()) context.AddMetadata("authorization", absl::StrCat("Bearer ", token_));
+}
 
 absl::Status GrpcStore::Set(absl::string_view key, absl::string_view value) {
   dynamiq::v1::StoreSetRequest request;
@@ -36,7 +42,7 @@ absl::Status GrpcStore::Set(absl::string_view key, absl::string_view value) {
   request.set_value(std::string(value));
   dynamiq::v1::StoreSetResponse response;
   grpc::ClientContext context;
-  SetDeadline(context, absl::ZeroDuration());
+  Prepare(context, Deadline(absl::ZeroDuration()));
   return Annotate(stub_->Set(&context, request, &response), absl::StrCat("rendezvous at ", address_));
 }
 
@@ -46,7 +52,7 @@ absl::StatusOr<std::string> GrpcStore::Get(absl::string_view key, absl::Duration
   request.set_timeout_ms(static_cast<uint32_t>(std::clamp<int64_t>(absl::ToInt64Milliseconds(timeout), 0, 1 << 30)));
   dynamiq::v1::StoreGetResponse response;
   grpc::ClientContext context;
-  SetDeadline(context, timeout);
+  Prepare(context, Deadline(timeout));
   absl::Status s = Annotate(stub_->Get(&context, request, &response), absl::StrCat("rendezvous at ", address_));
   if (!s.ok()) return s;
   return std::move(*response.mutable_value());
@@ -60,7 +66,7 @@ absl::StatusOr<bool> GrpcStore::CompareAndSet(absl::string_view key, std::option
   request.set_desired(std::string(desired));
   dynamiq::v1::StoreCompareAndSetResponse response;
   grpc::ClientContext context;
-  SetDeadline(context, absl::ZeroDuration());
+  Prepare(context, Deadline(absl::ZeroDuration()));
   absl::Status s =
       Annotate(stub_->CompareAndSet(&context, request, &response), absl::StrCat("rendezvous at ", address_));
   if (!s.ok()) return s;
@@ -84,12 +90,20 @@ absl::StatusOr<std::vector<std::string>> GrpcStore::Join(uint32_t node_rank, uin
   request.set_address(address);
   dynamiq::v1::JoinResponse response;
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  Prepare(context, absl::Now() + timeout);
   // Nodes may start before the coordinator listens: wait for it (up to the deadline) instead of
   // failing at the first refused connection.
   context.set_wait_for_ready(true);
   absl::Status s =
       Annotate(stub_->Join(&context, request, &response), absl::StrCat("joining the cluster at ", address_));
+  if (absl::IsDeadlineExceeded(s) && tls_) {
+    // A failed TLS handshake looks like a coordinator that is not up yet to wait_for_ready.
+    return absl::DeadlineExceededError(
+        absl::StrCat(s.message(),
+                     " (TLS: does --tls_ca verify the coordinator's certificate, and does the "
+                     "certificate name the address ",
+                     address_, "?)"));
+  }
   if (!s.ok()) return s;
   return std::vector<std::string>(response.members().begin(), response.members().end());
 }

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/security/credentials.h>
+
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "dynamiq/v1/rendezvous.grpc.pb.h"
@@ -17,8 +19,11 @@ namespace dynamiq::server {
 
 class GrpcStore final : public engine::Store {
  public:
-  // `address` is "host:port" of the coordinator (insecure channel; authentication is separate).
-  explicit GrpcStore(const std::string& address);
+  // `address` is "host:port" of the coordinator. `credentials`: the channel's (null: insecure; TLS
+  // when the coordinator serves TLS, server/security.h). `token`: the cluster's rendezvous token,
+  // sent as "authorization: Bearer <token>" on every call (empty: none).
+  explicit GrpcStore(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr,
+                     std::string token = "");
 
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
@@ -32,7 +37,12 @@ class GrpcStore final : public engine::Store {
                                                 absl::Duration timeout);
 
  private:
+  // A context with the deadline and the token.
+  void Prepare(grpc::ClientContext& context, absl::Time deadline) const;
+
   std::string address_;
+  std::string token_;
+  bool tls_ = false;
   std::unique_ptr<dynamiq::v1::Rendezvous::Stub> stub_;
 };
 

@@ -530,6 +530,7 @@ absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t
   o.config_epoch = epoch;
   o.sequence = sequence;
   o.timeout = options_.timeout;
+  o.authenticator = options_.authenticator.get();
   auto result = engine::AllReduce(*codec, *transport, o, {sum, kernels::DType::kFloat32, 0, nullptr},
                                   {sum, kernels::DType::kFloat32, 0, nullptr}, n);
   if (!result.ok()) {

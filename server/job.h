@@ -32,6 +32,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "engine/schedule.h"
+#include "engine/step_auth.h"
 #include "engine/transport.h"
 #include "kernels/codec.h"
 #include "server/job_observer.h"
@@ -86,6 +87,8 @@ class Job {
     // Fraction of compressed cross-node collectives whose error is measured against an exact sum
     // (server/error_probe.h). Every node of the job must use the same rate.
     double error_sample_rate = 0;
+    // Authenticates the cross-node engine messages (engine/step_auth.h); null: checksums only.
+    std::shared_ptr<const engine::StepAuthenticator> authenticator;
   };
 
   struct Request {

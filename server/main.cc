@@ -38,6 +38,25 @@ ABSL_FLAG(double, error_sample_rate, 0.01,
           "exact fp32 sum computed on the side (an extra uncompressed all-reduce; "
           "dynamiq_compression_error_vnmse). Node 0's value applies to the whole cluster.");
 
+// Security (docs/security.md). Each is off when unset, as suits a trusted network only.
+ABSL_FLAG(std::string, operator_token_file, "",
+          "File holding the operator bearer token(s), one per line (mode 0600 or stricter, else dynamiqd refuses to "
+          "start). When set, every dynamiq.v1.Control call must carry 'authorization: Bearer <token>' (dynamiqctl "
+          "--token_file), else UNAUTHENTICATED. Re-read when it changes: rotate by adding a line, then removing the "
+          "old one. grpc.health.v1 and reflection stay open.");
+ABSL_FLAG(std::string, cluster_secret_file, "",
+          "File holding the cluster secret, the same on every node (mode 0600 or stricter; at least 16 bytes, e.g. "
+          "`openssl rand -hex 32`). When set, the coordinator's rendezvous only serves nodes presenting it, and "
+          "every all-reduce message between nodes carries an HMAC-SHA256 tag under a per-job key derived from it, "
+          "verified before the payload is decoded.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate (chain) for TLS on --listen; with --tls_key. Its subject alternative names must cover the "
+          "host clients dial (the --listen/--coordinator host).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert (unencrypted; mode 0600 or stricter).");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificate(s) this node verifies the coordinator's TLS certificate with (needed on every node of "
+          "a multi-node cluster that uses --tls_cert).");
+
 namespace {
 
 dynamiq::server::Daemon* g_daemon = nullptr;
@@ -58,6 +77,8 @@ int main(int argc, char** argv) {
       "dynamiqd: per-node daemon for compressed gradient all-reduce. Local workers connect on "
       "--worker_socket; operators on --listen (dynamiq.v1.Control, grpc.health.v1, reflection).\n"
       "Prometheus metrics are served on --metrics_port (default 9400) at /metrics (docs/metrics.md).\n"
+      "Security (docs/security.md): --operator_token_file, --cluster_secret_file, --tls_cert/--tls_key/--tls_ca; "
+      "without them dynamiqd trusts its network.\n"
       "With no flags it runs a single-node daemon on loopback.\n"
       "Two nodes: dynamiqd --num_nodes=2 --node_rank=0 --listen=10.0.0.1:7070\n"
       "           dynamiqd --num_nodes=2 --node_rank=1 --listen=10.0.0.2:7070 --coordinator=10.0.0.1:7070");
@@ -79,6 +100,11 @@ int main(int argc, char** argv) {
   o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout));
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.error_sample_rate = absl::GetFlag(FLAGS_error_sample_rate);
+  o.security.operator_token_file = absl::GetFlag(FLAGS_operator_token_file);
+  o.security.cluster_secret_file = absl::GetFlag(FLAGS_cluster_secret_file);
+  o.security.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  o.security.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  o.security.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
 
   // SIGTERM/SIGINT: stop taking work, fail in-flight collectives, release shm, exit 0.
   sigset_t signals;
@@ -95,6 +121,9 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "dynamiqd: node %u/%u ready; operators on %s, workers on %s, metrics on %s\n", o.node_rank,
                o.num_nodes, daemon.listen_address().c_str(), o.worker_socket.c_str(),
                metrics.empty() ? "(off)" : absl::StrCat("http://", metrics, "/metrics").c_str());
+  std::fprintf(stderr, "dynamiqd: operator token %s, TLS %s, cluster secret %s\n",
+               o.security.operator_token_file.empty() ? "off" : "required",
+               o.security.tls_cert_file.empty() ? "off" : "on", o.security.cluster_secret_file.empty() ? "off" : "on");
   std::thread watcher([&] {
     int sig = 0;
     sigwait(&signals, &sig);

@@ -35,8 +35,16 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-grpc::Status RendezvousService::Set(grpc::ServerContext*, const dynamiq::v1::StoreSetRequest* request,
+absl::Status RendezvousService::Authorize(const grpc::ServerContext& context) const {
+  if (auth_ == nullptr) return absl::OkStatus();
+  absl::Status s = auth_->Check(context);
+  if (!s.ok() && on_reject_) on_reject_(s);
+  return s;
+}
+
+grpc::Status RendezvousService::Set(grpc::ServerContext* context, const dynamiq::v1::StoreSetRequest* request,
                                     dynamiq::v1::StoreSetResponse*) {
+  if (absl::Status s = Authorize(*context); !s.ok()) return ToGrpcStatus(s);
   if (absl::Status s = CheckKey(request->key()); !s.ok()) return ToGrpcStatus(s);
   if (request->value().size() > kMaxStoreValueBytes) {
     return ToGrpcStatus(absl::InvalidArgumentError(
@@ -45,9 +53,10 @@ grpc::Status RendezvousService::Set(grpc::ServerContext*, const dynamiq::v1::Sto
   return ToGrpcStatus(store_.Set(request->key(), request->value()));
 }
 
-grpc::Status RendezvousService::CompareAndSet(grpc::ServerContext*,
+grpc::Status RendezvousService::CompareAndSet(grpc::ServerContext* context,
                                               const dynamiq::v1::StoreCompareAndSetRequest* request,
                                               dynamiq::v1::StoreCompareAndSetResponse* response) {
+  if (absl::Status s = Authorize(*context); !s.ok()) return ToGrpcStatus(s);
   if (absl::Status s = CheckKey(request->key()); !s.ok()) return ToGrpcStatus(s);
   if (request->desired().size() > kMaxStoreValueBytes) {
     return ToGrpcStatus(absl::InvalidArgumentError(
@@ -63,6 +72,7 @@ grpc::Status RendezvousService::CompareAndSet(grpc::ServerContext*,
 
 grpc::Status RendezvousService::Get(grpc::ServerContext* context, const dynamiq::v1::StoreGetRequest* request,
                                     dynamiq::v1::StoreGetResponse* response) {
+  if (absl::Status s = Authorize(*context); !s.ok()) return ToGrpcStatus(s);
   if (absl::Status s = CheckKey(request->key()); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<std::string> value = store_.Get(request->key(), WaitFor(context, request->timeout_ms()));
   if (!value.ok()) return ToGrpcStatus(value.status());
@@ -72,6 +82,7 @@ grpc::Status RendezvousService::Get(grpc::ServerContext* context, const dynamiq:
 
 grpc::Status RendezvousService::Join(grpc::ServerContext* context, const dynamiq::v1::JoinRequest* request,
                                      dynamiq::v1::JoinResponse* response) {
+  if (absl::Status s = Authorize(*context); !s.ok()) return ToGrpcStatus(s);
   const uint32_t n = request->num_nodes();
   if (n == 0 || n > 65535 || request->node_rank() >= n) {
     return ToGrpcStatus(absl::InvalidArgumentError(

@@ -6,10 +6,14 @@
 //
 // Bad input gets INVALID_ARGUMENT (empty or oversized key/value, node rank out of range, a
 // node count that disagrees with earlier joiners); a rank that joins twice with a different
-// address gets ALREADY_EXISTS. Thread-safe: gRPC calls handlers concurrently.
+// address gets ALREADY_EXISTS. With an authenticator (a cluster secret is configured), every call
+// must first present the cluster's rendezvous token (server/security.h), else UNAUTHENTICATED: a
+// stray process can neither join nor read or write keys. Thread-safe: gRPC calls handlers
+// concurrently.
 #ifndef DQ_SERVER_RENDEZVOUS_SERVICE_H_
 #define DQ_SERVER_RENDEZVOUS_SERVICE_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -17,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "dynamiq/v1/rendezvous.grpc.pb.h"
 #include "engine/store.h"
+#include "server/bearer_auth.h"
 
 namespace dynamiq::server {
 
@@ -25,6 +30,12 @@ inline constexpr size_t kMaxStoreValueBytes = size_t{16} << 20;
 
 class RendezvousService final : public dynamiq::v1::Rendezvous::Service {
  public:
+  using RejectFn = std::function<void(const absl::Status&)>;
+  // `auth` (may be null: open, for trusted networks) must outlive the service; `on_reject` hears
+  // of every call refused for want of authentication.
+  explicit RendezvousService(const BearerAuthenticator* auth = nullptr, RejectFn on_reject = nullptr)
+      : auth_(auth), on_reject_(std::move(on_reject)) {}
+
   grpc::Status Set(grpc::ServerContext* context, const dynamiq::v1::StoreSetRequest* request,
                    dynamiq::v1::StoreSetResponse* response) override;
   grpc::Status Get(grpc::ServerContext* context, const dynamiq::v1::StoreGetRequest* request,
@@ -35,6 +46,10 @@ class RendezvousService final : public dynamiq::v1::Rendezvous::Service {
                     dynamiq::v1::JoinResponse* response) override;
 
  private:
+  absl::Status Authorize(const grpc::ServerContext& context) const;
+
+  const BearerAuthenticator* const auth_;
+  const RejectFn on_reject_;
   engine::InMemoryStore store_;
   absl::Mutex mu_;
   uint32_t num_nodes_ ABSL_GUARDED_BY(mu_) = 0;

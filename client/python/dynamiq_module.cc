@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -393,8 +394,9 @@ class PyClient {
 
 class PyControl {
  public:
-  PyControl(const std::string& address, double timeout)
-      : client_(ctl::ConnectOptions{address, absl::Seconds(timeout)}) {}
+  PyControl(const std::string& address, double timeout, std::optional<std::string> token,
+            std::optional<std::string> token_file, std::optional<std::string> tls_ca)
+      : client_(Options(address, timeout, std::move(token), std::move(token_file), std::move(tls_ca))) {}
 
   py::object Status() {
     absl::StatusOr<dynamiq::v1::GetStatusResponse> s;
@@ -439,6 +441,17 @@ class PyControl {
   const std::string& address() const { return client_.options().daemon; }
 
  private:
+  // An explicit token wins over token_file, which wins over $DQ_TOKEN_FILE (as for dynamiqctl).
+  static ctl::ConnectOptions Options(const std::string& address, double timeout, std::optional<std::string> token,
+                                     std::optional<std::string> token_file, std::optional<std::string> tls_ca) {
+    ctl::ConnectOptions o{address, absl::Seconds(timeout)};
+    std::string file = token_file.value_or("");
+    if (const char* env = std::getenv("DQ_TOKEN_FILE"); file.empty() && !token && env != nullptr) file = env;
+    Check(ctl::LoadCredentials(token ? "" : file, tls_ca.value_or(""), o));
+    if (token) o.token = *std::move(token);
+    return o;
+  }
+
   ctl::ControlClient client_;
 };
 
@@ -549,7 +562,13 @@ PYBIND11_MODULE(_dynamiq, m) {
       .def("__exit__", [](PyClient& c, py::args) { c.Close(); });
 
   py::class_<PyControl>(m, "Control", "dynamiqd's operator API (what dynamiqctl calls), on its --listen address.")
-      .def(py::init<const std::string&, double>(), py::arg("address"), py::arg("timeout") = 10.0)
+      .def(py::init<const std::string&, double, std::optional<std::string>, std::optional<std::string>,
+                    std::optional<std::string>>(),
+           py::arg("address"), py::arg("timeout") = 10.0, py::kw_only(), py::arg("token") = py::none(),
+           py::arg("token_file") = py::none(), py::arg("tls_ca") = py::none(),
+           "Connects to dynamiqd's --listen address. token: the operator token (dynamiqd --operator_token_file); "
+           "token_file: a file holding it (mode 0600; default $DQ_TOKEN_FILE); tls_ca: PEM CA file to verify the "
+           "daemon's TLS certificate with (turns TLS on).")
       .def_property_readonly("address", &PyControl::address)
       .def("status", &PyControl::Status,
            "GetStatus as a dict keyed by the .proto field names (node, members, jobs with their configuration).")

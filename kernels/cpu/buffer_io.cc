@@ -11,6 +11,9 @@
 namespace dynamiq::kernels {
 
 void LoadSource(const Source& src, size_t begin, size_t count, float* out) {
+  // An empty chunk's buffers may be null (an empty std::vector's data()): memcpy on null is
+  // undefined even for 0 bytes.
+  if (count == 0) return;
   const size_t offset = begin - src.first;
   if (src.dtype == DType::kFloat32) {
     memcpy(out, static_cast<const float*>(src.data) + offset, count * sizeof(float));
@@ -28,6 +31,7 @@ void LoadSource(const Source& src, size_t begin, size_t count, float* out) {
 }
 
 void StoreDest(const Dest& dst, size_t begin, size_t count, const float* in) {
+  if (count == 0) return;
   const size_t offset = begin - dst.first;
   for (size_t i = 0; i < count;) {
     size_t k = begin + i;

@@ -9,10 +9,12 @@
 
 namespace dynamiq::kernels {
 
-// out[i] = local element (begin + i) minus its super-group offset, for i < count.
+// out[i] = local element (begin + i) minus its super-group offset, for i < count. With count 0
+// nothing is read or written, and `out` and src.data may be null (empty chunks).
 void LoadSource(const Source& src, size_t begin, size_t count, float* out);
 
 // Destination element (begin + i) = in[i] plus its super-group offset, rounded to dest's dtype.
+// With count 0 nothing is touched and the pointers may be null.
 void StoreDest(const Dest& dst, size_t begin, size_t count, const float* in);
 
 }  // namespace dynamiq::kernels

@@ -77,6 +77,10 @@ DynamiqCodec::DynamiqCodec(const CodecConfig& config, Kernel kernel) : Codec(con
       errors_[w] = MeasureError(tables_[w]);
     }
   }
+  if (kernel_ == Kernel::kSimd) {
+    simd_tables_.resize(kMaxWidth + 1);
+    for (int w = kMinWidth; w <= kMaxWidth; ++w) simd_tables_[w] = PrepareSimdTable(tables_[w]);
+  }
 }
 
 std::string DynamiqCodec::Describe() const {
@@ -176,22 +180,13 @@ size_t DynamiqCodec::MaxEncodedBytes(const BucketPlan& plan, const ChunkRef& chu
   return kChunkHeaderBytes + (layout.ok() ? layout->payload_bytes : 0);
 }
 
-void DynamiqCodec::EncodeSg(const LevelTable& t, const float* tile, int count, uint32_t key, uint32_t first_index,
-                            bool correlated, uint32_t stratum, uint32_t strata, uint8_t* sg) const {
+void DynamiqCodec::DecodeSg(int width, const uint8_t* sg, int count, float* out, bool add) const {
   if (kernel_ == Kernel::kSimd && count == kSuperGroupSize) {
-    EncodeSuperGroupSimd(t, tile, key, first_index, correlated, stratum, strata, sg);
-  } else {
-    EncodeSuperGroup(t, tile, count, key, first_index, correlated, stratum, strata, sg);
-  }
-}
-
-void DynamiqCodec::DecodeSg(const LevelTable& t, const uint8_t* sg, int count, float* out, bool add) const {
-  if (kernel_ == Kernel::kSimd && count == kSuperGroupSize) {
-    add ? DecodeAddSuperGroupSimd(t, sg, out) : DecodeSuperGroupSimd(t, sg, out);
+    add ? DecodeAddSuperGroupSimd(simd_tables_[width], sg, out) : DecodeSuperGroupSimd(simd_tables_[width], sg, out);
     return;
   }
   float tmp[kSuperGroupSize];
-  DecodeSuperGroup(t, sg, count, add ? tmp : out);
+  DecodeSuperGroup(tables_[width], sg, count, add ? tmp : out);
   if (add) {
     for (int k = 0; k < count; ++k) out[k] = out[k] + tmp[k];
   }
@@ -223,7 +218,8 @@ absl::StatusOr<const uint8_t*> DynamiqCodec::CheckInput(const BucketPlan& plan, 
                                                      " (ranks disagree on the bit allocation)"));
     }
     const int count = CountInSg(chunk, j);
-    if (w != 0 && !ValidateSuperGroup(tables_[w], sg, count)) {
+    const bool simd = kernel_ == Kernel::kSimd && count == kSuperGroupSize;
+    if (w != 0 && !(simd ? ValidateSuperGroupSimd(simd_tables_[w], sg) : ValidateSuperGroup(tables_[w], sg, count))) {
       return absl::InvalidArgumentError(absl::StrCat("super-group ", layout.first_sg + j,
                                                      " is malformed (illegal code, zero group scale or bad super "
                                                      "unit)"));
@@ -234,9 +230,9 @@ absl::StatusOr<const uint8_t*> DynamiqCodec::CheckInput(const BucketPlan& plan, 
   return payload;
 }
 
-template <typename Fn>
 absl::StatusOr<size_t> DynamiqCodec::Encode(const BucketPlan& plan, const ChunkRef& chunk, const Layout& layout,
-                                            uint16_t summands, absl::Span<uint8_t> out, Fn&& fill_tile) const {
+                                            uint16_t summands, const Source& local, const uint8_t* received,
+                                            absl::Span<uint8_t> out) const {
   const size_t total = kChunkHeaderBytes + layout.payload_bytes;
   if (out.size() < total) {
     return absl::InvalidArgumentError(absl::StrCat("output buffer of ", out.size(), " bytes, need ", total));
@@ -266,13 +262,32 @@ absl::StatusOr<size_t> DynamiqCodec::Encode(const BucketPlan& plan, const ChunkR
     payload[j / 2] = static_cast<uint8_t>(payload[j / 2] | (w << (4 * (j % 2))));
     const int count = CountInSg(chunk, j);
     if (w == 0) continue;
-    fill_tile(j, count, tile);
     const uint32_t stratum =
         correlated ? StratumOf(shared_key, static_cast<uint32_t>(global_sg), chunk.rounding_index, chunk.rounding_size)
                    : 0;
-    EncodeSg(tables_[w], tile, count, key, static_cast<uint32_t>(global_sg * kSuperGroupSize), correlated, stratum,
-             chunk.rounding_size, sg);
+    const uint32_t first_index = static_cast<uint32_t>(global_sg * kSuperGroupSize);
+    const size_t begin = chunk.begin + j * kSuperGroupSize;
+    if (kernel_ == Kernel::kSimd && count == kSuperGroupSize) {
+      // One fused pass straight from the source (and the received bytes): no tile copies.
+      const size_t offset = begin - local.first;
+      const SgInput input{
+          local.dtype == DType::kFloat32 ? static_cast<const void*>(static_cast<const float*>(local.data) + offset)
+                                         : static_cast<const uint16_t*>(local.data) + offset,
+          local.dtype != DType::kFloat32,
+          local.subtract_per_group == nullptr ? 0.0f : local.subtract_per_group[begin / kSuperGroupSize]};
+      const SgRounding rounding{key, first_index, correlated, stratum, chunk.rounding_size};
+      if (received == nullptr) {
+        CompressSuperGroupSimd(simd_tables_[w], input, rounding, sg);
+      } else {
+        DecodeAddEncodeSuperGroupSimd(simd_tables_[w], received, input, rounding, sg);
+      }
+    } else {
+      LoadSource(local, begin, count, tile);
+      if (received != nullptr) DecodeSg(w, received, count, tile, /*add=*/true);
+      EncodeSuperGroup(tables_[w], tile, count, key, first_index, correlated, stratum, chunk.rounding_size, sg);
+    }
     sg += SuperGroupBytes(w, count);
+    if (received != nullptr) received += SuperGroupBytes(w, count);
   }
   return total;
 }
@@ -280,9 +295,7 @@ absl::StatusOr<size_t> DynamiqCodec::Encode(const BucketPlan& plan, const ChunkR
 absl::StatusOr<size_t> DynamiqCodec::Compress(const BucketPlan& plan, const ChunkRef& chunk, const Source& local,
                                               absl::Span<uint8_t> out) const {
   DQ_ASSIGN_OR_RETURN(Layout layout, ChunkLayout(plan, chunk));
-  return Encode(plan, chunk, layout, 1, out, [&](size_t j, int count, float* tile) {
-    LoadSource(local, chunk.begin + j * kSuperGroupSize, count, tile);
-  });
+  return Encode(plan, chunk, layout, 1, local, nullptr, out);
 }
 
 absl::StatusOr<size_t> DynamiqCodec::DecompressAccumulateRecompress(const BucketPlan& plan, const ChunkRef& chunk,
@@ -291,15 +304,9 @@ absl::StatusOr<size_t> DynamiqCodec::DecompressAccumulateRecompress(const Bucket
   DQ_ASSIGN_OR_RETURN(Layout layout, ChunkLayout(plan, chunk));
   uint16_t summands = 0;
   DQ_ASSIGN_OR_RETURN(const uint8_t* payload, CheckInput(plan, chunk, layout, in, &summands));
-  // Walk the received super-groups alongside the ones being written.
-  const uint8_t* in_sg = payload + layout.map_bytes;
   const uint16_t out_summands = summands == 0xffff ? summands : static_cast<uint16_t>(summands + 1);
-  return Encode(plan, chunk, layout, out_summands, out, [&](size_t j, int count, float* tile) {
-    const int w = plan.widths[layout.first_sg + j];
-    LoadSource(local, chunk.begin + j * kSuperGroupSize, count, tile);
-    DecodeSg(tables_[w], in_sg, count, tile, /*add=*/true);
-    in_sg += SuperGroupBytes(w, count);
-  });
+  // Encode walks the received super-groups alongside the ones it writes.
+  return Encode(plan, chunk, layout, out_summands, local, payload + layout.map_bytes, out);
 }
 
 absl::Status DynamiqCodec::Decompress(const BucketPlan& plan, const ChunkRef& chunk, absl::Span<const uint8_t> in,
@@ -312,12 +319,24 @@ absl::Status DynamiqCodec::Decompress(const BucketPlan& plan, const ChunkRef& ch
   for (size_t j = 0; j < layout.num_sg; ++j) {
     const int w = plan.widths[layout.first_sg + j];
     const int count = CountInSg(chunk, j);
+    const size_t begin = chunk.begin + j * kSuperGroupSize;
+    if (w != 0 && kernel_ == Kernel::kSimd && count == kSuperGroupSize && out.dtype == DType::kFloat32) {
+      // Straight into the destination, as StoreDest would write it.
+      float* dest = static_cast<float*>(out.data) + (begin - out.first);
+      if (out.add_per_group == nullptr) {
+        DecodeSuperGroupSimd(simd_tables_[w], sg, dest);
+      } else {
+        DecodeOffsetSuperGroupSimd(simd_tables_[w], sg, out.add_per_group[begin / kSuperGroupSize], dest);
+      }
+      sg += SuperGroupBytes(w, count);
+      continue;
+    }
     if (w == 0) {
       std::fill(tile, tile + count, 0.0f);
     } else {
-      DecodeSg(tables_[w], sg, count, tile, /*add=*/false);
+      DecodeSg(w, sg, count, tile, /*add=*/false);
     }
-    StoreDest(out, chunk.begin + j * kSuperGroupSize, count, tile);
+    StoreDest(out, begin, count, tile);
     sg += SuperGroupBytes(w, count);
   }
   return absl::OkStatus();
@@ -332,7 +351,7 @@ absl::Status DynamiqCodec::DecompressAccumulate(const BucketPlan& plan, const Ch
   for (size_t j = 0; j < layout.num_sg; ++j) {
     const int w = plan.widths[layout.first_sg + j];
     const int count = CountInSg(chunk, j);
-    if (w != 0) DecodeSg(tables_[w], sg, count, acc + j * kSuperGroupSize, /*add=*/true);
+    if (w != 0) DecodeSg(w, sg, count, acc + j * kSuperGroupSize, /*add=*/true);
     sg += SuperGroupBytes(w, count);
   }
   return absl::OkStatus();

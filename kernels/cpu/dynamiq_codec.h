@@ -20,8 +20,10 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/codec.h"
+#include "kernels/cpu/dynamiq_simd.h"
 #include "kernels/dynamiq_allocator.h"
 #include "kernels/dynamiq_math.h"
 
@@ -62,17 +64,16 @@ class DynamiqCodec final : public Codec {
   // Parses and fully validates a received chunk; returns its payload.
   absl::StatusOr<const uint8_t*> CheckInput(const BucketPlan& plan, const ChunkRef& chunk, const Layout& layout,
                                             absl::Span<const uint8_t> in, uint16_t* summands) const;
-  template <typename Fn>
+  // Compress (received == nullptr) or DAR (received: the validated payload's first super-group).
   absl::StatusOr<size_t> Encode(const BucketPlan& plan, const ChunkRef& chunk, const Layout& layout, uint16_t summands,
-                                absl::Span<uint8_t> out, Fn&& fill_tile) const;
-  void EncodeSg(const LevelTable& t, const float* tile, int count, uint32_t key, uint32_t first_index, bool correlated,
-                uint32_t stratum, uint32_t strata, uint8_t* sg) const;
-  void DecodeSg(const LevelTable& t, const uint8_t* sg, int count, float* out, bool add) const;
+                                const Source& local, const uint8_t* received, absl::Span<uint8_t> out) const;
+  void DecodeSg(int width, const uint8_t* sg, int count, float* out, bool add) const;
   uint8_t Flags() const;
   uint8_t UniformMask() const;
 
   Kernel kernel_;
-  LevelTable tables_[kMaxWidth + 1];  // indexed by width
+  LevelTable tables_[kMaxWidth + 1];         // indexed by width
+  std::vector<SimdLevelTable> simd_tables_;  // indexed by width (kSimd only)
   WidthErrors errors_;
 };
 

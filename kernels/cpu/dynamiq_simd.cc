@@ -2,10 +2,17 @@
 // foreach_target.h; HWY_DYNAMIC_DISPATCH picks the best target for the running CPU.
 //
 // Every arithmetic step mirrors kernels/dynamiq_math.h operation for operation (same operands,
-// same order, no fused multiply-add), so results are bit-identical to the scalar reference.
-// Speed comes from avoiding memory gathers: 2-bit and uniform levels are located arithmetically,
-// 4-bit MEE tables (<= 16 entries) live in registers, and packing is done in vector registers.
-// Only 8-bit MEE levels (the paper's choice, selectable but not our default) use gathers.
+// same order, no fused multiply-add), so results are bit-identical to the scalar reference. Where
+// a step is computed differently (the interval search, the maxima), it provably gives the same
+// value. Speed comes from:
+//  - one pass over the input: load, subtract the offset, add the decoded received super-group
+//    (DAR) and take the group maxima together; quantizing then reads a 1 KiB tile from L1;
+//  - lookups as lane permutes: level tables of widths <= 6 fit in at most 4 registers; the
+//    interval of a value is one bucket lookup plus one correction step, not a binary search;
+//  - unpacking codes with a byte shuffle and a variable shift per vector, packing them with
+//    multiply-adds on bytes; the rounding hash's index multiply becomes an add per vector.
+// Vectors hold 4 (SSSE3, SSE4), 8 (AVX2) or 16 (AVX3: one group) floats. Other targets (EMU128,
+// SCALAR, non-x86) run the scalar reference.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/dynamiq_simd.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -15,11 +22,57 @@
 #include "kernels/dynamiq_math.h"
 
 #include <math.h>
+#include <string.h>
 
 HWY_BEFORE_NAMESPACE();
 namespace dynamiq::kernels {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+
+// x86 SIMD targets (SSSE3 and better have smaller target bits); not EMU128 or SCALAR.
+#if !HWY_ARCH_X86 || HWY_TARGET > HWY_SSSE3
+
+// The values LoadSource produces for a super-group.
+void LoadInput(const SgInput& in, float* v) {
+  for (int k = 0; k < kSuperGroupSize; ++k) {
+    const float x =
+        in.bf16 ? Bf16ToFloat(static_cast<const uint16_t*>(in.data)[k]) : static_cast<const float*>(in.data)[k];
+    v[k] = x - in.subtract;
+  }
+}
+
+void CompressSg(const SimdLevelTable& t, const SgInput& in, const SgRounding& rnd, uint8_t* sg) {
+  float v[kSuperGroupSize];
+  LoadInput(in, v);
+  EncodeSuperGroup(t.base, v, kSuperGroupSize, rnd.key, rnd.first_index, rnd.correlated, rnd.stratum, rnd.n, sg);
+}
+
+void DarSg(const SimdLevelTable& t, const uint8_t* received, const SgInput& in, const SgRounding& rnd, uint8_t* sg) {
+  float v[kSuperGroupSize], decoded[kSuperGroupSize];
+  LoadInput(in, v);
+  DecodeSuperGroup(t.base, received, kSuperGroupSize, decoded);
+  for (int k = 0; k < kSuperGroupSize; ++k) v[k] = v[k] + decoded[k];
+  EncodeSuperGroup(t.base, v, kSuperGroupSize, rnd.key, rnd.first_index, rnd.correlated, rnd.stratum, rnd.n, sg);
+}
+
+bool ValidateSg(const SimdLevelTable& t, const uint8_t* sg) { return ValidateSuperGroup(t.base, sg, kSuperGroupSize); }
+
+void DecodeSg(const SimdLevelTable& t, const uint8_t* sg, float* out) {
+  DecodeSuperGroup(t.base, sg, kSuperGroupSize, out);
+}
+
+void DecodeAddSg(const SimdLevelTable& t, const uint8_t* sg, float* inout) {
+  float decoded[kSuperGroupSize];
+  DecodeSuperGroup(t.base, sg, kSuperGroupSize, decoded);
+  for (int k = 0; k < kSuperGroupSize; ++k) inout[k] = inout[k] + decoded[k];
+}
+
+void DecodeOffsetSg(const SimdLevelTable& t, const uint8_t* sg, float offset, float* out) {
+  DecodeSuperGroup(t.base, sg, kSuperGroupSize, out);
+  for (int k = 0; k < kSuperGroupSize; ++k) out[k] = out[k] + offset;
+}
+
+#else  // x86 with SSSE3 or better
 
 // At most one group (16 floats) per vector, so group reductions never cross groups.
 using DF = hn::CappedTag<float, kGroupSize>;
@@ -28,8 +81,9 @@ using DU = hn::RebindToUnsigned<DF>;
 using VF = hn::Vec<DF>;
 using VI = hn::Vec<DI>;
 using VU = hn::Vec<DU>;
-constexpr int kRegisterEntries = 32;          // MEE tables up to 6-bit codes (L + 1 = 32 levels)
-constexpr int kMaxPieces = kRegisterEntries;  // register tables in pieces of one vector (N >= 1 lanes)
+constexpr int kLanes = static_cast<int>(hn::MaxLanes(DF()));
+constexpr int kVectorsPerGroup = kGroupSize / kLanes;
+constexpr uint32_t kIndexMultiplier = 0x9e3779b1u;  // RandomBits: Mix32(index * this + key)
 
 HWY_INLINE VU Mix32Simd(VU x) {
   const DU du;
@@ -41,388 +95,639 @@ HWY_INLINE VU Mix32Simd(VU x) {
   return x;
 }
 
-// A table of up to 16 floats held in registers, looked up with lane permutes.
-struct RegisterTable {
-  VF piece[kMaxPieces];
-  int pieces = 0;
+#define DQ_AVX3 (HWY_TARGET <= HWY_AVX3)  // AVX-512 F/BW/DQ/VL: 16 floats, a whole group
 
-  // Holds table[0, entries) (entries <= kRegisterEntries; whole vectors are loaded).
-  void Load(const float* table, int entries) {
-    const DF df;
-    const int N = static_cast<int>(hn::Lanes(df));
-    pieces = (entries + N - 1) / N;
-    for (int p = 0; p < pieces; ++p) piece[p] = hn::LoadU(df, table + p * N);
+// Float to int32, truncating, for values known to fit (Highway's ConvertTo adds an overflow fixup).
+HWY_INLINE VI TruncateInRange(VF x) {
+#if DQ_AVX3
+  return VI{_mm512_cvttps_epi32(x.raw)};
+#elif HWY_TARGET == HWY_AVX2
+  return VI{_mm256_cvttps_epi32(x.raw)};
+#else
+  return VI{_mm_cvttps_epi32(x.raw)};
+#endif
+}
+
+// A table of kEntries 32-bit values looked up with lane permutes while it fits in 4 registers
+// (AVX-512: one vpermi2ps per 32 entries), else with gathers from memory.
+template <typename T, int kEntries>
+class LaneTable {
+  using D = hn::Rebind<T, DF>;
+  using V = hn::Vec<D>;
+  static constexpr int kPieces = (kEntries + kLanes - 1) / kLanes;
+  static constexpr bool kInRegisters = kPieces <= 4;
+
+ public:
+  // Holds table[0, kEntries) (whole vectors are read, so the array must extend that far).
+  void Load(const T* table) {
+    table_ = table;
+    if constexpr (kInRegisters) {
+      for (int p = 0; p < kPieces; ++p) piece_[p] = hn::LoadU(D(), table + p * kLanes);
+    }
   }
-  // table[idx] for 0 <= idx < pieces * N.
-  HWY_INLINE VF Lookup(VI idx) const {
+
+  // table[idx] for 0 <= idx < kEntries.
+  HWY_INLINE V Lookup(VI idx) const {
+    const D d;
+    const DI di;
+    if constexpr (!kInRegisters) {
+      return hn::GatherIndex(d, table_, idx);
+    } else if constexpr (kPieces == 1) {
+      return hn::TableLookupLanes(piece_[0], hn::IndicesFromVec(d, idx));
+    } else {
+#if DQ_AVX3
+      // Highway 1.0 has no two-table lookup; vpermi2 indexes 32 entries in one instruction.
+      auto two = [&](int p) {
+        if constexpr (hwy::IsFloat<T>()) {
+          return V{_mm512_permutex2var_ps(piece_[p].raw, idx.raw, piece_[p + 1].raw)};
+        } else {
+          return V{_mm512_permutex2var_epi32(piece_[p].raw, idx.raw, piece_[p + 1].raw)};
+        }
+      };
+      if constexpr (kPieces == 2) {
+        return two(0);
+      } else {
+        static_assert(kPieces == 4, "3 pieces do not occur: entries are powers of two");
+        return hn::IfThenElse(hn::RebindMask(d, hn::TestBit(idx, hn::Set(di, 32))), two(2), two(0));
+      }
+#else
+      const auto within = hn::IndicesFromVec(d, hn::And(idx, hn::Set(di, kLanes - 1)));
+      V out = hn::TableLookupLanes(piece_[0], within);
+      for (int p = 1; p < kPieces; ++p) {
+        const auto hit = hn::RebindMask(d, hn::Gt(idx, hn::Set(di, p * kLanes - 1)));
+        out = hn::IfThenElse(hit, hn::TableLookupLanes(piece_[p], within), out);
+      }
+      return out;
+#endif
+    }
+  }
+
+ private:
+  const T* table_ = nullptr;
+  V piece_[kInRegisters ? kPieces : 1];
+};
+
+// Unpacks the 16 W-bit codes of a group (layout in kernels/dynamiq_math.h), kLanes at a time: a
+// byte shuffle moves the (at most two) bytes holding each code into its lane, then a variable
+// shift and a mask extract it. The shuffle reads 16 bytes from the group's start; a super-group
+// holds that many after every group but the last (2W + 3 bytes left for W < 7), whose 16 bytes
+// are read ending at the super-group's end instead. 2-bit codes come from one 32-bit word,
+// 8-bit codes are bytes.
+template <int W>
+class CodeUnpacker {
+  static constexpr int kLastShift = W >= 3 && W <= 6 ? 16 - (2 * W + 3) : 0;
+
+ public:
+  CodeUnpacker() {
+    const DU du;
+    for (int v = 0; v < kVectorsPerGroup; ++v) {
+      const VU bit = hn::Mul(hn::Add(hn::Iota(du, 0), hn::Set(du, v * kLanes)), hn::Set(du, W));
+      if constexpr (W == 2) {
+        shift_[v] = bit;
+      } else {
+        const VU byte = hn::ShiftRight<3>(bit);
+        shift_[v] = hn::And(bit, hn::Set(du, 7));
+        // Bytes b and b + 1 into the lane's low half; index bit 7 zeroes the upper half.
+        index_[v] = hn::Or(hn::Or(byte, hn::ShiftLeft<8>(hn::Add(byte, hn::Set(du, 1)))), hn::Set(du, 0x80800000u));
+        last_index_[v] = hn::Add(index_[v], hn::Set(du, kLastShift * 0x0101u));
+      }
+    }
+  }
+
+  // Codes [v * kLanes, (v + 1) * kLanes) of `group`; `last`: the last group of its super-group.
+  HWY_INLINE VI Codes(const uint8_t* group, int v, bool last) const {
+    const DI di;
+    const DU du;
+    if constexpr (W == 2) {
+      uint32_t word;
+      memcpy(&word, group, 4);
+      return hn::BitCast(di, hn::And(hn::Shr(hn::Set(du, word), shift_[v]), hn::Set(du, 3)));
+    } else if constexpr (W == 8) {
+      return hn::PromoteTo(di, hn::LoadU(hn::Rebind<uint8_t, DI>(), group + v * kLanes));
+    } else {
+      const hn::Repartition<uint8_t, DU> d8;
+      const bool shifted = kLastShift != 0 && last;
+      const auto bytes = hn::LoadDup128(d8, shifted ? group - kLastShift : group);
+      const VU pair =
+          hn::BitCast(du, hn::TableLookupBytesOr0(bytes, hn::BitCast(d8, shifted ? last_index_[v] : index_[v])));
+      return hn::BitCast(di, hn::And(hn::Shr(pair, shift_[v]), hn::Set(du, (1u << W) - 1u)));
+    }
+  }
+
+ private:
+  VU shift_[kVectorsPerGroup];
+  VU index_[kVectorsPerGroup];
+  VU last_index_[kVectorsPerGroup];
+};
+
+// Decoded levels of codes (LevelTable::decode): from registers up to 6 bits, arithmetically for
+// wider uniform levels (level[r] = r * (1/L), as BuildLevelTable computes it), else gathered.
+template <int W>
+class LevelDecoder {
+ public:
+  explicit LevelDecoder(const LevelTable& t)
+      : uniform_(t.uniform != 0), L_(hn::Set(DI(), t.max_level)), inv_L_(hn::Set(DF(), t.level[1])) {
+    table_.Load(t.decode);
+  }
+
+  HWY_INLINE VF Levels(VI code) const {
+    if (W <= 6 || !uniform_) return table_.Lookup(code);
+    return hn::Mul(hn::ConvertTo(DF(), hn::Sub(code, L_)), inv_L_);
+  }
+
+ private:
+  bool uniform_;
+  VI L_;
+  VF inv_L_;
+  LaneTable<float, (1 << W)> table_;
+};
+
+// How QuantizeElement's interval r of a value is found.
+enum class Search { kTwoBit, kUniform, kBucket, kGather };
+
+// QuantizeElement for kLanes values at a time.
+template <int W, Search kSearch>
+class Quantizer {
+ public:
+  Quantizer(const SimdLevelTable& st, const SgRounding& rnd)
+      : t_(st.base),
+        corrections_(st.corrections),
+        correlated_(rnd.correlated),
+        top_level_(hn::Set(DF(), st.base.level[st.base.max_level])),
+        inv_L_(hn::Set(DF(), st.base.level[1])),
+        fL_(hn::Set(DF(), static_cast<float>(st.base.max_level))),
+        L_(hn::Set(DI(), st.base.max_level)),
+        stratum_(hn::Set(DF(), static_cast<float>(rnd.stratum))),
+        inv_n_(hn::Set(DF(), 1.0f / static_cast<float>(rnd.n))) {
+    if constexpr (kSearch == Search::kBucket) {
+      bucket_.Load(st.bucket);
+      above_.Load(st.above);
+      level_.Load(st.base.level);
+      inv_gap_.Load(st.base.inv_gap);
+    }
+  }
+
+  // Codes of the values x, with 1 / group scale `inv`; `hash` = index * kIndexMultiplier + key.
+  HWY_INLINE VI Codes(VF x, VF inv, VU hash) const {
     const DF df;
     const DI di;
-    const int N = static_cast<int>(hn::Lanes(df));
-    const auto within = hn::And(idx, hn::Set(di, N - 1));
-    VF out = hn::TableLookupLanes(piece[0], hn::IndicesFromVec(df, within));
-    for (int p = 1; p < pieces; ++p) {
-      const auto hit = hn::RebindMask(df, hn::Gt(idx, hn::Set(di, p * N - 1)));
-      out = hn::IfThenElse(hit, hn::TableLookupLanes(piece[p], hn::IndicesFromVec(df, within)), out);
+    const VI one = hn::Set(di, 1);
+    const VI top_interval = hn::Set(di, t_.max_level - 1);
+    const VF a = hn::Min(hn::Mul(hn::Abs(x), inv), hn::Set(df, 1.0f));
+    VI r;
+    VF p;
+    if constexpr (kSearch == Search::kTwoBit) {
+      r = hn::Zero(di);
+      p = a;  // level[0] = 0, inv_gap[0] = 1 (uniform: L = 1)
+    } else if constexpr (kSearch == Search::kUniform) {
+      r = hn::Min(TruncateInRange(hn::Mul(a, fL_)), top_interval);
+      const auto down = hn::RebindMask(di, hn::Lt(a, hn::Mul(hn::ConvertTo(df, r), inv_L_)));
+      const auto up = hn::And(hn::RebindMask(di, hn::Ge(a, hn::Mul(hn::ConvertTo(df, hn::Add(r, one)), inv_L_))),
+                              hn::Lt(r, top_interval));
+      r = hn::IfThenElse(down, hn::Sub(r, one), hn::IfThenElse(up, hn::Add(r, one), r));
+      p = hn::Mul(hn::Sub(a, hn::Mul(hn::ConvertTo(df, r), inv_L_)), fL_);
+    } else if constexpr (kSearch == Search::kBucket) {
+      // a * 2^W is exact, so the bucket is floor(a * 2^W) and its interval is r or below.
+      const VI idx = hn::Min(TruncateInRange(hn::Mul(a, hn::Set(df, 1 << W))), hn::Set(di, (1 << W) - 1));
+      r = bucket_.Lookup(idx);
+      auto step_up = [&] { r = hn::IfThenElse(hn::RebindMask(di, hn::Ge(a, above_.Lookup(r))), hn::Add(r, one), r); };
+      step_up();  // the default levels need exactly one step
+      for (int c = 1; c < corrections_; ++c) step_up();
+      p = hn::Mul(hn::Sub(a, level_.Lookup(r)), inv_gap_.Lookup(r));
+    } else {
+      const VI idx = hn::Min(TruncateInRange(hn::Mul(a, hn::Set(df, kSearchBuckets))), hn::Set(di, kSearchBuckets - 1));
+      r = hn::GatherIndex(di, t_.search, idx);
+      const VF next = hn::GatherIndex(df, t_.level, hn::Add(r, one));
+      r = hn::IfThenElse(hn::And(hn::RebindMask(di, hn::Ge(a, next)), hn::Lt(r, top_interval)), hn::Add(r, one), r);
+      p = hn::Mul(hn::Sub(a, hn::GatherIndex(df, t_.level, r)), hn::GatherIndex(df, t_.inv_gap, r));
     }
-    return out;
+    // Rounding threshold, as RoundingUnit().
+    const VU bits = Mix32Simd(hash);
+    VF u = hn::Mul(hn::ConvertTo(df, hn::BitCast(di, hn::ShiftRight<8>(bits))), hn::Set(df, 1.0f / 16777216.0f));
+    if (correlated_) u = hn::Min(hn::Mul(hn::Add(stratum_, u), inv_n_), hn::Set(df, 0.99999994f));
+    const auto round_up = hn::Or(hn::Lt(u, p), hn::Ge(a, top_level_));
+    const VI q = hn::IfThenElse(hn::RebindMask(di, round_up), hn::Add(r, one), r);
+    return hn::IfThenElse(hn::RebindMask(di, hn::Lt(x, hn::Zero(df))), hn::Sub(L_, q), hn::Add(L_, q));
+  }
+
+ private:
+  static constexpr int kLevels = 1 << (W - 1);  // L + 1
+  const LevelTable& t_;
+  int corrections_;
+  bool correlated_;
+  VF top_level_, inv_L_, fL_;
+  VI L_;
+  VF stratum_, inv_n_;
+  LaneTable<int32_t, (1 << W)> bucket_;
+  LaneTable<float, kLevels> above_, level_, inv_gap_;
+};
+
+// Codes (0..254) as bytes in the low lanes of an SSE register.
+HWY_INLINE __m128i CodeBytes(VI code) {
+#if DQ_AVX3
+  return _mm512_cvtepi32_epi8(code.raw);  // one instruction; Highway's DemoteTo takes four
+#else
+  return hn::DemoteTo(hn::Rebind<uint8_t, DI>(), code).raw;
+#endif
+}
+
+// Merges W-bit codes given as bytes (W < 8) with multiply-adds: neighbours into pairs in 16-bit
+// lanes, then into fours (4W bits) in 32-bit lanes.
+template <int W>
+HWY_INLINE __m128i MergeFours(__m128i bytes) {
+  __m128i pairs;
+  if constexpr (W <= 6) {
+    pairs = _mm_maddubs_epi16(bytes, _mm_set1_epi16(static_cast<int16_t>(1 | (1 << (8 + W)))));
+  } else {  // maddubs' signed byte factors stop at 127
+    pairs = _mm_or_si128(_mm_and_si128(bytes, _mm_set1_epi16(0x7f)),
+                         _mm_and_si128(_mm_srli_epi16(bytes, 1), _mm_set1_epi16(0x3f80)));
+  }
+  return _mm_madd_epi16(pairs, _mm_set1_epi32(1 | (1 << (16 + 2 * W))));
+}
+
+// Fours into eights: 8W bits (W whole bytes) in each 64-bit lane.
+template <int W>
+HWY_INLINE __m128i MergeEights(__m128i fours) {
+  return _mm_or_si128(_mm_and_si128(fours, _mm_set1_epi64x(0xffffffffll)),
+                      _mm_slli_epi64(_mm_srli_epi64(fours, 32), 4 * W));
+}
+
+#if DQ_AVX3
+// Byte shuffle that gathers the low kBytes bytes of each 32-bit lane.
+template <int kBytes>
+struct PickBytes {
+  alignas(16) int8_t index[16];
+  constexpr PickBytes() : index() {
+    for (int i = 0; i < 16; ++i) index[i] = static_cast<int8_t>(i < 4 * kBytes ? i / kBytes * 4 + i % kBytes : -1);
   }
 };
 
-// A group's 16 codes of width W occupy 2W bytes: codes 0..7 the first W (one little-endian word),
-// codes 8..15 the next W. Packing through two 64-bit words with compile-time shifts is cheaper
-// than byte-wise bit fiddling; 8-bit codes are plain bytes and use vector promote/demote.
-// Per-lane shift amounts to pull code j (of a group) out of the 64-bit word of its half, split
-// into the two 32-bit halves of that word. Computed once per super-group.
-struct UnpackShifts {
-  VU shift_lo, shift_hi;  // right shift of the low word; left (s < 32) or right shift of the high word
-  hn::Mask<DU> from_lo, hi_left, hi_used, first_half;
-};
-
+// A whole group's 16 codes (W < 8) packed into the low 2W bytes of an SSE register.
 template <int W>
-HWY_INLINE UnpackShifts MakeUnpackShifts(int k0) {
-  const DU du;
-  const VU lane = hn::Add(hn::Set(du, static_cast<uint32_t>(k0)), hn::Iota(du, 0));
-  const VU s = hn::Mul(hn::And(lane, hn::Set(du, 7)), hn::Set(du, W));  // bit offset in the 64-bit word
-  UnpackShifts u;
-  u.from_lo = hn::Lt(s, hn::Set(du, 32));
-  u.hi_left = hn::And(u.from_lo, hn::Gt(hn::Add(s, hn::Set(du, W)), hn::Set(du, 32)));  // straddles
-  u.hi_used = hn::Or(u.hi_left, hn::Not(u.from_lo));
-  u.shift_lo = hn::And(s, hn::Set(du, 31));
-  u.shift_hi =
-      hn::And(hn::IfThenElse(u.from_lo, hn::Sub(hn::Set(du, 32), s), hn::Sub(s, hn::Set(du, 32))), hn::Set(du, 31));
-  u.first_half = hn::Lt(lane, hn::Set(du, 8));
-  return u;
+HWY_INLINE __m128i PackGroup(VI code) {
+  const __m128i fours = MergeFours<W>(CodeBytes(code));
+  if constexpr (W % 2 == 0) {  // fours are W / 2 whole bytes: gather them
+    static constexpr PickBytes<W / 2> kPick;
+    return _mm_shuffle_epi8(fours, _mm_load_si128(reinterpret_cast<const __m128i*>(kPick.index)));
+  } else {  // eights are W whole bytes: move the upper eight next to the lower
+    const __m128i eights = MergeEights<W>(fours);
+    return _mm_or_si128(_mm_move_epi64(eights), _mm_slli_si128(_mm_srli_si128(eights, 8), W));
+  }
 }
 
-// The two W-byte words of a group (codes 0..7 and 8..15) with fixed-size loads. Within a super-group
-// at least 2W + 3 bytes follow a group's start (codes, scale byte, and at worst the super unit),
-// so an 8-byte load never leaves it; the second load is moved back where needed and shifted.
+// Writes a packed group. A 16-byte store also covers the group's scale byte, the next group's
+// start and, from the second-last group, maybe the super unit; all are written after it. The last
+// group of a super-group (for 2-bit codes, every group) is written exactly.
 template <int W>
-HWY_INLINE void LoadHalves(const uint8_t* codes, uint64_t* half) {
+HWY_INLINE void StoreGroup(__m128i packed, uint8_t* group, bool last) {
   if constexpr (W == 2) {
-    uint32_t w;
-    memcpy(&w, codes, 4);
-    half[0] = w & 0xffffu;
-    half[1] = w >> 16;
+    const uint32_t codes = static_cast<uint32_t>(_mm_cvtsi128_si32(packed));
+    memcpy(group, &codes, 4);
+    return;
+  }
+  if (!last) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(group), packed);
+    return;
+  }
+  const uint64_t lo = static_cast<uint64_t>(_mm_cvtsi128_si64(packed));
+  memcpy(group, &lo, 2 * W < 8 ? 2 * W : 8);
+  if constexpr (2 * W > 8) {
+    const uint64_t hi = static_cast<uint64_t>(_mm_cvtsi128_si64(_mm_srli_si128(packed, 8)));
+    memcpy(group + 8, &hi, 2 * W - 8);
+  }
+}
+#else
+// ORs codes [k0, k0 + kLanes) of a group (W < 8) into its two little-endian words (codes 0..7
+// and 8..15).
+template <int W>
+HWY_INLINE void PackCodes(VI code, int k0, uint64_t* words) {
+  const __m128i fours = MergeFours<W>(CodeBytes(code));
+  if constexpr (kLanes == 4) {
+    words[k0 / 8] |= static_cast<uint64_t>(static_cast<uint32_t>(_mm_cvtsi128_si32(fours))) << ((k0 % 8) * W);
   } else {
-    constexpr int kAvailable = 2 * W + 3;
-    constexpr int kOffset = W + 8 <= kAvailable ? W : kAvailable - 8;
-    constexpr uint64_t kMask = W == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * W)) - 1;
-    uint64_t a, b;
-    memcpy(&a, codes, 8);
-    memcpy(&b, codes + kOffset, 8);
-    half[0] = a & kMask;
-    half[1] = (b >> (8 * (W - kOffset))) & kMask;
+    words[k0 / 8] = static_cast<uint64_t>(_mm_cvtsi128_si64(MergeEights<W>(fours)));
   }
 }
+#endif
 
-// Codes [k0, k0 + N) of a group of W-bit codes, in registers (no store-to-load round trip).
-template <int W>
-HWY_INLINE VI UnpackVector(const uint8_t* codes, const UnpackShifts& u) {
-  const DU du;
-  const DI di;
-  uint64_t half[2];
-  LoadHalves<W>(codes, half);
-  const VU lo = hn::IfThenElse(u.first_half, hn::Set(du, static_cast<uint32_t>(half[0])),
-                               hn::Set(du, static_cast<uint32_t>(half[1])));
-  const VU hi = hn::IfThenElse(u.first_half, hn::Set(du, static_cast<uint32_t>(half[0] >> 32)),
-                               hn::Set(du, static_cast<uint32_t>(half[1] >> 32)));
-  const VU from_lo = hn::IfThenElseZero(u.from_lo, hn::Shr(lo, u.shift_lo));
-  const VU from_hi =
-      hn::IfThenElseZero(u.hi_used, hn::IfThenElse(u.hi_left, hn::Shl(hi, u.shift_hi), hn::Shr(hi, u.shift_hi)));
-  return hn::BitCast(di, hn::And(hn::Or(from_lo, from_hi), hn::Set(du, (1u << W) - 1u)));
-}
+#if DQ_AVX3
+// Lane g = the largest lane of m[kSlot[g]], for 16 vectors: a transposing tree of 45 instructions
+// instead of 16 horizontal reductions. The tree puts slot 4 * (l % 4) + l / 4 into lane l, so
+// kSlot (the same permutation) lists the groups in that order.
+constexpr int kSlot[kGroupsPerSuperGroup] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
 
-template <int W>
-HWY_INLINE void PackGroup(const int32_t* in, uint8_t* codes) {
-  for (int half = 0; half < 2; ++half) {
-    uint64_t word = 0;
-    for (int k = 0; k < 8; ++k) word |= static_cast<uint64_t>(in[half * 8 + k]) << (k * W);
-    memcpy(codes + half * W, &word, W);
+HWY_INLINE VI MaxOfEach(const VI* m) {
+  __m512i x[8], y[4];
+  for (int i = 0; i < 8; ++i) {  // [slot 2i: 8 lanes, slot 2i + 1: 8 lanes]
+    const __m512i a = m[2 * i].raw, b = m[2 * i + 1].raw;
+    x[i] = _mm512_max_epi32(_mm512_shuffle_i32x4(a, b, 0x44), _mm512_shuffle_i32x4(a, b, 0xee));
   }
-}
-
-#if HWY_TARGET != HWY_SCALAR
-// ORs codes [k0, k0 + N) of a group into the two 64-bit words of the packed group: widen to 64-bit
-// lanes, shift each code to its bit offset, and sum (the codes occupy disjoint bits).
-template <int W>
-HWY_INLINE void PackVector(VI code, int k0, uint64_t* words) {
-  const DF df;
-  const DU du;
-  const hn::Half<DU> dh;
-  const hn::Repartition<uint64_t, DU> d64;
-  constexpr int kHalfLanes = static_cast<int>(hn::MaxLanes(DF())) / 2;
-  const VU c = hn::BitCast(du, code);
-  const hn::Vec<decltype(dh)> parts[2] = {hn::LowerHalf(dh, c), hn::UpperHalf(dh, c)};
-  for (int p = 0; p < 2; ++p) {
-    const int first = k0 + p * kHalfLanes;  // group lane of the part's first lane
-    const auto lane = hn::Add(hn::Set(d64, static_cast<uint64_t>(first)), hn::Iota(d64, 0));
-    const auto shift = hn::Mul(hn::And(lane, hn::Set(d64, 7)), hn::Set(d64, W));
-    const auto wide = hn::Shl(hn::PromoteTo(d64, parts[p]), shift);
-    words[first / 8] |= hn::GetLane(hn::SumOfLanes(d64, wide));
+  for (int i = 0; i < 4; ++i) {  // 128-bit block b: slot 4i + b, 4 lanes
+    const __m512i a = x[2 * i], b = x[2 * i + 1];
+    y[i] = _mm512_max_epi32(_mm512_shuffle_i32x4(a, b, 0x88), _mm512_shuffle_i32x4(a, b, 0xdd));
   }
-  (void)df;
+  // Block b: slots b, 4 + b, 8 + b, 12 + b in lanes 0, 1, 2, 3.
+  const __m512i c0 = _mm512_max_epi32(_mm512_unpacklo_epi32(y[0], y[1]), _mm512_unpackhi_epi32(y[0], y[1]));
+  const __m512i c1 = _mm512_max_epi32(_mm512_unpacklo_epi32(y[2], y[3]), _mm512_unpackhi_epi32(y[2], y[3]));
+  return VI{_mm512_max_epi32(_mm512_unpacklo_epi64(c0, c1), _mm512_unpackhi_epi64(c0, c1))};
 }
-#endif  // HWY_TARGET != HWY_SCALAR
+#endif
 
-#if HWY_TARGET != HWY_SCALAR
-// With 16 lanes (one whole group per vector): pack by merging neighbours in a tree, pairs within
-// 64-bit lanes, then even/odd lanes twice, which leaves the two words in lanes 0 and 1. Shorter
-// dependency chains than two horizontal sums.
-template <int W>
-HWY_INLINE void PackWholeGroup(VI code, uint8_t* codes) {
-  const hn::Repartition<uint64_t, DU> d64;
-  const auto x = hn::BitCast(d64, code);
-  const auto pairs = hn::Or(hn::And(x, hn::Set(d64, 0xffffffffull)), hn::ShiftLeft<W>(hn::ShiftRight<32>(x)));
-  const auto quads = hn::Or(hn::ConcatEven(d64, pairs, pairs), hn::ShiftLeft<2 * W>(hn::ConcatOdd(d64, pairs, pairs)));
-  const auto words = hn::Or(hn::ConcatEven(d64, quads, quads), hn::ShiftLeft<4 * W>(hn::ConcatOdd(d64, quads, quads)));
-  const uint64_t lo = hn::GetLane(words);
-  const uint64_t hi = hn::GetLane(hn::ShiftRightLanes<1>(d64, words));
-  memcpy(codes, &lo, W);
-  memcpy(codes + W, &hi, W);
-}
-#endif  // HWY_TARGET != HWY_SCALAR
-
-// How a table's levels are located and decoded.
-enum class Path { kTwoBit, kUniform, kRegister, kGather };
-
-Path PathFor(const LevelTable& t) {
-  if (t.bits == 2) return Path::kTwoBit;
-  if (t.uniform) return Path::kUniform;
-  return t.max_level < kRegisterEntries ? Path::kRegister : Path::kGather;
-}
-
-template <int W, bool kAdd>
-HWY_NOINLINE void DecodeImpl(const LevelTable& t, const uint8_t* sg, float* out) {
+// Pass 1 of an encode: the values to encode (input minus its offset, plus for DAR the decoded
+// received super-group) into `tile`, and each group's largest |v| into group_max. Maxima are
+// taken on the bit patterns of |v|, which order like the values and put Inf and NaN above every
+// finite value; returns the super-group's. kWidth = 0: nothing received.
+template <int kWidth, typename SrcT>
+HWY_INLINE int32_t LoadValues(const SimdLevelTable* t, const uint8_t* received, const SgInput& in, float* tile,
+                              float* group_max) {
   const DF df;
   const DI di;
-  const int N = static_cast<int>(hn::Lanes(df));
+  const DU du;
+  const SrcT* src = static_cast<const SrcT*>(in.data);
+  const VF subtract = hn::Set(df, in.subtract);
+  constexpr int W = kWidth == 0 ? 2 : kWidth;  // unused without a received super-group
   constexpr int kGroupBytes = 2 * W + 1;
-  const Path path = PathFor(t);
-  RegisterTable levels;
-  if (path == Path::kRegister) levels.Load(t.level, t.max_level + 1);
-  const VI vL = hn::Set(di, t.max_level);
-  const VF inv_L = hn::Set(df, t.level[1]);  // uniform: level[1] = 1 * (1/L) = 1/L exactly
+  const CodeUnpacker<W> unpack;
+  const LevelDecoder<W> levels(t->base);
+  const float unit = kWidth == 0 ? 0.0f : Bf16ToFloat(LoadSuperUnit(received, W, kSuperGroupSize));
+#if DQ_AVX3
+  VI maxima[kGroupsPerSuperGroup];
+#else
+  VI sg_max = hn::Zero(di);
+#endif
+  for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
+    VI m = hn::Zero(di);
+    for (int v = 0; v < kVectorsPerGroup; ++v) {
+      const int k = g * kGroupSize + v * kLanes;
+      VF x;
+      if constexpr (sizeof(SrcT) == 2) {  // bf16: the upper half of a float
+        x = hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(hn::Rebind<uint16_t, DU>(), src + k))));
+      } else {
+        x = hn::LoadU(df, src + k);
+      }
+      x = hn::Sub(x, subtract);
+      if constexpr (kWidth != 0) {
+        const uint8_t* group = received + g * kGroupBytes;
+        const VF scale = hn::Set(df, static_cast<float>(group[2 * W]) * unit);
+        x = hn::Add(x, hn::Mul(levels.Levels(unpack.Codes(group, v, g == kGroupsPerSuperGroup - 1)), scale));
+      }
+      hn::Store(x, df, tile + k);
+      m = hn::Max(m, hn::BitCast(di, hn::Abs(x)));
+    }
+#if DQ_AVX3
+    maxima[kSlot[g]] = m;
+#else
+    m = hn::MaxOfLanes(di, m);
+    sg_max = hn::Max(sg_max, m);
+    group_max[g] = BitsToFloat(static_cast<uint32_t>(hn::GetLane(m)));
+#endif
+  }
+#if DQ_AVX3
+  const VI each = MaxOfEach(maxima);
+  hn::StoreU(hn::BitCast(df, each), df, group_max);
+  return hn::GetLane(hn::MaxOfLanes(di, each));
+#else
+  return hn::GetLane(sg_max);
+#endif
+}
+
+// Pass 2: quantizes the tile (group maxima from pass 1) into `sg`.
+template <int W, Search kSearch>
+HWY_INLINE void QuantizeTile(const SimdLevelTable& st, const float* tile, const float* inverse,
+                             const int32_t* scale_code, const SgRounding& rnd, uint8_t* sg) {
+  const DF df;
+  const DU du;
+  constexpr int kGroupBytes = 2 * W + 1;
+  const Quantizer<W, kSearch> quantizer(st, rnd);
+  VU hash = hn::Add(hn::Mul(hn::Iota(du, 0), hn::Set(du, kIndexMultiplier)),
+                    hn::Set(du, rnd.first_index * kIndexMultiplier + rnd.key));
+  const VU hash_step = hn::Set(du, kLanes * kIndexMultiplier);
+  for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
+    uint8_t* group = sg + g * kGroupBytes;
+    const VF inv = hn::Set(df, inverse[g]);
+    uint64_t words[2] = {0, 0};
+    for (int v = 0; v < kVectorsPerGroup; ++v) {
+      const VI code = quantizer.Codes(hn::Load(df, tile + g * kGroupSize + v * kLanes), inv, hash);
+      hash = hn::Add(hash, hash_step);
+      if constexpr (W == 8) {
+        hn::StoreU(hn::Vec128<uint8_t, kLanes>{CodeBytes(code)}, hn::Simd<uint8_t, kLanes, 0>(), group + v * kLanes);
+      } else {
+#if DQ_AVX3
+        StoreGroup<W>(PackGroup<W>(code), group, g == kGroupsPerSuperGroup - 1);
+#else
+        PackCodes<W>(code, v * kLanes, words);
+#endif
+      }
+    }
+    if constexpr (W != 8 && !DQ_AVX3) {
+      memcpy(group, &words[0], W);
+      memcpy(group + W, &words[1], W);
+    }
+    group[2 * W] = static_cast<uint8_t>(scale_code[g]);
+  }
+}
+
+// Encodes the tile from pass 1 into `sg`, as EncodeSuperGroup.
+template <int W>
+HWY_NOINLINE void EncodeTile(const SimdLevelTable& st, const float* tile, const float* group_max, int32_t sg_max_bits,
+                             const SgRounding& rnd, uint8_t* sg) {
+  const DF df;
+  const DI di;
+  constexpr int kGroupBytes = 2 * W + 1;
+  const bool finite = sg_max_bits < 0x7f800000;
+  const uint16_t unit_bits = SuperUnitFor(BitsToFloat(static_cast<uint32_t>(sg_max_bits)), finite);
+  // Written last: group stores may run over it (StoreGroup).
+  auto store_unit = [&] {
+    uint8_t* tail = sg + kGroupsPerSuperGroup * kGroupBytes;
+    tail[0] = static_cast<uint8_t>(unit_bits);
+    tail[1] = static_cast<uint8_t>(unit_bits >> 8);
+  };
+  if (!finite) {  // zero codes, scale 1; the NaN super unit marks the super-group
+    uint8_t group[kGroupBytes] = {};
+    for (int k = 0; k < kGroupSize; ++k) PackCode(group, k, W, static_cast<uint32_t>(st.base.max_level));
+    group[2 * W] = 1;
+    for (int g = 0; g < kGroupsPerSuperGroup; ++g) memcpy(sg + g * kGroupBytes, group, kGroupBytes);
+    store_unit();
+    return;
+  }
+  // Group scales and their inverses for all groups at once, as GroupScaleCode() and
+  // InverseScale(): the scalar divisions would otherwise sit on every group's critical path.
+  const float unit = Bf16ToFloat(unit_bits);
+  HWY_ALIGN float inverse[kGroupsPerSuperGroup];
+  HWY_ALIGN int32_t scale_code[kGroupsPerSuperGroup];
+  const VF vunit = hn::Set(df, unit);
+  const VF lo = hn::Set(df, 1.0f), hi = hn::Set(df, 255.0f);
+  for (int g = 0; g < kGroupsPerSuperGroup; g += kLanes) {
+    const VF gm = hn::LoadU(df, group_max + g);
+    VF r = hn::Min(hn::Max(hn::Ceil(hn::Div(gm, vunit)), lo), hi);
+    r = hn::IfThenElse(hn::And(hn::Lt(hn::Mul(r, vunit), gm), hn::Lt(r, hi)), hn::Add(r, lo), r);
+    if (!(unit > 0.0f)) r = lo;
+    const VF s = hn::Mul(r, vunit);
+    hn::Store(hn::IfThenElseZero(hn::Gt(s, hn::Zero(df)), hn::Div(lo, s)), df, inverse + g);
+    hn::Store(hn::ConvertTo(di, r), di, scale_code + g);
+  }
+  const LevelTable& t = st.base;
+  if (W == 2) {
+    QuantizeTile<W, Search::kTwoBit>(st, tile, inverse, scale_code, rnd, sg);
+  } else if (t.uniform) {
+    QuantizeTile<W, Search::kUniform>(st, tile, inverse, scale_code, rnd, sg);
+  } else if (W <= 6) {
+    QuantizeTile<W, Search::kBucket>(st, tile, inverse, scale_code, rnd, sg);
+  } else {
+    QuantizeTile<W, Search::kGather>(st, tile, inverse, scale_code, rnd, sg);
+  }
+  store_unit();
+}
+
+void EncodeTileForWidth(const SimdLevelTable& t, const float* tile, const float* group_max, int32_t sg_max_bits,
+                        const SgRounding& rnd, uint8_t* sg) {
+  switch (t.base.bits) {
+    case 2:
+      return EncodeTile<2>(t, tile, group_max, sg_max_bits, rnd, sg);
+    case 3:
+      return EncodeTile<3>(t, tile, group_max, sg_max_bits, rnd, sg);
+    case 4:
+      return EncodeTile<4>(t, tile, group_max, sg_max_bits, rnd, sg);
+    case 5:
+      return EncodeTile<5>(t, tile, group_max, sg_max_bits, rnd, sg);
+    case 6:
+      return EncodeTile<6>(t, tile, group_max, sg_max_bits, rnd, sg);
+    case 7:
+      return EncodeTile<7>(t, tile, group_max, sg_max_bits, rnd, sg);
+    default:
+      return EncodeTile<8>(t, tile, group_max, sg_max_bits, rnd, sg);
+  }
+}
+
+void CompressSg(const SimdLevelTable& t, const SgInput& in, const SgRounding& rnd, uint8_t* sg) {
+  HWY_ALIGN float tile[kSuperGroupSize];
+  HWY_ALIGN float group_max[kGroupsPerSuperGroup];
+  const int32_t sg_max = in.bf16 ? LoadValues<0, uint16_t>(&t, nullptr, in, tile, group_max)
+                                 : LoadValues<0, float>(&t, nullptr, in, tile, group_max);
+  EncodeTileForWidth(t, tile, group_max, sg_max, rnd, sg);
+}
+
+template <int W>
+HWY_NOINLINE void DarImpl(const SimdLevelTable& t, const uint8_t* received, const SgInput& in, const SgRounding& rnd,
+                          uint8_t* sg) {
+  HWY_ALIGN float tile[kSuperGroupSize];
+  HWY_ALIGN float group_max[kGroupsPerSuperGroup];
+  const int32_t sg_max = in.bf16 ? LoadValues<W, uint16_t>(&t, received, in, tile, group_max)
+                                 : LoadValues<W, float>(&t, received, in, tile, group_max);
+  EncodeTile<W>(t, tile, group_max, sg_max, rnd, sg);
+}
+
+void DarSg(const SimdLevelTable& t, const uint8_t* received, const SgInput& in, const SgRounding& rnd, uint8_t* sg) {
+  switch (t.base.bits) {
+    case 2:
+      return DarImpl<2>(t, received, in, rnd, sg);
+    case 3:
+      return DarImpl<3>(t, received, in, rnd, sg);
+    case 4:
+      return DarImpl<4>(t, received, in, rnd, sg);
+    case 5:
+      return DarImpl<5>(t, received, in, rnd, sg);
+    case 6:
+      return DarImpl<6>(t, received, in, rnd, sg);
+    case 7:
+      return DarImpl<7>(t, received, in, rnd, sg);
+    default:
+      return DarImpl<8>(t, received, in, rnd, sg);
+  }
+}
+
+template <int W>
+HWY_NOINLINE bool ValidateImpl(const SimdLevelTable& t, const uint8_t* sg) {
+  const DI di;
+  constexpr int kGroupBytes = 2 * W + 1;
+  const uint16_t unit = LoadSuperUnit(sg, W, kSuperGroupSize);
+  if (unit != kNanSuperUnit && (!IsFiniteFloat(Bf16ToFloat(unit)) || (unit & 0x8000u))) return false;
+  const CodeUnpacker<W> unpack;
+  // The one illegal code, 2^W - 1, is the largest a W-bit field holds: track the maximum.
+  VI max_code = hn::Zero(di);
+  uint8_t min_scale = 255;
+  for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
+    const uint8_t* group = sg + g * kGroupBytes;
+    min_scale = group[2 * W] < min_scale ? group[2 * W] : min_scale;
+    for (int v = 0; v < kVectorsPerGroup; ++v) {
+      max_code = hn::Max(max_code, unpack.Codes(group, v, g == kGroupsPerSuperGroup - 1));
+    }
+  }
+  return min_scale != 0 && hn::AllFalse(di, hn::Eq(max_code, hn::Set(di, (1 << W) - 1)));
+}
+
+bool ValidateSg(const SimdLevelTable& t, const uint8_t* sg) {
+  switch (t.base.bits) {
+    case 2:
+      return ValidateImpl<2>(t, sg);
+    case 3:
+      return ValidateImpl<3>(t, sg);
+    case 4:
+      return ValidateImpl<4>(t, sg);
+    case 5:
+      return ValidateImpl<5>(t, sg);
+    case 6:
+      return ValidateImpl<6>(t, sg);
+    case 7:
+      return ValidateImpl<7>(t, sg);
+    default:
+      return ValidateImpl<8>(t, sg);
+  }
+}
+
+// What a decode does with each decoded value.
+enum class Out { kStore, kAccumulate, kAddOffset };  // out = v, out += v, out = v + offset
+
+template <int W, Out kOut>
+HWY_NOINLINE void DecodeImpl(const SimdLevelTable& t, const uint8_t* sg, float offset, float* out) {
+  const DF df;
+  constexpr int kGroupBytes = 2 * W + 1;
+  const CodeUnpacker<W> unpack;
+  const LevelDecoder<W> levels(t.base);
   const float unit = Bf16ToFloat(LoadSuperUnit(sg, W, kSuperGroupSize));
-  UnpackShifts shifts[kGroupSize];
-  for (int k = 0; k < kGroupSize; k += N) shifts[k] = MakeUnpackShifts<W>(k);
+  const VF voffset = hn::Set(df, offset);
   for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
     const uint8_t* group = sg + g * kGroupBytes;
     const VF scale = hn::Set(df, static_cast<float>(group[2 * W]) * unit);
-    for (int k = 0; k < kGroupSize; k += N) {
-      const VI code = W == 8 ? hn::PromoteTo(di, hn::LoadU(hn::Rebind<uint8_t, DI>(), group + k))
-                             : UnpackVector<W>(group, shifts[k]);
-      VF level;
-      if (path == Path::kRegister) {  // sign * level[|q|], as the decode table holds it
-        const VI q = hn::Sub(code, vL);
-        const VF magnitude = levels.Lookup(hn::Abs(q));
-        level = hn::IfThenElse(hn::RebindMask(df, hn::Lt(q, hn::Zero(di))), hn::Neg(magnitude), magnitude);
-      } else if (path == Path::kGather) {
-        level = hn::GatherIndex(df, t.decode, code);
-      } else {
-        level = hn::Mul(hn::ConvertTo(df, hn::Sub(code, vL)), inv_L);
-      }
-      VF value = hn::Mul(level, scale);
-      float* o = out + g * kGroupSize + k;
-      if (kAdd) value = hn::Add(hn::LoadU(df, o), value);
+    for (int v = 0; v < kVectorsPerGroup; ++v) {
+      VF value = hn::Mul(levels.Levels(unpack.Codes(group, v, g == kGroupsPerSuperGroup - 1)), scale);
+      float* o = out + g * kGroupSize + v * kLanes;
+      if constexpr (kOut == Out::kAccumulate) value = hn::Add(hn::LoadU(df, o), value);
+      if constexpr (kOut == Out::kAddOffset) value = hn::Add(value, voffset);
       hn::StoreU(value, df, o);
     }
   }
 }
 
-template <bool kAdd>
-void DecodeDispatch(const LevelTable& t, const uint8_t* sg, float* out) {
-  switch (t.bits) {
+template <Out kOut>
+void DecodeDispatch(const SimdLevelTable& t, const uint8_t* sg, float offset, float* out) {
+  switch (t.base.bits) {
     case 2:
-      return DecodeImpl<2, kAdd>(t, sg, out);
+      return DecodeImpl<2, kOut>(t, sg, offset, out);
     case 3:
-      return DecodeImpl<3, kAdd>(t, sg, out);
+      return DecodeImpl<3, kOut>(t, sg, offset, out);
     case 4:
-      return DecodeImpl<4, kAdd>(t, sg, out);
+      return DecodeImpl<4, kOut>(t, sg, offset, out);
     case 5:
-      return DecodeImpl<5, kAdd>(t, sg, out);
+      return DecodeImpl<5, kOut>(t, sg, offset, out);
     case 6:
-      return DecodeImpl<6, kAdd>(t, sg, out);
+      return DecodeImpl<6, kOut>(t, sg, offset, out);
     case 7:
-      return DecodeImpl<7, kAdd>(t, sg, out);
+      return DecodeImpl<7, kOut>(t, sg, offset, out);
     default:
-      return DecodeImpl<8, kAdd>(t, sg, out);
+      return DecodeImpl<8, kOut>(t, sg, offset, out);
   }
 }
 
-void DecodeSg(const LevelTable& t, const uint8_t* sg, float* out) { DecodeDispatch<false>(t, sg, out); }
-void DecodeAddSg(const LevelTable& t, const uint8_t* sg, float* inout) { DecodeDispatch<true>(t, sg, inout); }
-
-template <int W>
-HWY_NOINLINE void EncodeImpl(const LevelTable& t, const float* v, uint32_t key, uint32_t first_index, bool correlated,
-                             uint32_t stratum, uint32_t n, uint8_t* sg) {
-  const DF df;
-  const DI di;
-  const DU du;
-  const int N = static_cast<int>(hn::Lanes(df));
-  constexpr int bits = W;
-  const int L = t.max_level;
-  constexpr int group_bytes = 2 * W + 1;
-  const Path path = PathFor(t);
-
-  // Pass 1: group maxima, and whether the super-group is finite.
-  HWY_ALIGN float group_max[kGroupsPerSuperGroup];
-  const VF max_finite = hn::Set(df, 3.40282347e38f);
-  auto all_finite = hn::Eq(hn::Zero(df), hn::Zero(df));
-  float sg_max = 0.0f;
-  for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
-    VF m = hn::Zero(df);
-    for (int k = 0; k < kGroupSize; k += N) {
-      const VF a = hn::Abs(hn::LoadU(df, v + g * kGroupSize + k));
-      all_finite = hn::And(all_finite, hn::Le(a, max_finite));
-      m = hn::Max(m, a);
-    }
-    group_max[g] = hn::GetLane(hn::MaxOfLanes(df, m));
-    sg_max = group_max[g] > sg_max ? group_max[g] : sg_max;
-  }
-  const bool finite = hn::AllTrue(df, all_finite);
-  const uint16_t unit_bits = SuperUnitFor(sg_max, finite);
-  const float unit = finite ? Bf16ToFloat(unit_bits) : 0.0f;
-
-  // Pass 2: quantize group by group.
-  // Register path: level[] and inv_gap[] for the interval, and level[] padded with +inf above L - 1
-  // for the binary search of the interval (largest r <= L - 1 with level[r] <= a).
-  RegisterTable level_table, inv_gap_table, search_table;
-  int search_step = 1;
-  if (path == Path::kRegister) {
-    const int entries = t.max_level + 1;
-    level_table.Load(t.level, entries);
-    inv_gap_table.Load(t.inv_gap, entries);
-    HWY_ALIGN float search[kRegisterEntries];
-    for (int j = 0; j < kRegisterEntries; ++j) search[j] = j < t.max_level ? t.level[j] : HUGE_VALF;
-    search_table.Load(search, entries);
-    while (search_step * 2 < entries) search_step *= 2;
-  }
-  const VF one = hn::Set(df, 1.0f);
-  const VF inv_L = hn::Set(df, t.level[1]);
-  const VF top_level = hn::Set(df, t.level[L]);
-  const VF fL = hn::Set(df, static_cast<float>(L));
-  const VI vL = hn::Set(di, L);
-  const VI top_interval = hn::Set(di, L - 1);
-  const VI int_one = hn::Set(di, 1);
-  const VF buckets = hn::Set(df, static_cast<float>(kSearchBuckets));
-  const VI last_bucket = hn::Set(di, kSearchBuckets - 1);
-  const VF inv_2_24 = hn::Set(df, 1.0f / 16777216.0f);
-  const VF vstratum = hn::Set(df, static_cast<float>(stratum));
-  const VF inv_n = hn::Set(df, 1.0f / static_cast<float>(n));
-  const VF max_u = hn::Set(df, 0.99999994f);
-  const VU golden = hn::Set(du, 0x9e3779b1u);
-  const VU vkey = hn::Set(du, key);
-  // Codes of the N elements at src (bucket indices index0...), as QuantizeElement().
-  auto QuantizeVector = [&](const float* src, VF inv, uint32_t index0) -> VI {
-    const VF x = hn::LoadU(df, src);
-    const VF a = hn::Min(hn::Mul(hn::Abs(x), inv), one);
-    VI r;
-    VF p;
-    if (path == Path::kTwoBit) {
-      r = hn::Zero(di);
-      p = a;  // level[0] = 0, inv_gap[0] = 1
-    } else if (path == Path::kUniform) {
-      r = hn::Min(hn::ConvertTo(di, hn::Mul(a, fL)), top_interval);
-      const auto down = hn::RebindMask(di, hn::Lt(a, hn::Mul(hn::ConvertTo(df, r), inv_L)));
-      const auto up = hn::And(hn::RebindMask(di, hn::Ge(a, hn::Mul(hn::ConvertTo(df, hn::Add(r, int_one)), inv_L))),
-                              hn::Lt(r, top_interval));
-      r = hn::IfThenElse(down, hn::Sub(r, int_one), hn::IfThenElse(up, hn::Add(r, int_one), r));
-      p = hn::Mul(hn::Sub(a, hn::Mul(hn::ConvertTo(df, r), inv_L)), fL);
-    } else if (path == Path::kRegister) {
-      r = hn::Zero(di);
-      for (int step = search_step; step >= 1; step /= 2) {
-        const VI candidate = hn::Add(r, hn::Set(di, step));
-        r = hn::IfThenElse(hn::RebindMask(di, hn::Ge(a, search_table.Lookup(candidate))), candidate, r);
-      }
-      p = hn::Mul(hn::Sub(a, level_table.Lookup(r)), inv_gap_table.Lookup(r));
-    } else {
-      const VI idx = hn::Min(hn::ConvertTo(di, hn::Mul(a, buckets)), last_bucket);
-      r = hn::GatherIndex(di, t.search, idx);
-      const VF next = hn::GatherIndex(df, t.level, hn::Add(r, int_one));
-      r = hn::IfThenElse(hn::And(hn::RebindMask(di, hn::Ge(a, next)), hn::Lt(r, top_interval)), hn::Add(r, int_one), r);
-      p = hn::Mul(hn::Sub(a, hn::GatherIndex(df, t.level, r)), hn::GatherIndex(df, t.inv_gap, r));
-    }
-    // Rounding threshold, as RoundingUnit().
-    const VU index = hn::Add(hn::Set(du, index0), hn::Iota(du, 0));
-    const VU bits32 = Mix32Simd(hn::Add(hn::Mul(index, golden), vkey));
-    VF u = hn::Mul(hn::ConvertTo(df, hn::BitCast(di, hn::ShiftRight<8>(bits32))), inv_2_24);
-    if (correlated) u = hn::Min(hn::Mul(hn::Add(vstratum, u), inv_n), max_u);
-    const auto round_up = hn::Or(hn::Lt(u, p), hn::Ge(a, top_level));
-    const VI q = hn::IfThenElse(hn::RebindMask(di, round_up), hn::Add(r, int_one), r);
-    return hn::IfThenElse(hn::RebindMask(di, hn::Lt(x, hn::Zero(df))), hn::Sub(vL, q), hn::Add(vL, q));
-  };
-  // Group scales for all 16 groups at once, as GroupScaleCode() and InverseScale(): the scalar
-  // divisions would otherwise sit on every group's critical path.
-  HWY_ALIGN float inverse[kGroupsPerSuperGroup];
-  HWY_ALIGN float scale_code[kGroupsPerSuperGroup];
-  {
-    const VF vunit = hn::Set(df, unit);
-    const VF lo = hn::Set(df, 1.0f), hi = hn::Set(df, 255.0f);
-    for (int g = 0; g < kGroupsPerSuperGroup; g += N) {
-      const VF gm = hn::Load(df, group_max + g);
-      VF r = hn::Min(hn::Max(hn::Ceil(hn::Div(gm, vunit)), lo), hi);
-      r = hn::IfThenElse(hn::And(hn::Lt(hn::Mul(r, vunit), gm), hn::Lt(r, hi)), hn::Add(r, lo), r);
-      if (!(unit > 0.0f)) r = lo;
-      const VF s = hn::Mul(r, vunit);
-      hn::Store(hn::IfThenElseZero(hn::Gt(s, hn::Zero(df)), hn::Div(lo, s)), df, inverse + g);
-      hn::Store(r, df, scale_code + g);
-    }
-  }
-  HWY_ALIGN int32_t staged[kGroupSize];
-  for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
-    uint8_t* group = sg + g * group_bytes;
-    group[2 * bits] = static_cast<uint8_t>(scale_code[g]);
-    const VF inv = hn::Set(df, inverse[g]);
-    uint64_t words[2] = {0, 0};
-    for (int k = 0; k < kGroupSize; k += N) {
-      // A non-finite super-group sends zero codes; its NaN super unit marks it.
-      const VI code =
-          finite ? QuantizeVector(v + g * kGroupSize + k, inv, first_index + static_cast<uint32_t>(g * kGroupSize + k))
-                 : vL;
-      if constexpr (W == 8) {
-        hn::StoreU(hn::DemoteTo(hn::Rebind<uint8_t, DI>(), code), hn::Rebind<uint8_t, DI>(), group + k);
-      } else if constexpr (hn::MaxLanes(DF()) == kGroupSize) {
-        PackWholeGroup<W>(code, group);
-      } else if constexpr (hn::MaxLanes(DF()) >= 2) {
-        PackVector<W>(code, k, words);
-      } else {
-        hn::Store(code, di, staged + k);
-      }
-    }
-    if constexpr (W != 8 && hn::MaxLanes(DF()) != kGroupSize) {
-      if constexpr (hn::MaxLanes(DF()) >= 2) {
-        memcpy(group, &words[0], W);
-        memcpy(group + W, &words[1], W);
-      } else {
-        PackGroup<W>(staged, group);
-      }
-    }
-  }
-  uint8_t* tail = sg + kGroupsPerSuperGroup * group_bytes;
-  tail[0] = static_cast<uint8_t>(unit_bits);
-  tail[1] = static_cast<uint8_t>(unit_bits >> 8);
+void DecodeSg(const SimdLevelTable& t, const uint8_t* sg, float* out) { DecodeDispatch<Out::kStore>(t, sg, 0, out); }
+void DecodeAddSg(const SimdLevelTable& t, const uint8_t* sg, float* inout) {
+  DecodeDispatch<Out::kAccumulate>(t, sg, 0, inout);
+}
+void DecodeOffsetSg(const SimdLevelTable& t, const uint8_t* sg, float offset, float* out) {
+  DecodeDispatch<Out::kAddOffset>(t, sg, offset, out);
 }
 
-void EncodeSg(const LevelTable& t, const float* v, uint32_t key, uint32_t first_index, bool correlated,
-              uint32_t stratum, uint32_t n, uint8_t* sg) {
-  switch (t.bits) {
-    case 2:
-      return EncodeImpl<2>(t, v, key, first_index, correlated, stratum, n, sg);
-    case 3:
-      return EncodeImpl<3>(t, v, key, first_index, correlated, stratum, n, sg);
-    case 4:
-      return EncodeImpl<4>(t, v, key, first_index, correlated, stratum, n, sg);
-    case 5:
-      return EncodeImpl<5>(t, v, key, first_index, correlated, stratum, n, sg);
-    case 6:
-      return EncodeImpl<6>(t, v, key, first_index, correlated, stratum, n, sg);
-    case 7:
-      return EncodeImpl<7>(t, v, key, first_index, correlated, stratum, n, sg);
-    default:
-      return EncodeImpl<8>(t, v, key, first_index, correlated, stratum, n, sg);
-  }
-}
+#endif  // !HWY_ARCH_X86 || HWY_TARGET > HWY_SSSE3
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
@@ -433,20 +738,69 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace dynamiq::kernels {
 
-HWY_EXPORT(EncodeSg);
+HWY_EXPORT(CompressSg);
+HWY_EXPORT(DarSg);
+HWY_EXPORT(ValidateSg);
 HWY_EXPORT(DecodeSg);
 HWY_EXPORT(DecodeAddSg);
+HWY_EXPORT(DecodeOffsetSg);
 HWY_EXPORT(TargetName);
+
+SimdLevelTable PrepareSimdTable(const LevelTable& t) {
+  SimdLevelTable s;
+  memset(&s, 0, sizeof(s));
+  s.base = t;
+  const int L = t.max_level;
+  for (int r = 0; r < 64; ++r) s.above[r] = r < L - 1 ? t.level[r + 1] : HUGE_VALF;
+  if (!t.uniform && t.bits >= 3 && t.bits <= 6) {
+    const int buckets = 1 << t.bits;
+    for (int i = 0; i < buckets; ++i) {
+      // i / buckets is exact in float, as is the kernels' x * buckets.
+      const float start = static_cast<float>(i) / static_cast<float>(buckets);
+      const float end = static_cast<float>(i + 1) / static_cast<float>(buckets);
+      int r = 0;
+      while (r < L - 1 && t.level[r + 1] <= start) ++r;
+      s.bucket[i] = r;
+      // Levels a value in [start, end) (the last bucket: [start, 1]) may lie at or above.
+      int steps = 0;
+      for (int j = r + 1; j <= L - 1; ++j) steps += (t.level[j] < end || i == buckets - 1) ? 1 : 0;
+      s.corrections = steps > s.corrections ? steps : s.corrections;
+    }
+  }
+  return s;
+}
+
+void CompressSuperGroupSimd(const SimdLevelTable& t, const SgInput& in, const SgRounding& rounding, uint8_t* sg) {
+  HWY_DYNAMIC_DISPATCH(CompressSg)(t, in, rounding, sg);
+}
+void DecodeAddEncodeSuperGroupSimd(const SimdLevelTable& t, const uint8_t* received, const SgInput& in,
+                                   const SgRounding& rounding, uint8_t* sg) {
+  HWY_DYNAMIC_DISPATCH(DarSg)(t, received, in, rounding, sg);
+}
+bool ValidateSuperGroupSimd(const SimdLevelTable& t, const uint8_t* sg) {
+  return HWY_DYNAMIC_DISPATCH(ValidateSg)(t, sg);
+}
+void DecodeSuperGroupSimd(const SimdLevelTable& t, const uint8_t* sg, float* out) {
+  HWY_DYNAMIC_DISPATCH(DecodeSg)(t, sg, out);
+}
+void DecodeAddSuperGroupSimd(const SimdLevelTable& t, const uint8_t* sg, float* inout) {
+  HWY_DYNAMIC_DISPATCH(DecodeAddSg)(t, sg, inout);
+}
+void DecodeOffsetSuperGroupSimd(const SimdLevelTable& t, const uint8_t* sg, float offset, float* out) {
+  HWY_DYNAMIC_DISPATCH(DecodeOffsetSg)(t, sg, offset, out);
+}
 
 void EncodeSuperGroupSimd(const LevelTable& t, const float* v, uint32_t key, uint32_t first_index, bool correlated,
                           uint32_t stratum, uint32_t n, uint8_t* sg) {
-  HWY_DYNAMIC_DISPATCH(EncodeSg)(t, v, key, first_index, correlated, stratum, n, sg);
+  // v - 0.0f == v for every v the encoder can tell apart (NaN payloads do not matter).
+  CompressSuperGroupSimd(PrepareSimdTable(t), SgInput{v, false, 0.0f},
+                         SgRounding{key, first_index, correlated, stratum, n}, sg);
 }
 void DecodeSuperGroupSimd(const LevelTable& t, const uint8_t* sg, float* out) {
-  HWY_DYNAMIC_DISPATCH(DecodeSg)(t, sg, out);
+  DecodeSuperGroupSimd(PrepareSimdTable(t), sg, out);
 }
 void DecodeAddSuperGroupSimd(const LevelTable& t, const uint8_t* sg, float* inout) {
-  HWY_DYNAMIC_DISPATCH(DecodeAddSg)(t, sg, inout);
+  DecodeAddSuperGroupSimd(PrepareSimdTable(t), sg, inout);
 }
 const char* DynamiqSimdTarget() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 

@@ -1,5 +1,6 @@
 #include "engine/step_header.h"
 
+#include <cstring>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -52,6 +53,38 @@ TEST(StepHeaderTest, RejectsGarbage) {
   bad[53] = 1;
   EXPECT_THAT(DecodeStepHeader(bad), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("reserved")));
   EXPECT_THAT(DecodeStepHeader(absl::MakeConstSpan(bytes.data(), 10)), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(StepHeaderTest, AuthenticatedHeadersCarryATagInsteadOfTheChecksum) {
+  StepHeader h = Sample();
+  h.authenticated = true;
+  for (size_t i = 0; i < kStepTagBytes; ++i) h.tag[i] = static_cast<uint8_t>(0xa0 + i);
+  const auto bytes = EncodeStepHeader(h);
+  EXPECT_EQ(bytes[7], 1);  // flags
+  EXPECT_EQ(0, std::memcmp(&bytes[kStepHeaderMacCoverage], h.tag.data(), kStepTagBytes));
+  auto decoded = DecodeStepHeader(bytes);
+  ASSERT_THAT(decoded, IsOk());
+  EXPECT_TRUE(decoded->authenticated);
+  EXPECT_EQ(decoded->tag, h.tag);
+  EXPECT_EQ(decoded->checksum, 0u);
+  EXPECT_THAT(MatchStepHeader(*decoded, Sample()), IsOk());
+  // Unauthenticated headers have flags 0 and no tag.
+  auto plain = DecodeStepHeader(EncodeStepHeader(Sample()));
+  ASSERT_THAT(plain, IsOk());
+  EXPECT_FALSE(plain->authenticated);
+  EXPECT_EQ(plain->tag, StepTag{});
+}
+
+TEST(StepHeaderTest, RejectsUnknownFlagsAndVersionOne) {
+  auto bytes = EncodeStepHeader(Sample());
+  EXPECT_EQ(bytes[4], 2);
+  auto bad = bytes;
+  bad[7] = 2;
+  EXPECT_THAT(DecodeStepHeader(bad), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown flags 2")));
+  bad = bytes;
+  bad[4] = 1;
+  EXPECT_THAT(DecodeStepHeader(bad),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("version 1, this build speaks 2")));
 }
 
 TEST(StepHeaderTest, MismatchNamesTheRankAndBothValues) {

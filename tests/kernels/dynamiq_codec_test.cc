@@ -3,9 +3,13 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "hwy/targets.h"
+#include "kernels/bf16_math.h"
 #include "kernels/cpu/dynamiq_simd.h"
 #include "kernels/dynamiq_levels.h"
 #include "kernels/random_math.h"
@@ -188,6 +192,78 @@ INSTANTIATE_TEST_SUITE_P(AllPaths, SimdParityTest,
                                             ::testing::Values(LevelKind::kMee, LevelKind::kUniform),
                                             ::testing::Bool()));
 
+// The fused kernels (load + offset + decode-add + encode), validation and decoding, on every SIMD
+// target compiled in that this CPU runs, against the scalar reference.
+class SimdTargetsTest : public ::testing::TestWithParam<std::tuple<int, LevelKind>> {
+ protected:
+  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
+};
+
+TEST_P(SimdTargetsTest, FusedKernelsMatchScalarOnEveryTarget) {
+  const auto [bits, kind] = GetParam();
+  const LevelTable t = BuildLevelTable(bits, kind, DefaultMeeEpsilon(bits));
+  const SimdLevelTable st = PrepareSimdTable(t);
+  const size_t sg_bytes = SuperGroupBytes(bits, 256);
+  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  std::set<std::string> ran;
+  for (int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    ran.insert(DynamiqSimdTarget());
+    SCOPED_TRACE(DynamiqSimdTarget());
+    for (int trial = 0; trial < 12; ++trial) {
+      const bool bf16 = trial % 2 == 1, correlated = trial % 3 == 0;
+      const float offset = trial % 4 == 0 ? 0.0f : 0.25f;
+      std::vector<float> x = Gaussian(256, 300 + trial, trial % 5 == 0 ? 1e-30f : 2.0f);
+      if (trial == 6) std::fill(x.begin() + 48, x.begin() + 64, offset);  // a group that centres to zero
+      if (trial == 8) x[200] = INFINITY;
+      std::vector<uint16_t> x16(256);
+      for (int k = 0; k < 256; ++k) x16[k] = FloatToBf16(x[k]);
+      // The values LoadSource hands the scalar encoder.
+      std::vector<float> v(256);
+      for (int k = 0; k < 256; ++k) v[k] = (bf16 ? Bf16ToFloat(x16[k]) : x[k]) - offset;
+      const SgInput in{bf16 ? static_cast<const void*>(x16.data()) : x.data(), bf16, offset};
+      const SgRounding rounding{StreamKey(4, trial, 1), 256u * trial, correlated, static_cast<uint32_t>(trial % 4), 4};
+      std::vector<uint8_t> a(sg_bytes), b(sg_bytes);
+      EncodeSuperGroup(t, v.data(), 256, rounding.key, rounding.first_index, correlated, rounding.stratum, 4, a.data());
+      CompressSuperGroupSimd(st, in, rounding, b.data());
+      ASSERT_EQ(a, b) << "compress, trial " << trial;
+      // DAR: encode v + decode(received), element by element in that order.
+      std::vector<uint8_t> received(sg_bytes);
+      const std::vector<float> y = Gaussian(256, 400 + trial, trial % 5 == 1 ? 1e-3f : 5.0f);
+      EncodeSuperGroup(t, y.data(), 256, 77, 0, false, 0, 1, received.data());
+      std::vector<float> decoded(256), sum(256);
+      DecodeSuperGroup(t, received.data(), 256, decoded.data());
+      for (int k = 0; k < 256; ++k) sum[k] = v[k] + decoded[k];
+      EncodeSuperGroup(t, sum.data(), 256, rounding.key, rounding.first_index, correlated, rounding.stratum, 4,
+                       a.data());
+      DecodeAddEncodeSuperGroupSimd(st, received.data(), in, rounding, b.data());
+      ASSERT_EQ(a, b) << "DAR, trial " << trial;
+      // Decoding, and validation of intact and corrupted super-groups.
+      std::vector<float> out(256), acc(x);
+      DecodeSuperGroupSimd(st, received.data(), out.data());
+      ASSERT_EQ(0, std::memcmp(out.data(), decoded.data(), 1024));
+      DecodeAddSuperGroupSimd(st, received.data(), acc.data());
+      for (int k = 0; k < 256; ++k) ASSERT_EQ(acc[k], x[k] + decoded[k]) << k;
+      DecodeOffsetSuperGroupSimd(st, received.data(), offset, out.data());
+      for (int k = 0; k < 256; ++k) ASSERT_EQ(out[k], decoded[k] + offset) << k;
+      ASSERT_TRUE(ValidateSuperGroupSimd(st, received.data()));
+      const uint32_t key = StreamKey(5, trial, 2);
+      for (int flip = 0; flip < 64; ++flip) {
+        std::vector<uint8_t> bad = received;
+        const uint32_t r = RandomBits(key, flip);
+        bad[r % sg_bytes] ^= static_cast<uint8_t>(1u << (r >> 8) % 8);
+        if (flip % 4 == 0) bad[(r >> 16) % sg_bytes] = 0xff;
+        ASSERT_EQ(ValidateSuperGroupSimd(st, bad.data()), ValidateSuperGroup(t, bad.data(), 256)) << flip;
+      }
+    }
+  }
+  EXPECT_EQ(ran.size(), targets.size());  // each target really was dispatched to
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPaths, SimdTargetsTest,
+                         ::testing::Combine(::testing::Range(kMinWidth, kMaxWidth + 1),
+                                            ::testing::Values(LevelKind::kMee, LevelKind::kUniform)));
+
 TEST(SimdParityTest, WholeCodecMatchesScalarCodec) {
   CodecConfig config;
   DynamiqCodec simd(config, DynamiqCodec::Kernel::kSimd), scalar(config, DynamiqCodec::Kernel::kScalar);
@@ -205,6 +281,25 @@ TEST(SimdParityTest, WholeCodecMatchesScalarCodec) {
   DQ_ASSERT_OK(simd.DecompressAccumulateRecompress(*plan, chunk, a, Src(y), absl::MakeSpan(c)));
   DQ_ASSERT_OK(scalar.DecompressAccumulateRecompress(*plan, chunk, a, Src(y), absl::MakeSpan(e)));
   ASSERT_EQ(c, e);
+  // With mean-centring offsets on both sides, as the all-reduce runs it.
+  Source centred_x = Src(x), centred_y = Src(y);
+  centred_x.subtract_per_group = centred_y.subtract_per_group = plan->local_means.data();
+  DQ_ASSERT_OK(simd.Compress(*plan, chunk, centred_x, absl::MakeSpan(a)));
+  DQ_ASSERT_OK(scalar.Compress(*plan, chunk, centred_x, absl::MakeSpan(b)));
+  ASSERT_EQ(a, b);
+  DQ_ASSERT_OK(simd.DecompressAccumulateRecompress(*plan, chunk, a, centred_y, absl::MakeSpan(c)));
+  DQ_ASSERT_OK(scalar.DecompressAccumulateRecompress(*plan, chunk, a, centred_y, absl::MakeSpan(e)));
+  ASSERT_EQ(c, e);
+  for (const float* offsets : std::vector<const float*>{nullptr, plan->mean_sums.data()}) {
+    std::vector<float> ya(d), yb(d);
+    DQ_ASSERT_OK(simd.Decompress(*plan, chunk, c, Dest{ya.data(), DType::kFloat32, 0, offsets}));
+    DQ_ASSERT_OK(scalar.Decompress(*plan, chunk, c, Dest{yb.data(), DType::kFloat32, 0, offsets}));
+    ASSERT_EQ(0, std::memcmp(ya.data(), yb.data(), d * sizeof(float)));
+  }
+  std::vector<float> acc_a(x), acc_b(x);
+  DQ_ASSERT_OK(simd.DecompressAccumulate(*plan, chunk, c, acc_a.data()));
+  DQ_ASSERT_OK(scalar.DecompressAccumulate(*plan, chunk, c, acc_b.data()));
+  ASSERT_EQ(0, std::memcmp(acc_a.data(), acc_b.data(), d * sizeof(float)));
 }
 
 TEST(DynamiqCodecTest, MeasuredErrorsFallWithWidth) {

@@ -79,6 +79,35 @@ def test_state_averages_buckets_of_each_dtype_and_reuses_buffers(node):
         s.client.close()
 
 
+def test_aligned_layout_starts_large_tensors_on_super_groups_and_packs_small_ones():
+    offsets, total = dynamiq.torch.aligned_layout([10, 5000, 64, 8192, 7])
+    assert offsets == [13312, 0, 13322, 5120, 13386] and total == 13393
+    # Already aligned buckets keep DDP's layout (the hook then copies in one piece).
+    assert dynamiq.torch.aligned_layout([8192, 256, 4096]) == ([0, 8192, 8448], 12544)
+    assert dynamiq.torch.aligned_layout([]) == ([], 0)
+
+
+def test_state_with_tensor_sizes_returns_the_exact_average_in_bucket_layout(node):
+    # Misaligned tensors travel padded to super-groups and come back in DDP's layout, exactly.
+    states = [dynamiq.torch.DynamiqState(dynamiq.Client(socket=node.socket, job="aligned", local_rank=r,
+                                                        local_world_size=2, timeout=CLIENT_TIMEOUT_SECONDS))
+              for r in range(2)]
+    sizes = [10, 5000, 64, 8192, 7]
+    for step in range(2):  # the second step reuses the slot: its padding must be zero again
+        buckets = [torch.randn(sum(sizes), generator=torch.Generator().manual_seed(10 * step + r))
+                   for r in range(2)]
+        want = (buckets[0] + buckets[1]) / 2
+        futures = [s.submit(b, 0, step, sizes=sizes) for s, b in zip(states, buckets)]
+        for f, b in zip(futures, buckets):
+            assert f.wait() is b
+            assert torch.equal(b, want)
+        assert states[0].records[-1]["elements"] == sum(sizes)
+    assert states[0]._slots[0].buffer.size >= 13393 * 4
+    for s in states:
+        s.close()
+        s.client.close()
+
+
 def test_hook_gives_exactly_torch_all_reduce_averages_with_codec_none(node, workdir):
     ranks = run_ddp("exact", node, 1, 2, "hook-exact", workdir)
     for saved in ranks:

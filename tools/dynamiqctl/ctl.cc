@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "common/secret_file.h"
 
 namespace dynamiq::ctl {
 namespace {
@@ -144,17 +145,46 @@ int Failure(std::ostream& err, const absl::Status& status) {
 
 }  // namespace
 
+absl::Status LoadCredentials(const std::string& token_file, const std::string& tls_ca_file, ConnectOptions& options) {
+  if (!token_file.empty()) {
+    absl::StatusOr<std::vector<std::string>> tokens = common::ReadTokens(token_file, "--token_file");
+    if (!tokens.ok()) return tokens.status();
+    options.token = tokens->front();
+  }
+  if (!tls_ca_file.empty()) {
+    absl::StatusOr<std::string> ca = common::ReadPublicFile(tls_ca_file, "--tls_ca");
+    if (!ca.ok()) return ca.status();
+    if (ca->find("-----BEGIN CERTIFICATE-----") == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("--tls_ca: ", tls_ca_file, " holds no PEM certificate"));
+    }
+    options.tls_ca_pem = *std::move(ca);
+  }
+  return absl::OkStatus();
+}
+
 ControlClient::ControlClient(ConnectOptions options) : options_(std::move(options)) {
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(options_.daemon, grpc::InsecureChannelCredentials());
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options_.tls_ca_pem.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options_.tls_ca_pem;
+    credentials = grpc::SslCredentials(ssl);
+  }
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(options_.daemon, credentials);
   control_ = dynamiq::v1::Control::NewStub(channel);
   health_ = grpc::health::v1::Health::NewStub(channel);
+}
+
+void ControlClient::Prepare(grpc::ClientContext& context) const {
+  context.set_deadline(Deadline(options_.timeout));
+  if (!options_.token.empty()) context.AddMetadata("authorization", absl::StrCat("Bearer ", options_.token));
 }
 
 absl::Status ControlClient::FromGrpc(const grpc::Status& status) const {
   if (status.ok()) return absl::OkStatus();
   std::string message = status.error_message();
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    absl::StrAppend(&message, " (dynamiqd at ", options_.daemon, ")");
+    absl::StrAppend(&message, " (dynamiqd at ", options_.daemon,
+                    options_.tls_ca_pem.empty() ? "" : "; TLS: does --tls_ca verify its certificate?", ")");
   } else if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     absl::StrAppend(&message, " (dynamiqd at ", options_.daemon, " did not answer within ",
                     absl::FormatDuration(options_.timeout), "; see --timeout)");
@@ -165,7 +195,7 @@ absl::Status ControlClient::FromGrpc(const grpc::Status& status) const {
 
 absl::StatusOr<dynamiq::v1::GetStatusResponse> ControlClient::GetStatus() const {
   grpc::ClientContext context;
-  context.set_deadline(Deadline(options_.timeout));
+  Prepare(context);
   dynamiq::v1::GetStatusResponse response;
   grpc::Status status = control_->GetStatus(&context, dynamiq::v1::GetStatusRequest(), &response);
   if (!status.ok()) return FromGrpc(status);
@@ -174,7 +204,7 @@ absl::StatusOr<dynamiq::v1::GetStatusResponse> ControlClient::GetStatus() const 
 
 absl::StatusOr<uint64_t> ControlClient::SetCompression(const dynamiq::v1::SetCompressionRequest& request) const {
   grpc::ClientContext context;
-  context.set_deadline(Deadline(options_.timeout));
+  Prepare(context);
   dynamiq::v1::SetCompressionResponse response;
   grpc::Status status = control_->SetCompression(&context, request, &response);
   if (!status.ok()) return FromGrpc(status);
@@ -184,7 +214,7 @@ absl::StatusOr<uint64_t> ControlClient::SetCompression(const dynamiq::v1::SetCom
 absl::StatusOr<dynamiq::v1::GetFlightRecorderResponse> ControlClient::GetFlightRecorder(const std::string& job_id,
                                                                                         uint32_t limit) const {
   grpc::ClientContext context;
-  context.set_deadline(Deadline(options_.timeout));
+  Prepare(context);
   dynamiq::v1::GetFlightRecorderRequest request;
   request.set_job_id(job_id);
   request.set_limit(limit);
@@ -196,7 +226,7 @@ absl::StatusOr<dynamiq::v1::GetFlightRecorderResponse> ControlClient::GetFlightR
 
 absl::StatusOr<HealthCheckResponse::ServingStatus> ControlClient::CheckHealth(const std::string& service) const {
   grpc::ClientContext context;
-  context.set_deadline(Deadline(options_.timeout));
+  Prepare(context);
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(service);
   HealthCheckResponse response;

@@ -38,7 +38,18 @@ struct ConnectOptions {
   std::string daemon = "127.0.0.1:7070";
   // Deadline of every RPC, counted from its start.
   absl::Duration timeout = absl::Seconds(10);
+  // Operator bearer token (dynamiqd --operator_token_file), sent on every call as
+  // "authorization: Bearer <token>"; empty: none.
+  std::string token;
+  // PEM CA certificates: when set, the channel uses TLS and verifies the daemon's certificate
+  // (dynamiqd --tls_cert) against them; empty: plaintext.
+  std::string tls_ca_pem;
 };
+
+// Fills `options`' token from `token_file` (its first token; the file must be owner-only, as for
+// dynamiqd, see common/secret_file.h) and its CA from `tls_ca_file`; an empty path leaves the field
+// alone. Errors name the flag ("--token_file", "--tls_ca"), the path and the fix.
+absl::Status LoadCredentials(const std::string& token_file, const std::string& tls_ca_file, ConnectOptions& options);
 
 // Calls dynamiqd's operator API. A failed call returns an absl::Status with the RPC's code and
 // message; transport failures (UNAVAILABLE, DEADLINE_EXCEEDED) also name the daemon address.
@@ -59,6 +70,8 @@ class ControlClient {
 
  private:
   absl::Status FromGrpc(const grpc::Status& status) const;
+  // Deadline and token.
+  void Prepare(grpc::ClientContext& context) const;
 
   const ConnectOptions options_;
   std::unique_ptr<dynamiq::v1::Control::Stub> control_;

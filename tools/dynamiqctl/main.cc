@@ -23,6 +23,11 @@
 // Global flags.
 ABSL_FLAG(std::string, daemon, "127.0.0.1:7070", "dynamiqd's operator address (its --listen), host:port.");
 ABSL_FLAG(double, timeout, 10, "Deadline in seconds of every RPC to the daemon.");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding the operator token (dynamiqd --operator_token_file; mode 0600 or stricter), sent as "
+          "'authorization: Bearer <token>'. Unset: the DQ_TOKEN_FILE environment variable, if set.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificate(s) to verify the daemon's TLS certificate with (dynamiqd --tls_cert); turns TLS on.");
 ABSL_FLAG(bool, json, false,
           "Print one JSON object per line instead of tables (protobuf's JSON mapping with the .proto field "
           "names; 64-bit integers are strings).");
@@ -79,14 +84,14 @@ std::string FlagHelp(const std::string& name) {
 
 std::string Help() {
   std::string out = absl::StrCat(kSummary,
-                                 "\n\nUsage: dynamiqctl [--daemon=HOST:PORT] [--timeout=SECONDS] [--json] COMMAND "
-                                 "[command flags]\n\nCommands:\n");
+                                 "\n\nUsage: dynamiqctl [--daemon=HOST:PORT] [--timeout=SECONDS] [--token_file=PATH] "
+                                 "[--tls_ca=PATH] [--json] COMMAND [command flags]\n\nCommands:\n");
   for (const CommandInfo& c : dynamiq::ctl::Commands()) {
     absl::StrAppend(&out, "  ", c.name, "\n", Wrap(c.summary, 4));
     for (const std::string& flag : c.flags) absl::StrAppend(&out, FlagHelp(flag));
   }
   absl::StrAppend(&out, "\nGlobal flags:\n");
-  for (const char* flag : {"daemon", "timeout", "json"}) absl::StrAppend(&out, FlagHelp(flag));
+  for (const char* flag : {"daemon", "timeout", "token_file", "tls_ca", "json"}) absl::StrAppend(&out, FlagHelp(flag));
   absl::StrAppend(&out, "\n",
                   Wrap("Exit status: 0 success; 1 the daemon returned an error (its gRPC code name and message go "
                        "to stderr) or health is not SERVING; 2 usage error.",
@@ -96,6 +101,7 @@ std::string Help() {
                   "  dynamiqctl --daemon=10.0.0.1:7070 set-compression --job=resnet --codec=dynamiq --bits=4\n"
                   "  dynamiqctl flight-recorder --job=resnet --limit=20 --json\n"
                   "  dynamiqctl health --service=dynamiq.v1.Control\n"
+                  "  dynamiqctl --daemon=node1:7070 --tls_ca=ca.pem --token_file=$HOME/.dynamiq/token status\n"
                   "  dynamiqctl top --interval=2\n");
   return out;
 }
@@ -153,6 +159,12 @@ int main(int argc, char** argv) {
   const double timeout = absl::GetFlag(FLAGS_timeout);
   // Bound it so the conversion cannot overflow; a day is longer than any sane RPC.
   in.connect.timeout = timeout > 0 ? absl::Seconds(std::min(timeout, 86400.0)) : absl::ZeroDuration();
+  std::string token_file = absl::GetFlag(FLAGS_token_file);
+  if (const char* env = std::getenv("DQ_TOKEN_FILE"); token_file.empty() && env != nullptr) token_file = env;
+  if (absl::Status s = dynamiq::ctl::LoadCredentials(token_file, absl::GetFlag(FLAGS_tls_ca), in.connect); !s.ok()) {
+    std::cerr << "dynamiqctl: " << dynamiq::ctl::FormatError(s) << "\n";
+    return dynamiq::ctl::kExitFailure;
+  }
   in.json = absl::GetFlag(FLAGS_json);
   in.job = absl::GetFlag(FLAGS_job);
   in.codec = absl::GetFlag(FLAGS_codec);

@@ -34,6 +34,11 @@ __all__ = ["DynamiqState", "allreduce_hook", "all_reduce", "wire_dtype"]
 
 # Buffers grow in steps of this many bytes, so that slightly larger rebuilt buckets reuse them.
 _ALLOCATION_QUANTUM = 1 << 20
+# Super-group size of the DynamiQ codec (kernels::kSuperGroupSize): the unit of its bit allocation.
+_SUPER_GROUP = 256
+# Tensors of at least this many elements start on a super-group boundary in the shared buffer
+# (zero padding after each, at most 255 elements, <= 6%); smaller ones are packed after them.
+_MIN_ALIGNED_ELEMENTS = 4096
 # How many tiny all-reduces DynamiqState waits for a compression change to take effect. The daemon
 # applies a change two collectives after the job's next one on the node that took it.
 _MAX_CONFIG_SYNC_COLLECTIVES = 8
@@ -48,6 +53,27 @@ def wire_dtype(dtype):
     if dtype == torch.bfloat16:
         return torch.bfloat16
     raise TypeError(f"dynamiq all-reduces float32, bfloat16 or float16 tensors, not {dtype}")
+
+
+def aligned_layout(sizes, quantum=_SUPER_GROUP, min_aligned=_MIN_ALIGNED_ELEMENTS):
+    """Where each of a bucket's tensors (element counts `sizes`, in bucket order) goes in the
+    buffer sent to the daemon: returns (offsets, total). Tensors of >= min_aligned elements or of
+    a multiple of `quantum` come first, in bucket order, each starting at a multiple of `quantum`
+    (zero padding after it); the others follow, packed. DynamiQ allocates bits and scales per
+    256-element super-group: a super-group that straddles two tensors mixes their scales, and the
+    all-zero rows of dead units stop being all-zero super-groups (which cost no code bits).
+    Identical on every rank for identical sizes."""
+    offsets, total = [0] * len(sizes), 0
+    aligned = [n >= min_aligned or n % quantum == 0 for n in sizes]
+    for i, n in enumerate(sizes):
+        if aligned[i]:
+            offsets[i] = total
+            total += -(-n // quantum) * quantum
+    for i, n in enumerate(sizes):
+        if not aligned[i]:
+            offsets[i] = total
+            total += n
+    return offsets, total
 
 
 def _dq_dtype(torch_dtype):
@@ -204,17 +230,36 @@ class DynamiqState:
             self._thread = threading.Thread(target=self._complete_loop, name="dynamiq-hook", daemon=True)
             self._thread.start()
 
-    def submit(self, tensor, index, step):
+    def submit(self, tensor, index, step, sizes=None):
         """Starts the all-reduce of one flat gradient tensor and returns a torch.futures.Future that
-        completes with `tensor` holding the (averaged) result. What allreduce_hook calls."""
+        completes with `tensor` holding the (averaged) result. What allreduce_hook calls.
+        sizes: element counts of the tensors `tensor` concatenates (DDP's bucket.parameters());
+        if given, they travel in aligned_layout() (super-group aligned; same result, lower error)."""
         if self._closed:
             raise RuntimeError("DynamiqState is closed")
         send_dtype = wire_dtype(tensor.dtype)
-        n = tensor.numel()
+        flat = tensor.reshape(-1)
+        n = count = flat.numel()
+        segments = gaps = None
+        if sizes is not None and sum(sizes) == n and len(sizes) > 1:
+            sources = list(itertools.accumulate([0] + list(sizes[:-1])))
+            offsets, total = aligned_layout(sizes)
+            if offsets != sources:  # already aligned (e.g. every size a multiple of 256): one copy
+                segments = list(zip(sources, offsets, sizes))
+                ends = sorted((dst, dst + k) for _, dst, k in segments)
+                starts = [start for start, _ in ends[1:]] + [total]
+                gaps = [(end, start) for (_, end), start in zip(ends, starts) if start > end]
+                n = total
         with self._lock:
             slot = self._slot(index, n * torch.tensor([], dtype=send_dtype).element_size())
             view = slot.view(send_dtype, n)
-            view.copy_(tensor.reshape(-1))
+            if segments is None:
+                view.copy_(flat)
+            else:
+                for begin, end in gaps:
+                    view[begin:end].zero_()
+                for src, dst, k in segments:
+                    view[dst:dst + k].copy_(flat[src:src + k])
             reference = work = None
             if self.record_error:
                 reference = tensor.detach().reshape(-1).to(torch.float32, copy=True)
@@ -225,7 +270,8 @@ class DynamiqState:
                                                    average=self.average)
             future = torch.futures.Future()
             self._ensure_thread()
-            self._queue.put((pending, view, tensor, future, step, index, n, started, reference, work))
+            self._queue.put((pending, view, tensor, future, step, index, count, started, reference, work,
+                             segments))
         return future
 
     def _complete_loop(self):
@@ -235,10 +281,15 @@ class DynamiqState:
             item = self._queue.get()
             if item is None:
                 return
-            pending, view, tensor, future, step, index, n, started, reference, work = item
+            pending, view, tensor, future, step, index, n, started, reference, work, segments = item
             try:
                 result = pending.wait()
-                tensor.copy_(view.reshape(tensor.shape))
+                if segments is None:
+                    tensor.copy_(view.reshape(tensor.shape))
+                else:
+                    flat = tensor.view(-1)
+                    for src, dst, k in segments:
+                        flat[src:src + k].copy_(view[dst:dst + k])
                 record = {"step": step, "bucket": index, "elements": n, "sequence": result.sequence,
                           "config_epoch": result.config_epoch, "codec": result.codec,
                           "bits": result.bits, "wire_bytes": result.wire_bytes,
@@ -247,7 +298,8 @@ class DynamiqState:
                     work.wait()
                     if self.average:
                         reference /= dist.get_world_size(self.process_group)
-                    got = view.to(torch.float32)
+                    got = view.to(torch.float32) if segments is None else torch.cat(
+                        [view[dst:dst + k] for _, dst, k in segments]).to(torch.float32)
                     record["sq_error"] = float(((got - reference) ** 2).sum(dtype=torch.float64))
                     record["sq_norm"] = float((reference ** 2).sum(dtype=torch.float64))
                 self.records.append(record)
@@ -255,7 +307,7 @@ class DynamiqState:
             except BaseException as e:  # noqa: B902 -- DDP must see every failure
                 future.set_exception(e)
             # Drop this item's views now: a slot can only be released once nothing maps it.
-            del item, pending, view, tensor, future, reference, work
+            del item, pending, view, tensor, future, reference, work, segments
 
     def close(self):
         """Stops the completion thread (after the pending all-reduces), releases the buffers and,
@@ -300,7 +352,8 @@ def allreduce_hook(state, bucket):
         state.step += 1
     if step < state.warmup_steps:
         return default_hooks.allreduce_hook(state.process_group, bucket)
-    return state.submit(bucket.buffer(), bucket.index(), step)
+    sizes = [p.numel() for p in bucket.parameters()]
+    return state.submit(bucket.buffer(), bucket.index(), step, sizes=sizes)
 
 
 _default_client = None
