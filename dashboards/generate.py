@@ -302,6 +302,27 @@ def overview():
                 [instant(f"max by (job, codec, bits, topology) (dynamiq_job_compression_info{{{J}}})", "",
                          "table")], hide=("Time", "Value")), 8, 7)
 
+    b.row("Error budget")
+    b.add(timeseries("Error budget: target and measured vNMSE",
+                     "Jobs under an error budget (dynamiqctl set-compression --target-vnmse): the target, and the "
+                     "latest error sample the controller on node 0 used. The controller raises the bits when "
+                     "samples exceed the target and lowers them, slowly, when they stay well below "
+                     "(docs/error_budget.md).",
+                     [target(f"max by (job) (dynamiq_error_budget_target_vnmse{{{J}}})", "{{job}} target"),
+                      target(f"max by (job) (dynamiq_error_budget_measured_vnmse{{{J}}})", "{{job}} measured")],
+                     "sci", log=True), 8, 8)
+    b.add(timeseries("Error budget: bits chosen", "The DynamiQ average bit budget in force for each job under "
+                     "an error budget (the controller's choice).",
+                     [target(f"max by (job) (dynamiq_error_budget_bits{{{J}}})", "{{job}}")], "none",
+                     calcs=("min", "max", "lastNotNull")), 8, 8)
+    b.add(timeseries("Error budget: controller events", "Per interval: raise/lower/clamp (published decisions), "
+                     "rejected (an operator's change came first), policy (controller started). Saturated (1): "
+                     "at max bits and still above target.",
+                     [target(f"sum by (job, kind) (increase(dynamiq_error_budget_events_total{{{J}}}[{RI}]))",
+                             "{{job}} {{kind}}"),
+                      target(f"max by (job) (dynamiq_error_budget_saturated{{{J}}})", "{{job}} saturated")],
+                     "none", bars=True), 8, 8)
+
     b.row("Faults")
     b.add(timeseries("Failed collectives by cause", "Failures per interval by cause: timeout (--timeout hit), "
                      "abort (a worker or the daemon gave up), peer_failure (a node or link failed), mismatch "

@@ -20,18 +20,28 @@ all-reduce (--comm gloo). The global batch (--batch-size) is split evenly across
 with different worker counts follow the same data order.
 
 Task `digits`: scikit-learn's bundled 8x8 digits (Debian python3-sklearn; 1797 images, a fixed
-split of 1437 train / 360 test), an MLP 64-H-H-10 trained with SGD + momentum.
+split of 1437 train / 360 test), an MLP 64-H-H-10 (H = --hidden) trained with SGD + momentum.
+
+Task `lm`: a byte-level causal transformer language model (--layers pre-norm layers of width
+--d-model, 4 heads, FFN 4 x d, context --context) trained with AdamW on the license texts of
+Debian's base-files (/usr/share/common-licenses, 14 files, 237 KB; fallback: the Python standard
+library sources under /usr/lib/python3*/). Fixed split: the first 90% of every file trains, the
+last 10% is the validation ("test") set, evaluated on 128 evenly spaced non-overlapping windows
+(8192 predictions); accuracy is next-byte top-1 accuracy; the JSON also has the validation perplexity.
 
 JSON fields: the configuration, per-step `loss` and `train_accuracy` (averaged over all workers'
 shares of the global batch), `eval` (test loss/accuracy every --eval-every steps and at the end),
-`final_test_accuracy`, `final_test_loss`, `steps_per_second` (rank 0's training-step time, without
+`final_test_accuracy`, `final_test_loss` (lm: also `final_test_perplexity`), `parameters`,
+`steps_per_second` (rank 0's training-step time, without
 evaluation and the first --timing-skip steps), `wire_bytes_per_step` (bytes node 0 sent to other
-nodes, reported by the daemon) and, with --record-error, per-step `vnmse` of the daemon's result
-against an exact all-reduce of the same gradients.
+nodes, reported by the daemon), `bits_per_step` (what the daemon ran; under an error budget its
+controller's choice) and, with --record-error, per-step `vnmse` of the daemon's result against an
+exact all-reduce of the same gradients.
 """
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -51,7 +61,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", default="digits", choices=["digits"], help="what to train (default digits)")
+    p.add_argument("--task", default="digits", choices=["digits", "lm"],
+                   help="what to train: digits (MLP on sklearn's digits) or lm (byte-level transformer on "
+                        "/usr/share/common-licenses) (default digits)")
     p.add_argument("--comm", default="dynamiq", choices=["dynamiq", "gloo"],
                    help="gradient all-reduce: dynamiq (DDP hook through dynamiqd) or gloo (torch DDP's own)")
     p.add_argument("--nodes", type=int, default=1, help="launcher: nodes, one dynamiqd each (default 1)")
@@ -69,11 +81,15 @@ def parse_args(argv=None):
                    help="measure per-step vNMSE against an exact all-reduce (a second, uncompressed all-reduce)")
     p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     p.add_argument("--seed", type=int, default=0, help="model initialisation and data order (default 0)")
-    p.add_argument("--batch-size", type=int, default=128,
-                   help="global batch size, split evenly across workers (default 128)")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
-    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
-    p.add_argument("--hidden", type=int, default=256, help="MLP hidden width (default 256)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="global batch size (lm: sequences), split evenly across workers (default: digits 128, lm 16)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="learning rate (default: digits 0.05 for SGD, lm 0.003 for AdamW)")
+    p.add_argument("--momentum", type=float, default=0.9, help="digits: SGD momentum (default 0.9)")
+    p.add_argument("--hidden", type=int, default=256, help="digits: MLP hidden width (default 256)")
+    p.add_argument("--d-model", type=int, default=64, help="lm: transformer width (default 64)")
+    p.add_argument("--layers", type=int, default=2, help="lm: transformer layers (default 2)")
+    p.add_argument("--context", type=int, default=64, help="lm: context length in bytes (default 64)")
     p.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP bucket size cap in MB (default 25)")
     p.add_argument("--eval-every", type=int, default=50, help="test-set evaluation period in steps (default 50)")
     p.add_argument("--log-every", type=int, default=10, help="progress line period in steps (default 10)")
@@ -102,6 +118,12 @@ def parse_args(argv=None):
         p.error("--nodes and --workers-per-node must be at least 1")
     if args.steps < 1:
         p.error("--steps must be at least 1")
+    if args.batch_size is None:
+        args.batch_size = 128 if args.task == "digits" else 16
+    if args.lr is None:
+        args.lr = 0.05 if args.task == "digits" else 0.003
+    if args.d_model < 4 or args.d_model % 4 or args.layers < 1 or args.context < 2:
+        p.error("--d-model must be a positive multiple of 4 (4 heads), --layers >= 1, --context >= 2")
     if args.record_error and args.comm != "dynamiq":
         p.error("--record-error measures dynamiq's error: it needs --comm dynamiq")
     return args
@@ -158,6 +180,149 @@ def evaluate(model, x, y):
     return loss, accuracy
 
 
+# Task lm: the corpus, a fixed file list (base-files ships it on every Debian system), in this order.
+LICENSE_DIR = "/usr/share/common-licenses"
+LICENSE_FILES = ("Apache-2.0", "Artistic", "BSD", "CC0-1.0", "GFDL-1.2", "GFDL-1.3", "GPL-1", "GPL-2", "GPL-3",
+                 "LGPL-2", "LGPL-2.1", "LGPL-3", "MPL-1.1", "MPL-2.0")
+VALIDATION_SHARE = 0.1
+VALIDATION_WINDOWS = 128
+
+
+def load_text():
+    """(train bytes, validation bytes, corpus name): per file, the first 90% trains and the last 10%
+    validates, so both sets sample every file and the split never depends on --seed."""
+    import glob
+    import numpy as np
+    paths = [os.path.join(LICENSE_DIR, f) for f in LICENSE_FILES]
+    name = LICENSE_DIR
+    if not all(os.path.isfile(f) for f in paths):
+        paths, name = sorted(glob.glob("/usr/lib/python3*/*.py")), "/usr/lib/python3*/*.py"
+        if not paths:
+            raise SystemExit(f"task lm needs {LICENSE_DIR} (base-files) or Python sources under /usr/lib/python3*/")
+    train, valid = [], []
+    for path in paths:
+        with open(path, "rb") as f:
+            data = f.read()
+        cut = len(data) - int(len(data) * VALIDATION_SHARE)
+        train.append(data[:cut])
+        valid.append(data[cut:])
+    def as_array(parts):
+        return np.frombuffer(b"".join(parts), dtype=np.uint8).astype(np.int64)
+
+    return as_array(train), as_array(valid), name
+
+
+def make_lm(args, vocab=256):
+    """Byte-level causal transformer: embeddings + learned positions, pre-norm layers, linear head."""
+    import torch
+    torch.manual_seed(args.seed)
+
+    class CausalLM(torch.nn.Module):
+        def __init__(self, d, layers, context):
+            super().__init__()
+            self.tok = torch.nn.Embedding(vocab, d)
+            self.pos = torch.nn.Parameter(torch.zeros(context, d))
+            torch.nn.init.normal_(self.pos, std=0.02)
+            layer = torch.nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True, norm_first=True,
+                                                     activation="gelu")
+            self.blocks = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+            self.norm = torch.nn.LayerNorm(d)
+            self.head = torch.nn.Linear(d, vocab)
+            self.register_buffer("mask", torch.triu(torch.full((context, context), float("-inf")), 1))
+
+        def forward(self, x):
+            n = x.shape[1]
+            h = self.tok(x) + self.pos[:n]
+            return self.head(self.norm(self.blocks(h, mask=self.mask[:n, :n])))
+
+    return CausalLM(args.d_model, args.layers, args.context)
+
+
+class DigitsTask:
+    """MLP on sklearn's digits; SGD with momentum."""
+
+    def __init__(self, args, rank, share):
+        self.x_train, self.y_train, self.x_test, self.y_test = load_digits()
+        self.model = make_model(args)
+        self.args, self.rank, self.share = args, rank, share
+        self.batches = global_batches(len(self.y_train), args.batch_size, args.seed)
+
+    def optimizer(self, params):
+        import torch
+        return torch.optim.SGD(params, lr=self.args.lr, momentum=self.args.momentum)
+
+    def next_batch(self):
+        idx = next(self.batches)[self.rank * self.share:(self.rank + 1) * self.share]
+        return self.x_train[idx], self.y_train[idx]
+
+    @staticmethod
+    def loss_accuracy(output, y):
+        import torch
+        loss = torch.nn.functional.cross_entropy(output, y)
+        return loss, (output.argmax(1) == y).float().mean().item()
+
+    def evaluate(self, model):
+        return evaluate(model, self.x_test, self.y_test)
+
+
+class LmTask:
+    """Byte-level transformer LM; AdamW. A global batch is --batch-size windows of --context + 1
+    bytes at seeded random offsets of the training text; each worker takes its share."""
+
+    def __init__(self, args, rank, share):
+        import numpy as np
+        import torch
+        train, valid, self.corpus = load_text()
+        self.train = torch.from_numpy(train)
+        n = args.context + 1
+        windows = (len(valid) - 1) // args.context  # non-overlapping inputs, each with its next byte
+        if windows < 1:
+            raise SystemExit("task lm: validation text shorter than one context")
+        # At most VALIDATION_WINDOWS of them, evenly spaced (evaluation runs on rank 0 alone).
+        starts = np.unique(np.linspace(0, windows - 1, min(windows, VALIDATION_WINDOWS)).round().astype(np.int64))
+        starts = starts * args.context
+        self.valid = torch.from_numpy(valid[starts[:, None] + np.arange(n)])
+        self.model = make_lm(args)
+        self.args, self.rank, self.share = args, rank, share
+        self.rng = np.random.default_rng([args.seed, 1])
+        self.offsets = np.arange(n)
+
+    def optimizer(self, params):
+        import torch
+        return torch.optim.AdamW(params, lr=self.args.lr, weight_decay=0.01)
+
+    def next_batch(self):
+        import torch
+        starts = self.rng.integers(0, len(self.train) - self.args.context - 1, size=self.args.batch_size)
+        mine = starts[self.rank * self.share:(self.rank + 1) * self.share]
+        seq = self.train[torch.from_numpy(mine[:, None] + self.offsets)]
+        return seq[:, :-1], seq[:, 1:]
+
+    @staticmethod
+    def loss_accuracy(output, y):
+        import torch
+        logits = output.reshape(-1, output.shape[-1])
+        target = y.reshape(-1)
+        loss = torch.nn.functional.cross_entropy(logits, target)
+        return loss, (logits.argmax(1) == target).float().mean().item()
+
+    def evaluate(self, model, chunk=128):
+        import torch
+        total_loss, correct, count = 0.0, 0, 0
+        with torch.no_grad():
+            for i in range(0, len(self.valid), chunk):
+                seq = self.valid[i:i + chunk]
+                logits = model(seq[:, :-1]).reshape(-1, 256)
+                target = seq[:, 1:].reshape(-1)
+                total_loss += torch.nn.functional.cross_entropy(logits, target, reduction="sum").item()
+                correct += (logits.argmax(1) == target).sum().item()
+                count += target.numel()
+        return total_loss / count, correct / count
+
+
+TASKS = {"digits": DigitsTask, "lm": LmTask}
+
+
 def log(message):
     print(message, file=sys.stderr, flush=True)
 
@@ -173,8 +338,9 @@ def run_worker(args):
         raise SystemExit(f"--batch-size {args.batch_size} is not divisible by the {world} workers")
     dist.init_process_group("gloo", init_method=args.init_method, rank=rank, world_size=world)
 
-    x_train, y_train, x_test, y_test = load_digits()
-    model = make_model(args)
+    share = args.batch_size // world
+    task = TASKS[args.task](args, rank, share)
+    model = task.model
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
     state = None
     if args.comm == "dynamiq":
@@ -190,28 +356,24 @@ def run_worker(args):
             c = state.client.config
             log(f"dynamiq job {state.client.job}: node {state.client.node_rank}/{state.client.num_nodes}, "
                 f"codec at registration {c.codec} bits {c.bits:g} min_compress {c.min_compress_elements}")
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
+    optimizer = task.optimizer(ddp.parameters())
 
-    share = args.batch_size // world
-    batches = global_batches(len(y_train), args.batch_size, args.seed)
     losses, accuracies, evals, step_seconds = [], [], [], []
     for step in range(args.steps):
-        idx = next(batches)[rank * share:(rank + 1) * share]
-        xb, yb = x_train[idx], y_train[idx]
+        xb, yb = task.next_batch()
         started = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        logits = ddp(xb)
-        loss = torch.nn.functional.cross_entropy(logits, yb)
+        loss, accuracy = task.loss_accuracy(ddp(xb), yb)
         loss.backward()
         optimizer.step()
         step_seconds.append(time.perf_counter() - started)
         losses.append(loss.item())
-        accuracies.append((logits.argmax(1) == yb).float().mean().item())
+        accuracies.append(accuracy)
         if rank == 0 and (step + 1) % args.log_every == 0:
             log(f"step {step + 1}/{args.steps} loss {losses[-1]:.4f} batch accuracy {accuracies[-1]:.3f} "
                 f"({1.0 / max(step_seconds[-1], 1e-9):.1f} steps/s)")
         if rank == 0 and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
-            test_loss, test_accuracy = evaluate(model, x_test, y_test)
+            test_loss, test_accuracy = task.evaluate(model)
             evals.append({"step": step + 1, "test_loss": test_loss, "test_accuracy": test_accuracy})
             log(f"step {step + 1}: test loss {test_loss:.4f} test accuracy {test_accuracy:.4f}")
 
@@ -223,16 +385,22 @@ def run_worker(args):
         timed = step_seconds[args.timing_skip:] or step_seconds
         result = {
             "task": args.task, "comm": args.comm, "world_size": world, "steps": args.steps, "seed": args.seed,
-            "batch_size": args.batch_size, "lr": args.lr, "momentum": args.momentum, "hidden": args.hidden,
-            "warmup_steps": args.warmup_steps,
+            "batch_size": args.batch_size, "lr": args.lr, "warmup_steps": args.warmup_steps,
+            "parameters": sum(p.numel() for p in model.parameters()),
             "loss": [sum(g[0][s] for g in gathered) / world for s in range(args.steps)],
             "train_accuracy": [sum(g[1][s] for g in gathered) / world for s in range(args.steps)],
             "eval": evals,
             "final_test_loss": evals[-1]["test_loss"],
             "final_test_accuracy": evals[-1]["test_accuracy"],
             "steps_per_second": len(timed) / sum(timed),
+            "bucket_cap_mb": args.bucket_cap_mb,
             "train_seconds": sum(step_seconds),
         }
+        if args.task == "digits":
+            result.update(optimizer="sgd", momentum=args.momentum, hidden=args.hidden)
+        else:
+            result.update(optimizer="adamw", d_model=args.d_model, layers=args.layers, context=args.context,
+                          corpus=task.corpus, final_test_perplexity=math.exp(result["final_test_loss"]))
         if state is not None:
             summaries = [state.step_summary(s) for s in range(args.warmup_steps, args.steps)]
             # What the daemon reported running (bits 0 on the command line means the codec's default).
@@ -240,11 +408,12 @@ def run_worker(args):
             result["bits_reported"] = sorted({r["bits"] for r in state.records})
             result["wire_bytes_per_step"] = (sum(s["wire_bytes"] for s in summaries) / len(summaries)
                                              if summaries else 0.0)
+            # Per step, the bits the daemon reported (under an error budget: the controller's choice).
+            result["bits_per_step"] = [s["bits"] for s in summaries]
             if args.record_error:
                 result["vnmse"] = [s.get("vnmse") for s in summaries]
     if state is not None:
         state.close()
-    dist.destroy_process_group()
     if rank == 0:
         if args.result_file:
             tmp = args.result_file + ".tmp"
@@ -253,6 +422,34 @@ def run_worker(args):
             os.replace(tmp, args.result_file)
         else:
             print(json.dumps(result) if args.json else summarize(result))
+    leave_together(rank, world)
+
+
+def leave_together(rank, world, timeout=120):
+    """Ends the worker once every rank is past its last collective, without tearing down the
+    process group. torch 1.13 (Gloo): freeing DDP's reducer and the group blocks forever on one rank
+    in about one run in three; and a rank that exits while a peer still reads its last Gloo message
+    resets that connection (a barrier before exiting only moves the race). So the ranks meet on the
+    rendezvous store instead, rank 0 (which may host the store) last, and leave with os._exit."""
+    import torch.distributed.distributed_c10d as c10d
+    store = c10d._get_default_store()
+    deadline = time.monotonic() + timeout
+
+    def wait_for(key, count):
+        while store.add(key, 0) < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"rank {rank}: the other ranks did not finish within {timeout} s")
+            time.sleep(0.01)
+
+    store.add("train.done", 1)
+    wait_for("train.done", world)  # every rank has returned from every collective
+    if rank == 0:
+        wait_for("train.left", world - 1)  # ... and the others are done with the store
+    else:
+        store.add("train.left", 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,8 +575,8 @@ def summarize(result):
 
 # The flags a worker takes from the launcher's command line.
 WORKER_FLAGS = ("task", "comm", "codec", "bits", "topology", "min_compress_elements", "warmup_steps", "steps", "seed",
-                "batch_size", "lr", "momentum", "hidden", "bucket_cap_mb", "eval_every", "log_every", "timing_skip",
-                "threads")
+                "batch_size", "lr", "momentum", "hidden", "d_model", "layers", "context", "bucket_cap_mb", "eval_every",
+                "log_every", "timing_skip", "threads")
 
 
 def worker_flags(args):

@@ -38,6 +38,9 @@ absl::Status ValidateErrorBudgetPolicy(const ErrorBudgetPolicy& p) {
     return absl::InvalidArgumentError(
         absl::StrCat("min_bits (", p.min_bits, ") must not exceed max_bits (", p.max_bits, ")"));
   }
+  if (!(p.sample_rate >= 0 && p.sample_rate <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("sample_rate must be between 0 and 1, got ", p.sample_rate));
+  }
   return absl::OkStatus();
 }
 

@@ -73,9 +73,15 @@ struct ErrorBudgetPolicy {
   double target_vnmse = 0;  // 0 < target < 1
   double min_bits = kMinDynamiqBits;
   double max_bits = kMaxDynamiqBits;
+  // The fraction of the job's compressed collectives whose error is measured (the controller's
+  // samples); 0: the daemon's --error_sample_rate. Not used by the controller itself.
+  double sample_rate = 0;
+
+  bool operator==(const ErrorBudgetPolicy&) const = default;
 };
 
-// INVALID_ARGUMENT with a message unless 0 < target_vnmse < 1 and 3 <= min_bits <= max_bits <= 8.
+// INVALID_ARGUMENT with a message unless 0 < target_vnmse < 1, 3 <= min_bits <= max_bits <= 8 and
+// 0 <= sample_rate <= 1.
 absl::Status ValidateErrorBudgetPolicy(const ErrorBudgetPolicy& policy);
 
 // The controller's parameters; the defaults are the documented ones (docs/error_budget.md).

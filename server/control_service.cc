@@ -1,7 +1,10 @@
 #include "server/control_service.h"
 
+#include <algorithm>
+
 #include "absl/time/time.h"
 #include "server/build_info.h"
+#include "server/error_budget_service.h"
 #include "server/rendezvous_service.h"
 #include "server/worker_service.h"
 
@@ -47,6 +50,24 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context, const dynam
     j->set_duration_seconds_sum(s.duration_seconds);
     j->set_last_vnmse(s.last_vnmse);
     j->set_error_samples(s.error_samples);
+    if (daemon_.error_budget() == nullptr) continue;
+    if (auto state = daemon_.error_budget()->State(id)) {
+      const CompressionController::Stats& st = state->stats;
+      dynamiq::v1::ErrorBudgetStatus* b = j->mutable_error_budget();
+      b->set_bits(st.bits);
+      b->set_epoch(st.epoch);
+      b->set_last_vnmse(st.last_vnmse);
+      b->set_noise_sigma(st.noise_sigma);
+      b->set_saturated(st.saturated);
+      b->set_decision_pending(st.decision_pending);
+      b->set_samples_used(st.samples_used);
+      b->set_samples_stale(st.samples_stale);
+      b->set_raises(st.raises);
+      b->set_lowers(st.lowers);
+      b->set_clamps(st.clamps);
+      b->set_rejected(st.rejected);
+      b->set_cooldown_left(static_cast<uint32_t>(std::max(0, st.cooldown_left)));
+    }
   }
   return grpc::Status::OK;
 }
@@ -55,10 +76,12 @@ grpc::Status ControlService::SetCompression(grpc::ServerContext* context,
                                             const dynamiq::v1::SetCompressionRequest* request,
                                             dynamiq::v1::SetCompressionResponse* response) {
   if (grpc::Status s = Authorize(*context); !s.ok()) return s;
-  const auto& c = request->config();
-  auto config = MakeJobConfig(c.codec(), c.bits(), c.topology(), c.min_compress_elements(), c.allocator());
+  auto config = FromProto(request->config());
   if (!config.ok()) return Refuse(daemon_, config.status());
-  auto epoch = daemon_.SetCompression(request->job_id(), *config, request->expected_epoch());
+  // proto3 cannot tell "expect epoch 0" from unset: 0 means any.
+  std::optional<uint64_t> expected;
+  if (request->expected_epoch() != 0) expected = request->expected_epoch();
+  auto epoch = daemon_.SetCompression(request->job_id(), *config, expected);
   if (!epoch.ok()) return Refuse(daemon_, epoch.status());
   response->set_epoch(*epoch);
   return grpc::Status::OK;
@@ -90,6 +113,21 @@ grpc::Status ControlService::GetFlightRecorder(grpc::ServerContext* context,
       out->set_start_unix_nanos(absl::ToUnixNanos(r.start));
       out->set_seconds(r.seconds);
       out->set_wire_bytes(r.wire_bytes);
+    }
+    if (daemon_.error_budget() == nullptr) continue;
+    for (const ErrorBudgetService::Event& e : daemon_.error_budget()->Events(id, request->limit())) {
+      dynamiq::v1::ErrorBudgetEvent* out = response->add_error_budget_events();
+      out->set_job_id(id);
+      out->set_time_unix_nanos(absl::ToUnixNanos(e.time));
+      out->set_kind(e.kind);
+      out->set_target_vnmse(e.target_vnmse);
+      out->set_from_bits(e.from_bits);
+      out->set_bits(e.bits);
+      out->set_measured_vnmse(e.measured_vnmse);
+      out->set_predicted_vnmse(e.predicted_vnmse);
+      out->set_based_on_epoch(e.based_on_epoch);
+      out->set_epoch(e.epoch);
+      out->set_reason(e.reason);
     }
   }
   return grpc::Status::OK;

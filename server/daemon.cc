@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -19,6 +20,7 @@
 #include "engine/gloo_transport.h"
 #include "server/control_service.h"
 #include "server/counting_transport.h"
+#include "server/error_budget_service.h"
 #include "server/grpc_store.h"
 #include "server/metrics.h"
 #include "server/process_watcher.h"
@@ -29,22 +31,41 @@
 namespace dynamiq::server {
 namespace {
 
-// "job/<id>/config/<epoch>" holds "<codec>|<bits>|<topology>|<min>|<allocator>|<apply_at>".
+// "job/<id>/config/<epoch>" holds "<codec>|<bits>|<topology>|<min>|<allocator>|<apply_at>", then
+// "|<target_vnmse>|<min_bits>|<max_bits>|<sample_rate>" under an error budget. Doubles are written
+// with 17 digits so every node decodes exactly the b̄ and policy that were published.
 std::string EncodeConfig(const JobConfig& c, uint64_t apply_at) {
-  return absl::StrCat(kernels::CodecName(c.codec.id), "|", c.codec.bits, "|", engine::TopologyName(c.topology), "|",
-                      c.min_compress_elements, "|",
-                      c.codec.allocator == kernels::BitAllocator::kMeasured ? "measured" : "paper", "|", apply_at);
+  std::string s =
+      absl::StrCat(kernels::CodecName(c.codec.id), "|", absl::StrFormat("%.17g", c.codec.bits), "|",
+                   engine::TopologyName(c.topology), "|", c.min_compress_elements, "|",
+                   c.codec.allocator == kernels::BitAllocator::kMeasured ? "measured" : "paper", "|", apply_at);
+  if (c.error_budget.has_value()) {
+    absl::StrAppendFormat(&s, "|%.17g|%.17g|%.17g|%.17g", c.error_budget->target_vnmse, c.error_budget->min_bits,
+                          c.error_budget->max_bits, c.error_budget->sample_rate);
+  }
+  return s;
 }
 
 absl::StatusOr<std::pair<JobConfig, uint64_t>> DecodeConfig(const std::string& s) {
   std::vector<std::string> f = absl::StrSplit(s, '|');
   double bits;
   uint64_t min, apply_at;
-  if (f.size() != 6 || !absl::SimpleAtod(f[1], &bits) || !absl::SimpleAtoi(f[3], &min) ||
-      !absl::SimpleAtoi(f[5], &apply_at)) {
+  ErrorBudgetPolicy budget;
+  const auto malformed = [&] {
     return absl::DataLossError(absl::StrCat("malformed published configuration '", s, "'"));
+  };
+  if ((f.size() != 6 && f.size() != 10) || !absl::SimpleAtod(f[1], &bits) || !absl::SimpleAtoi(f[3], &min) ||
+      !absl::SimpleAtoi(f[5], &apply_at)) {
+    return malformed();
+  }
+  if (f.size() == 10 && (!absl::SimpleAtod(f[6], &budget.target_vnmse) || !absl::SimpleAtod(f[7], &budget.min_bits) ||
+                         !absl::SimpleAtod(f[8], &budget.max_bits) || !absl::SimpleAtod(f[9], &budget.sample_rate))) {
+    return malformed();
   }
   DQ_ASSIGN_OR_RETURN(JobConfig c, MakeJobConfig(f[0], bits, f[2], min, f[4]));
+  if (f.size() == 10) {
+    DQ_RETURN_IF_ERROR(SetErrorBudget(budget, c));
+  }
   return std::make_pair(c, apply_at);
 }
 
@@ -60,6 +81,22 @@ Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {
   shm.max_total_bytes = options_.max_shm_bytes;
   registry_ = std::make_unique<ShmRegistry>(shm);
   metrics_ = std::make_unique<Metrics>(options_.node_rank, options_.num_nodes);
+  std::vector<JobObserver*> observers = {metrics_.get()};
+  if (options_.node_rank == 0) {
+    // Every node measures the same error samples: node 0 runs the controllers and publishes their
+    // decisions like an operator's change, conditional on the epoch they were based on.
+    error_budget_ = std::make_unique<ErrorBudgetService>(
+        [this](const std::string& job, const JobConfig& config, uint64_t expected_epoch) {
+          return SetCompression(job, config, expected_epoch);
+        },
+        [this](const ErrorBudgetService::Event& e) {
+          metrics_->OnErrorBudgetEvent(e.job, e.kind);
+          std::fprintf(stderr, "dynamiqd: job %s: error budget %s: %s\n", e.job.c_str(), e.kind.c_str(),
+                       e.reason.c_str());
+        });
+    observers.push_back(error_budget_.get());
+  }
+  observers_ = std::make_unique<JobObserverList>(std::move(observers));
 }
 
 Daemon::~Daemon() { Shutdown(absl::Seconds(1)); }
@@ -143,7 +180,11 @@ absl::Status Daemon::Start() {
   metrics_->SetGaugeSource([this] {
     Metrics::Snapshot snapshot;
     for (const auto& [id, s] : JobStatuses()) {
-      snapshot.jobs.push_back(Metrics::JobGauges{id, s.workers, s.inflight, s.config_epoch, s.config});
+      Metrics::JobGauges gauges{id, s.workers, s.inflight, s.config_epoch, s.config};
+      if (error_budget_) {
+        if (auto state = error_budget_->State(id)) gauges.controller = state->stats;
+      }
+      snapshot.jobs.push_back(std::move(gauges));
     }
     snapshot.shm_mapped_bytes = registry_->TotalMappedBytes();
     return snapshot;
@@ -153,7 +194,37 @@ absl::Status Daemon::Start() {
     absl::MutexLock lock(&mu_);
     metrics_address_ = std::move(address);
   }
+  if (options_.num_nodes > 1 && !coordinator_here) {
+    coordinator_watch_ = std::thread([this] { WatchCoordinator(); });
+  }
   return absl::OkStatus();
+}
+
+void Daemon::WatchCoordinator() {
+  auto* store = static_cast<GrpcStore*>(store_.get());
+  const std::string key = absl::StrCat("member/", options_.node_rank);
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shut_down_; };
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopped), absl::Seconds(1))) return;
+    }
+    // Known to the coordinator, or the coordinator is down (then try again later).
+    absl::StatusOr<std::string> known = store->Get(key, absl::ZeroDuration());
+    // A missing key is the coordinator's own answer (engine::InMemoryStore: "... was not set
+    // within 0"); an unreachable one (UNAVAILABLE, or a call that timed out on a cut link) is not.
+    if (known.ok() || !absl::StrContains(known.status().message(), "was not set")) continue;
+    // It answers but does not know this node: it restarted with an empty rendezvous. Join again;
+    // the coordinator records this node at once and its own start completes once all have.
+    std::fprintf(stderr, "dynamiqd: the coordinator does not know this node (restarted?): joining again\n");
+    absl::StatusOr<std::vector<std::string>> members =
+        store->Join(options_.node_rank, options_.num_nodes, listen_address(), absl::Seconds(2));
+    if (members.ok()) {
+      std::fprintf(stderr, "dynamiqd: re-joined the cluster\n");
+      absl::MutexLock lock(&mu_);
+      members_ = *std::move(members);
+    }
+  }
 }
 
 absl::Status Daemon::AgreeOnErrorSampleRate() {
@@ -185,6 +256,9 @@ void Daemon::Shutdown(absl::Duration grace) {
     if (shut_down_) return;
     shut_down_ = true;
   }
+  if (coordinator_watch_.joinable()) coordinator_watch_.join();
+  // No controller decision is published while the jobs go away.
+  if (error_budget_) error_budget_->Stop();
   // No scrape may read the jobs or the shared memory while they go away.
   metrics_->StopServing();
   metrics_->SetGaugeSource(nullptr);
@@ -243,7 +317,7 @@ Job* Daemon::GetOrCreateJob(const std::string& job_id, uint32_t local_world_size
   o.num_nodes = options_.num_nodes;
   o.config = options_.default_config;
   o.timeout = options_.timeout;
-  o.observer = metrics_.get();
+  o.observer = observers_.get();
   o.error_sample_rate = error_sample_rate_;
   // Engine messages between nodes carry HMAC tags under the job's key (engine/step_auth.h).
   if (!security_.cluster_secret.empty()) {
@@ -285,7 +359,7 @@ absl::StatusOr<Daemon::Registration> Daemon::Register(const std::string& job_id,
   if (shut_down_) return absl::UnavailableError("dynamiqd is shutting down");
   Job* job = GetOrCreateJob(job_id, local_world_size);
   const uint64_t id = next_worker_id_++;
-  DQ_RETURN_IF_ERROR(job->AddWorker(id, local_rank, local_world_size));
+  DQ_RETURN_IF_ERROR(job->AddWorker(id, local_rank, local_world_size, peer.has_value() ? peer->pid : 0));
   worker_jobs_[id] = job_id;
   if (peer.has_value() && process_watcher_) {
     // A worker that dies without unregistering is removed at once (not at the collective timeout).
@@ -404,8 +478,12 @@ absl::StatusOr<Job::Request> Daemon::CheckAllReduce(const AllReduceCall& call, s
 }
 
 absl::StatusOr<uint64_t> Daemon::SetCompression(const std::string& job_id, const JobConfig& config,
-                                                uint64_t expected_epoch) {
+                                                std::optional<uint64_t> expected_epoch) {
   DQ_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
+  if (config.error_budget.has_value() && config.error_budget->sample_rate == 0 && error_sample_rate() == 0) {
+    return absl::FailedPreconditionError(
+        "an error budget needs error samples, but --error_sample_rate is 0: give the budget its own sample rate");
+  }
   absl::MutexLock lock(&config_mu_);
   const std::string latest_key = absl::StrCat("job/", job_id, "/latest_epoch");
   // Claim the next epoch with a compare-and-set on the coordinator's store: changes made at the
@@ -422,9 +500,9 @@ absl::StatusOr<uint64_t> Daemon::SetCompression(const std::string& job_id, const
     } else if (!absl::IsDeadlineExceeded(latest.status()) && !absl::IsNotFound(latest.status())) {
       return latest.status();  // the coordinator is unreachable: nothing was changed
     }
-    if (expected_epoch != 0 && expected_epoch != current) {
+    if (expected_epoch.has_value() && *expected_epoch != current) {
       return absl::AbortedError(
-          absl::StrCat("job ", job_id, " is at config epoch ", current, ", not ", expected_epoch));
+          absl::StrCat("job ", job_id, " is at config epoch ", current, ", not ", *expected_epoch));
     }
     const uint64_t epoch = current + 1;
     // Nodes run collectives in lockstep: another node can be at most one collective ahead of this

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -34,6 +35,8 @@ class Server;
 namespace dynamiq::server {
 
 class ControlService;
+class ErrorBudgetService;
+class JobObserverList;
 class Metrics;
 class ProcessWatcher;
 class WorkerListener;
@@ -114,8 +117,13 @@ class Daemon {
   };
   absl::StatusOr<Job::Result> AllReduce(const AllReduceCall& call);
 
-  // Operator API.
-  absl::StatusOr<uint64_t> SetCompression(const std::string& job_id, const JobConfig& config, uint64_t expected_epoch);
+  // Operator API. A config with an error budget puts the job under the coordinator's controller
+  // (FAILED_PRECONDITION when no error samples would be taken: rate 0); one without ends it.
+  // `expected_epoch`: ABORTED unless the job is at that epoch (unset: any).
+  absl::StatusOr<uint64_t> SetCompression(const std::string& job_id, const JobConfig& config,
+                                          std::optional<uint64_t> expected_epoch);
+  // The coordinator's error-budget controllers (server/error_budget_service.h); null on other nodes.
+  ErrorBudgetService* error_budget() { return error_budget_.get(); }
   std::map<std::string, Job::Status> JobStatuses() const;
   absl::StatusOr<std::vector<CollectiveRecord>> FlightRecorder(const std::string& job_id, size_t limit) const;
   std::vector<std::string> members() const;
@@ -134,9 +142,11 @@ class Daemon {
   const DaemonOptions options_;
   ServerSecurity security_;  // loaded by Start; outlives the services that use it
   std::unique_ptr<ShmRegistry> registry_;
-  std::unique_ptr<Metrics> metrics_;               // outlives the jobs, which report into it
-  std::unique_ptr<RendezvousService> rendezvous_;  // coordinator node only
-  std::unique_ptr<engine::Store> store_;           // the coordinator's store (local when single-node)
+  std::unique_ptr<Metrics> metrics_;                  // outlives the jobs, which report into it
+  std::unique_ptr<ErrorBudgetService> error_budget_;  // node 0 only; outlives the jobs too
+  std::unique_ptr<JobObserverList> observers_;        // what jobs report to: metrics (+ error budget)
+  std::unique_ptr<RendezvousService> rendezvous_;     // coordinator node only
+  std::unique_ptr<engine::Store> store_;              // the coordinator's store (local when single-node)
   std::unique_ptr<grpc::Server> operator_server_;
   std::unique_ptr<grpc::Server> worker_server_;
   std::unique_ptr<WorkerListener> worker_listener_;
@@ -156,6 +166,10 @@ class Daemon {
   absl::Mutex config_mu_;
   std::vector<std::string> members_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  // Nodes other than the coordinator's: polls the coordinator once a second and joins it again
+  // when it has restarted (an empty rendezvous that does not know this node). Ends at Shutdown.
+  void WatchCoordinator();
+  std::thread coordinator_watch_;
   std::string listen_address_ ABSL_GUARDED_BY(mu_);
   std::string metrics_address_ ABSL_GUARDED_BY(mu_);
   double error_sample_rate_ ABSL_GUARDED_BY(mu_) = 0;

@@ -22,6 +22,11 @@ absl::Status Annotate(const grpc::Status& s, absl::string_view what) {
 
 absl::Time Deadline(absl::Duration timeout) { return absl::Now() + timeout + kRpcSlack; }
 
+// A Get that does not wait (a poll, e.g. for configuration changes before every collective) must
+// not hold its caller for the full slack when the coordinator is unreachable without a reset (a
+// cut link): the server answers it at once, so a round trip is all it needs.
+constexpr absl::Duration kPollRpcDeadline = absl::Seconds(1);
+
 }  // namespace
 
 GrpcStore::GrpcStore(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials,
@@ -52,7 +57,7 @@ absl::StatusOr<std::string> GrpcStore::Get(absl::string_view key, absl::Duration
   request.set_timeout_ms(static_cast<uint32_t>(std::clamp<int64_t>(absl::ToInt64Milliseconds(timeout), 0, 1 << 30)));
   dynamiq::v1::StoreGetResponse response;
   grpc::ClientContext context;
-  Prepare(context, Deadline(timeout));
+  Prepare(context, timeout <= absl::ZeroDuration() ? absl::Now() + kPollRpcDeadline : Deadline(timeout));
   absl::Status s = Annotate(stub_->Get(&context, request, &response), absl::StrCat("rendezvous at ", address_));
   if (!s.ok()) return s;
   return std::move(*response.mutable_value());

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -22,35 +23,13 @@ uint64_t JobHash(absl::string_view id) {
   return h;
 }
 
+// What the step headers' job field carries: the job, the tensor's name and its element count, so
+// nodes whose workers submitted different tensors (or sizes) fail the header check at once.
+uint64_t CollectiveId(absl::string_view job, absl::string_view tensor, uint64_t num_elements) {
+  return JobHash(absl::StrCat(job, std::string(1, '\0'), tensor, std::string(1, '\0'), num_elements));
+}
+
 }  // namespace
-
-absl::StatusOr<JobConfig> MakeJobConfig(absl::string_view codec, double bits, absl::string_view topology,
-                                        uint64_t min_compress_elements, absl::string_view allocator) {
-  JobConfig c;
-  DQ_ASSIGN_OR_RETURN(c.codec.id, kernels::ParseCodecId(codec));
-  if (bits == 0) {  // the codec's default; codecs without a bit setting keep 0
-    bits = c.codec.id == kernels::CodecId::kDynamiq                                             ? 5.0
-           : (c.codec.id == kernels::CodecId::kUniform || c.codec.id == kernels::CodecId::kThc) ? 4.0
-                                                                                                : 0.0;
-  }
-  c.codec.bits = bits;
-  if (allocator.empty() || allocator == "measured") {
-    c.codec.allocator = kernels::BitAllocator::kMeasured;
-  } else if (allocator == "paper") {
-    c.codec.allocator = kernels::BitAllocator::kPaper;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown allocator '", allocator, "' (measured or paper)"));
-  }
-  DQ_RETURN_IF_ERROR(kernels::ValidateCodecConfig(c.codec));
-  DQ_ASSIGN_OR_RETURN(c.topology, engine::ParseTopology(topology.empty() ? "ring" : topology));
-  c.min_compress_elements = min_compress_elements;
-  return c;
-}
-
-std::string DescribeJobConfig(const JobConfig& c) {
-  return absl::StrFormat("%s bits=%g %s min_compress=%d", kernels::CodecName(c.codec.id), c.codec.bits,
-                         engine::TopologyName(c.topology), c.min_compress_elements);
-}
 
 Job::Job(Options options) : options_(std::move(options)) {
   {
@@ -65,7 +44,7 @@ Job::~Job() {
   reducer_.join();
 }
 
-absl::Status Job::AddWorker(uint64_t worker_id, uint32_t local_rank, uint32_t local_world_size) {
+absl::Status Job::AddWorker(uint64_t worker_id, uint32_t local_rank, uint32_t local_world_size, int64_t pid) {
   if (local_world_size != options_.local_world_size) {
     return absl::InvalidArgumentError(absl::StrCat("job ", options_.id, " has ", options_.local_world_size,
                                                    " local workers, this worker says ", local_world_size));
@@ -82,6 +61,7 @@ absl::Status Job::AddWorker(uint64_t worker_id, uint32_t local_rank, uint32_t lo
     }
   }
   workers_[worker_id] = local_rank;
+  if (pid > 0) pids_[worker_id] = pid;
   // A (re-)registered worker joins at the collective the job runs next.
   next_submit_[worker_id] = next_run_;
   for (const auto& [seq, slot] : slots_) next_submit_[worker_id] = std::max(next_submit_[worker_id], seq);
@@ -95,6 +75,7 @@ void Job::RemoveWorker(uint64_t worker_id, const std::string& reason) {
   if (it == workers_.end()) return;
   const uint32_t rank = it->second;
   workers_.erase(it);
+  pids_.erase(worker_id);
   next_submit_.erase(worker_id);
   base_.erase(worker_id);
   // Queued collectives either wait for this worker or hold its (soon unmapped) buffer: fail them
@@ -221,16 +202,12 @@ absl::StatusOr<Job::Result> Job::Submit(const Request& request) {
         // The reducer is using this entry; the engine's own timeout bounds how long that takes.
         mu_.Await(absl::Condition(&done));
       } else {
-        std::vector<std::string> missing;  // the local workers that never submitted
-        for (uint32_t r = 0; r < options_.local_world_size; ++r) {
-          if (!slot.entries.count(r)) missing.push_back(absl::StrCat(r));
-        }
+        const std::string missing = MissingRanks(slot);  // the local workers that never submitted
         // The collective can no longer complete here: fail it for every local worker and let the
         // job continue after it (other nodes see the failure as a timeout of the same collective).
         const absl::Status failed = absl::DeadlineExceededError(
             absl::StrCat("collective ", sequence, " of job ", options_.id, " timed out after ",
-                         absl::FormatDuration(options_.timeout),
-                         "; local ranks that did not submit: ", absl::StrJoin(missing, ", ")));
+                         absl::FormatDuration(options_.timeout), "; local ranks that did not submit: ", missing));
         for (auto& [r, e] : slot.entries) {
           e->status = failed;
           e->done = true;
@@ -239,10 +216,9 @@ absl::StatusOr<Job::Result> Job::Submit(const Request& request) {
         if (sequence == next_run_) ++next_run_;
         CountFailure(request.num_elements, {CollectiveResult::kTimeout, FaultKind::kTimeout});
         BreakGroup();
-        return absl::DeadlineExceededError(
-            absl::StrCat("collective ", sequence, " of job ", options_.id, " timed out after ",
-                         absl::FormatDuration(options_.timeout),
-                         "; local ranks that did not submit: ", absl::StrJoin(missing, ", ")));
+        return absl::DeadlineExceededError(absl::StrCat("collective ", sequence, " of job ", options_.id,
+                                                        " timed out after ", absl::FormatDuration(options_.timeout),
+                                                        "; local ranks that did not submit: ", missing));
       }
     }
   }
@@ -284,6 +260,21 @@ void Job::Record(CollectiveRecord record) {
   while (records_.size() > options_.flight_recorder_size) records_.pop_front();
 }
 
+std::string Job::MissingRanks(const Slot& slot) const {
+  std::vector<std::string> missing;
+  for (uint32_t r = 0; r < options_.local_world_size; ++r) {
+    if (slot.entries.count(r)) continue;
+    std::string who = "not registered";
+    for (const auto& [id, rank] : workers_) {
+      if (rank != r) continue;
+      auto pid = pids_.find(id);
+      who = pid != pids_.end() ? absl::StrCat("worker ", id, ", pid ", pid->second) : absl::StrCat("worker ", id);
+    }
+    missing.push_back(absl::StrCat(r, " (", who, ")"));
+  }
+  return absl::StrJoin(missing, ", ");
+}
+
 void Job::BreakGroup(uint64_t collectives) {
   if (options_.num_nodes <= 1) return;
   absl::MutexLock lock(&transport_mu_);
@@ -313,6 +304,8 @@ void Job::ReducerLoop() {
 }
 
 void Job::RunCollective(uint64_t sequence, Slot& slot) {
+  // --timeout bounds the whole collective from here, the coordinator poll below included.
+  deadline_ = absl::Now() + options_.timeout;
   // The entries are stable while the slot is complete: their submitters wait for `done`.
   std::vector<Entry*> entries;
   for (auto& [rank, e] : slot.entries) entries.push_back(e);
@@ -392,7 +385,9 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
         for (size_t i = 0; i < n; ++i) sum[i] += kernels::Bf16ToFloat(h[i]);
       }
     }
-    if (options_.num_nodes > 1) status = CrossNode(sequence, config, epoch, sum, n, &wire_bytes, &probe);
+    if (options_.num_nodes > 1) {
+      status = CrossNode(sequence, config, epoch, entries[0]->request.tensor_name, sum, n, &wire_bytes, &probe);
+    }
   }
   if (status.ok()) {
     const float scale = 1.0f / static_cast<float>(options_.num_nodes * options_.local_world_size);
@@ -454,7 +449,9 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   }
   if (options_.observer != nullptr) {
     options_.observer->OnCollective(options_.id, outcome);
-    if (probe.vnmse.has_value()) options_.observer->OnErrorSample(options_.id, outcome.codec, *probe.vnmse);
+    if (probe.vnmse.has_value()) {
+      options_.observer->OnErrorSample(options_.id, SampledError{config, epoch, outcome.codec, *probe.vnmse});
+    }
   }
 }
 
@@ -488,8 +485,8 @@ void Job::CountFailure(uint64_t num_elements, Classification how) {
   options_.observer->OnCollective(options_.id, outcome);
 }
 
-absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch, float* sum, size_t n,
-                            uint64_t* wire_bytes, ProbeResult* probe) {
+absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch, absl::string_view tensor_name,
+                            float* sum, size_t n, uint64_t* wire_bytes, ProbeResult* probe) {
   engine::Transport* transport;
   {
     absl::MutexLock lock(&transport_mu_);
@@ -514,8 +511,11 @@ absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t
   // Error probe: keep this node's exact local sum of a sampled compressed collective. Every node
   // decides the same way (SampleForError is a function of job, sequence and the shared rate).
   std::vector<float> exact;
-  const bool sampled =
-      codec_config.id != kernels::CodecId::kNone && SampleForError(options_.id, sequence, options_.error_sample_rate);
+  // A job under an error budget may sample more often than the daemon's default rate.
+  const double rate = config.error_budget.has_value() && config.error_budget->sample_rate > 0
+                          ? config.error_budget->sample_rate
+                          : options_.error_sample_rate;
+  const bool sampled = codec_config.id != kernels::CodecId::kNone && SampleForError(options_.id, sequence, rate);
   bool no_memory_for_probe = false;
   if (sampled) {
     try {
@@ -526,10 +526,10 @@ absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t
   }
   engine::AllReduceOptions o;
   o.topology = config.topology;
-  o.job_id = JobHash(options_.id);
+  o.job_id = CollectiveId(options_.id, tensor_name, n);
   o.config_epoch = epoch;
   o.sequence = sequence;
-  o.timeout = options_.timeout;
+  o.timeout = std::max(absl::Milliseconds(1), deadline_ - absl::Now());
   o.authenticator = options_.authenticator.get();
   auto result = engine::AllReduce(*codec, *transport, o, {sum, kernels::DType::kFloat32, 0, nullptr},
                                   {sum, kernels::DType::kFloat32, 0, nullptr}, n);
@@ -538,8 +538,17 @@ absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t
     absl::MutexLock lock(&transport_mu_);
     transport_.reset();
     ++generation_;
-    return absl::Status(result.status().code(), absl::StrCat("collective ", sequence, " of job ", options_.id, ": ",
-                                                             result.status().message()));
+    std::string hint;
+    const absl::string_view message = result.status().message();
+    if (absl::StrContains(message, "runs a different collective") &&
+        (absl::StrContains(message, ": job ") || absl::StrContains(message, ", job "))) {
+      hint = absl::StrFormat(
+          " (the nodes' workers submitted different tensors; this node all-reduces '%s', %d elements: every worker "
+          "of a job must submit the same tensors in the same order)",
+          tensor_name, n);
+    }
+    return absl::Status(result.status().code(),
+                        absl::StrCat("collective ", sequence, " of job ", options_.id, ": ", message, hint));
   }
   *wire_bytes = result->bytes_sent;
   if (!sampled) return absl::OkStatus();
@@ -559,6 +568,7 @@ absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t
   DQ_ASSIGN_OR_RETURN(auto none, kernels::CreateCodec(kernels::CodecConfig{kernels::CodecId::kNone}));
   engine::AllReduceOptions exact_options = o;
   exact_options.sequence = ErrorProbeSequence(sequence);
+  exact_options.timeout = options_.timeout;  // a measurement on the side, with its own deadline
   auto exact_result =
       engine::AllReduce(*none, *transport, exact_options, {exact.data(), kernels::DType::kFloat32, 0, nullptr},
                         {exact.data(), kernels::DType::kFloat32, 0, nullptr}, n);

@@ -35,21 +35,10 @@
 #include "engine/step_auth.h"
 #include "engine/transport.h"
 #include "kernels/codec.h"
+#include "server/job_config.h"
 #include "server/job_observer.h"
 
 namespace dynamiq::server {
-
-// A job's compression settings (dynamiq.v1.CompressionConfig, validated).
-struct JobConfig {
-  kernels::CodecConfig codec;
-  engine::Topology topology = engine::Topology::kRing;
-  uint64_t min_compress_elements = 0;
-};
-
-// Parses and validates codec / bits / topology / allocator; INVALID_ARGUMENT with a message.
-absl::StatusOr<JobConfig> MakeJobConfig(absl::string_view codec, double bits, absl::string_view topology,
-                                        uint64_t min_compress_elements, absl::string_view allocator);
-std::string DescribeJobConfig(const JobConfig& config);
 
 // One collective as the flight recorder keeps it.
 struct CollectiveRecord {
@@ -85,7 +74,8 @@ class Job {
     // Metrics; null: none. Must outlive the job.
     JobObserver* observer = nullptr;
     // Fraction of compressed cross-node collectives whose error is measured against an exact sum
-    // (server/error_probe.h). Every node of the job must use the same rate.
+    // (server/error_probe.h). Every node of the job must use the same rate. A config's error budget
+    // may set its own (JobConfig::error_budget->sample_rate), agreed through its epoch.
     double error_sample_rate = 0;
     // Authenticates the cross-node engine messages (engine/step_auth.h); null: checksums only.
     std::shared_ptr<const engine::StepAuthenticator> authenticator;
@@ -116,8 +106,9 @@ class Job {
   const std::string& id() const { return options_.id; }
 
   // Adds a local worker; INVALID_ARGUMENT for a rank outside the job's local world size or a
-  // different local world size than earlier workers said, ALREADY_EXISTS for a taken rank.
-  absl::Status AddWorker(uint64_t worker_id, uint32_t local_rank, uint32_t local_world_size);
+  // different local world size than earlier workers said, ALREADY_EXISTS for a taken rank. `pid`
+  // (0: unknown) is the worker's process, named by the watchdog when the worker stalls.
+  absl::Status AddWorker(uint64_t worker_id, uint32_t local_rank, uint32_t local_world_size, int64_t pid = 0);
   // Removes a worker (unregistered or dead): queued collectives fail with `reason`; returns once
   // no running collective uses its buffers any more (they may then be unmapped).
   void RemoveWorker(uint64_t worker_id, const std::string& reason);
@@ -174,8 +165,8 @@ class Job {
     absl::Status status;          // a failed probe re-forms the group but does not fail the collective
   };
   // All-reduces sum[0, n) across nodes in place; for a sampled collective also measures its error.
-  absl::Status CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch, float* sum, size_t n,
-                         uint64_t* wire_bytes, ProbeResult* probe);
+  absl::Status CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch, absl::string_view tensor_name,
+                         float* sum, size_t n, uint64_t* wire_bytes, ProbeResult* probe);
   // The codec collectives of `num_elements` use across nodes (none below min_compress_elements).
   static kernels::CodecConfig EffectiveCodec(const JobConfig& config, uint64_t num_elements);
   // The codec for `config`, created once: building one (DynamiQ's level and error tables) costs
@@ -189,10 +180,13 @@ class Job {
   // generation by as many before the next one. Invariant that keeps nodes in one group: every node
   // advances one generation per collective it fails, locally or across nodes.
   void BreakGroup(uint64_t collectives = 1);
+  // "1 (pid 4242), 3 (not registered)": the local ranks of `slot` that have not submitted.
+  std::string MissingRanks(const Slot& slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, uint32_t> workers_ ABSL_GUARDED_BY(mu_);      // worker id -> local rank
+  std::map<uint64_t, int64_t> pids_ ABSL_GUARDED_BY(mu_);          // worker id -> process id (if known)
   std::map<uint64_t, uint64_t> next_submit_ ABSL_GUARDED_BY(mu_);  // worker id -> its next sequence
   std::map<uint64_t, uint64_t> base_ ABSL_GUARDED_BY(mu_);         // worker id -> the sequence of its submission 0
   std::map<uint64_t, Slot> slots_ ABSL_GUARDED_BY(mu_);            // sequence -> submissions
@@ -208,6 +202,7 @@ class Job {
   absl::Mutex transport_mu_;
   std::unique_ptr<engine::Transport> transport_ ABSL_GUARDED_BY(transport_mu_);
   uint64_t generation_ = 0;
+  absl::Time deadline_;  // of the collective the reducer runs (reducer thread only)
   std::vector<std::pair<kernels::CodecConfig, std::unique_ptr<kernels::Codec>>> codecs_;  // CachedCodec
   uint64_t pending_generations_ ABSL_GUARDED_BY(transport_mu_) = 0;                       // from BreakGroup
   std::thread reducer_;

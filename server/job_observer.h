@@ -11,10 +11,13 @@
 #include <stdint.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "engine/schedule.h"
 #include "kernels/codec.h"
+#include "server/job_config.h"
 
 namespace dynamiq::server {
 
@@ -56,16 +59,43 @@ struct CollectiveOutcome {
   uint64_t wire_bytes = 0;  // bytes this node sent for the cross-node all-reduce, headers included
 };
 
+// One sampled collective's measured compression error (server/error_probe.h).
+struct SampledError {
+  JobConfig config;            // the job's configuration the collective ran under
+  uint64_t config_epoch = 0;   // ... and its epoch
+  kernels::CodecConfig codec;  // the codec it actually used (config's, or none below min_compress)
+  double vnmse = 0;
+};
+
 class JobObserver {
  public:
   virtual ~JobObserver() = default;
   // Every collective once, successful or not (including those failed by the watchdog, by a
   // worker leaving or by shutdown before they ran).
   virtual void OnCollective(const std::string& job, const CollectiveOutcome& outcome) = 0;
-  // A sampled collective's measured compression error (see server/error_probe.h).
-  virtual void OnErrorSample(const std::string& job, const kernels::CodecConfig& codec, double vnmse) = 0;
+  // A sampled collective's measured compression error.
+  virtual void OnErrorSample(const std::string& job, const SampledError& sample) = 0;
   // A worker request refused before it became part of a collective, with the code it got.
   virtual void OnRejected(absl::StatusCode code) = 0;
+};
+
+// Forwards every report to each of `observers` in order (e.g. the metrics and the error-budget
+// controllers). The observers must outlive it.
+class JobObserverList final : public JobObserver {
+ public:
+  explicit JobObserverList(std::vector<JobObserver*> observers) : observers_(std::move(observers)) {}
+  void OnCollective(const std::string& job, const CollectiveOutcome& outcome) override {
+    for (JobObserver* o : observers_) o->OnCollective(job, outcome);
+  }
+  void OnErrorSample(const std::string& job, const SampledError& sample) override {
+    for (JobObserver* o : observers_) o->OnErrorSample(job, sample);
+  }
+  void OnRejected(absl::StatusCode code) override {
+    for (JobObserver* o : observers_) o->OnRejected(code);
+  }
+
+ private:
+  const std::vector<JobObserver*> observers_;
 };
 
 }  // namespace dynamiq::server

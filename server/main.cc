@@ -26,9 +26,22 @@ ABSL_FLAG(std::string, worker_socket, "/tmp/dynamiq/dynamiqd.sock",
 ABSL_FLAG(std::string, codec, "dynamiq",
           "Default codec of new jobs: none, bf16, dynamiq, mxfp8, mxfp6, mxfp4, thc, uniform.");
 ABSL_FLAG(double, bits, 5, "Default bits: dynamiq average bits/coord incl. metadata (3..8); uniform bits per code.");
+ABSL_FLAG(double, target_vnmse, 0,
+          "Default error budget of new jobs (codec dynamiq): the controller on node 0 picks the lowest average bit "
+          "budget in [--min_bits, --max_bits] that keeps the measured vNMSE at or under this (docs/error_budget.md); "
+          "0: fixed --bits. --bits is where it starts.");
+ABSL_FLAG(double, min_bits, 3, "Error budget: the lowest average bits/coordinate the controller may choose (3..8).");
+ABSL_FLAG(double, max_bits, 8, "Error budget: the highest average bits/coordinate the controller may choose (3..8).");
+ABSL_FLAG(double, budget_sample_rate, 0,
+          "Error budget: fraction of a job's compressed collectives whose error is measured for the controller; "
+          "0: --error_sample_rate.");
 ABSL_FLAG(std::string, topology, "ring", "Default topology of new jobs: ring or butterfly (power-of-two nodes).");
 ABSL_FLAG(uint64_t, min_compress_elements, 4096, "Tensors with fewer elements go uncompressed (fp32).");
-ABSL_FLAG(double, timeout, 300, "Seconds before a collective that has not completed fails on every participant.");
+ABSL_FLAG(double, timeout, 300,
+          "Seconds before a collective that has not completed fails on every participant. Also the local "
+          "watchdog: a local worker that has not submitted the collective by then (stopped, hung) is named with "
+          "its local rank and pid in the DEADLINE_EXCEEDED every participant gets (dynamiq_faults_total, "
+          "kind=\"timeout\").");
 ABSL_FLAG(std::string, device, "cpu", "cpu (host buffers, Gloo TCP between nodes). cuda is not yet supported.");
 ABSL_FLAG(int32_t, metrics_port, 9400,
           "Port of the Prometheus metrics endpoint (GET /metrics), bound on the host of --listen. 0 picks a free "
@@ -90,6 +103,19 @@ int main(int argc, char** argv) {
                                                absl::GetFlag(FLAGS_topology),
                                                absl::GetFlag(FLAGS_min_compress_elements), "measured");
   if (!config.ok()) return Fail(std::string(config.status().message()));
+  if (absl::GetFlag(FLAGS_target_vnmse) != 0) {
+    dynamiq::server::ErrorBudgetPolicy budget;
+    budget.target_vnmse = absl::GetFlag(FLAGS_target_vnmse);
+    budget.min_bits = absl::GetFlag(FLAGS_min_bits);
+    budget.max_bits = absl::GetFlag(FLAGS_max_bits);
+    budget.sample_rate = absl::GetFlag(FLAGS_budget_sample_rate);
+    if (absl::Status s = dynamiq::server::SetErrorBudget(budget, *config); !s.ok()) {
+      return Fail(std::string(s.message()));
+    }
+    if (budget.sample_rate == 0 && absl::GetFlag(FLAGS_error_sample_rate) == 0) {
+      return Fail("--target_vnmse needs error samples: set --budget_sample_rate or --error_sample_rate above 0");
+    }
+  }
   dynamiq::server::DaemonOptions o;
   o.node_rank = absl::GetFlag(FLAGS_node_rank);
   o.num_nodes = absl::GetFlag(FLAGS_num_nodes);

@@ -132,6 +132,29 @@ Metrics::Metrics(uint32_t node_rank, uint32_t num_nodes)
                             .Name("dynamiq_job_compression_info")
                             .Help("The job's active compression (value 1).")
                             .Register(*registry_)),
+      budget_target_(prometheus::BuildGauge()
+                         .Name("dynamiq_error_budget_target_vnmse")
+                         .Help("The job's error budget: the vNMSE its controller keeps the measured error under (only "
+                               "jobs under a budget).")
+                         .Register(*registry_)),
+      budget_bits_(prometheus::BuildGauge()
+                       .Name("dynamiq_error_budget_bits")
+                       .Help("The DynamiQ average bit budget in force for a job under an error budget.")
+                       .Register(*registry_)),
+      budget_measured_(prometheus::BuildGauge()
+                           .Name("dynamiq_error_budget_measured_vnmse")
+                           .Help("The latest error sample the job's controller used (coordinator node only).")
+                           .Register(*registry_)),
+      budget_saturated_(prometheus::BuildGauge()
+                            .Name("dynamiq_error_budget_saturated")
+                            .Help("1 when the job's controller is at max_bits and the error is still above target "
+                                  "(coordinator node only).")
+                            .Register(*registry_)),
+      budget_events_(prometheus::BuildCounter()
+                         .Name("dynamiq_error_budget_events_total")
+                         .Help("Error-budget controller events by kind: raise, lower, clamp (published decisions), "
+                               "rejected (not published), policy (controller started) (coordinator node only).")
+                         .Register(*registry_)),
       shm_bytes_(prometheus::BuildGauge()
                      .Name("dynamiq_shm_mapped_bytes")
                      .Help("Shared-memory bytes allocated to local workers.")
@@ -255,12 +278,22 @@ void Metrics::OnCollective(const std::string& job, const CollectiveOutcome& o) {
   wire_bytes_.Add(labels).Increment(static_cast<double>(o.wire_bytes));
 }
 
-void Metrics::OnErrorSample(const std::string& job, const kernels::CodecConfig& codec, double vnmse) {
+void Metrics::OnErrorSample(const std::string& job, const SampledError& sample) {
   vnmse_
-      .Add({{"job", job}, {"codec", std::string(kernels::CodecName(codec.id))}, {"bits", BitsLabel(codec.bits)}},
+      .Add({{"job", job},
+            {"codec", std::string(kernels::CodecName(sample.codec.id))},
+            {"bits", BitsLabel(sample.codec.bits)}},
            VnmseBuckets())
-      .Observe(vnmse);
+      .Observe(sample.vnmse);
   error_samples_.Add({{"job", job}}).Increment();
+}
+
+void Metrics::OnErrorBudgetEvent(const std::string& job, absl::string_view kind) {
+  budget_events_.Add({{"job", job}, {"kind", std::string(kind)}}).Increment();
+}
+
+void Metrics::RemoveGauge(prometheus::Family<prometheus::Gauge>& family, const prometheus::Labels& labels) {
+  if (family.Has(labels)) family.Remove(&family.Add(labels));
 }
 
 void Metrics::OnRejected(absl::StatusCode code) { rejected_.Add({{"reason", ReasonLabel(code)}}).Increment(); }
@@ -301,6 +334,20 @@ void Metrics::Refresh() {
     if (old != info_labels_.end() && old->second != info) compression_info_.Remove(&compression_info_.Add(old->second));
     compression_info_.Add(info).Set(1);
     info_labels_[j.job] = info;
+    if (j.config.error_budget.has_value()) {
+      budget_target_.Add(job).Set(j.config.error_budget->target_vnmse);
+      budget_bits_.Add(job).Set(j.config.codec.bits);
+    } else {
+      RemoveGauge(budget_target_, job);
+      RemoveGauge(budget_bits_, job);
+    }
+    if (j.controller.has_value()) {
+      budget_measured_.Add(job).Set(j.controller->last_vnmse);
+      budget_saturated_.Add(job).Set(j.controller->saturated ? 1 : 0);
+    } else {
+      RemoveGauge(budget_measured_, job);
+      RemoveGauge(budget_saturated_, job);
+    }
   }
   // Jobs that are gone: their state gauges go too (their counters stay).
   for (auto it = gauge_jobs_.begin(); it != gauge_jobs_.end();) {
@@ -312,6 +359,9 @@ void Metrics::Refresh() {
     inflight_.Remove(&inflight_.Add(job));
     workers_.Remove(&workers_.Add(job));
     epoch_.Remove(&epoch_.Add(job));
+    for (auto* family : {&budget_target_, &budget_bits_, &budget_measured_, &budget_saturated_}) {
+      RemoveGauge(*family, job);
+    }
     auto info = info_labels_.find(*it);
     if (info != info_labels_.end()) {
       compression_info_.Remove(&compression_info_.Add(info->second));

@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -33,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "prometheus/labels.h"
+#include "server/compression_controller.h"
 #include "server/counting_transport.h"
 #include "server/job.h"
 #include "server/job_observer.h"
@@ -58,6 +60,8 @@ class Metrics final : public JobObserver, public PeerBytesSink {
     uint32_t inflight = 0;
     uint64_t config_epoch = 0;
     JobConfig config;
+    // The job's error-budget controller, where this node runs it (the coordinator).
+    std::optional<CompressionController::Stats> controller;
   };
   struct Snapshot {
     std::vector<JobGauges> jobs;
@@ -85,8 +89,10 @@ class Metrics final : public JobObserver, public PeerBytesSink {
 
   // JobObserver.
   void OnCollective(const std::string& job, const CollectiveOutcome& outcome) override;
-  void OnErrorSample(const std::string& job, const kernels::CodecConfig& codec, double vnmse) override;
+  void OnErrorSample(const std::string& job, const SampledError& sample) override;
   void OnRejected(absl::StatusCode code) override;
+  // An error-budget controller event (server/error_budget_service.h): raise, lower, clamp, rejected, policy.
+  void OnErrorBudgetEvent(const std::string& job, absl::string_view kind);
   // PeerBytesSink.
   void AddPeerBytes(int peer, bool sent, uint64_t bytes) override;
 
@@ -101,6 +107,7 @@ class Metrics final : public JobObserver, public PeerBytesSink {
   // has not run under yet).
   void EnsureJob(const std::string& job, const kernels::CodecConfig& codec, engine::Topology topology)
       ABSL_LOCKS_EXCLUDED(mu_);
+  static void RemoveGauge(prometheus::Family<prometheus::Gauge>& family, const prometheus::Labels& labels);
   // Pulls the gauges; called by the Collector before every collection.
   void Refresh() ABSL_LOCKS_EXCLUDED(refresh_mu_);
 
@@ -123,6 +130,11 @@ class Metrics final : public JobObserver, public PeerBytesSink {
   prometheus::Family<prometheus::Gauge>& workers_;
   prometheus::Family<prometheus::Gauge>& epoch_;
   prometheus::Family<prometheus::Gauge>& compression_info_;
+  prometheus::Family<prometheus::Gauge>& budget_target_;
+  prometheus::Family<prometheus::Gauge>& budget_bits_;
+  prometheus::Family<prometheus::Gauge>& budget_measured_;
+  prometheus::Family<prometheus::Gauge>& budget_saturated_;
+  prometheus::Family<prometheus::Counter>& budget_events_;
   prometheus::Gauge& shm_bytes_;
 
   absl::Mutex mu_;  // leaf

@@ -410,7 +410,9 @@ class PyControl {
 
   uint64_t SetCompression(const std::string& job, std::optional<std::string> codec, std::optional<double> bits,
                           std::optional<std::string> topology, std::optional<uint64_t> min_compress_elements,
-                          std::optional<std::string> allocator, std::optional<uint64_t> expected_epoch) {
+                          std::optional<std::string> allocator, std::optional<double> target_vnmse,
+                          std::optional<double> min_bits, std::optional<double> max_bits,
+                          std::optional<double> sample_rate, std::optional<uint64_t> expected_epoch) {
     ctl::CompressionChange change;
     change.job_id = job;
     change.codec = std::move(codec);
@@ -418,6 +420,10 @@ class PyControl {
     change.topology = std::move(topology);
     change.min_compress_elements = min_compress_elements;
     change.allocator = std::move(allocator);
+    change.target_vnmse = target_vnmse;
+    change.min_bits = min_bits;
+    change.max_bits = max_bits;
+    change.sample_rate = sample_rate;
     change.expected_epoch = expected_epoch;
     absl::StatusOr<ctl::CompressionChangeResult> result;
     {
@@ -575,9 +581,11 @@ PYBIND11_MODULE(_dynamiq, m) {
       .def("set_compression", &PyControl::SetCompression, py::arg("job"), py::kw_only(), py::arg("codec") = py::none(),
            py::arg("bits") = py::none(), py::arg("topology") = py::none(),
            py::arg("min_compress_elements") = py::none(), py::arg("allocator") = py::none(),
-           py::arg("expected_epoch") = py::none(),
-           "Changes a job's compression like `dynamiqctl set-compression` (unset fields keep the job's values); "
-           "returns the config epoch at which it applies on every node.")
+           py::arg("target_vnmse") = py::none(), py::arg("min_bits") = py::none(), py::arg("max_bits") = py::none(),
+           py::arg("sample_rate") = py::none(), py::arg("expected_epoch") = py::none(),
+           "Changes a job's compression like `dynamiqctl set-compression` (unset fields keep the job's values; "
+           "target_vnmse puts the job under an error budget, docs/error_budget.md); returns the config epoch at "
+           "which it applies on every node.")
       .def("flight_recorder", &PyControl::FlightRecorder, py::arg("job") = "", py::arg("limit") = 0,
            "The daemon's recent collectives (CollectiveRecord dicts, oldest first).");
 }

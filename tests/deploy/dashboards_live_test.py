@@ -270,6 +270,16 @@ def run(a, tmp, cluster, dynamiqd, ctl, worker, remaining):
     wait_for("the new config epoch and 4-bit error samples on both nodes", lambda: len(prom.query(
         f'dynamiq_config_epoch{{job="{JOB}"}} >= 1 and on (instance) '
         f'dynamiq_compression_error_vnmse_count{{job="{JOB}", bits="4"}}')["result"]) == 2, 15)
+    # Then put the job under an error budget (dash spelling of the flags): the budget gauges on both
+    # nodes, the controller's state and events on node 0.
+    r = subprocess.run([ctl, f"--daemon=127.0.0.1:{listen[1]}", "set-compression", f"--job={JOB}",
+                        "--target-vnmse=0.01", "--sample-rate=0.5"], capture_output=True, text=True, timeout=10)
+    if r.returncode != 0:
+        raise Failure(f"dynamiqctl set-compression --target-vnmse: {r.stdout}{r.stderr}")
+    wait_for("the error budget on both nodes and the controller on node 0", lambda: len(prom.query(
+        f'dynamiq_error_budget_target_vnmse{{job="{JOB}"}}')["result"]) == 2 and len(prom.query(
+        f'dynamiq_error_budget_events_total{{job="{JOB}", kind="policy"}} > 0 and on (instance) '
+        f'dynamiq_error_budget_measured_vnmse{{job="{JOB}"}}')["result"]) == 1, 15)
     wait_for("rejections in prometheus", lambda: len(prom.query(
         'dynamiq_rejected_requests_total{reason="not_found"} > 0')["result"]) == 2, 10)
     time.sleep(RATE_INTERVAL_S + 1)  # a full rate window under the new configuration

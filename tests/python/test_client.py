@@ -191,5 +191,16 @@ def test_control_status_and_set_compression(node):
     with pytest.raises(dynamiq.Error) as bad:
         control.set_compression("ctl", codec="dynamiq", bits=42)
     assert bad.value.code == "INVALID_ARGUMENT" and "42" in bad.value.message
+    # An error budget instead of fixed bits (docs/error_budget.md).
+    budget = control.set_compression("ctl", target_vnmse=1e-3, max_bits=7, sample_rate=0.5)
+    assert budget > epoch
+    for k in range(3):
+        client.all_reduce(buf, "probe", count=1)
+    config = {j["job_id"]: j for j in control.status()["jobs"]}["ctl"]["config"]
+    assert config["error_budget"] == {"target_vnmse": 1e-3, "min_bits": 3.0, "max_bits": 7.0, "sample_rate": 0.5}
+    assert config["bits"] == 4  # where the controller starts
+    with pytest.raises(dynamiq.Error) as bad:
+        control.set_compression("ctl", target_vnmse=5)
+    assert bad.value.code == "INVALID_ARGUMENT" and "target_vnmse" in bad.value.message
     buf.release()
     client.close()

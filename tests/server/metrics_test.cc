@@ -205,7 +205,7 @@ TEST(MetricsTest, CollectivesCountIntoTheirLabelSets) {
   failed.result = CollectiveResult::kTimeout;
   failed.fault = FaultKind::kTimeout;
   m.OnCollective("j", failed);
-  m.OnErrorSample("j", ok.codec, 1e-3);
+  m.OnErrorSample("j", SampledError{JobConfig{.codec = ok.codec}, 1, ok.codec, 1e-3});
   m.OnRejected(absl::StatusCode::kNotFound);
   m.AddPeerBytes(2, true, 100);
   m.AddPeerBytes(2, true, 50);

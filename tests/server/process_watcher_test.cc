@@ -27,10 +27,10 @@ pid_t SpawnSleeper() {
 }
 
 TEST(ProcessWatcherTest, CallsBackPromptlyWhenTheProcessExits) {
+  absl::Notification exited;  // outlives the watcher's thread
   ProcessWatcher watcher;
   const pid_t pid = SpawnSleeper();
   ASSERT_GT(pid, 0);
-  absl::Notification exited;
   ASSERT_THAT(watcher.Watch(pid, [&] { exited.Notify(); }), IsOk());
   absl::SleepFor(absl::Milliseconds(50));
   EXPECT_FALSE(exited.HasBeenNotified());
@@ -40,10 +40,10 @@ TEST(ProcessWatcherTest, CallsBackPromptlyWhenTheProcessExits) {
 }
 
 TEST(ProcessWatcherTest, UnwatchedProcessesDoNotCallBack) {
+  std::atomic<int> calls{0};  // outlives the watcher's thread
   ProcessWatcher watcher;
   const pid_t pid = SpawnSleeper();
   ASSERT_GT(pid, 0);
-  std::atomic<int> calls{0};
   auto handle = watcher.Watch(pid, [&] { ++calls; });
   ASSERT_THAT(handle, IsOk());
   watcher.Unwatch(*handle);
@@ -54,10 +54,12 @@ TEST(ProcessWatcherTest, UnwatchedProcessesDoNotCallBack) {
 }
 
 TEST(ProcessWatcherTest, ManyWatchesFireIndependently) {
-  ProcessWatcher watcher;
   constexpr int kProcesses = 4;
   pid_t pids[kProcesses];
+  // Before the watcher: its thread may still call back for the processes killed at the end, until
+  // the watcher is destroyed (first).
   std::atomic<int> calls[kProcesses] = {};
+  ProcessWatcher watcher;
   for (int i = 0; i < kProcesses; ++i) {
     pids[i] = SpawnSleeper();
     ASSERT_GT(pids[i], 0);

@@ -577,6 +577,12 @@ TEST(WorkerSocketTest, AnotherUidIsRefusedAndCounted) {
   const double before = Rejected(daemon, "permission_denied");
   ASSERT_EQ(chmod(o.worker_socket.c_str(), 0777), 0);
   EXPECT_EQ(try_as_nobody(), 1);
+  // The listener counts the refusal on its own thread, which may run after the child has seen the
+  // connection close: poll (bounded) instead of reading the counter once.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (Rejected(daemon, "permission_denied") < before + 1 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
   EXPECT_EQ(Rejected(daemon, "permission_denied"), before + 1);
   // The daemon's own uid still gets through.
   EXPECT_THAT(testing::ConnectTestWorker(o.worker_socket, "job", 0, 1, 16), IsOk());

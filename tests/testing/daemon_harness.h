@@ -45,7 +45,8 @@ struct DaemonTestWorker {
 
   float* data() { return reinterpret_cast<float*>(region->data()); }
 
-  grpc::Status AllReduce(const std::string& name, uint64_t n, bool average = false) {
+  grpc::Status AllReduce(const std::string& name, uint64_t n, bool average = false,
+                         dynamiq::v1::AllReduceResponse* response = nullptr) {
     dynamiq::v1::AllReduceRequest req;
     req.set_worker_id(id);
     req.set_tensor_name(name);
@@ -56,7 +57,7 @@ struct DaemonTestWorker {
     dynamiq::v1::AllReduceResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    return stub->AllReduce(&ctx, req, &resp);
+    return stub->AllReduce(&ctx, req, response != nullptr ? response : &resp);
   }
 };
 

@@ -187,8 +187,10 @@ TEST_F(DynamiqctlTest, StatusListsTheJob) {
   EXPECT_EQ(err_, "");
   EXPECT_THAT(out_, HasSubstr("node     0 of 1\n"));
   EXPECT_THAT(out_, HasSubstr(absl::StrCat("members  0=", daemon_->listen_address(), "\n")));
-  EXPECT_THAT(out_, HasSubstr("JOB  WORKERS  EPOCH  CODEC    BITS  TOPOLOGY  MIN COMPRESS  INFLIGHT  COMPLETED\n"
-                              "job        1      0  dynamiq     5  ring              1024         0          0\n"));
+  EXPECT_THAT(
+      out_,
+      HasSubstr("JOB  WORKERS  EPOCH  CODEC    BITS  TOPOLOGY  MIN COMPRESS  INFLIGHT  COMPLETED  TARGET VNMSE\n"
+                "job        1      0  dynamiq     5  ring              1024         0          0             -\n"));
 }
 
 TEST_F(DynamiqctlTest, SetCompressionChangesTheEpochAndKeepsUnsetFields) {
@@ -716,6 +718,76 @@ TEST_F(DynamiqctlTest, TopPollsTheLiveDaemon) {
   in.iterations = 1;
   EXPECT_EQ(RunIt(in), kExitUsage);
   EXPECT_THAT(err_, HasSubstr("--iterations does not apply to 'status' (it is for top)"));
+}
+
+TEST_F(DynamiqctlTest, SetCompressionPutsTheJobUnderAnErrorBudgetAndBack) {
+  // Budget fields without a budget or a target: refused before anything changes.
+  Invocation in = Command("set-compression");
+  in.job = "job";
+  in.max_bits = 7;
+  EXPECT_EQ(RunIt(in), kExitFailure);
+  EXPECT_THAT(err_, HasSubstr("INVALID_ARGUMENT: job job has no error budget"));
+  in.target_vnmse = 0;
+  EXPECT_EQ(RunIt(in), kExitFailure);
+  EXPECT_THAT(err_, HasSubstr("--target_vnmse=0 (fixed bits) takes no"));
+  // The daemon validates the policy.
+  in = Command("set-compression");
+  in.job = "job";
+  in.target_vnmse = 1e-3;
+  in.min_bits = 7;
+  in.max_bits = 4;
+  EXPECT_EQ(RunIt(in), kExitFailure);
+  EXPECT_THAT(err_, HasSubstr("INVALID_ARGUMENT: min_bits (7) must not exceed max_bits (4)"));
+  // A budget on an mxfp8 job switches it to DynamiQ; the starting bits are clamped to the range.
+  CompressionChange to_mx;
+  to_mx.job_id = "job";
+  to_mx.codec = "mxfp8";
+  ASSERT_THAT(ChangeCompression(*client_, to_mx), IsOk());
+  for (const char* t : {"a", "b", "c"}) worker_->AllReduce(t);
+  in.min_bits = 4;
+  in.max_bits = 7;
+  in.sample_rate = 0.5;
+  ASSERT_EQ(RunIt(in), kExitOk) << err_;
+  // bits=default: DynamiQ's default, 5.
+  EXPECT_THAT(out_, HasSubstr("codec=dynamiq bits=default topology=ring min_compress_elements=1024 allocator=measured "
+                              "target_vnmse=0.001 bits_range=[4,7] sample_rate=0.5\n"));
+  for (const char* t : {"d", "e", "f"}) worker_->AllReduce(t);
+  dynamiq::v1::JobStatus job = JobStatus();
+  EXPECT_EQ(job.config().codec(), "dynamiq");
+  EXPECT_EQ(job.config().error_budget().target_vnmse(), 1e-3);
+  EXPECT_EQ(job.config().error_budget().min_bits(), 4);
+  EXPECT_EQ(job.config().bits(), 5);
+  ASSERT_EQ(RunIt(Command("status")), kExitOk) << err_;
+  EXPECT_THAT(out_, HasSubstr("TARGET VNMSE\n"));
+  EXPECT_THAT(out_, HasSubstr(" 0.001\n"));
+  // Another field alone keeps the budget; one budget field changes only that field.
+  in = Command("set-compression");
+  in.job = "job";
+  in.min_compress_elements = 2048;
+  in.max_bits = 8;
+  ASSERT_EQ(RunIt(in), kExitOk) << err_;
+  EXPECT_THAT(out_, HasSubstr("min_compress_elements=2048 allocator=measured target_vnmse=0.001 bits_range=[4,8] "
+                              "sample_rate=0.5\n"));
+  for (const char* t : {"g", "h", "i"}) worker_->AllReduce(t);
+  // --bits alone returns to fixed bits.
+  in = Command("set-compression");
+  in.job = "job";
+  in.bits = 6;
+  ASSERT_EQ(RunIt(in), kExitOk) << err_;
+  EXPECT_THAT(out_, HasSubstr("codec=dynamiq bits=6 topology=ring min_compress_elements=2048 allocator=measured\n"));
+  for (const char* t : {"j", "k", "l"}) worker_->AllReduce(t);
+  job = JobStatus();
+  EXPECT_FALSE(job.config().has_error_budget());
+  EXPECT_EQ(job.config().bits(), 6);
+  // The binary takes the dash spelling of the flags.
+  const std::string daemon = absl::StrCat("--daemon=", daemon_->listen_address(), " ");
+  Process p = RunBinary(daemon + "set-compression --job=job --target-vnmse=2e-3 --max-bits=7");
+  EXPECT_EQ(p.code, 0) << p.err;
+  EXPECT_THAT(p.out, HasSubstr("bits=6 topology=ring min_compress_elements=2048 allocator=measured target_vnmse=0.002 "
+                               "bits_range=[3,7]\n"));
+  p = RunBinary(daemon + "set-compression --job=job --target-vnmse=2");
+  EXPECT_EQ(p.code, 1);
+  EXPECT_THAT(p.err, HasSubstr("INVALID_ARGUMENT: target_vnmse must be between 0 and 1"));
 }
 
 TEST_F(DynamiqctlTest, BinaryAgainstTheDaemon) {

@@ -104,9 +104,16 @@ std::string JsonString(absl::string_view s) {
 std::string Bits(double bits) { return absl::StrFormat("%g", bits); }
 
 std::string DescribeConfig(const CompressionConfig& c) {
-  return absl::StrCat("codec=", c.codec(), " bits=", c.bits() == 0 ? "default" : Bits(c.bits()),
-                      " topology=", c.topology(), " min_compress_elements=", c.min_compress_elements(),
-                      " allocator=", c.allocator().empty() ? "measured" : c.allocator());
+  std::string s = absl::StrCat("codec=", c.codec(), " bits=", c.bits() == 0 ? "default" : Bits(c.bits()),
+                               " topology=", c.topology(), " min_compress_elements=", c.min_compress_elements(),
+                               " allocator=", c.allocator().empty() ? "measured" : c.allocator());
+  if (c.error_budget().target_vnmse() > 0) {
+    const dynamiq::v1::ErrorBudget& b = c.error_budget();
+    absl::StrAppend(&s, " target_vnmse=", absl::StrFormat("%g", b.target_vnmse()), " bits_range=[",
+                    Bits(b.min_bits() == 0 ? 3 : b.min_bits()), ",", Bits(b.max_bits() == 0 ? 8 : b.max_bits()), "]");
+    if (b.sample_rate() > 0) absl::StrAppend(&s, " sample_rate=", absl::StrFormat("%g", b.sample_rate()));
+  }
+  return s;
 }
 
 // Table cells hold one line.
@@ -125,6 +132,10 @@ std::vector<std::string> GivenCommandFlags(const Invocation& in) {
   if (in.topology) given.push_back("topology");
   if (in.min_compress_elements) given.push_back("min_compress_elements");
   if (in.allocator) given.push_back("allocator");
+  if (in.target_vnmse) given.push_back("target_vnmse");
+  if (in.min_bits) given.push_back("min_bits");
+  if (in.max_bits) given.push_back("max_bits");
+  if (in.sample_rate) given.push_back("sample_rate");
   if (in.expected_epoch) given.push_back("expected_epoch");
   if (in.limit) given.push_back("limit");
   if (in.service) given.push_back("service");
@@ -241,11 +252,17 @@ absl::StatusOr<CompressionChangeResult> ChangeCompression(const ControlClient& c
   dynamiq::v1::SetCompressionRequest request;
   request.set_job_id(change.job_id);
   CompressionConfig* config = request.mutable_config();
-  const bool complete =
-      change.codec && change.bits && change.topology && change.min_compress_elements && change.allocator;
+  const bool budget_fields = change.min_bits || change.max_bits || change.sample_rate;
+  if (change.target_vnmse && *change.target_vnmse == 0 && budget_fields) {
+    return absl::InvalidArgumentError("--target_vnmse=0 (fixed bits) takes no --min_bits, --max_bits or --sample_rate");
+  }
+  // Budget fields without a new target change the current budget: the current config is needed.
+  const bool complete = change.codec && change.bits && change.topology && change.min_compress_elements &&
+                        change.allocator && (change.target_vnmse || !budget_fields);
   CompressionChangeResult result;
   result.job_id = change.job_id;
   bool filled = false;
+  dynamiq::v1::ErrorBudget current_budget;  // the job's, when it has one (read below)
   if (complete) {
     config->set_codec(*change.codec);
     config->set_bits(*change.bits);
@@ -265,7 +282,10 @@ absl::StatusOr<CompressionChangeResult> ChangeCompression(const ControlClient& c
     const CompressionConfig& current = job->config();
     filled = true;
     result.base_epoch = job->config_epoch();
-    config->set_codec(change.codec.value_or(current.codec()));
+    current_budget = current.error_budget();
+    // A new budget on a job that uses another codec switches it to DynamiQ, the codec with a b̄.
+    const bool to_dynamiq = change.target_vnmse && *change.target_vnmse > 0 && !change.codec;
+    config->set_codec(to_dynamiq ? "dynamiq" : change.codec.value_or(current.codec()));
     if (change.bits) {
       config->set_bits(*change.bits);
     } else if (config->codec() == current.codec()) {
@@ -276,6 +296,30 @@ absl::StatusOr<CompressionChangeResult> ChangeCompression(const ControlClient& c
     config->set_topology(change.topology.value_or(current.topology()));
     config->set_min_compress_elements(change.min_compress_elements.value_or(current.min_compress_elements()));
     config->set_allocator(change.allocator.value_or(current.allocator()));
+  }
+  // The budget: a new target; or the current one with changed fields; kept when neither bits nor
+  // codec were set explicitly (e.g. a topology change); otherwise none (fixed bits).
+  const bool has_budget = current_budget.target_vnmse() > 0;
+  dynamiq::v1::ErrorBudget budget;
+  if (change.target_vnmse) {
+    if (*change.target_vnmse != 0) {
+      budget = current_budget;
+      budget.set_target_vnmse(*change.target_vnmse);
+    }
+  } else if (budget_fields) {
+    if (!has_budget) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job ", change.job_id, " has no error budget: --min_bits, --max_bits and --sample_rate need --target_vnmse"));
+    }
+    budget = current_budget;
+  } else if (has_budget && !change.bits && !change.codec) {
+    budget = current_budget;
+  }
+  if (budget.target_vnmse() != 0) {
+    if (change.min_bits) budget.set_min_bits(*change.min_bits);
+    if (change.max_bits) budget.set_max_bits(*change.max_bits);
+    if (change.sample_rate) budget.set_sample_rate(*change.sample_rate);
+    *config->mutable_error_budget() = budget;
   }
   bool implicit_expectation = false;
   if (change.expected_epoch) {
@@ -324,13 +368,26 @@ std::string FormatStatus(const dynamiq::v1::GetStatusResponse& status, bool json
                {"TOPOLOGY"},
                {"MIN COMPRESS", true},
                {"INFLIGHT", true},
-               {"COMPLETED", true}});
+               {"COMPLETED", true},
+               {"TARGET VNMSE", true}});
+  std::string budgets;
   for (const auto& j : status.jobs()) {
+    const dynamiq::v1::ErrorBudget& budget = j.config().error_budget();
     table.AddRow({OneLine(j.job_id()), absl::StrCat(j.workers()), absl::StrCat(j.config_epoch()), j.config().codec(),
                   Bits(j.config().bits()), j.config().topology(), absl::StrCat(j.config().min_compress_elements()),
-                  absl::StrCat(j.inflight()), absl::StrCat(j.completed())});
+                  absl::StrCat(j.inflight()), absl::StrCat(j.completed()),
+                  budget.target_vnmse() > 0 ? absl::StrFormat("%g", budget.target_vnmse()) : "-"});
+    if (j.has_error_budget()) {
+      const dynamiq::v1::ErrorBudgetStatus& b = j.error_budget();
+      absl::StrAppend(&budgets, "job ", OneLine(j.job_id()), ": error budget ",
+                      absl::StrFormat("%g", budget.target_vnmse()), ", bits ", Bits(b.bits()), " in [",
+                      Bits(budget.min_bits()), ", ", Bits(budget.max_bits()), "], last sample ",
+                      absl::StrFormat("%.3g", b.last_vnmse()), " (", b.samples_used(), " used, ", b.samples_stale(),
+                      " stale), ", b.raises(), " raises, ", b.lowers(), " lowers, ", b.rejected(), " rejected",
+                      b.saturated() ? ", SATURATED at max bits" : "", "\n");
+    }
   }
-  return out + table.Render();
+  return out + table.Render() + (budgets.empty() ? "" : "\n" + budgets);
 }
 
 std::string FormatCompressionChange(const CompressionChangeResult& result, bool json) {
@@ -346,9 +403,22 @@ std::string FormatFlightRecorder(const dynamiq::v1::GetFlightRecorderResponse& r
   if (json) {
     std::string out;
     for (const CollectiveRecord& r : records.records()) absl::StrAppend(&out, ToJson(r), "\n");
+    for (const auto& e : records.error_budget_events()) absl::StrAppend(&out, ToJson(e), "\n");
     return out;
   }
-  if (records.records().empty()) return "no collectives recorded\n";
+  std::string events;
+  if (!records.error_budget_events().empty()) {
+    Table table(
+        {{"TIME"}, {"JOB"}, {"EVENT"}, {"BITS"}, {"MEASURED", true}, {"TARGET", true}, {"EPOCH", true}, {"REASON"}});
+    for (const auto& e : records.error_budget_events()) {
+      table.AddRow({absl::FormatTime("%H:%M:%E3S", absl::FromUnixNanos(e.time_unix_nanos()), absl::LocalTimeZone()),
+                    OneLine(e.job_id()), e.kind(), absl::StrCat(Bits(e.from_bits()), "->", Bits(e.bits())),
+                    absl::StrFormat("%.3g", e.measured_vnmse()), absl::StrFormat("%.3g", e.target_vnmse()),
+                    e.epoch() == 0 ? "-" : absl::StrCat(e.epoch()), OneLine(e.reason())});
+    }
+    events = absl::StrCat("\nerror-budget controller events:\n", table.Render());
+  }
+  if (records.records().empty()) return "no collectives recorded\n" + events;
   Table table({{"SEQ", true},
                {"JOB"},
                {"TENSOR"},
@@ -365,7 +435,7 @@ std::string FormatFlightRecorder(const dynamiq::v1::GetFlightRecorderResponse& r
                   absl::StrCat(r.config_epoch()), r.state(), absl::StrFormat("%.6f", r.seconds()),
                   absl::StrCat(r.wire_bytes()), r.error().empty() ? "-" : OneLine(r.error())});
   }
-  return table.Render();
+  return table.Render() + events;
 }
 
 std::string FormatHealth(const std::string& service, HealthCheckResponse::ServingStatus status, bool json) {
@@ -487,9 +557,14 @@ const std::vector<CommandInfo>& Commands() {
       {"set-compression",
        "Stages a job's compression change and prints the config epoch at which every node applies it. "
        "Flags not given keep the job's current values (read with GetStatus first); a new --codec without "
-       "--bits gets that codec's default bits.",
-       {"job", "codec", "bits", "topology", "min_compress_elements", "allocator", "expected_epoch"}},
-      {"flight-recorder", "The node's most recent collectives, oldest first.", {"job", "limit"}},
+       "--bits gets that codec's default bits. --target_vnmse puts the job under an error budget: node 0's "
+       "controller then picks DynamiQ's bits itself (docs/error_budget.md); --bits without it returns to "
+       "fixed bits.",
+       {"job", "codec", "bits", "topology", "min_compress_elements", "allocator", "target_vnmse", "min_bits",
+        "max_bits", "sample_rate", "expected_epoch"}},
+      {"flight-recorder",
+       "The node's most recent collectives, oldest first, then (on node 0) the error-budget controller's events.",
+       {"job", "limit"}},
       {"health", "grpc.health.v1 Check: prints SERVING or NOT_SERVING; exits 0 only when SERVING.", {"service"}},
       {"top",
        "A live view of the node's jobs, refreshed every --interval seconds: collectives/s, algbw and busbw "
@@ -568,6 +643,10 @@ int Run(const Invocation& in, std::ostream& out, std::ostream& err) {
     change.topology = in.topology;
     change.min_compress_elements = in.min_compress_elements;
     change.allocator = in.allocator;
+    change.target_vnmse = in.target_vnmse;
+    change.min_bits = in.min_bits;
+    change.max_bits = in.max_bits;
+    change.sample_rate = in.sample_rate;
     change.expected_epoch = in.expected_epoch;
     absl::StatusOr<CompressionChangeResult> result = ChangeCompression(client, change);
     if (!result.ok()) return Failure(err, result.status());

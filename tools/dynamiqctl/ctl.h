@@ -89,6 +89,15 @@ struct CompressionChange {
   std::optional<std::string> topology;
   std::optional<uint64_t> min_compress_elements;
   std::optional<std::string> allocator;
+  // Error budget (docs/error_budget.md). target_vnmse > 0 puts the job under a budget (codec dynamiq,
+  // chosen when the job uses another and --codec is not given; bits, when given, is where the
+  // controller starts); 0 returns it to fixed bits. --bits alone also returns it to fixed bits.
+  // min_bits / max_bits / sample_rate change the current budget's fields (INVALID_ARGUMENT without
+  // one or a new target); unset ones keep the current budget's values (defaults 3, 8, 0).
+  std::optional<double> target_vnmse;
+  std::optional<double> min_bits;
+  std::optional<double> max_bits;
+  std::optional<double> sample_rate;
   // Fail with ABORTED unless the job is at this epoch. When unset and some field was filled from
   // GetStatus at epoch E > 0, E is sent, so a concurrent or still-staged change is never silently
   // undone (the daemon's proto cannot express "expect epoch 0").
@@ -110,7 +119,8 @@ absl::StatusOr<CompressionChangeResult> ChangeCompression(const ControlClient& c
 // What each command prints on success; `json`: one JSON object per line.
 std::string FormatStatus(const dynamiq::v1::GetStatusResponse& status, bool json);
 std::string FormatCompressionChange(const CompressionChangeResult& result, bool json);
-// Tables oldest first as the daemon returns them; JSON: one CollectiveRecord per line.
+// Tables oldest first as the daemon returns them, then the error-budget controller's events (on the
+// coordinator node); JSON: one CollectiveRecord per line, then one ErrorBudgetEvent per line.
 std::string FormatFlightRecorder(const dynamiq::v1::GetFlightRecorderResponse& records, bool json);
 std::string FormatHealth(const std::string& service, grpc::health::v1::HealthCheckResponse::ServingStatus status,
                          bool json);
@@ -159,6 +169,10 @@ struct Invocation {
   std::optional<std::string> topology;
   std::optional<uint64_t> min_compress_elements;
   std::optional<std::string> allocator;
+  std::optional<double> target_vnmse;
+  std::optional<double> min_bits;
+  std::optional<double> max_bits;
+  std::optional<double> sample_rate;
   std::optional<uint64_t> expected_epoch;
   std::optional<uint32_t> limit;
   std::optional<std::string> service;

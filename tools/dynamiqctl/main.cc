@@ -43,6 +43,16 @@ ABSL_FLAG(std::optional<std::string>, topology, std::nullopt, "ring or butterfly
 ABSL_FLAG(std::optional<uint64_t>, min_compress_elements, std::nullopt,
           "Tensors with fewer elements go uncompressed (fp32).");
 ABSL_FLAG(std::optional<std::string>, allocator, std::nullopt, "dynamiq bit allocator: measured or paper.");
+ABSL_FLAG(std::optional<double>, target_vnmse, std::nullopt,
+          "Error budget: the compression error (vNMSE) the job may have; node 0's controller picks the lowest DynamiQ "
+          "bits that keep the measured error at or under it (docs/error_budget.md). 0: back to fixed bits.");
+ABSL_FLAG(std::optional<double>, min_bits, std::nullopt,
+          "Error budget: the lowest bits the controller may pick (3..8).");
+ABSL_FLAG(std::optional<double>, max_bits, std::nullopt,
+          "Error budget: the highest bits the controller may pick (3..8).");
+ABSL_FLAG(std::optional<double>, sample_rate, std::nullopt,
+          "Error budget: fraction of the job's compressed collectives whose error is measured (0: the daemon's "
+          "--error_sample_rate).");
 ABSL_FLAG(std::optional<uint64_t>, expected_epoch, std::nullopt,
           "Fail with ABORTED unless the job's config epoch is this one (optimistic concurrency).");
 ABSL_FLAG(std::optional<uint32_t>, limit, std::nullopt, "Show the most recent N collectives (default: all kept).");
@@ -93,12 +103,14 @@ std::string Help() {
   absl::StrAppend(&out, "\nGlobal flags:\n");
   for (const char* flag : {"daemon", "timeout", "token_file", "tls_ca", "json"}) absl::StrAppend(&out, FlagHelp(flag));
   absl::StrAppend(&out, "\n",
+                  Wrap("Flag names may be written with dashes or underscores: --target-vnmse is --target_vnmse.", 0),
                   Wrap("Exit status: 0 success; 1 the daemon returned an error (its gRPC code name and message go "
                        "to stderr) or health is not SERVING; 2 usage error.",
                        0),
                   "\nExamples:\n"
                   "  dynamiqctl status\n"
                   "  dynamiqctl --daemon=10.0.0.1:7070 set-compression --job=resnet --codec=dynamiq --bits=4\n"
+                  "  dynamiqctl set-compression --job=resnet --target-vnmse=1e-3 --max-bits=7\n"
                   "  dynamiqctl flight-recorder --job=resnet --limit=20 --json\n"
                   "  dynamiqctl health --service=dynamiq.v1.Control\n"
                   "  dynamiqctl --daemon=node1:7070 --tls_ca=ca.pem --token_file=$HOME/.dynamiq/token status\n"
@@ -144,6 +156,18 @@ int main(int argc, char** argv) {
     }
     abseil_usage |= IsAbseilUsageFlag(arg);
   }
+  // --target-vnmse is --target_vnmse: flag names may be spelled with dashes.
+  std::vector<std::string> normalized(argv, argv + argc);
+  for (int i = 1; i < argc && normalized[i] != "--"; ++i) {
+    std::string& arg = normalized[i];
+    if (!absl::StartsWith(arg, "--")) continue;
+    const size_t end = std::min(arg.find('='), arg.size());
+    std::replace(arg.begin() + 2, arg.begin() + static_cast<std::ptrdiff_t>(end), '-', '_');
+  }
+  std::vector<char*> args;
+  for (std::string& a : normalized) args.push_back(a.data());
+  argc = static_cast<int>(args.size());
+  argv = args.data();
   std::atexit(UsageExitDuringParsing);
   g_parsing_flags = !abseil_usage;
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
@@ -172,6 +196,10 @@ int main(int argc, char** argv) {
   in.topology = absl::GetFlag(FLAGS_topology);
   in.min_compress_elements = absl::GetFlag(FLAGS_min_compress_elements);
   in.allocator = absl::GetFlag(FLAGS_allocator);
+  in.target_vnmse = absl::GetFlag(FLAGS_target_vnmse);
+  in.min_bits = absl::GetFlag(FLAGS_min_bits);
+  in.max_bits = absl::GetFlag(FLAGS_max_bits);
+  in.sample_rate = absl::GetFlag(FLAGS_sample_rate);
   in.expected_epoch = absl::GetFlag(FLAGS_expected_epoch);
   in.limit = absl::GetFlag(FLAGS_limit);
   in.service = absl::GetFlag(FLAGS_service);

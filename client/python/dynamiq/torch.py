@@ -331,10 +331,14 @@ class DynamiqState:
         self.close()
 
     def step_summary(self, step):
-        """Sums of the records of one step: buckets, elements, wire_bytes, and vnmse (if recorded)."""
+        """Sums of the records of one step: buckets, elements, wire_bytes, the element-weighted mean of
+        the bits the daemon reported (the job's setting, e.g. an error budget's current choice), and
+        vnmse (if recorded)."""
         rs = [r for r in self.records if r["step"] == step]
-        out = {"step": step, "buckets": len(rs), "elements": sum(r["elements"] for r in rs),
-               "wire_bytes": sum(r["wire_bytes"] for r in rs)}
+        elements = sum(r["elements"] for r in rs)
+        out = {"step": step, "buckets": len(rs), "elements": elements,
+               "wire_bytes": sum(r["wire_bytes"] for r in rs),
+               "bits": sum(r["bits"] * r["elements"] for r in rs) / elements if elements else 0.0}
         if rs and "sq_error" in rs[0]:
             norm = sum(r["sq_norm"] for r in rs)
             out["vnmse"] = sum(r["sq_error"] for r in rs) / norm if norm > 0 else 0.0

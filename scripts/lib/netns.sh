@@ -1,0 +1,153 @@
+# shellcheck shell=bash
+# A private network of Linux network namespaces with rate-limited links, shared by the network
+# benchmarks (scripts/bench-network, scripts/bench-train-network). Sourced, not run. Needs root,
+# iproute2 (ip, tc, ss) and iputils-ping; the caller defines die() and note() (messages to stderr).
+#
+#   netns_init PREFIX RANKS RATE   set the layout (below); fails on a bad RATE
+#   netns_up                       create it; the caller traps EXIT to call netns_down
+#   netns_down                     delete what netns_up created (idempotent); never touches a name
+#                                  outside PREFIX-*
+#   netns_tc_stats                 every shaped link's tbf counters (sent, dropped, overlimits)
+#   netns_of I / netns_ip I        rank I's namespace / address
+#   netns_wait_listen PORT PID [I] wait (60 s at most) until PORT listens in rank I's namespace
+#                                  (default 0); 1 if PID exited first or it never did
+#   netns_stop PID...              TERM, 5 s grace, then KILL of each PID's process group (PIDs
+#                                  started as `timeout ... &`, which lead their own group), reaped
+#
+# Layout (every name derived from PREFIX, which the caller makes unique, e.g. dqbn-$$):
+#   namespaces  PREFIX-hub and PREFIX-<i> for rank i = 0..RANKS-1
+#   hub         Linux bridge dqbr0 in PREFIX-hub
+#   links       veth pair per rank: dq0 in rank i's namespace <-> dqp<i> on the bridge, MTU 1500;
+#               rank i is 10.77.S.<i+1>/24 (S = 1 + $$ mod 254); loopback up everywhere
+#   shaping     tc tbf on BOTH ends of every veth (rank egress = what the rank sends, bridge-port
+#               egress = what it receives): rate RATE, burst max(128 KiB, 2 ms at RATE), latency
+#               25 ms (tail-drop queue). Every rank pings rank 0 before netns_up returns.
+# After netns_init: NETNS_RATE, NETNS_RATE_BPS (bytes/s), NETNS_BURST (bytes), NETNS_LATENCY,
+# NETNS_SUBNET, NETNS_CREATED_NS and NETNS_CREATED_LINKS ("namespace link" pairs) are set.
+
+# tc rate -> bytes/s (tc's units: *bit are bits/s, *bps are BYTES/s; k/m/g/t = 10^3.., ki/mi/gi = 2^10..).
+netns_rate_bps() {
+  awk -v r="$1" 'BEGIN {
+    if (!match(r, /^[0-9]+(\.[0-9]+)?/)) exit 1
+    n = substr(r, 1, RLENGTH); u = tolower(substr(r, RLENGTH + 1))
+    m["bit"]=1/8; m["kbit"]=1e3/8; m["mbit"]=1e6/8; m["gbit"]=1e9/8; m["tbit"]=1e12/8
+    m["kibit"]=2^10/8; m["mibit"]=2^20/8; m["gibit"]=2^30/8; m["tibit"]=2^40/8
+    m["bps"]=1; m["kbps"]=1e3; m["mbps"]=1e6; m["gbps"]=1e9; m["tbps"]=1e12
+    m["kibps"]=2^10; m["mibps"]=2^20; m["gibps"]=2^30; m["tibps"]=2^40
+    if (!(u in m) || n * m[u] < 1000) exit 1
+    printf "%.0f\n", n * m[u] }'
+}
+
+netns_init() { # PREFIX RANKS RATE
+  NETNS_PREFIX=$1 NETNS_RANKS=$2 NETNS_RATE=$3
+  NETNS_RATE_BPS=$(netns_rate_bps "$NETNS_RATE") ||
+    die "--rate '$NETNS_RATE': need a number and a tc unit (e.g. 1gbit, 100mbit, 50mbps), at least 8kbit"
+  NETNS_BURST=$(awk -v b="$NETNS_RATE_BPS" 'BEGIN { x = b * 0.002; if (x < 131072) x = 131072; printf "%.0f\n", x }')
+  NETNS_LATENCY=25ms
+  NETNS_SUBNET=$((1 + $$ % 254))
+  NETNS_CREATED_NS=()    # namespaces this run created (only these are ever deleted)
+  NETNS_CREATED_LINKS=() # "namespace link" pairs this run created
+  NETNS_DOWN=0
+}
+
+netns_of() { echo "$NETNS_PREFIX-$1"; }
+netns_ip() { echo "10.77.$NETNS_SUBNET.$(($1 + 1))"; }
+
+_netns_make() {
+  [[ ! -e /var/run/netns/$1 ]] || die "namespace $1 already exists; not touching it"
+  timeout 10 ip netns add "$1" || die "ip netns add $1 failed"
+  NETNS_CREATED_NS+=("$1")
+  timeout 10 ip -n "$1" link set lo up
+}
+
+_netns_shape() { # namespace device
+  timeout 10 tc -n "$1" qdisc add dev "$2" root tbf rate "$NETNS_RATE" burst "$NETNS_BURST" latency "$NETNS_LATENCY" ||
+    die "tc qdisc add on $2 in $1 failed (kernel module sch_tbf?)"
+}
+
+netns_up() {
+  local hub=$NETNS_PREFIX-hub i ns ok
+  note "network: $NETNS_RANKS ranks, links ${NETNS_RATE} each way (tbf burst ${NETNS_BURST} B, latency $NETNS_LATENCY), 10.77.$NETNS_SUBNET.0/24, namespaces $NETNS_PREFIX-*"
+  _netns_make "$hub"
+  timeout 10 ip -n "$hub" link add dqbr0 type bridge || die "cannot create a bridge (kernel module bridge?)"
+  NETNS_CREATED_LINKS+=("$hub dqbr0")
+  timeout 10 ip -n "$hub" link set dqbr0 up
+  for ((i = 0; i < NETNS_RANKS; i++)); do
+    ns=$(netns_of "$i")
+    _netns_make "$ns"
+    timeout 10 ip -n "$hub" link add "dqp$i" type veth peer name dq0 netns "$ns" || die "cannot create veth for rank $i"
+    NETNS_CREATED_LINKS+=("$hub dqp$i")
+    timeout 10 ip -n "$hub" link set "dqp$i" master dqbr0
+    timeout 10 ip -n "$hub" link set "dqp$i" up
+    timeout 10 ip -n "$ns" addr add "$(netns_ip "$i")/24" dev dq0
+    timeout 10 ip -n "$ns" link set dq0 up
+    _netns_shape "$ns" dq0
+    _netns_shape "$hub" "dqp$i"
+  done
+  for ((i = 1; i < NETNS_RANKS; i++)); do
+    ok=0
+    for _ in 1 2 3 4 5; do
+      if timeout 5 ip netns exec "$(netns_of "$i")" ping -q -c 1 -W 1 "$(netns_ip 0)" >/dev/null 2>&1; then ok=1; break; fi
+      sleep 0.5
+    done
+    ((ok)) || die "rank $i ($(netns_ip "$i")) cannot ping rank 0 ($(netns_ip 0))"
+  done
+}
+
+netns_tc_stats() {
+  local entry ns link
+  for entry in "${NETNS_CREATED_LINKS[@]}"; do
+    ns=${entry%% *} link=${entry#* }
+    [[ $link == dqp* ]] || continue
+    echo "== $ns $link (bridge side: what rank ${link#dqp} receives)"
+    timeout 5 tc -s -n "$ns" qdisc show dev "$link" 2>&1 || true
+    echo "== $NETNS_PREFIX-${link#dqp} dq0 (rank side: what rank ${link#dqp} sends)"
+    timeout 5 tc -s -n "$NETNS_PREFIX-${link#dqp}" qdisc show dev dq0 2>&1 || true
+  done
+}
+
+netns_down() {
+  local i entry ns link
+  ((NETNS_DOWN)) && return 0
+  NETNS_DOWN=1
+  for ((i = ${#NETNS_CREATED_LINKS[@]} - 1; i >= 0; i--)); do
+    entry=${NETNS_CREATED_LINKS[i]} ns=${entry%% *} link=${entry#* }
+    [[ $ns == "$NETNS_PREFIX"-* ]] || continue # never touch anything outside our own namespaces
+    timeout 10 ip -n "$ns" link del "$link" 2>/dev/null || true
+  done
+  for ((i = ${#NETNS_CREATED_NS[@]} - 1; i >= 0; i--)); do
+    ns=${NETNS_CREATED_NS[i]}
+    [[ $ns == "$NETNS_PREFIX"-* ]] || continue
+    timeout 10 ip netns del "$ns" 2>/dev/null || note "warning: could not delete namespace $ns"
+  done
+  for ns in "${NETNS_CREATED_NS[@]}"; do
+    [[ -e /var/run/netns/$ns ]] && note "warning: namespace $ns still exists"
+  done
+  return 0
+}
+
+netns_wait_listen() { # PORT PID [RANK]
+  local port=$1 pid=$2 ns t
+  ns=$(netns_of "${3:-0}")
+  for ((t = 0; t < 600; t++)); do # 60 s
+    kill -0 "$pid" 2>/dev/null || return 1
+    ip netns exec "$ns" ss -Hltn "sport = :$port" 2>/dev/null | grep -q . && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+netns_stop() { # PID...
+  local pid t alive
+  (($# > 0)) || return 0
+  for pid in "$@"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for ((t = 0; t < 50; t++)); do # up to 5 s for them to exit
+    alive=0
+    for pid in "$@"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    ((alive)) || break
+    sleep 0.1
+  done
+  # `timeout` made each wrapper a process-group leader: kill its group if still there.
+  for pid in "$@"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+  for pid in "$@"; do wait "$pid" 2>/dev/null || true; done
+}

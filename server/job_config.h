@@ -1,0 +1,40 @@
+// JobConfig: a job's compression settings as every node applies them (dynamiq.v1.CompressionConfig,
+// validated): the codec, the topology, the size under which tensors go uncompressed and, optionally,
+// an error budget under which the coordinator's controller picks DynamiQ's b̄ itself
+// (server/error_budget_service.h, docs/error_budget.md).
+#ifndef DQ_SERVER_JOB_CONFIG_H_
+#define DQ_SERVER_JOB_CONFIG_H_
+
+#include <stdint.h>
+
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "engine/schedule.h"
+#include "kernels/codec.h"
+#include "server/compression_controller.h"
+
+namespace dynamiq::server {
+
+struct JobConfig {
+  kernels::CodecConfig codec;
+  engine::Topology topology = engine::Topology::kRing;
+  uint64_t min_compress_elements = 0;
+  // Set: codec.bits is the controller's current choice within the policy (codec is DynamiQ).
+  std::optional<ErrorBudgetPolicy> error_budget;
+};
+
+// Parses and validates codec / bits / topology / allocator; INVALID_ARGUMENT with a message.
+absl::StatusOr<JobConfig> MakeJobConfig(absl::string_view codec, double bits, absl::string_view topology,
+                                        uint64_t min_compress_elements, absl::string_view allocator);
+// Puts `config` under an error budget: INVALID_ARGUMENT for an invalid policy or a codec other than
+// DynamiQ; the starting b̄ is the configured one clamped to the policy's range.
+absl::Status SetErrorBudget(const ErrorBudgetPolicy& policy, JobConfig& config);
+// "dynamiq bits=5 ring min_compress=4096" (+ " target_vnmse=0.001 bits=[3,8]" under a budget).
+std::string DescribeJobConfig(const JobConfig& config);
+
+}  // namespace dynamiq::server
+
+#endif  // DQ_SERVER_JOB_CONFIG_H_

@@ -1,0 +1,178 @@
+// Fault suite, disagreeing participants: one rank submits a different size, dtype or tensor, or a
+// node runs the job with a different codec (and so a different config epoch once an operator fixes
+// it). Every participant gets INVALID_ARGUMENT or FAILED_PRECONDITION naming what differed and who
+// sent it, within the timeout; another job is unaffected; the next agreeing collective succeeds.
+#include <functional>
+#include <iostream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/faults/fault_harness.h"
+
+namespace dynamiq::faults {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr double kTimeoutSeconds = 4;
+
+std::vector<std::string> Sockets(LoopbackCluster& c) {
+  std::vector<std::string> s;
+  for (int k = 0; k < c.size(); ++k) s.push_back(c.socket(k));
+  return s;
+}
+
+bool IsMismatchCode(const std::string& reply) {
+  return ReplyCode(reply) == "INVALID_ARGUMENT" || ReplyCode(reply) == "FAILED_PRECONDITION";
+}
+
+// Runs one collective of job a where `args(node, local)` gives each worker's "ar" arguments, with
+// job b all-reducing alongside; returns a's replies (node-major) and checks b's.
+std::vector<std::string> RunCase(JobWorkers& a, JobWorkers& b, const std::function<std::string(int, int)>& args,
+                                 absl::Duration* slowest) {
+  const absl::Time start = absl::Now();
+  for (int node = 0; node < 2; ++node) {
+    for (int local = 0; local < 2; ++local) a.at(node, local).Submit(args(node, local));
+  }
+  for (Worker* w : b.all()) w->Submit();
+  std::vector<std::string> replies;
+  for (int node = 0; node < 2; ++node) {
+    for (int local = 0; local < 2; ++local)
+      replies.push_back(a.at(node, local).Result(absl::Seconds(3 * kTimeoutSeconds)));
+  }
+  *slowest = absl::Now() - start;
+  EXPECT_EQ(NotAllOk({b.at(0, 0).Result(), b.at(1, 0).Result()}), "") << "job b was affected";
+  return replies;
+}
+
+TEST(MismatchFaultTest, DisagreeingWorkersFailEveryParticipantNamingTheDifference) {
+  ScratchDir dir;
+  LoopbackCluster cluster(DQ_DYNAMIQD, dir.path(), 2, kTimeoutSeconds);
+  ASSERT_TRUE(cluster.Start().ok());
+  // Job a: two workers on each node; job b: one on each, all-reducing alongside every case.
+  JobWorkers a(DQ_FAULT_WORKER, dir.path(), "a", Sockets(cluster), 2, 8192);
+  JobWorkers b(DQ_FAULT_WORKER, dir.path(), "b", Sockets(cluster), 1, 8192);
+  ASSERT_TRUE(a.Start().ok());
+  ASSERT_TRUE(b.Start().ok());
+  EXPECT_EQ(NotAllOk(AllReduceAll(a.all())), "");
+  const Resources before0 = cluster.node(0).resources(), before1 = cluster.node(1).resources();
+
+  struct Case {
+    std::string what;
+    std::function<std::string(int, int)> args;
+    std::vector<std::string> local_message;  // what the disagreeing node's workers read
+    int disagreeing_node;
+    std::vector<std::string> remote_message;  // what the other node's workers read
+    bool both_see_it = false;                 // nodes disagree: each one's header check sees it
+  };
+  const std::vector<Case> cases = {
+      {"size on one worker",
+       [](int n, int l) { return n == 0 && l == 1 ? "4000" : "8192"; },
+       {"local rank 0 submitted 'grad' (8192 x float32), local rank 1 submitted 'grad' (4000 x float32)"},
+       0,
+       {"from rank 0"}},
+      {"dtype on one worker",
+       [](int n, int l) { return n == 1 && l == 0 ? "8192 grad bfloat16" : "8192 grad"; },
+       {"local rank 0 submitted 'grad' (8192 x bfloat16), local rank 1 submitted 'grad' (8192 x float32)"},
+       1,
+       {"from rank 1"}},
+      {"tensor name on one worker",
+       [](int n, int l) { return n == 1 && l == 1 ? "8192 other" : "8192 grad"; },
+       {"local rank 1 submitted 'other'"},
+       1,
+       {"from rank 1"}},
+      // Both workers of node 1 agree with each other but not with node 0: only the nodes can tell.
+      {"size on one node",
+       [](int n, int) { return n == 1 ? "4096" : "8192"; },
+       {"rank 0 runs a different collective", "4096 elements"},
+       1,
+       {"rank 1 runs a different collective", "8192 elements"},
+       true},
+      {"tensor on one node",
+       [](int n, int) { return n == 1 ? "8192 other" : "8192 grad"; },
+       {"rank 0 runs a different collective", "'other'"},
+       1,
+       {"rank 1 runs a different collective", "'grad'"},
+       true},
+  };
+  for (const Case& c : cases) {
+    absl::Duration slowest;
+    std::vector<std::string> replies = RunCase(a, b, c.args, &slowest);
+    std::cout << c.what << ": every participant failed within " << absl::FormatDuration(slowest) << "\n  "
+              << absl::StrJoin(replies, "\n  ") << std::endl;
+    for (int node = 0; node < 2; ++node) {
+      for (int local = 0; local < 2; ++local) {
+        const std::string& reply = replies[node * 2 + local];
+        SCOPED_TRACE(absl::StrCat(c.what, ": node ", node, " local ", local, ": ", reply));
+        if (node == c.disagreeing_node || c.both_see_it) {
+          EXPECT_TRUE(IsMismatchCode(reply));
+        } else {
+          // The other node's step is cut short by the disagreeing node breaking the group.
+          EXPECT_NE(ReplyCode(reply), "");
+        }
+        EXPECT_THAT(reply, HasSubstr("collective "));
+        for (const std::string& m : node == c.disagreeing_node ? c.local_message : c.remote_message) {
+          EXPECT_THAT(reply, HasSubstr(m));
+        }
+      }
+    }
+    EXPECT_LT(slowest, absl::Seconds(kTimeoutSeconds)) << c.what << ": a node waited for its timeout";
+    // The next agreeing collective works.
+    EXPECT_EQ(NotAllOk(AllReduceAll(a.all())), "") << "after " << c.what;
+  }
+  ASSERT_TRUE(cluster.node(0).Alive() && cluster.node(1).Alive());
+  const Resources after0 = WaitForResources(cluster.node(0).pid(), before0, before0.shm_mappings);
+  const Resources after1 = WaitForResources(cluster.node(1).pid(), before1, before1.shm_mappings);
+  EXPECT_LE(after0.fds, before0.fds + 2) << after0.ToString();
+  EXPECT_LE(after1.fds, before1.fds + 2) << after1.ToString();
+  EXPECT_LE(after0.threads, before0.threads + 3);
+  EXPECT_LE(after1.threads, before1.threads + 3);
+}
+
+// Node 1 runs job a with another codec than node 0 (a different --codec default): the first
+// collective fails on both nodes with FAILED_PRECONDITION naming the codecs. An operator's
+// SetCompression makes them agree from the collective it applies at (config epoch 1 on both).
+TEST(MismatchFaultTest, NodesWithDifferentCodecsFailNamingThemUntilAnOperatorAligns) {
+  ScratchDir dir;
+  LoopbackCluster cluster(DQ_DYNAMIQD, dir.path(), 2, kTimeoutSeconds);
+  cluster.spec(1).codec = "bf16";
+  ASSERT_TRUE(cluster.Start().ok());
+  JobWorkers a(DQ_FAULT_WORKER, dir.path(), "a", Sockets(cluster), 1, 8192);
+  ASSERT_TRUE(a.Start().ok());
+  const absl::Time start = absl::Now();
+  std::vector<std::string> replies = AllReduceAll(a.all());
+  const absl::Duration took = absl::Now() - start;
+  std::cout << "codec mismatch: failed within " << absl::FormatDuration(took) << "\n  "
+            << absl::StrJoin(replies, "\n  ") << std::endl;
+  EXPECT_LT(took, absl::Seconds(kTimeoutSeconds));
+  EXPECT_EQ(ReplyCode(replies[0]), "FAILED_PRECONDITION") << replies[0];
+  EXPECT_THAT(replies[0], HasSubstr("rank 1 runs a different collective: codec bf16 (expected none)"));
+  EXPECT_EQ(ReplyCode(replies[1]), "FAILED_PRECONDITION") << replies[1];
+  EXPECT_THAT(replies[1], HasSubstr("rank 0 runs a different collective: codec none (expected bf16)"));
+
+  auto control = cluster.node(0).Control();
+  dynamiq::v1::SetCompressionRequest set;
+  set.set_job_id("a");
+  set.mutable_config()->set_codec("none");
+  dynamiq::v1::SetCompressionResponse resp;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(control->SetCompression(&ctx, set, &resp).ok());
+  EXPECT_EQ(resp.epoch(), 1u);
+  // The change applies two collectives after the next one; until then the nodes still disagree.
+  std::vector<std::string> last;
+  for (int i = 0; i < 4; ++i) {
+    last = AllReduceAll(a.all());
+    if (NotAllOk(last).empty()) break;
+    for (const std::string& r : last) EXPECT_THAT(r, HasSubstr("codec")) << r;
+  }
+  ASSERT_EQ(NotAllOk(last), "");
+  for (const std::string& r : last) EXPECT_THAT(r, ::testing::StartsWith("ok ")) << r;
+  // "ok <sequence> <epoch> <codec> <seconds>": both run epoch 1, codec none.
+  for (const std::string& r : last) EXPECT_THAT(r, HasSubstr(" 1 none ")) << r;
+}
+
+}  // namespace
+}  // namespace dynamiq::faults

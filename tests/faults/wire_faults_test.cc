@@ -1,0 +1,378 @@
+// Fault suite, malformed wire traffic: a real dynamiqd (node 0 of two) and, as node 1, a rogue
+// peer in this process that joins the coordinator's rendezvous and the job's Gloo group like a
+// daemon would (engine transport, same rendezvous keys) and then sends hand-made step headers and
+// payloads: bad magic, unknown version and flags, another config epoch or codec, a huge announced
+// size, a truncated payload, a wrong checksum, an illegal chunk with a valid checksum, a claimed
+// authentication tag. The engine's own tests feed such bytes to the parser and the executor in
+// one process (tests/engine/step_header_test.cc, allreduce_test.cc); here the daemon receives
+// them from the network: its worker gets a clear error naming rank 1 within the timeout, the
+// daemon keeps serving without leaking, and the next well-formed collective from the same peer
+// (a real engine::AllReduce) succeeds with the exact sum.
+#include <signal.h>
+
+#include <array>
+#include <cmath>
+#include <functional>
+#include <iostream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "engine/allreduce.h"
+#include "engine/gloo_transport.h"
+#include "engine/step_header.h"
+#include "engine/store.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/codec_registry.h"
+#include "server/grpc_store.h"
+#include "tests/faults/fault_harness.h"
+
+namespace dynamiq::faults {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr double kTimeoutSeconds = 4;
+constexpr uint64_t kElements = 4096;
+
+// What dynamiqd puts in the step headers' job field (server/job.cc: FNV-1a of job, tensor, size).
+uint64_t CollectiveId(const std::string& job, const std::string& tensor, uint64_t n) {
+  const std::string s = absl::StrCat(job, std::string(1, '\0'), tensor, std::string(1, '\0'), n);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : s) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+  return h;
+}
+
+// The engine's transport tags (engine/allreduce.cc).
+enum Part { kHeader = 0, kPayload = 1, kClearToSend = 2 };
+uint64_t Tag(uint64_t sequence, engine::Phase phase, uint32_t step, uint32_t block, Part part) {
+  return ((sequence & 0xffffff) << 40) | (static_cast<uint64_t>(phase) << 38) |
+         (static_cast<uint64_t>(step & 0xffff) << 22) | (static_cast<uint64_t>(block & 0xfffff) << 2) |
+         static_cast<uint64_t>(part);
+}
+
+// How one rogue message deviates from what the daemon expects.
+struct Variant {
+  std::string name;
+  std::function<void(std::array<uint8_t, 64>&)> edit_header;  // raw bytes, after encoding
+  std::function<void(engine::StepHeader&)> edit_fields;       // before encoding
+  enum { kHeaderOnly, kPayload } stage = kHeaderOnly;
+  // Payload variants: what is announced and what is sent.
+  std::function<void(std::vector<uint8_t>& payload, engine::StepHeader& h)> make_payload;
+  size_t send_bytes = 0;  // bytes actually sent (0: the whole payload)
+  std::string code;
+  std::vector<std::string> message;
+};
+
+class RogueNode {
+ public:
+  explicit RogueNode(const std::string& coordinator) : store_(coordinator) {}
+
+  absl::Status Join() {
+    auto members = store_.Join(1, 2, "127.0.0.1:1", absl::Seconds(20));
+    return members.status();
+  }
+
+  // The transport of the group's current generation (connects when there is none).
+  absl::StatusOr<engine::Transport*> Transport() {
+    if (!transport_) {
+      engine::PrefixStore scoped(absl::StrCat("job/j/gen", generation_), store_);
+      engine::GlooTransportOptions o;
+      o.hostname = "127.0.0.1";
+      o.timeout = absl::Seconds(kTimeoutSeconds);
+      auto t = engine::ConnectGlooTransport(scoped, 1, 2, o);
+      if (!t.ok()) return t.status();
+      transport_ = *std::move(t);
+    }
+    return transport_.get();
+  }
+  // The daemon failed the collective: it moves to the next generation, so do we.
+  void Broken() {
+    if (transport_) transport_->Abort();
+    transport_.reset();
+    ++generation_;
+  }
+
+  // Plays rank 1 of collective `sequence` sending the malformed message of `v` at the first
+  // reduce-scatter step (ring of 2, codec none).
+  void SendMalformed(uint64_t sequence, const Variant& v) {
+    auto t = Transport();
+    ASSERT_TRUE(t.ok()) << t.status();
+    engine::Transport& tr = **t;
+    const absl::Time deadline = absl::Now() + absl::Seconds(kTimeoutSeconds);
+    const auto phase = engine::Phase::kReduceScatter;
+    std::array<uint8_t, 64> theirs{};
+    auto h0 = tr.PostRecv(0, Tag(sequence, phase, 0, 0, kHeader), absl::MakeSpan(theirs));
+    ASSERT_TRUE(h0.ok());
+    engine::StepHeader h;
+    h.phase = phase;
+    h.codec = static_cast<uint8_t>(kernels::CodecId::kNone);
+    h.bits_x1000 = static_cast<uint32_t>(std::lround(kernels::CodecConfig{}.bits * 1000));  // as dynamiqd's none
+    h.sender = 1;
+    h.job_id = CollectiveId("j", "grad", kElements);
+    h.config_epoch = 0;
+    h.sequence = sequence;
+    h.step = 0;
+    h.block = 0;
+    std::vector<uint8_t> payload(kElements / 2 * 4 + 32, 0x3f);
+    if (v.make_payload) v.make_payload(payload, h);
+    h.payload_bytes = static_cast<uint32_t>(payload.size());
+    if (h.checksum == 0) h.checksum = engine::PayloadChecksum(payload);
+    if (v.edit_fields) v.edit_fields(h);
+    std::array<uint8_t, 64> mine = engine::EncodeStepHeader(h);
+    if (v.edit_header) v.edit_header(mine);
+    auto s0 = tr.PostSend(0, Tag(sequence, phase, 0, 0, kHeader), mine);
+    ASSERT_TRUE(s0.ok());
+    // The daemon's header arrives whatever ours says; answer it like a node would.
+    std::vector<uint8_t> their_payload;
+    if (tr.Wait(*h0, deadline).ok()) {
+      auto decoded = engine::DecodeStepHeader(theirs);
+      if (decoded.ok()) {
+        their_payload.resize(decoded->payload_bytes);
+        (void)tr.PostRecv(0, Tag(sequence, phase, 0, 0, kPayload), absl::MakeSpan(their_payload));
+        static const uint8_t cts = 1;
+        (void)tr.PostSend(0, Tag(sequence, phase, 0, 0, kClearToSend), absl::MakeConstSpan(&cts, 1));
+      }
+    }
+    if (v.stage == Variant::kPayload) {
+      uint8_t cts = 0;
+      auto c = tr.PostRecv(0, Tag(sequence, phase, 0, 0, kClearToSend), absl::MakeSpan(&cts, 1));
+      if (c.ok() && tr.Wait(*c, deadline).ok()) {
+        const size_t n = v.send_bytes == 0 ? payload.size() : v.send_bytes;
+        std::vector<uint8_t> sent(payload);
+        sent.resize(n, 0x3f);
+        auto p = tr.PostSend(0, Tag(sequence, phase, 0, 0, kPayload), sent);
+        if (p.ok()) (void)tr.Wait(*p, deadline);
+      }
+    }
+    // The daemon fails the collective and closes the group; wait for that, bounded.
+    (void)tr.Wait(*s0, absl::Now() + absl::Seconds(1));
+    Broken();
+  }
+
+  // A well-formed collective: rank 1's share of the fault worker's data (global rank 1 of 2).
+  absl::Status AllReduce(uint64_t sequence) {
+    auto t = Transport();
+    if (!t.ok()) return t.status();
+    std::vector<float> data(kElements);
+    for (size_t i = 0; i < kElements; ++i) data[i] = 2.0f * static_cast<float>(1 + i % 7);
+    auto codec = kernels::CreateCodec(kernels::CodecConfig{kernels::CodecId::kNone});
+    if (!codec.ok()) return codec.status();
+    engine::AllReduceOptions o;
+    o.job_id = CollectiveId("j", "grad", kElements);
+    o.sequence = sequence;
+    o.timeout = absl::Seconds(kTimeoutSeconds);
+    auto r = engine::AllReduce(**codec, **t, o, {data.data(), kernels::DType::kFloat32, 0, nullptr},
+                               {data.data(), kernels::DType::kFloat32, 0, nullptr}, kElements);
+    if (!r.ok()) {
+      Broken();
+      return r.status();
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  server::GrpcStore store_;
+  std::unique_ptr<engine::Transport> transport_;
+  uint64_t generation_ = 0;
+};
+
+// The daemon (node 0) with one worker of job j, and the rogue as node 1.
+struct RogueSetup {
+  ScratchDir dir;
+  std::unique_ptr<DaemonProcess> daemon;
+  std::unique_ptr<RogueNode> rogue;
+  std::unique_ptr<Worker> worker;
+  uint64_t sequence = 0;
+
+  void Start() {
+    DaemonSpec s;
+    s.num_nodes = 2;
+    s.listen = absl::StrCat("127.0.0.1:", FreePort());
+    s.socket = dir.path() + "/node0.sock";
+    s.timeout_seconds = kTimeoutSeconds;
+    daemon = std::make_unique<DaemonProcess>(DQ_DYNAMIQD, s, dir.path() + "/node0.log");
+    ASSERT_TRUE(daemon->Spawn().ok());
+    rogue = std::make_unique<RogueNode>(s.listen);
+    ASSERT_TRUE(rogue->Join().ok());
+    ASSERT_TRUE(daemon->WaitReady().ok());
+    WorkerSpec w;
+    w.socket = s.socket;
+    w.job = "j";
+    w.world = 2;
+    w.elements = kElements;
+    auto started = Worker::Start(DQ_FAULT_WORKER, w, dir.path() + "/worker.log");
+    ASSERT_TRUE(started.ok()) << started.status();
+    worker = *std::move(started);
+  }
+
+  // One well-formed collective; the worker must get the exact sum.
+  void Good() {
+    worker->Submit();
+    absl::Status s = rogue->AllReduce(sequence++);
+    const std::string reply = worker->Result();
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_THAT(reply, ::testing::StartsWith("ok ")) << Tail(daemon->log());
+  }
+};
+
+TEST(WireFaultTest, MalformedMessagesFromAPeerFailTheCollectiveClearlyAndTheDaemonKeepsServing) {
+  RogueSetup setup;
+  ASSERT_NO_FATAL_FAILURE(setup.Start());
+  ASSERT_NO_FATAL_FAILURE(setup.Good());
+  const Resources before = setup.daemon->resources();
+  auto set32 = [](std::array<uint8_t, 64>& b, size_t at, uint32_t v) {
+    for (int i = 0; i < 4; ++i) b[at + i] = static_cast<uint8_t>(v >> (8 * i));
+  };
+  std::vector<Variant> variants;
+  {
+    Variant v{"bad magic"};
+    v.edit_header = [&](std::array<uint8_t, 64>& b) { set32(b, 0, 0xdeadbeef); };
+    v.code = "INVALID_ARGUMENT";
+    v.message = {"from rank 1", "bad magic"};
+    variants.push_back(v);
+  }
+  {
+    Variant v{"unknown version"};
+    v.edit_header = [](std::array<uint8_t, 64>& b) { b[4] = 9; };
+    v.code = "INVALID_ARGUMENT";
+    v.message = {"from rank 1", "step header version 9"};
+    variants.push_back(v);
+  }
+  {
+    Variant v{"unknown flags"};
+    v.edit_header = [](std::array<uint8_t, 64>& b) { b[7] = 0x80; };
+    v.code = "INVALID_ARGUMENT";
+    v.message = {"from rank 1", "unknown flags"};
+    variants.push_back(v);
+  }
+  {
+    Variant v{"illegal phase"};
+    v.edit_header = [](std::array<uint8_t, 64>& b) { b[5] = 7; };
+    v.code = "INVALID_ARGUMENT";
+    v.message = {"from rank 1", "unknown phase 7"};
+    variants.push_back(v);
+  }
+  {
+    Variant v{"another config epoch"};
+    v.edit_fields = [](engine::StepHeader& h) { h.config_epoch = 7; };
+    v.code = "FAILED_PRECONDITION";
+    v.message = {"rank 1 runs a different collective: config epoch 7 (expected 0)"};
+    variants.push_back(v);
+  }
+  {
+    Variant v{"another codec"};
+    v.edit_fields = [](engine::StepHeader& h) {
+      h.codec = static_cast<uint8_t>(kernels::CodecId::kDynamiq);
+      h.bits_x1000 = 5000;
+    };
+    v.code = "FAILED_PRECONDITION";
+    v.message = {"rank 1 runs a different collective", "codec dynamiq (expected none)"};
+    variants.push_back(v);
+  }
+  {
+    Variant v{"another sequence"};
+    v.edit_fields = [](engine::StepHeader& h) { h.sequence += 1000; };
+    v.code = "FAILED_PRECONDITION";
+    v.message = {"rank 1 runs a different collective", "collective"};
+    variants.push_back(v);
+  }
+  {
+    Variant v{"huge announced size"};
+    v.edit_fields = [](engine::StepHeader& h) { h.payload_bytes = 0xfffffff0u; };
+    v.code = "INVALID_ARGUMENT";
+    v.message = {"rank 1 announced 4294967280 payload bytes", "at most"};
+    variants.push_back(v);
+  }
+  {
+    Variant v{"claims an authentication tag"};
+    v.edit_fields = [](engine::StepHeader& h) { h.authenticated = true; };
+    v.code = "UNAUTHENTICATED";
+    v.message = {"rank 1 authenticates its messages", "this rank has none"};
+    variants.push_back(v);
+  }
+  {
+    Variant v{"wrong checksum"};
+    v.stage = Variant::kPayload;
+    v.make_payload = [](std::vector<uint8_t>& p, engine::StepHeader& h) {
+      h.checksum = engine::PayloadChecksum(p) ^ 1;
+    };
+    v.code = "DATA_LOSS";
+    v.message = {"payload from rank 1", "failed its checksum"};
+    variants.push_back(v);
+  }
+  {
+    Variant v{"truncated payload"};
+    v.stage = Variant::kPayload;
+    v.send_bytes = 1000;  // of 8224 announced
+    v.code = "DATA_LOSS";
+    v.message = {"payload from rank 1", "failed its checksum"};
+    variants.push_back(v);
+  }
+  {
+    Variant v{"illegal chunk, valid checksum"};
+    v.stage = Variant::kPayload;  // 8224 bytes of 0x3f: no chunk header, no valid codes
+    v.code = "INVALID_ARGUMENT";
+    v.message = {"rank 1"};
+    variants.push_back(v);
+  }
+  {
+    Variant v{"short chunk, valid checksum"};
+    v.stage = Variant::kPayload;
+    v.make_payload = [](std::vector<uint8_t>& p, engine::StepHeader&) { p.resize(40); };
+    v.code = "";  // INVALID_ARGUMENT or DATA_LOSS, as the codec classifies it
+    v.message = {"rank 1"};
+    variants.push_back(v);
+  }
+
+  for (const Variant& v : variants) {
+    setup.worker->Submit();
+    const absl::Time start = absl::Now();
+    setup.rogue->SendMalformed(setup.sequence++, v);
+    const std::string reply = setup.worker->Result(absl::Seconds(3 * kTimeoutSeconds));
+    const absl::Duration took = absl::Now() - start;
+    std::cout << v.name << ": " << absl::FormatDuration(took) << ": " << reply << std::endl;
+    SCOPED_TRACE(absl::StrCat(v.name, ": ", reply));
+    if (v.code.empty()) {
+      EXPECT_TRUE(ReplyCode(reply) == "INVALID_ARGUMENT" || ReplyCode(reply) == "DATA_LOSS");
+    } else {
+      EXPECT_EQ(ReplyCode(reply), v.code);
+    }
+    for (const std::string& m : v.message) EXPECT_THAT(reply, HasSubstr(m));
+    EXPECT_THAT(reply, HasSubstr("job j"));
+    EXPECT_LT(took, absl::Seconds(kTimeoutSeconds)) << "the daemon waited for its timeout";
+    ASSERT_TRUE(setup.daemon->Alive()) << Tail(setup.daemon->log());
+  }
+  // The same peer, well-formed again: the group re-forms and the sum is exact.
+  ASSERT_NO_FATAL_FAILURE(setup.Good());
+  ASSERT_NO_FATAL_FAILURE(setup.Good());
+  const Resources after = WaitForResources(setup.daemon->pid(), before, before.shm_mappings);
+  std::cout << "before: " << before.ToString() << "\nafter:  " << after.ToString() << std::endl;
+  EXPECT_LE(after.fds, before.fds + 2);
+  EXPECT_LE(after.threads, before.threads + 3);
+  setup.worker->Quit();
+  EXPECT_TRUE(setup.daemon->Stop()) << Tail(setup.daemon->log());
+}
+
+// A payload longer than its header announced. The daemon posts its receive with the announced
+// size, and Gloo (libgloo 0.0~git20220518) enforces `preamble.length <= nbytes` on its event-loop
+// thread: the exception terminates the daemon ("enforce fail at gloo/transport/tcp/pair.cc:510").
+// dynamiq cannot intercept it (engine/gloo_transport.h); only a peer inside the job's Gloo group
+// can send it (with --cluster_secret_file, a node holding the secret). Disabled until the
+// transport receives into its own framing; run with --gtest_also_run_disabled_tests to reproduce.
+TEST(WireFaultTest, DISABLED_OversizedPayloadIsRejectedWithoutCrashingTheDaemon) {
+  RogueSetup setup;
+  ASSERT_NO_FATAL_FAILURE(setup.Start());
+  ASSERT_NO_FATAL_FAILURE(setup.Good());
+  Variant v{"oversized payload"};
+  v.stage = Variant::kPayload;
+  v.send_bytes = 2 * (kElements / 2 * 4 + 32);
+  setup.worker->Submit();
+  setup.rogue->SendMalformed(setup.sequence++, v);
+  const std::string reply = setup.worker->Result(absl::Seconds(3 * kTimeoutSeconds));
+  EXPECT_NE(ReplyCode(reply), "UNAVAILABLE") << reply;
+  EXPECT_TRUE(setup.daemon->Alive()) << Tail(setup.daemon->log());
+}
+
+}  // namespace
+}  // namespace dynamiq::faults
