@@ -1,5 +1,6 @@
 #include "kernels/cpu/dynamiq_codec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -263,6 +264,32 @@ TEST_P(SimdTargetsTest, FusedKernelsMatchScalarOnEveryTarget) {
 INSTANTIATE_TEST_SUITE_P(AllPaths, SimdTargetsTest,
                          ::testing::Combine(::testing::Range(kMinWidth, kMaxWidth + 1),
                                             ::testing::Values(LevelKind::kMee, LevelKind::kUniform)));
+
+// The statistics every rank (and the CUDA kernel) computes: per super-group, sums in element order,
+// bf16 mean and rounded-up norm. Super-groups are summed several at a time; the result must equal
+// this one-at-a-time reference bit for bit, partial last super-group included.
+TEST(StatsTest, EqualsTheElementOrderReferenceBitForBit) {
+  CodecConfig config;
+  DynamiqCodec codec(config, DynamiqCodec::Kernel::kSimd);
+  for (size_t d : {size_t{1}, size_t{255}, size_t{256}, size_t{4 * 256}, size_t{9 * 256 + 17}, size_t{100000}}) {
+    std::vector<float> x = Gaussian(d, 7);
+    for (size_t i = 0; i < d; i += 97) x[i] *= 1e4f;  // wide magnitudes: rounding differences would show
+    std::vector<float> stats(codec.StatsLength(d)), want(stats.size());
+    codec.ComputeStats(Src(x), d, stats.data());
+    for (size_t j = 0; j * 256 < d; ++j) {
+      const size_t count = std::min<size_t>(256, d - j * 256);
+      double sum = 0, sum_sq = 0;
+      for (size_t k = j * 256; k < j * 256 + count; ++k) {
+        sum += x[k];
+        sum_sq += double(x[k]) * x[k];
+      }
+      const float mean = static_cast<float>(sum / static_cast<double>(count));
+      want[2 * j] = std::isfinite(mean) ? Bf16ToFloat(FloatToBf16(mean)) : 0.0f;
+      want[2 * j + 1] = Bf16ToFloat(FloatToBf16Up(static_cast<float>(std::sqrt(sum_sq))));
+    }
+    ASSERT_EQ(0, std::memcmp(stats.data(), want.data(), stats.size() * sizeof(float))) << d << " elements";
+  }
+}
 
 TEST(SimdParityTest, WholeCodecMatchesScalarCodec) {
   CodecConfig config;
