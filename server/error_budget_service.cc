@@ -32,10 +32,10 @@ void ErrorBudgetService::OnErrorSample(const std::string& job, const SampledErro
   if (sample.codec.id != kernels::CodecId::kDynamiq) return;  // e.g. a tensor below min_compress
   const ErrorBudgetPolicy& policy = *sample.config.error_budget;
   auto it = jobs_.find(job);
-  if (it == jobs_.end() || !(it->second.policy == policy)) {
+  if (it == jobs_.end() || !(it->second->policy() == policy)) {
     absl::StatusOr<std::unique_ptr<CompressionController>> created = CompressionController::Create(policy, tuning_);
     if (!created.ok()) return;  // validated when it was set; a bad tuning is the daemon's bug
-    it = jobs_.insert_or_assign(job, Controlled{policy, std::move(created).value()}).first;
+    it = jobs_.insert_or_assign(job, std::shared_ptr<CompressionController>(std::move(created).value())).first;
     Event e;
     e.kind = "policy";
     e.job = job;
@@ -47,15 +47,14 @@ void ErrorBudgetService::OnErrorSample(const std::string& job, const SampledErro
                             ", ", policy.max_bits, "]");
     Emit(std::move(e));
   }
-  std::optional<BitsDecision> decision =
-      it->second.controller->Observe({sample.vnmse, sample.codec.bits, sample.config_epoch});
+  std::optional<BitsDecision> decision = it->second->Observe({sample.vnmse, sample.codec.bits, sample.config_epoch});
   if (!decision.has_value()) return;
   Pending p;
   p.job = job;
   p.config = sample.config;
   p.config.codec.bits = decision->bits;
   p.decision = std::move(*decision);
-  p.controller = it->second.controller;
+  p.controller = it->second;
   p.measured_vnmse = sample.vnmse;
   queue_.push_back(std::move(p));
 }
@@ -119,7 +118,7 @@ std::optional<ErrorBudgetService::JobState> ErrorBudgetService::State(const std:
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job);
   if (it == jobs_.end()) return std::nullopt;
-  return JobState{it->second.policy, it->second.controller->stats()};
+  return JobState{it->second->policy(), it->second->stats()};
 }
 
 std::vector<ErrorBudgetService::Event> ErrorBudgetService::Events(const std::string& job, size_t limit) const {

@@ -92,10 +92,6 @@ class ErrorBudgetService final : public JobObserver {
   bool WaitIdle(absl::Duration timeout) const;
 
  private:
-  struct Controlled {
-    ErrorBudgetPolicy policy;
-    std::shared_ptr<CompressionController> controller;
-  };
   struct Pending {
     std::string job;
     JobConfig config;  // to publish
@@ -113,7 +109,7 @@ class ErrorBudgetService final : public JobObserver {
   const size_t events_kept_;
 
   mutable absl::Mutex mu_;
-  std::map<std::string, Controlled> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<CompressionController>> jobs_ ABSL_GUARDED_BY(mu_);
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
   bool publishing_ ABSL_GUARDED_BY(mu_) = false;  // the publisher is working on one outside the lock
   std::deque<Event> events_ ABSL_GUARDED_BY(mu_);

@@ -545,6 +545,11 @@ class LoopbackCluster {
   DaemonProcess& node(int k) { return *daemons_[k]; }
   int size() const { return static_cast<int>(specs_.size()); }
   std::string socket(int k) const { return specs_[k].socket; }
+  std::vector<std::string> sockets() const {
+    std::vector<std::string> all;
+    for (const auto& spec : specs_) all.push_back(spec.socket);
+    return all;
+  }
 
   // Spawns the given nodes (all by default) and waits until every one is ready.
   absl::Status Start(std::vector<int> which = {}) {

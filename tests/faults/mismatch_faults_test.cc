@@ -19,12 +19,6 @@ using ::testing::HasSubstr;
 
 constexpr double kTimeoutSeconds = 4;
 
-std::vector<std::string> Sockets(LoopbackCluster& c) {
-  std::vector<std::string> s;
-  for (int k = 0; k < c.size(); ++k) s.push_back(c.socket(k));
-  return s;
-}
-
 bool IsMismatchCode(const std::string& reply) {
   return ReplyCode(reply) == "INVALID_ARGUMENT" || ReplyCode(reply) == "FAILED_PRECONDITION";
 }
@@ -53,8 +47,8 @@ TEST(MismatchFaultTest, DisagreeingWorkersFailEveryParticipantNamingTheDifferenc
   LoopbackCluster cluster(DQ_DYNAMIQD, dir.path(), 2, kTimeoutSeconds);
   ASSERT_TRUE(cluster.Start().ok());
   // Job a: two workers on each node; job b: one on each, all-reducing alongside every case.
-  JobWorkers a(DQ_FAULT_WORKER, dir.path(), "a", Sockets(cluster), 2, 8192);
-  JobWorkers b(DQ_FAULT_WORKER, dir.path(), "b", Sockets(cluster), 1, 8192);
+  JobWorkers a(DQ_FAULT_WORKER, dir.path(), "a", cluster.sockets(), 2, 8192);
+  JobWorkers b(DQ_FAULT_WORKER, dir.path(), "b", cluster.sockets(), 1, 8192);
   ASSERT_TRUE(a.Start().ok());
   ASSERT_TRUE(b.Start().ok());
   EXPECT_EQ(NotAllOk(AllReduceAll(a.all())), "");
@@ -140,7 +134,7 @@ TEST(MismatchFaultTest, NodesWithDifferentCodecsFailNamingThemUntilAnOperatorAli
   LoopbackCluster cluster(DQ_DYNAMIQD, dir.path(), 2, kTimeoutSeconds);
   cluster.spec(1).codec = "bf16";
   ASSERT_TRUE(cluster.Start().ok());
-  JobWorkers a(DQ_FAULT_WORKER, dir.path(), "a", Sockets(cluster), 1, 8192);
+  JobWorkers a(DQ_FAULT_WORKER, dir.path(), "a", cluster.sockets(), 1, 8192);
   ASSERT_TRUE(a.Start().ok());
   const absl::Time start = absl::Now();
   std::vector<std::string> replies = AllReduceAll(a.all());

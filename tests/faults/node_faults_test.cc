@@ -23,19 +23,13 @@ using ::testing::HasSubstr;
 
 constexpr double kTimeoutSeconds = 4;
 
-std::vector<std::string> Sockets(LoopbackCluster& c) {
-  std::vector<std::string> s;
-  for (int k = 0; k < c.size(); ++k) s.push_back(c.socket(k));
-  return s;
-}
-
 // Kills node `victim` while job a's collective is in flight on the others, restarts it, and
 // checks the failure, the survivors' health and the re-formed cluster.
 void KillAndRestartNode(int victim) {
   ScratchDir dir;
   LoopbackCluster cluster(DQ_DYNAMIQD, dir.path(), 3, kTimeoutSeconds);
   ASSERT_TRUE(cluster.Start().ok());
-  auto a = std::make_unique<JobWorkers>(DQ_FAULT_WORKER, dir.path(), "a", Sockets(cluster), 1, 16384);
+  auto a = std::make_unique<JobWorkers>(DQ_FAULT_WORKER, dir.path(), "a", cluster.sockets(), 1, 16384);
   ASSERT_TRUE(a->Start().ok());
   for (int i = 0; i < 2; ++i) EXPECT_EQ(NotAllOk(AllReduceAll(a->all())), "");
   std::vector<int> survivors;
@@ -80,7 +74,7 @@ void KillAndRestartNode(int victim) {
   std::cout << "node " << victim << " restarted and the cluster re-formed in "
             << absl::FormatDuration(absl::Now() - restart) << std::endl;
   // The restarted job runs on every node, exactly; twice, so a transport is reused too.
-  JobWorkers a2(DQ_FAULT_WORKER, dir.path(), "a2", Sockets(cluster), 1, 16384);
+  JobWorkers a2(DQ_FAULT_WORKER, dir.path(), "a2", cluster.sockets(), 1, 16384);
   ASSERT_TRUE(a2.Start().ok());
   for (int i = 0; i < 3; ++i) EXPECT_EQ(NotAllOk(AllReduceAll(a2.all())), "");
   // The survivors hold one more job now (a2) and its connections, and no more shared memory than

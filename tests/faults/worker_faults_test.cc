@@ -21,12 +21,6 @@ using ::testing::HasSubstr;
 
 constexpr double kTimeoutSeconds = 4;
 
-std::vector<std::string> Sockets(LoopbackCluster& c) {
-  std::vector<std::string> s;
-  for (int k = 0; k < c.size(); ++k) s.push_back(c.socket(k));
-  return s;
-}
-
 // Checks the daemons against their resources before the faults (bounded wait for cleanup).
 void ExpectNoLeaks(LoopbackCluster& cluster, const std::vector<Resources>& before) {
   for (int k = 0; k < cluster.size(); ++k) {
@@ -48,8 +42,8 @@ TEST(WorkerFaultTest, KilledWorkerFailsTheCollectiveOnEveryNodeAndAReplacementRe
   ScratchDir dir;
   LoopbackCluster cluster(DQ_DYNAMIQD, dir.path(), 2, kTimeoutSeconds);
   ASSERT_TRUE(cluster.Start().ok());
-  JobWorkers a(DQ_FAULT_WORKER, dir.path(), "a", Sockets(cluster), 2, 4096);
-  JobWorkers b(DQ_FAULT_WORKER, dir.path(), "b", Sockets(cluster), 1, 4096);
+  JobWorkers a(DQ_FAULT_WORKER, dir.path(), "a", cluster.sockets(), 2, 4096);
+  JobWorkers b(DQ_FAULT_WORKER, dir.path(), "b", cluster.sockets(), 1, 4096);
   ASSERT_TRUE(a.Start().ok());
   ASSERT_TRUE(b.Start().ok());
   for (int i = 0; i < 2; ++i) {
@@ -119,8 +113,8 @@ TEST(WorkerFaultTest, StoppedWorkerIsNamedByTheWatchdogAndTheJobRecoversAfterSig
   LoopbackCluster cluster(DQ_DYNAMIQD, dir.path(), 2, kTimeoutSeconds);
   cluster.spec(0).metrics_port = 0;
   ASSERT_TRUE(cluster.Start().ok());
-  JobWorkers a(DQ_FAULT_WORKER, dir.path(), "a", Sockets(cluster), 2, 4096);
-  JobWorkers b(DQ_FAULT_WORKER, dir.path(), "b", Sockets(cluster), 1, 4096);
+  JobWorkers a(DQ_FAULT_WORKER, dir.path(), "a", cluster.sockets(), 2, 4096);
+  JobWorkers b(DQ_FAULT_WORKER, dir.path(), "b", cluster.sockets(), 1, 4096);
   ASSERT_TRUE(a.Start().ok());
   ASSERT_TRUE(b.Start().ok());
   EXPECT_EQ(NotAllOk(AllReduceAll(a.all())), "");

@@ -205,7 +205,9 @@ TEST(MetricsTest, CollectivesCountIntoTheirLabelSets) {
   failed.result = CollectiveResult::kTimeout;
   failed.fault = FaultKind::kTimeout;
   m.OnCollective("j", failed);
-  m.OnErrorSample("j", SampledError{JobConfig{.codec = ok.codec}, 1, ok.codec, 1e-3});
+  JobConfig sampled_config;
+  sampled_config.codec = ok.codec;
+  m.OnErrorSample("j", SampledError{sampled_config, 1, ok.codec, 1e-3});
   m.OnRejected(absl::StatusCode::kNotFound);
   m.AddPeerBytes(2, true, 100);
   m.AddPeerBytes(2, true, 50);
