@@ -69,6 +69,7 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
 
   AllReduceBenchResult result;
   std::vector<double> seconds;
+  engine::BufferPool buffers;  // as a daemon's job reuses its message buffers
   for (int it = 0; it < o.warmup + o.iterations; ++it) {
     DQ_RETURN_IF_ERROR(barrier());
     engine::AllReduceOptions ar;
@@ -77,6 +78,7 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
     ar.timeout = o.timeout;
     ar.block_elements = o.block_elements;
     ar.authenticator = auth.get();
+    ar.buffers = &buffers;
     const absl::Time start = absl::Now();
     DQ_ASSIGN_OR_RETURN(
         engine::AllReduceResult r,

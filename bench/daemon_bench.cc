@@ -188,6 +188,7 @@ absl::StatusOr<std::vector<double>> EngineAlone(const JobConfig& config, size_t 
     if (!codec.ok()) errors.Add(codec.status());
     if (!transport.ok() || !codec.ok()) failed = true;
     std::vector<float> work(n);
+    dynamiq::engine::BufferPool buffers;  // as the daemon's job keeps one
     for (int i = 0; i < warmup + iterations; ++i) {
       std::copy(inputs[rank].begin(), inputs[rank].end(), work.begin());
       sync.arrive_and_wait();
@@ -197,6 +198,7 @@ absl::StatusOr<std::vector<double>> EngineAlone(const JobConfig& config, size_t 
       o.job_id = 1;
       o.sequence = static_cast<uint64_t>(i);
       o.timeout = Timeout();
+      o.buffers = &buffers;
       const absl::Time t0 = absl::Now();
       auto r = dynamiq::engine::AllReduce(**codec, **transport, o,
                                           {work.data(), dynamiq::kernels::DType::kFloat32, 0, nullptr},

@@ -2,7 +2,8 @@
 // so kernel changes can be measured width by width (dynamiq-bench codec mixes widths through the
 // bit allocator). Every super-group of the chunk gets the same width (the plan bypasses the
 // allocator); the data is Gaussian with a log-normal scale per super-group. Prints, per width,
-// the best and the median of --reps repetitions of compress, decompress and fused DAR.
+// the best and the median of --reps repetitions of compress, decompress and fused DAR; per bit
+// budget also the bucket statistics (ComputeStats) and the plan (MakePlan), per GB of input.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -158,6 +159,15 @@ int Run() {
     Rates rates;
     if (!Measure(budget_codec, *plan, ChunkRef{0, 0, d}, w0, w1, dest, rates)) return 1;
     PrintRow(budget.c_str(), "b", rates);
+    // What every rank does once per bucket before any chunk moves: statistics, then the plan.
+    const double gb = 4.0 * static_cast<double>(d) / 1e9;
+    const Source raw{workers[0].data(), DType::kFloat32, 0, nullptr};
+    const auto stats_time = Time([&] { budget_codec.ComputeStats(raw, d, stats.data()); });
+    bool planned = true;
+    const auto plan_time = Time([&] { planned &= budget_codec.MakePlan(RoundInfo{7, 0, 8}, d, stats, stats).ok(); });
+    if (!planned) return 1;
+    std::printf("%5s %7s stats %7.2f /%6.2f  plan %7.2f /%6.2f\n", budget.c_str(), "b", gb / stats_time.first,
+                gb / stats_time.second, gb / plan_time.first, gb / plan_time.second);
   }
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
 #include <type_traits>
 #include <vector>
 
@@ -30,7 +31,7 @@ absl::Status Annotate(const absl::Status& s, int rank) {
 }
 
 // Distinct transport tags for every message of a collective: sequence, phase, step, block, part.
-enum Part { kHeader = 0, kPayload = 1, kClearToSend = 2 };
+enum Part { kHeader = 0, kPayload = 1 };
 uint64_t Tag(uint64_t sequence, Phase phase, uint32_t step, uint32_t block, Part part) {
   return ((sequence & 0xffffff) << 40) | (static_cast<uint64_t>(phase) << 38) |
          (static_cast<uint64_t>(step & 0xffff) << 22) | (static_cast<uint64_t>(block & 0xfffff) << 2) |
@@ -40,152 +41,146 @@ uint64_t Tag(uint64_t sequence, Phase phase, uint32_t step, uint32_t block, Part
 uint32_t BitsX1000(const Codec& codec) { return static_cast<uint32_t>(std::lround(codec.config().bits * 1000)); }
 
 // Moves the messages of collectives over one transport, with validated step headers.
+//
+// A message is a 64-byte header and its payload, sent back to back without waiting for the
+// receiver. The receiver posts header receives ahead of time (PostReceive); a payload's receive is
+// posted only once its header has been checked (Announce): same collective and configuration,
+// authentication mode, announced size within the plan's bound. Gloo moves a payload only when its
+// receive is posted, so the payload of a peer that runs a different collective (say, a tensor of
+// another size) is never taken, and Gloo never sees a message longer than its receive (which would
+// terminate this process). Once a peer's first header has matched, the peer runs this very
+// collective (job and tensor size, epoch, codec, bits, sequence), so its honest payloads are within
+// the plan's bounds: its payload receives are then posted at the bound right away, with their
+// headers, and its payloads flow without waiting for this rank at all (Gloo completes a shorter
+// message into a larger receive; the header says how many bytes are the message). Callers
+// announce the messages of not-yet-trusted peers a few ahead of the one they decode. Receive
+// verifies the checksum or MAC before anyone decodes the payload.
 class Runner {
  public:
-  Runner(Transport& transport, const AllReduceOptions& options, absl::Time deadline, AllReduceResult& result)
-      : t_(transport), o_(options), deadline_(deadline), result_(result) {}
-  // Receives still posted into our buffers mean the collective failed: abort the transport before
-  // the buffers are freed, so nothing can write into them afterwards.
+  Runner(Transport& transport, const AllReduceOptions& options, BufferPool& pool, absl::Time deadline,
+         AllReduceResult& result)
+      : t_(transport), o_(options), pool_(pool), deadline_(deadline), result_(result) {}
+  // Operations still posted mean the collective failed: abort the transport before their buffers
+  // are reused or freed, so nothing can write into them afterwards.
   ~Runner() {
-    if (!preposted_.empty()) t_.Abort();
+    if (!incoming_.empty() || !outgoing_.empty()) t_.Abort();
+    for (auto& [key, in] : incoming_) pool_.Give(std::move(in.payload));
   }
 
-  // What one block sends and expects at one step.
-  struct Transfer {
-    int send_peer = -1;
-    absl::Span<const uint8_t> send;
-    int recv_peer = -1;
-    size_t recv_max = 0;  // bytes the plan allows for the incoming message
-  };
-
-  // Exchanges one step for all blocks. Per transfer: the sender posts its header; the receiver
-  // validates it, posts a receive of exactly the announced payload and answers with a one-byte
-  // clear-to-send; only then is the payload sent. Payloads therefore always land in a receive of
-  // the right size that is already posted (Gloo handles unexpected sends slowly and would abort on
-  // an oversized one), at the cost of one round trip per step shared by all blocks. Each block is
-  // handed to `deliver(block, bytes)` as soon as it arrives while later blocks are in flight.
-  // Posts the small receives of a future step (its header, and the clear-to-send for what this
-  // rank will send) ahead of time, so that no header or clear-to-send ever arrives before its
-  // receive is posted (Gloo takes milliseconds on that path).
-  absl::Status Prepost(Phase phase, uint32_t step, size_t block, int recv_peer, int send_peer) {
-    auto [it, fresh] = preposted_.try_emplace(Key(phase, step, block));
+  // Posts the header receive of the message (phase, step, block) from `peer`, whose payload may
+  // have at most `max_bytes`.
+  absl::Status PostReceive(Phase phase, uint32_t step, uint32_t block, int peer, size_t max_bytes) {
+    auto [it, fresh] = incoming_.try_emplace(Key(phase, step, block));
     if (!fresh) return absl::OkStatus();
-    Preposted& p = it->second;
-    if (recv_peer >= 0) {
-      DQ_ASSIGN_OR_RETURN(p.header, t_.PostRecv(recv_peer, Tag(o_.sequence, phase, step, block, kHeader),
-                                                absl::MakeSpan(p.header_bytes)));
+    Incoming& in = it->second;
+    in.peer = peer;
+    in.max_bytes = max_bytes;
+    DQ_ASSIGN_OR_RETURN(
+        in.header, t_.PostRecv(peer, Tag(o_.sequence, phase, step, block, kHeader), absl::MakeSpan(in.header_bytes)));
+    in.tag = Tag(o_.sequence, phase, step, block, kPayload);
+    if (trusted_.count(peer)) DQ_RETURN_IF_ERROR(PostPayload(in, max_bytes));
+    return absl::OkStatus();
+  }
+
+  // Whether `peer`'s headers have matched this collective (see the class comment).
+  bool Trusts(int peer) const { return trusted_.count(peer) != 0; }
+
+  // Waits for the header of a posted message, checks it and posts the receive of exactly the
+  // payload it announces. Idempotent.
+  absl::Status Announce(Phase phase, uint32_t step, uint32_t block, const Codec& codec) {
+    auto it = incoming_.find(Key(phase, step, block));
+    if (it == incoming_.end()) return absl::InternalError(absl::StrCat("no receive posted for step ", step));
+    Incoming& in = it->second;
+    if (in.announced) return absl::OkStatus();
+    const int peer = in.peer;
+    DQ_RETURN_IF_ERROR(Peer(t_.Wait(in.header, deadline_), peer));
+    DQ_ASSIGN_OR_RETURN(in.decoded, Peer(DecodeStepHeader(in.header_bytes), peer));
+    DQ_RETURN_IF_ERROR(MatchStepHeader(in.decoded, Expected(phase, step, block, codec, peer)));
+    DQ_RETURN_IF_ERROR(CheckAuthenticationMode(in.decoded, peer));
+    if (in.decoded.payload_bytes > in.max_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", peer, " announced ", in.decoded.payload_bytes,
+                                                     " payload bytes at step ", step, ", at most ", in.max_bytes,
+                                                     " are possible"));
     }
-    if (send_peer >= 0) {
-      DQ_ASSIGN_OR_RETURN(p.cts, t_.PostRecv(send_peer, Tag(o_.sequence, phase, step, block, kClearToSend),
-                                             absl::MakeSpan(&p.cts_byte, 1)));
+    if (!in.payload_posted) DQ_RETURN_IF_ERROR(PostPayload(in, in.decoded.payload_bytes));
+    in.announced = true;
+    if (trusted_.insert(peer).second) {
+      // The receives already posted for this peer need not wait for their headers any more.
+      for (auto& [key, other] : incoming_) {
+        if (other.peer == peer && !other.payload_posted) DQ_RETURN_IF_ERROR(PostPayload(other, other.max_bytes));
+      }
     }
     return absl::OkStatus();
   }
 
-  template <typename Deliver>
-  absl::Status Step(Phase phase, uint32_t step, const Codec& codec, std::vector<Transfer>& transfers,
-                    Deliver&& deliver) {
-    StepBuffers buffers;
-    absl::Status status = StepImpl(phase, step, codec, transfers, deliver, buffers);
-    // A failed step may leave sends/receives posted on `buffers`: abort before they are freed.
-    if (!status.ok()) t_.Abort();
-    return status;
+  // Sends `payload` as message (phase, step, block) to `peer`; it must stay valid until WaitSent.
+  absl::Status Send(Phase phase, uint32_t step, uint32_t block, int peer, const Codec& codec,
+                    absl::Span<const uint8_t> payload) {
+    if (payload.size() > UINT32_MAX) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("message of ", payload.size(), " bytes exceeds 4 GiB; use smaller pipelining blocks"));
+    }
+    auto [it, fresh] = outgoing_.try_emplace(Key(phase, step, block));
+    if (!fresh) return absl::InternalError(absl::StrCat("message of step ", step, " block ", block, " sent twice"));
+    Outgoing& out = it->second;
+    StepHeader h = Expected(phase, step, block, codec, t_.rank());
+    h.payload_bytes = static_cast<uint32_t>(payload.size());
+    if (o_.authenticator != nullptr) {
+      out.header_bytes = o_.authenticator->Seal(h, static_cast<uint32_t>(peer), payload);
+    } else {
+      h.checksum = PayloadChecksum(payload);
+      out.header_bytes = EncodeStepHeader(h);
+    }
+    DQ_ASSIGN_OR_RETURN(out.header, t_.PostSend(peer, Tag(o_.sequence, phase, step, block, kHeader), out.header_bytes));
+    DQ_ASSIGN_OR_RETURN(out.body, t_.PostSend(peer, Tag(o_.sequence, phase, step, block, kPayload), payload));
+    out.peer = peer;
+    result_.bytes_sent += kStepHeaderBytes + payload.size();
+    if (phase == Phase::kStats) result_.stats_bytes_sent += kStepHeaderBytes + payload.size();
+    return absl::OkStatus();
   }
 
- private:
-  // Memory the transport may touch while a step's operations are posted.
-  struct StepBuffers {
-    std::vector<std::array<uint8_t, kStepHeaderBytes>> send_headers;
-    std::vector<uint8_t> cts_out;
-    std::vector<std::vector<uint8_t>> payloads;
-  };
-
-  template <typename Deliver>
-  absl::Status StepImpl(Phase phase, uint32_t step, const Codec& codec, std::vector<Transfer>& transfers,
-                        Deliver& deliver, StepBuffers& buffers) {
-    const size_t blocks = transfers.size();
-    for (size_t k = 0; k < blocks; ++k) {
-      DQ_RETURN_IF_ERROR(Prepost(phase, step, k, transfers[k].recv_peer, transfers[k].send_peer));
-    }
-    auto& send_headers = buffers.send_headers;
-    send_headers.resize(blocks);
-    auto& cts_out = buffers.cts_out;
-    cts_out.assign(blocks, 1);
-    std::vector<Transport::Handle> sends, payload_recvs(blocks, 0);
-    std::vector<Preposted*> pre(blocks);
-    for (size_t k = 0; k < blocks; ++k) {
-      pre[k] = &preposted_.at(Key(phase, step, k));
-      Transfer& x = transfers[k];
-      if (x.send_peer >= 0) {
-        if (x.send.size() > UINT32_MAX) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("message of ", x.send.size(), " bytes exceeds 4 GiB; use smaller pipelining blocks"));
-        }
-        StepHeader h = Expected(phase, step, k, codec, t_.rank());
-        h.payload_bytes = static_cast<uint32_t>(x.send.size());
-        if (o_.authenticator != nullptr) {
-          send_headers[k] = o_.authenticator->Seal(h, static_cast<uint32_t>(x.send_peer), x.send);
-        } else {
-          h.checksum = PayloadChecksum(x.send);
-          send_headers[k] = EncodeStepHeader(h);
-        }
-        DQ_ASSIGN_OR_RETURN(auto a,
-                            t_.PostSend(x.send_peer, Tag(o_.sequence, phase, step, k, kHeader), send_headers[k]));
-        sends.push_back(a);
-        result_.bytes_sent += kStepHeaderBytes + x.send.size();
-        if (phase == Phase::kStats) result_.stats_bytes_sent += kStepHeaderBytes + x.send.size();
-      }
-    }
-    auto& payloads = buffers.payloads;
-    payloads.resize(blocks);
-    std::vector<StepHeader> headers(blocks);
-    for (size_t k = 0; k < blocks; ++k) {
-      Transfer& x = transfers[k];
-      if (x.recv_peer < 0) continue;
-      DQ_RETURN_IF_ERROR(Peer(t_.Wait(pre[k]->header, deadline_), x.recv_peer));
-      DQ_ASSIGN_OR_RETURN(headers[k], Peer(DecodeStepHeader(pre[k]->header_bytes), x.recv_peer));
-      DQ_RETURN_IF_ERROR(MatchStepHeader(headers[k], Expected(phase, step, k, codec, x.recv_peer)));
-      DQ_RETURN_IF_ERROR(CheckAuthenticationMode(headers[k], x.recv_peer));
-      if (headers[k].payload_bytes > x.recv_max) {
-        return absl::InvalidArgumentError(absl::StrCat("rank ", x.recv_peer, " announced ", headers[k].payload_bytes,
-                                                       " payload bytes at step ", step, ", at most ", x.recv_max,
-                                                       " are possible"));
-      }
-      payloads[k].resize(headers[k].payload_bytes);
-      DQ_ASSIGN_OR_RETURN(payload_recvs[k], t_.PostRecv(x.recv_peer, Tag(o_.sequence, phase, step, k, kPayload),
-                                                        absl::MakeSpan(payloads[k])));
-      DQ_ASSIGN_OR_RETURN(auto c, t_.PostSend(x.recv_peer, Tag(o_.sequence, phase, step, k, kClearToSend),
-                                              absl::MakeConstSpan(&cts_out[k], 1)));
-      sends.push_back(c);
-    }
-    for (size_t k = 0; k < blocks; ++k) {
-      Transfer& x = transfers[k];
-      if (x.send_peer < 0) continue;
-      DQ_RETURN_IF_ERROR(Peer(t_.Wait(pre[k]->cts, deadline_), x.send_peer));
-      DQ_ASSIGN_OR_RETURN(auto b, t_.PostSend(x.send_peer, Tag(o_.sequence, phase, step, k, kPayload), x.send));
-      sends.push_back(b);
-    }
-    for (size_t k = 0; k < blocks; ++k) {
-      Transfer& x = transfers[k];
-      if (x.recv_peer < 0) continue;
-      DQ_RETURN_IF_ERROR(Peer(t_.Wait(payload_recvs[k], deadline_), x.recv_peer));
-      result_.bytes_received += kStepHeaderBytes + payloads[k].size();
-      // Verified before `deliver` decodes anything.
-      if (o_.authenticator != nullptr) {
-        if (!o_.authenticator->Verify(pre[k]->header_bytes, static_cast<uint32_t>(t_.rank()), payloads[k])) {
-          return absl::UnauthenticatedError(absl::StrCat(
-              "authentication failed: the message from rank ", x.recv_peer, " at step ", step, " block ", k,
-              " has a bad MAC (a different cluster secret, or altered in transit); its payload was not decoded"));
-        }
-      } else if (PayloadChecksum(payloads[k]) != headers[k].checksum) {
-        return absl::DataLossError(absl::StrCat("payload from rank ", x.recv_peer, " at step ", step, " block ", k,
-                                                " failed its checksum (corrupted in transit)"));
-      }
-      DQ_RETURN_IF_ERROR(deliver(k, absl::Span<const uint8_t>(payloads[k])));
-    }
-    for (Transport::Handle h : sends) DQ_RETURN_IF_ERROR(t_.Wait(h, deadline_));
-    for (size_t k = 0; k < blocks; ++k) preposted_.erase(Key(phase, step, k));
+  // Waits until the message (phase, step, block) has left (its payload may then be reused); no-op
+  // when none was sent.
+  absl::Status WaitSent(Phase phase, uint32_t step, uint32_t block) {
+    auto it = outgoing_.find(Key(phase, step, block));
+    if (it == outgoing_.end()) return absl::OkStatus();
+    DQ_RETURN_IF_ERROR(Peer(t_.Wait(it->second.header, deadline_), it->second.peer));
+    DQ_RETURN_IF_ERROR(Peer(t_.Wait(it->second.body, deadline_), it->second.peer));
+    outgoing_.erase(it);
     return absl::OkStatus();
+  }
+
+  // Waits for the posted message (phase, step, block) and checks it (see the class comment). The
+  // payload stays valid until Release.
+  absl::StatusOr<absl::Span<const uint8_t>> Receive(Phase phase, uint32_t step, uint32_t block, const Codec& codec) {
+    DQ_RETURN_IF_ERROR(Announce(phase, step, block, codec));
+    Incoming& in = incoming_.at(Key(phase, step, block));
+    const int peer = in.peer;
+    DQ_RETURN_IF_ERROR(Peer(t_.Wait(in.body, deadline_), peer));
+    const absl::Span<const uint8_t> payload(in.payload.data(), in.decoded.payload_bytes);
+    result_.bytes_received += kStepHeaderBytes + payload.size();
+    // Verified before anything decodes it.
+    if (o_.authenticator != nullptr) {
+      if (!o_.authenticator->Verify(in.header_bytes, static_cast<uint32_t>(t_.rank()), payload)) {
+        return absl::UnauthenticatedError(absl::StrCat(
+            "authentication failed: the message from rank ", peer, " at step ", step, " block ", block,
+            " has a bad MAC (a different cluster secret, or altered in transit); its payload was not decoded"));
+      }
+    } else if (PayloadChecksum(payload) != in.decoded.checksum) {
+      return absl::DataLossError(absl::StrCat("payload from rank ", peer, " at step ", step, " block ", block,
+                                              " failed its checksum (corrupted in transit)"));
+    }
+    in.received = true;
+    t_.MessageReceived(peer, kStepHeaderBytes + payload.size());
+    return payload;
+  }
+
+  // Hands a received payload's buffer back.
+  void Release(Phase phase, uint32_t step, uint32_t block) {
+    auto it = incoming_.find(Key(phase, step, block));
+    if (it == incoming_.end() || !it->second.received) return;
+    pool_.Give(std::move(it->second.payload));
+    incoming_.erase(it);
   }
 
  private:
@@ -227,66 +222,137 @@ class Runner {
     return absl::Status(s.code(), absl::StrCat("from rank ", peer, ": ", s.message()));
   }
 
-  struct Preposted {
+  struct Incoming {
+    int peer = -1;
+    uint64_t tag = 0;  // the payload's
+    size_t max_bytes = 0;
     std::array<uint8_t, kStepHeaderBytes> header_bytes{};
-    uint8_t cts_byte = 0;
-    Transport::Handle header = 0, cts = 0;
+    StepHeader decoded;  // once announced
+    Bytes payload;       // the announced size (or the bound, when trusted), from the pool
+    Transport::Handle header = 0, body = 0;
+    bool payload_posted = false, announced = false, received = false;
   };
+  struct Outgoing {
+    int peer = -1;
+    std::array<uint8_t, kStepHeaderBytes> header_bytes{};
+    Transport::Handle header = 0, body = 0;
+  };
+  absl::Status PostPayload(Incoming& in, size_t bytes) {
+    in.payload = pool_.Take(bytes);
+    in.payload.resize(bytes);
+    DQ_ASSIGN_OR_RETURN(in.body, t_.PostRecv(in.peer, in.tag, absl::MakeSpan(in.payload)));
+    in.payload_posted = true;
+    return absl::OkStatus();
+  }
   static uint64_t Key(Phase phase, uint32_t step, size_t block) {
     return (static_cast<uint64_t>(phase) << 60) | (static_cast<uint64_t>(step) << 32) | block;
   }
 
   Transport& t_;
   const AllReduceOptions& o_;
-  std::map<uint64_t, Preposted> preposted_;  // node-based: receive buffers never move
+  BufferPool& pool_;
+  // Node-based maps: posted buffers never move.
+  std::map<uint64_t, Incoming> incoming_;
+  std::map<uint64_t, Outgoing> outgoing_;
+  std::set<int> trusted_;  // peers whose header matched
   absl::Time deadline_;
   AllReduceResult& result_;
 };
 
-// Runs reduce-scatter and all-gather for every block's executor.
+// Runs reduce-scatter and all-gather for every block's executor, pipelined across blocks and steps:
+// a block's next message leaves as soon as its previous one is decoded and re-quantized, while
+// later blocks are still on the wire (a step does not wait for all blocks of the previous one).
+// Header receives are posted two steps ahead; payload receives (Runner::Announce) up to
+// kLookahead messages ahead of the one being decoded, so the next payloads flow meanwhile.
+// Deadlock-free: the header this rank waits for, kLookahead messages ahead, is sent by its peer
+// after the peer has decoded that block's message of the previous step, i.e. blocks - kLookahead
+// messages earlier in the same order; fewer lookahead messages than blocks makes every chain of
+// waits end at the first step's messages, which are sent unconditionally.
 absl::Status RunExecutors(Runner& runner, const Codec& codec, const Schedule& schedule, Phase rs_phase, Phase ag_phase,
                           uint32_t step_offset, std::vector<std::unique_ptr<RankExecutor>>& blocks) {
-  const int n = schedule.world_size;
-  const uint32_t ag_offset = step_offset + static_cast<uint32_t>(n);
-  for (size_t k = 0; k < blocks.size(); ++k) {
-    RankExecutor& x = *blocks[k];
-    for (size_t s = 0; s < schedule.reduce_scatter.size(); ++s) {
+  constexpr size_t kLookahead = 2;
+  const size_t rs_steps = schedule.reduce_scatter.size(), steps = rs_steps + schedule.all_gather.size();
+  const uint32_t ag_offset = step_offset + static_cast<uint32_t>(schedule.world_size);
+  // Step g of the whole collective: reduce-scatter steps first, then all-gather steps.
+  const auto phase = [&](size_t g) { return g < rs_steps ? rs_phase : ag_phase; };
+  const auto wire_step = [&](size_t g) {
+    return g < rs_steps ? step_offset + static_cast<uint32_t>(g) : ag_offset + static_cast<uint32_t>(g - rs_steps);
+  };
+  const auto local_step = [&](size_t g) { return static_cast<int>(g < rs_steps ? g : g - rs_steps); };
+  const auto recv_peer = [&](size_t g, size_t k) {
+    return g < rs_steps ? blocks[k]->ReduceScatterRecvPeer(local_step(g)) : blocks[k]->AllGatherRecvPeer(local_step(g));
+  };
+  const auto prepost = [&](size_t g) -> absl::Status {
+    if (g >= steps) return absl::OkStatus();
+    for (size_t k = 0; k < blocks.size(); ++k) {
+      RankExecutor& x = *blocks[k];
+      const int peer = recv_peer(g, k);
+      if (peer < 0) continue;
+      const int chunk = g < rs_steps ? x.ReduceScatterRecvChunk(local_step(g)) : x.AllGatherRecvChunk(local_step(g));
       DQ_RETURN_IF_ERROR(
-          runner.Prepost(rs_phase, step_offset + s, k, x.ReduceScatterRecvPeer(s), x.ReduceScatterSendPeer(s)));
+          runner.PostReceive(phase(g), wire_step(g), static_cast<uint32_t>(k), peer, x.MaxMessageBytes(chunk)));
     }
-    for (size_t s = 0; s < schedule.all_gather.size(); ++s) {
-      DQ_RETURN_IF_ERROR(runner.Prepost(ag_phase, ag_offset + s, k, x.AllGatherRecvPeer(s), x.AllGatherSendPeer(s)));
+    return absl::OkStatus();
+  };
+  // The messages this rank receives, in the order it decodes them.
+  std::vector<std::pair<size_t, size_t>> arrivals;
+  for (size_t g = 0; g < steps; ++g) {
+    for (size_t k = 0; k < blocks.size(); ++k) {
+      if (recv_peer(g, k) >= 0) arrivals.emplace_back(g, k);
     }
   }
-  std::vector<Runner::Transfer> transfers(blocks.size());
-  for (size_t s = 0; s < schedule.reduce_scatter.size(); ++s) {
-    for (size_t k = 0; k < blocks.size(); ++k) {
-      RankExecutor& x = *blocks[k];
-      transfers[k] = Runner::Transfer{};
-      transfers[k].send_peer = x.ReduceScatterSendPeer(s);
-      if (transfers[k].send_peer >= 0) {
-        DQ_ASSIGN_OR_RETURN(transfers[k].send, x.ReduceScatterSend(s));
-      }
-      transfers[k].recv_peer = x.ReduceScatterRecvPeer(s);
-      if (transfers[k].recv_peer >= 0) transfers[k].recv_max = x.MaxMessageBytes(x.ReduceScatterRecvChunk(s));
+  const size_t lookahead = std::min(kLookahead, blocks.size() - 1);
+  size_t announced = 0;  // arrivals[0, announced) have their payload receives posted
+  const auto announce_through = [&](size_t last) -> absl::Status {
+    for (; announced <= last && announced < arrivals.size(); ++announced) {
+      const auto [g, k] = arrivals[announced];
+      // A trusted peer's payload receives are posted already.
+      if (runner.Trusts(recv_peer(g, k))) continue;
+      DQ_RETURN_IF_ERROR(runner.Announce(phase(g), wire_step(g), static_cast<uint32_t>(k), codec));
     }
-    DQ_RETURN_IF_ERROR(runner.Step(rs_phase, step_offset + s, codec, transfers,
-                                   [&](size_t k, auto bytes) { return blocks[k]->ReduceScatterReceive(s, bytes); }));
+    return absl::OkStatus();
+  };
+  std::vector<bool> finished(blocks.size(), false);
+  // Block k's message of step g, if it sends one (after its reduce-scatter, once, the owned chunk
+  // is final and decoded).
+  const auto send = [&](size_t g, size_t k) -> absl::Status {
+    RankExecutor& x = *blocks[k];
+    if (g >= rs_steps && !finished[k]) {
+      DQ_RETURN_IF_ERROR(x.FinishReduceScatter());
+      finished[k] = true;
+    }
+    const int s = local_step(g);
+    const int peer = g < rs_steps ? x.ReduceScatterSendPeer(s) : x.AllGatherSendPeer(s);
+    if (peer < 0) return absl::OkStatus();
+    DQ_ASSIGN_OR_RETURN(absl::Span<const uint8_t> bytes, g < rs_steps ? x.ReduceScatterSend(s) : x.AllGatherSend(s));
+    return runner.Send(phase(g), wire_step(g), static_cast<uint32_t>(k), peer, codec, bytes);
+  };
+  DQ_RETURN_IF_ERROR(prepost(0));
+  DQ_RETURN_IF_ERROR(prepost(1));
+  if (steps > 0) {
+    for (size_t k = 0; k < blocks.size(); ++k) DQ_RETURN_IF_ERROR(send(0, k));
   }
-  for (auto& x : blocks) DQ_RETURN_IF_ERROR(x->FinishReduceScatter());
-  for (size_t s = 0; s < schedule.all_gather.size(); ++s) {
+  size_t next_arrival = 0;
+  for (size_t g = 0; g < steps; ++g) {
+    DQ_RETURN_IF_ERROR(prepost(g + 2));
+    const int s = local_step(g);
     for (size_t k = 0; k < blocks.size(); ++k) {
       RankExecutor& x = *blocks[k];
-      transfers[k] = Runner::Transfer{};
-      transfers[k].send_peer = x.AllGatherSendPeer(s);
-      if (transfers[k].send_peer >= 0) {
-        DQ_ASSIGN_OR_RETURN(transfers[k].send, x.AllGatherSend(s));
+      const uint32_t block = static_cast<uint32_t>(k);
+      if (recv_peer(g, k) >= 0) {
+        DQ_RETURN_IF_ERROR(announce_through(next_arrival + lookahead));
+        ++next_arrival;
+        DQ_ASSIGN_OR_RETURN(absl::Span<const uint8_t> payload, runner.Receive(phase(g), wire_step(g), block, codec));
+        DQ_RETURN_IF_ERROR(g < rs_steps ? x.ReduceScatterReceive(s, payload) : x.AllGatherReceive(s, payload));
+        runner.Release(phase(g), wire_step(g), block);
       }
-      transfers[k].recv_peer = x.AllGatherRecvPeer(s);
-      if (transfers[k].recv_peer >= 0) transfers[k].recv_max = x.MaxMessageBytes(x.AllGatherRecvChunk(s));
+      // The executor reuses the buffer of this step's message for the next one.
+      DQ_RETURN_IF_ERROR(runner.WaitSent(phase(g), wire_step(g), block));
+      if (g + 1 < steps) DQ_RETURN_IF_ERROR(send(g + 1, k));
     }
-    DQ_RETURN_IF_ERROR(runner.Step(ag_phase, ag_offset + s, codec, transfers,
-                                   [&](size_t k, auto bytes) { return blocks[k]->AllGatherReceive(s, bytes); }));
+  }
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    if (!finished[k]) DQ_RETURN_IF_ERROR(blocks[k]->FinishReduceScatter());
   }
   return absl::OkStatus();
 }
@@ -307,7 +373,13 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
   if (d > (size_t{1} << 40)) return absl::InvalidArgumentError(absl::StrCat("bucket of ", d, " elements is too large"));
   AllReduceResult result;
   const absl::Time deadline = absl::Now() + options.timeout;
-  Runner runner(transport, options, deadline, result);
+  // Whatever a posted send may read outlives the runner, which aborts the transport when the
+  // collective fails with operations still posted: the pool (executors give their buffers back to
+  // it) and the statistics being forwarded.
+  BufferPool call_pool;
+  BufferPool& pool = options.buffers != nullptr ? *options.buffers : call_pool;
+  std::vector<uint8_t> forward;
+  Runner runner(transport, options, pool, deadline, result);
 
   // 1. Statistics and plan.
   const size_t stats_len = codec.StatsLength(d);
@@ -326,34 +398,26 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
       std::vector<std::unique_ptr<RankExecutor>> stats_exec;
       stats_exec.push_back(std::make_unique<RankExecutor>(
           *bf16, schedule, stats_plan, kernels::Source{local_stats.data(), kernels::DType::kFloat32, 0, nullptr},
-          kernels::Dest{reduced_stats.data(), kernels::DType::kFloat32, 0, nullptr}));
+          kernels::Dest{reduced_stats.data(), kernels::DType::kFloat32, 0, nullptr}, &pool));
       DQ_RETURN_IF_ERROR(
           Annotate(RunExecutors(runner, *bf16, schedule, Phase::kStats, Phase::kStats, 0, stats_exec), rank));
     } else {
       // Maxima: a ring all-gather of every rank's raw statistics.
       reduced_stats = local_stats;
-      std::vector<uint8_t> forward(stats_len * sizeof(float));
+      forward.resize(stats_len * sizeof(float));
       std::memcpy(forward.data(), local_stats.data(), forward.size());
-      for (int s = 0; s + 1 < n; ++s) {
-        DQ_RETURN_IF_ERROR(
-            runner.Prepost(Phase::kStats, static_cast<uint32_t>(s), 0, (rank + n - 1) % n, (rank + 1) % n));
-      }
-      for (int s = 0; s + 1 < n; ++s) {
-        std::vector<Runner::Transfer> transfers(1);
-        transfers[0].send_peer = (rank + 1) % n;
-        transfers[0].send = forward;
-        transfers[0].recv_peer = (rank + n - 1) % n;
-        transfers[0].recv_max = forward.size();
-        std::vector<uint8_t> next;
-        DQ_RETURN_IF_ERROR(Annotate(runner.Step(Phase::kStats, static_cast<uint32_t>(s), codec, transfers,
-                                                [&](size_t, absl::Span<const uint8_t> bytes) -> absl::Status {
-                                                  if (bytes.size() != stats_len * sizeof(float)) {
-                                                    return absl::InvalidArgumentError("statistics size mismatch");
-                                                  }
-                                                  next.assign(bytes.begin(), bytes.end());
-                                                  return absl::OkStatus();
-                                                }),
-                                    rank));
+      const int left = (rank + n - 1) % n, right = (rank + 1) % n;
+      for (uint32_t s = 0; s + 1 < static_cast<uint32_t>(n); ++s) {
+        DQ_RETURN_IF_ERROR(Annotate(runner.PostReceive(Phase::kStats, s, 0, left, forward.size()), rank));
+        DQ_RETURN_IF_ERROR(Annotate(runner.Send(Phase::kStats, s, 0, right, codec, forward), rank));
+        absl::StatusOr<absl::Span<const uint8_t>> bytes = runner.Receive(Phase::kStats, s, 0, codec);
+        if (!bytes.ok()) return Annotate(bytes.status(), rank);
+        if (bytes->size() != forward.size()) {
+          return absl::InvalidArgumentError(absl::StrCat("rank ", rank, ": statistics size mismatch from rank ", left));
+        }
+        std::vector<uint8_t> next(bytes->begin(), bytes->end());
+        runner.Release(Phase::kStats, s, 0);
+        DQ_RETURN_IF_ERROR(Annotate(runner.WaitSent(Phase::kStats, s, 0), rank));
         std::vector<float> values(stats_len);
         std::memcpy(values.data(), next.data(), next.size());
         for (size_t i = 0; i < stats_len; ++i) {
@@ -394,7 +458,7 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
                         p.local_means.empty() ? nullptr : p.local_means.data()};
     kernels::Dest dst{static_cast<uint8_t*>(out.data) + (begin - out.first) * out_elem, out.dtype, 0,
                       p.mean_sums.empty() ? nullptr : p.mean_sums.data()};
-    executors.push_back(std::make_unique<RankExecutor>(codec, schedule, p, src, dst));
+    executors.push_back(std::make_unique<RankExecutor>(codec, schedule, p, src, dst, &pool));
   }
 
   // 3. Reduce-scatter and all-gather, all blocks per step.

@@ -5,12 +5,14 @@
 //      statistics and derives the same plan (bit allocation, centring);
 //   2. reduce-scatter with per-hop fused DAR, then an all-gather that forwards the owners' final
 //      bytes unchanged, so every rank ends with bit-identical results;
-//   3. pipelining: the bucket is cut into blocks (each a sub-bucket with its slice of the plan);
-//      within every step all blocks' transfers are posted at once and each block is decoded and
-//      re-quantized as soon as it arrives, while the later blocks are still on the wire.
+//   3. pipelining: the bucket is cut into blocks (each a sub-bucket with its slice of the plan)
+//      that flow through the steps independently: a block's next message leaves as soon as its
+//      previous one has arrived and been decoded and re-quantized, while later blocks are still
+//      on the wire.
 //
-// Every message is preceded by a 64-byte StepHeader that is validated before the payload is
-// received (engine/step_header.h), and payloads carry a checksum, or with an authenticator an
+// Every message is a 64-byte StepHeader (engine/step_header.h) and its payload, whose receives are
+// posted ahead with the plan's bound on its size; the header is validated before the payload is
+// looked at, and payloads carry a checksum, or with an authenticator an
 // HMAC tag (engine/step_auth.h) that is verified before the payload is decoded: a message with a
 // bad or missing tag fails the collective with UNAUTHENTICATED naming the peer rank. All ranks
 // must agree on whether an authenticator is used (the error says which side lacks one). Errors name this rank, the peer
@@ -29,6 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "engine/buffer_pool.h"
 #include "engine/schedule.h"
 #include "engine/step_auth.h"
 #include "engine/transport.h"
@@ -47,6 +50,9 @@ struct AllReduceOptions {
   // Authenticates every message with the job's key (null: checksums only, for trusted networks).
   // Must outlive the call.
   const StepAuthenticator* authenticator = nullptr;
+  // Message buffers reused across collectives (engine/buffer_pool.h); null: fresh ones for this
+  // call. Callers that run collectives in a loop pass one (one per thread).
+  BufferPool* buffers = nullptr;
 };
 
 struct AllReduceResult {

@@ -1,7 +1,9 @@
 // InMemoryTransport: the Transport for ranks that are threads of one process (tests, and the
 // oracle the network transports are compared with). A shared MemoryHub holds one FIFO mailbox per
 // (sender, receiver, tag); sends copy into it and complete at once, receives wait for a message.
-// A message whose size differs from the posted receive is an error (DATA_LOSS naming both sizes).
+// As Gloo, a message shorter than the posted receive fills its first bytes (the receiver learns the
+// real size elsewhere: the engine's step header); a longer one, which would terminate a Gloo
+// process, is an error here (DATA_LOSS naming both sizes).
 // Thread-safe as Transport requires; MemoryHub::Abort fails every rank's pending and future Waits.
 #ifndef DQ_ENGINE_MEMORY_TRANSPORT_H_
 #define DQ_ENGINE_MEMORY_TRANSPORT_H_

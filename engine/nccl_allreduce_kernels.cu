@@ -15,6 +15,8 @@ using kernels::Bf16ToFloat;
 using kernels::FloatToBf16;
 using kernels::FloatToBf16Up;
 using kernels::kSuperGroupSize;
+using kernels::SuperGroupMoments;
+using kernels::SuperGroupStats;
 
 constexpr int kStatsThreads = 128;
 constexpr int kElementThreads = 256;
@@ -22,7 +24,7 @@ constexpr uint64_t kMaxElementBlocks = 65535 * 16;  // grid-stride loops cover t
 
 cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
-// One thread per super-group, in element order, as DynamiqCodec::ComputeStats.
+// One thread per super-group, summed in SuperGroupMoments' order, as DynamiqCodec::ComputeStats.
 __global__ void __launch_bounds__(kStatsThreads)
     StatsKernel(const float* __restrict__ values, uint64_t count, float* __restrict__ stats) {
   const uint64_t j = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -31,16 +33,11 @@ __global__ void __launch_bounds__(kStatsThreads)
   const uint64_t begin = j * kSuperGroupSize;
   const uint64_t rest = count - begin;
   const int n = rest < static_cast<uint64_t>(kSuperGroupSize) ? static_cast<int>(rest) : kSuperGroupSize;
-  const float* v = values + begin;
+  // The summation order every device shares (SuperGroupMoments), so GPU and CPU ranks agree bit
+  // for bit.
   double sum = 0, sum_sq = 0;
-  for (int k = 0; k < n; ++k) {
-    const float x = __ldg(v + k);
-    sum += x;
-    sum_sq += static_cast<double>(x) * x;
-  }
-  const float mean = static_cast<float>(sum / static_cast<double>(n));
-  stats[2 * j] = isfinite(mean) ? Bf16ToFloat(FloatToBf16(mean)) : 0.0f;
-  stats[2 * j + 1] = Bf16ToFloat(FloatToBf16Up(static_cast<float>(sqrt(sum_sq))));
+  SuperGroupMoments(values + begin, n, &sum, &sum_sq);
+  SuperGroupStats(sum, sum_sq, n, stats + 2 * j);
 }
 
 __global__ void CentreKernel(const float* __restrict__ in, const float* __restrict__ means, uint64_t first_sg,

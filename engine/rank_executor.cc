@@ -11,7 +11,7 @@ namespace dynamiq::engine {
 using kernels::ChunkRef;
 
 RankExecutor::RankExecutor(const kernels::Codec& codec, const Schedule& schedule, const kernels::BucketPlan& plan,
-                           const kernels::Source& local, const kernels::Dest& out)
+                           const kernels::Source& local, const kernels::Dest& out, BufferPool* pool)
     : codec_(codec),
       schedule_(schedule),
       plan_(plan),
@@ -20,6 +20,8 @@ RankExecutor::RankExecutor(const kernels::Codec& codec, const Schedule& schedule
       rank_(static_cast<int>(plan.round.rank)),
       n_(schedule.world_size),
       children_left_(schedule.world_size, 0),
+      own_pool_(0),
+      pool_(pool != nullptr ? pool : &own_pool_),
       owned_chunk_(-1) {
   auto index = [&](const std::vector<std::vector<Transfer>>& steps, std::vector<Move>& send, std::vector<Move>& recv) {
     send.assign(steps.size(), Move{});
@@ -57,6 +59,21 @@ RankExecutor::RankExecutor(const kernels::Codec& codec, const Schedule& schedule
   }
 }
 
+void RankExecutor::Fit(Bytes& buffer, size_t size) {
+  if (buffer.capacity() < size) {
+    pool_->Give(std::move(buffer));
+    buffer = pool_->Take(size);
+  }
+  buffer.resize(size);
+}
+
+RankExecutor::~RankExecutor() {
+  for (auto& [chunk, bytes] : pending_) pool_->Give(std::move(bytes));
+  pool_->Give(std::move(scratch_));
+  pool_->Give(std::move(owned_));
+  pool_->Give(std::move(forward_));
+}
+
 kernels::ChunkRef RankExecutor::CompressRef(int chunk) const {
   return chunk == owned_chunk_ ? ChunkOf(plan_.num_elements, n_, chunk) : compress_ref_[chunk];
 }
@@ -79,6 +96,7 @@ absl::StatusOr<absl::Span<const uint8_t>> RankExecutor::ReduceScatterSend(int st
   const ChunkRef chunk = ChunkOf(plan_.num_elements, n_, m.chunk);
   auto it = pending_.find(m.chunk);
   if (it != pending_.end()) {
+    pool_->Give(std::move(scratch_));
     scratch_ = std::move(it->second);
     pending_.erase(it);
     return absl::Span<const uint8_t>(scratch_);
@@ -88,7 +106,7 @@ absl::StatusOr<absl::Span<const uint8_t>> RankExecutor::ReduceScatterSend(int st
         absl::StrCat("rank ", rank_, " must send chunk ", m.chunk, " at step ", step, " before its children arrived"));
   }
   const ChunkRef ref = CompressRef(m.chunk);
-  scratch_.resize(codec_.MaxEncodedBytes(plan_, chunk));
+  Fit(scratch_, codec_.MaxEncodedBytes(plan_, chunk));
   DQ_ASSIGN_OR_RETURN(size_t bytes, codec_.Compress(plan_, ref, local_, absl::MakeSpan(scratch_)));
   return absl::Span<const uint8_t>(scratch_.data(), bytes);
 }
@@ -112,16 +130,17 @@ absl::Status RankExecutor::ReduceScatterReceive(int step, absl::Span<const uint8
   }
   const bool accumulated = accumulators_.count(m.chunk) != 0;
   const kernels::Source source = accumulated ? AccumulatorSource(m.chunk) : local_;
-  std::vector<uint8_t>& target = m.chunk == owned_chunk_ ? owned_ : pending_[m.chunk];
-  target.resize(codec_.MaxEncodedBytes(plan_, chunk));
+  const size_t max_bytes = codec_.MaxEncodedBytes(plan_, chunk);
+  Bytes* target = m.chunk == owned_chunk_ ? &owned_ : &pending_[m.chunk];
+  Fit(*target, max_bytes);
   auto bytes =
-      codec_.DecompressAccumulateRecompress(plan_, CompressRef(m.chunk), message, source, absl::MakeSpan(target));
+      codec_.DecompressAccumulateRecompress(plan_, CompressRef(m.chunk), message, source, absl::MakeSpan(*target));
   if (accumulated) accumulators_.erase(m.chunk);
   if (!bytes.ok()) {
     return absl::Status(bytes.status().code(),
                         absl::StrCat("from rank ", m.peer, ", chunk ", m.chunk, ": ", bytes.status().message()));
   }
-  target.resize(*bytes);
+  target->resize(*bytes);
   return absl::OkStatus();
 }
 
@@ -129,7 +148,7 @@ absl::Status RankExecutor::FinishReduceScatter() {
   if (owned_chunk_ < 0) return absl::OkStatus();
   const ChunkRef chunk = ChunkOf(plan_.num_elements, n_, owned_chunk_);
   if (owned_.empty()) {  // no children (world size 1): the owner is also the leaf
-    owned_.resize(codec_.MaxEncodedBytes(plan_, chunk));
+    Fit(owned_, codec_.MaxEncodedBytes(plan_, chunk));
     DQ_ASSIGN_OR_RETURN(size_t bytes, codec_.Compress(plan_, chunk, local_, absl::MakeSpan(owned_)));
     owned_.resize(bytes);
   }
@@ -154,7 +173,8 @@ absl::Status RankExecutor::AllGatherReceive(int step, absl::Span<const uint8_t> 
     return absl::Status(s.code(),
                         absl::StrCat("all-gather from rank ", m.peer, ", chunk ", m.chunk, ": ", s.message()));
   }
-  forward_.assign(message.begin(), message.end());
+  Fit(forward_, message.size());
+  std::copy(message.begin(), message.end(), forward_.begin());
   return absl::OkStatus();
 }
 

@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/buffer_pool.h"
 #include "engine/schedule.h"
 #include "kernels/codec.h"
 
@@ -31,8 +32,13 @@ class RankExecutor {
  public:
   // `local` and `out` cover the whole bucket (plan.num_elements). The caller keeps codec,
   // schedule and plan alive for the executor's lifetime.
+  // Message buffers come from `pool` and go back to it on destruction (null: a pool of its own);
+  // the pool must outlive the executor.
   RankExecutor(const kernels::Codec& codec, const Schedule& schedule, const kernels::BucketPlan& plan,
-               const kernels::Source& local, const kernels::Dest& out);
+               const kernels::Source& local, const kernels::Dest& out, BufferPool* pool = nullptr);
+  ~RankExecutor();
+  RankExecutor(const RankExecutor&) = delete;
+  RankExecutor& operator=(const RankExecutor&) = delete;
 
   int rank() const { return rank_; }
 
@@ -68,6 +74,8 @@ class RankExecutor {
   // Chunk c as this rank compresses it for its parent, with its sibling group for correlated
   // rounding (see kernels::ChunkRef); the owner's final compression has no siblings.
   kernels::ChunkRef CompressRef(int chunk) const;
+  // Sizes `buffer` to `size` bytes, swapping it for a pool buffer when it is too small.
+  void Fit(Bytes& buffer, size_t size);
 
   const kernels::Codec& codec_;
   const Schedule& schedule_;
@@ -80,11 +88,13 @@ class RankExecutor {
   std::vector<int> children_left_;                  // per chunk: receives still to come
   std::vector<kernels::ChunkRef> compress_ref_;     // per chunk, see CompressRef
   std::map<int, std::vector<float>> accumulators_;  // chunks with several children
-  std::map<int, std::vector<uint8_t>> pending_;     // compressed partial sums waiting to be sent
-  std::vector<uint8_t> scratch_;                    // leaf compression output
+  std::map<int, Bytes> pending_;                    // compressed partial sums waiting to be sent
+  BufferPool own_pool_;                             // when the caller gives none
+  BufferPool* pool_;
+  Bytes scratch_;  // leaf compression output
   int owned_chunk_;
-  std::vector<uint8_t> owned_;
-  std::vector<uint8_t> forward_;  // all-gather bytes received last step
+  Bytes owned_;
+  Bytes forward_;  // all-gather bytes received last step
 };
 
 }  // namespace dynamiq::engine

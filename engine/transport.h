@@ -46,6 +46,11 @@ class Transport {
   virtual absl::StatusOr<Handle> PostSend(int peer, uint64_t tag, absl::Span<const uint8_t> data) = 0;
   virtual absl::StatusOr<Handle> PostRecv(int peer, uint64_t tag, absl::Span<uint8_t> buffer) = 0;
   virtual absl::Status Wait(Handle handle, absl::Time deadline) = 0;
+  // The caller's word on how many bytes of a completed receive were `peer`'s message: receives may
+  // be posted larger than the message, and Gloo cannot tell how much arrived (the engine learns it
+  // from the step header). Counting decorators (server/counting_transport.h) count received bytes
+  // from it; transports ignore it.
+  virtual void MessageReceived(int peer, size_t bytes) {}
 
   virtual void Abort() = 0;
 };

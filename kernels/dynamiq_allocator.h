@@ -43,6 +43,10 @@ struct Allocation {
   double bits_per_coord = 0;  // achieved, metadata included
 };
 
+// Super-group indices by energy, descending; equal energies by index (so every rank agrees).
+// Energies are >= 0 (+inf allowed, no NaN).
+std::vector<uint32_t> ByEnergyDescending(absl::Span<const double> energy);
+
 // `energy[j]` >= 0 per super-group; `num_elements` the bucket size.
 Allocation AllocateWidths(absl::Span<const double> energy, size_t num_elements, double bits_per_coord,
                           BitAllocator allocator, const WidthErrors& errors);

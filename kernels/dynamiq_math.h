@@ -61,6 +61,35 @@ DQ_HOST_DEVICE size_t SuperGroupBytes(int bits, int count) {
 
 DQ_HOST_DEVICE bool IsFiniteFloat(float x) { return (FloatBits(x) & 0x7f800000u) != 0x7f800000u; }
 
+// Bucket statistics of a super-group, in one summation order that every implementation (scalar,
+// SIMD of any width, CUDA) follows exactly, so all devices compute bit-identical statistics: eight
+// partial sums, lane l over the elements k = l, l + 8, ... in order, then a fixed pairwise tree.
+// Squares are exact in double (24-bit mantissas), so fused multiply-adds change nothing either.
+inline constexpr int kMomentLanes = 8;
+
+DQ_HOST_DEVICE double SumMomentLanes(const double* lane) {
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+DQ_HOST_DEVICE void SuperGroupMoments(const float* v, int count, double* sum, double* sum_sq) {
+  double s[kMomentLanes] = {0, 0, 0, 0, 0, 0, 0, 0}, q[kMomentLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int k = 0; k < count; ++k) {
+    const double x = v[k];
+    s[k % kMomentLanes] += x;
+    q[k % kMomentLanes] += x * x;
+  }
+  *sum = SumMomentLanes(s);
+  *sum_sq = SumMomentLanes(q);
+}
+
+// The two statistics that travel (as bf16) for a super-group of `count` elements: its mean (0 when
+// not finite) and its norm, rounded up so a non-zero super-group never looks zero.
+DQ_HOST_DEVICE void SuperGroupStats(double sum, double sum_sq, int count, float* stats) {
+  const float mean = static_cast<float>(sum / static_cast<double>(count));
+  stats[0] = IsFiniteFloat(mean) ? Bf16ToFloat(FloatToBf16(mean)) : 0.0f;
+  stats[1] = Bf16ToFloat(FloatToBf16Up(static_cast<float>(sqrt(sum_sq))));
+}
+
 // The SG's super unit from its largest magnitude (`finite` false if any value was Inf/NaN).
 DQ_HOST_DEVICE uint16_t SuperUnitFor(float sg_max, bool finite) {
   if (!finite) return kNanSuperUnit;

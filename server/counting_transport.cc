@@ -19,12 +19,12 @@ absl::StatusOr<engine::Transport::Handle> CountingTransport::PostSend(int peer, 
 
 absl::StatusOr<engine::Transport::Handle> CountingTransport::PostRecv(int peer, uint64_t tag,
                                                                       absl::Span<uint8_t> buffer) {
-  absl::StatusOr<Handle> handle = inner_->PostRecv(peer, tag, buffer);
-  if (handle.ok()) {
-    absl::MutexLock lock(&mu_);
-    pending_[*handle] = Pending{peer, false, buffer.size()};
-  }
-  return handle;
+  return inner_->PostRecv(peer, tag, buffer);
+}
+
+void CountingTransport::MessageReceived(int peer, size_t bytes) {
+  if (sink_ != nullptr) sink_->AddPeerBytes(peer, false, bytes);
+  inner_->MessageReceived(peer, bytes);
 }
 
 absl::Status CountingTransport::Wait(Handle handle, absl::Time deadline) {

@@ -2,9 +2,10 @@
 // peer (dynamiq_peer_bytes_total) and otherwise forwards every call unchanged. The daemon wraps it
 // around each job's Gloo transport, so peer ranks are node ranks.
 //
-// Bytes are counted when Wait succeeds for an operation (a failed or never-waited operation moved
-// nothing we can vouch for): a send counts its size, a receive the size it was posted with (the
-// Transport contract makes that exactly what arrived).
+// A send counts its size when Wait succeeds for it (a failed or never-waited send moved nothing we
+// can vouch for). Received bytes are what the engine reports with MessageReceived once it has
+// checked a message's header: its receives are posted with an upper bound on the size, and Gloo
+// does not say how much arrived.
 //
 // Thread-safety as Transport: one thread drives it; Abort may come from any thread. The sink must
 // be thread-safe (transports of several jobs report into one) and outlive the transport.
@@ -40,6 +41,7 @@ class CountingTransport final : public engine::Transport {
   absl::StatusOr<Handle> PostSend(int peer, uint64_t tag, absl::Span<const uint8_t> data) override;
   absl::StatusOr<Handle> PostRecv(int peer, uint64_t tag, absl::Span<uint8_t> buffer) override;
   absl::Status Wait(Handle handle, absl::Time deadline) override;
+  void MessageReceived(int peer, size_t bytes) override;
   void Abort() override { inner_->Abort(); }
 
  private:

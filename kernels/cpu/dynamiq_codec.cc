@@ -104,43 +104,23 @@ uint8_t DynamiqCodec::UniformMask() const {
 size_t DynamiqCodec::StatsLength(size_t num_elements) const { return 2 * NumSuperGroups(num_elements); }
 
 void DynamiqCodec::ComputeStats(const Source& local, size_t num_elements, float* stats) const {
-  // Each super-group's sums accumulate in element order (as the CUDA kernel does, so every device
-  // computes bit-identical statistics). A chain of dependent double adds is latency-bound, so
-  // kInterleave super-groups are summed side by side: independent chains the CPU overlaps.
-  constexpr size_t kInterleave = 4;
-  float tiles[kInterleave][kSuperGroupSize];
   Source raw = local;
   raw.subtract_per_group = nullptr;
   const size_t m = NumSuperGroups(num_elements);
-  const auto finish = [&](size_t j, size_t count, double sum, double sum_sq) {
-    // Stats travel as bf16. The norm is rounded up so a non-zero super-group never looks zero.
-    const float mean = static_cast<float>(sum / static_cast<double>(count));
-    stats[2 * j] = std::isfinite(mean) ? Bf16ToFloat(FloatToBf16(mean)) : 0.0f;
-    stats[2 * j + 1] = Bf16ToFloat(FloatToBf16Up(static_cast<float>(std::sqrt(sum_sq))));
-  };
-  const size_t full = num_elements / kSuperGroupSize;  // complete super-groups
   size_t j = 0;
-  for (; j + kInterleave <= full; j += kInterleave) {
-    for (size_t g = 0; g < kInterleave; ++g) LoadSource(raw, (j + g) * kSuperGroupSize, kSuperGroupSize, tiles[g]);
-    double sum[kInterleave] = {}, sum_sq[kInterleave] = {};
-    for (size_t k = 0; k < kSuperGroupSize; ++k) {
-      for (size_t g = 0; g < kInterleave; ++g) {
-        sum[g] += tiles[g][k];
-        sum_sq[g] += double(tiles[g][k]) * tiles[g][k];
-      }
-    }
-    for (size_t g = 0; g < kInterleave; ++g) finish(j + g, kSuperGroupSize, sum[g], sum_sq[g]);
+  if (kernel_ == Kernel::kSimd && raw.dtype == DType::kFloat32 && raw.first == 0) {
+    // fp32 is read in place; the SIMD kernel sums in SuperGroupMoments' order.
+    j = num_elements / kSuperGroupSize;
+    ComputeStatsSimd(static_cast<const float*>(raw.data), j, stats);
   }
+  float tile[kSuperGroupSize];
   for (; j < m; ++j) {
     const size_t begin = j * kSuperGroupSize;
-    const size_t count = std::min<size_t>(kSuperGroupSize, num_elements - begin);
-    LoadSource(raw, begin, count, tiles[0]);
+    const int count = static_cast<int>(std::min<size_t>(kSuperGroupSize, num_elements - begin));
+    LoadSource(raw, begin, count, tile);
     double sum = 0, sum_sq = 0;
-    for (size_t k = 0; k < count; ++k) {
-      sum += tiles[0][k];
-      sum_sq += double(tiles[0][k]) * tiles[0][k];
-    }
-    finish(j, count, sum, sum_sq);
+    SuperGroupMoments(tile, count, &sum, &sum_sq);
+    SuperGroupStats(sum, sum_sq, count, stats + 2 * j);
   }
 }
 

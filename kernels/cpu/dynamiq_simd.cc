@@ -729,6 +729,55 @@ void DecodeOffsetSg(const SimdLevelTable& t, const uint8_t* sg, float offset, fl
 
 #endif  // !HWY_ARCH_X86 || HWY_TARGET > HWY_SSSE3
 
+// Statistics of G consecutive full super-groups side by side (the dependent adds of one overlap
+// the others'): SuperGroupMoments' kMomentLanes lane sums as vectors of N doubles each.
+template <size_t G>
+HWY_INLINE void MomentsOf(const float* v, float* stats) {
+#if HWY_HAVE_SCALABLE  // sizeless vectors cannot be array elements
+  for (size_t g = 0; g < G; ++g) {
+    double sum = 0, sum_sq = 0;
+    SuperGroupMoments(v + g * kSuperGroupSize, kSuperGroupSize, &sum, &sum_sq);
+    SuperGroupStats(sum, sum_sq, kSuperGroupSize, stats + 2 * g);
+  }
+#else
+  const hn::CappedTag<double, kMomentLanes> dd;
+  const hn::Rebind<float, decltype(dd)> df;
+  constexpr size_t N = HWY_MIN(HWY_LANES(double), static_cast<size_t>(kMomentLanes));
+  constexpr size_t V = kMomentLanes / N;
+  static_assert(V * N == kMomentLanes, "lanes must tile kMomentLanes");
+  hn::Vec<decltype(dd)> s[G][V], q[G][V];
+  for (size_t g = 0; g < G; ++g) {
+    for (size_t u = 0; u < V; ++u) s[g][u] = q[g][u] = hn::Zero(dd);
+  }
+  for (size_t k = 0; k < kSuperGroupSize; k += kMomentLanes) {
+    for (size_t g = 0; g < G; ++g) {
+      for (size_t u = 0; u < V; ++u) {
+        const auto x = hn::PromoteTo(dd, hn::LoadU(df, v + g * kSuperGroupSize + k + u * N));
+        s[g][u] = hn::Add(s[g][u], x);
+        q[g][u] = hn::MulAdd(x, x, q[g][u]);  // x * x is exact in double: fused or not, the same sum
+      }
+    }
+  }
+  for (size_t g = 0; g < G; ++g) {
+    HWY_ALIGN double sums[kMomentLanes], squares[kMomentLanes];
+    for (size_t u = 0; u < V; ++u) {
+      hn::Store(s[g][u], dd, sums + u * N);
+      hn::Store(q[g][u], dd, squares + u * N);
+    }
+    SuperGroupStats(SumMomentLanes(sums), SumMomentLanes(squares), kSuperGroupSize, stats + 2 * g);
+  }
+#endif
+}
+
+void StatsSgs(const float* values, size_t num_sgs, float* stats) {
+  constexpr size_t kInterleave = 4;
+  size_t j = 0;
+  for (; j + kInterleave <= num_sgs; j += kInterleave) {
+    MomentsOf<kInterleave>(values + j * kSuperGroupSize, stats + 2 * j);
+  }
+  for (; j < num_sgs; ++j) MomentsOf<1>(values + j * kSuperGroupSize, stats + 2 * j);
+}
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace HWY_NAMESPACE
@@ -744,6 +793,7 @@ HWY_EXPORT(ValidateSg);
 HWY_EXPORT(DecodeSg);
 HWY_EXPORT(DecodeAddSg);
 HWY_EXPORT(DecodeOffsetSg);
+HWY_EXPORT(StatsSgs);
 HWY_EXPORT(TargetName);
 
 SimdLevelTable PrepareSimdTable(const LevelTable& t) {
@@ -770,6 +820,9 @@ SimdLevelTable PrepareSimdTable(const LevelTable& t) {
   return s;
 }
 
+void ComputeStatsSimd(const float* values, size_t num_sgs, float* stats) {
+  HWY_DYNAMIC_DISPATCH(StatsSgs)(values, num_sgs, stats);
+}
 void CompressSuperGroupSimd(const SimdLevelTable& t, const SgInput& in, const SgRounding& rounding, uint8_t* sg) {
   HWY_DYNAMIC_DISPATCH(CompressSg)(t, in, rounding, sg);
 }

@@ -68,6 +68,10 @@ void EncodeSuperGroupSimd(const LevelTable& t, const float* v, uint32_t key, uin
 void DecodeSuperGroupSimd(const LevelTable& t, const uint8_t* sg, float* out);
 void DecodeAddSuperGroupSimd(const LevelTable& t, const uint8_t* sg, float* inout);
 
+// SuperGroupStats of `num_sgs` full super-groups of fp32 `values` into stats[2j], stats[2j + 1]
+// (ComputeStats), summed exactly as SuperGroupMoments does.
+void ComputeStatsSimd(const float* values, size_t num_sgs, float* stats);
+
 // Name of the SIMD target the dispatcher picked on this CPU (e.g. "AVX3").
 const char* DynamiqSimdTarget();
 

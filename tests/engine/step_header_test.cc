@@ -109,5 +109,20 @@ TEST(StepHeaderTest, ChecksumSeesEveryByte) {
   EXPECT_NE(PayloadChecksum(absl::MakeConstSpan(data.data(), 999)), base);
 }
 
+TEST(StepHeaderTest, ChecksumSeesOrder) {
+  // Bytes in the wrong place (stripes or words swapped, e.g. a receive into the wrong offset).
+  std::vector<uint8_t> data(4096);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+  const uint64_t base = PayloadChecksum(data);
+  std::vector<uint8_t> stripes = data;
+  std::swap_ranges(stripes.begin(), stripes.begin() + 64, stripes.begin() + 640);
+  EXPECT_NE(PayloadChecksum(stripes), base);
+  std::vector<uint8_t> words = data;
+  std::swap_ranges(words.begin() + 128, words.begin() + 136, words.begin() + 136);
+  EXPECT_NE(PayloadChecksum(words), base);
+  std::vector<uint8_t> zeros(4096, 0), more_zeros(4160, 0);
+  EXPECT_NE(PayloadChecksum(zeros), PayloadChecksum(more_zeros));
+}
+
 }  // namespace
 }  // namespace dynamiq::engine

@@ -265,30 +265,59 @@ INSTANTIATE_TEST_SUITE_P(AllPaths, SimdTargetsTest,
                          ::testing::Combine(::testing::Range(kMinWidth, kMaxWidth + 1),
                                             ::testing::Values(LevelKind::kMee, LevelKind::kUniform)));
 
-// The statistics every rank (and the CUDA kernel) computes: per super-group, sums in element order,
-// bf16 mean and rounded-up norm. Super-groups are summed several at a time; the result must equal
-// this one-at-a-time reference bit for bit, partial last super-group included.
-TEST(StatsTest, EqualsTheElementOrderReferenceBitForBit) {
-  CodecConfig config;
-  DynamiqCodec codec(config, DynamiqCodec::Kernel::kSimd);
-  for (size_t d : {size_t{1}, size_t{255}, size_t{256}, size_t{4 * 256}, size_t{9 * 256 + 17}, size_t{100000}}) {
-    std::vector<float> x = Gaussian(d, 7);
-    for (size_t i = 0; i < d; i += 97) x[i] *= 1e4f;  // wide magnitudes: rounding differences would show
-    std::vector<float> stats(codec.StatsLength(d)), want(stats.size());
-    codec.ComputeStats(Src(x), d, stats.data());
-    for (size_t j = 0; j * 256 < d; ++j) {
-      const size_t count = std::min<size_t>(256, d - j * 256);
-      double sum = 0, sum_sq = 0;
-      for (size_t k = j * 256; k < j * 256 + count; ++k) {
-        sum += x[k];
-        sum_sq += double(x[k]) * x[k];
-      }
-      const float mean = static_cast<float>(sum / static_cast<double>(count));
-      want[2 * j] = std::isfinite(mean) ? Bf16ToFloat(FloatToBf16(mean)) : 0.0f;
-      want[2 * j + 1] = Bf16ToFloat(FloatToBf16Up(static_cast<float>(std::sqrt(sum_sq))));
+// The statistics every rank (and the CUDA kernel) computes, per super-group: eight lane sums
+// (lane l over elements l, l + 8, ... in order) added in a fixed tree, bf16 mean and rounded-up
+// norm. Written out here independently of SuperGroupMoments. The SIMD kernel on every Highway
+// target, the scalar codec and bf16 input must all equal it bit for bit, partial last super-group,
+// huge and non-finite values included.
+std::vector<float> ReferenceStats(const std::vector<float>& x) {
+  std::vector<float> want(2 * ((x.size() + 255) / 256));
+  for (size_t j = 0; j * 256 < x.size(); ++j) {
+    const size_t count = std::min<size_t>(256, x.size() - j * 256);
+    double s[8] = {}, q[8] = {};
+    for (size_t k = 0; k < count; ++k) {
+      s[k % 8] += x[j * 256 + k];
+      q[k % 8] += double(x[j * 256 + k]) * x[j * 256 + k];
     }
-    ASSERT_EQ(0, std::memcmp(stats.data(), want.data(), stats.size() * sizeof(float))) << d << " elements";
+    const double sum = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    const double sum_sq = ((q[0] + q[1]) + (q[2] + q[3])) + ((q[4] + q[5]) + (q[6] + q[7]));
+    const float mean = static_cast<float>(sum / static_cast<double>(count));
+    want[2 * j] = std::isfinite(mean) ? Bf16ToFloat(FloatToBf16(mean)) : 0.0f;
+    want[2 * j + 1] = Bf16ToFloat(FloatToBf16Up(static_cast<float>(std::sqrt(sum_sq))));
   }
+  return want;
+}
+
+TEST_F(SimdTargetsTest, StatsEqualTheReferenceOnEveryTarget) {
+  CodecConfig config;
+  const DynamiqCodec scalar(config, DynamiqCodec::Kernel::kScalar);
+  std::set<std::string> ran;
+  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  for (int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    const DynamiqCodec codec(config, DynamiqCodec::Kernel::kSimd);
+    ran.insert(DynamiqSimdTarget());
+    SCOPED_TRACE(DynamiqSimdTarget());
+    for (size_t d : {size_t{1}, size_t{255}, size_t{256}, size_t{4 * 256}, size_t{9 * 256 + 17}, size_t{100000}}) {
+      std::vector<float> x = Gaussian(d, 7);
+      for (size_t i = 0; i < d; i += 97) x[i] *= 1e4f;  // wide magnitudes: rounding differences would show
+      if (d > 3000) x[2000] = INFINITY, x[2600] = NAN, x[2900] = 3e38f;
+      const std::vector<float> want = ReferenceStats(x);
+      std::vector<float> stats(codec.StatsLength(d)), scalar_stats(stats.size());
+      codec.ComputeStats(Src(x), d, stats.data());
+      scalar.ComputeStats(Src(x), d, scalar_stats.data());
+      ASSERT_EQ(0, std::memcmp(stats.data(), want.data(), stats.size() * sizeof(float))) << d << " elements";
+      ASSERT_EQ(0, std::memcmp(scalar_stats.data(), want.data(), stats.size() * sizeof(float))) << d << " elements";
+      // bf16 input: the same statistics as of its values widened to fp32.
+      std::vector<uint16_t> x16(d);
+      std::vector<float> widened(d);
+      for (size_t i = 0; i < d; ++i) widened[i] = Bf16ToFloat(x16[i] = FloatToBf16(x[i]));
+      const std::vector<float> want16 = ReferenceStats(widened);
+      codec.ComputeStats(Source{x16.data(), DType::kBFloat16, 0, nullptr}, d, stats.data());
+      ASSERT_EQ(0, std::memcmp(stats.data(), want16.data(), stats.size() * sizeof(float))) << d << " bf16 elements";
+    }
+  }
+  EXPECT_EQ(ran.size(), targets.size());
 }
 
 TEST(SimdParityTest, WholeCodecMatchesScalarCodec) {
