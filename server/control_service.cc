@@ -38,6 +38,7 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context, const dynam
   for (const auto& [id, s] : daemon_.JobStatuses()) {
     dynamiq::v1::JobStatus* j = response->add_jobs();
     j->set_job_id(id);
+    j->set_incarnation(s.incarnation);
     j->set_workers(s.workers);
     j->set_config_epoch(s.config_epoch);
     ToProto(s.config, j->mutable_config());

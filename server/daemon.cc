@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "engine/gloo_transport.h"
@@ -68,6 +70,30 @@ absl::StatusOr<std::pair<JobConfig, uint64_t>> DecodeConfig(const std::string& s
   }
   return std::make_pair(c, apply_at);
 }
+
+// Where incarnation `incarnation` of a job keeps its keys in the coordinator's store: the Gloo
+// rendezvous ("<prefix>/gen<g>/...") and the published configurations.
+std::string JobKey(const std::string& job_id, uint64_t incarnation) {
+  return absl::StrCat("job/", job_id, "/inc", incarnation);
+}
+
+// Why a node failed collective `sequence` of the incarnation without its cross-node part.
+std::string FailureKey(const std::string& job_id, uint64_t incarnation, uint64_t sequence) {
+  return absl::StrCat(JobKey(job_id, incarnation), "/failed/", sequence);
+}
+
+// A published cause is cut to this (a watchdog's list of a thousand missing local ranks is long).
+constexpr size_t kMaxCauseBytes = 4096;
+// Of a lookup's time, what the coordinator's answer needs to come back after its wait for the key.
+constexpr absl::Duration kLookupRoundTrip = absl::Milliseconds(100);
+
+// How many times node `rank` has created the job (its latest incarnation there).
+std::string IncarnationsKey(const std::string& job_id, uint32_t rank) {
+  return absl::StrCat("job/", job_id, "/node", rank, "/incarnations");
+}
+
+// The retired jobs whose flight recorders stay readable.
+constexpr size_t kRetiredRecorders = 8;
 
 std::string HostOf(const std::string& address) {
   const size_t colon = address.rfind(':');
@@ -308,39 +334,87 @@ std::vector<std::string> Daemon::members() const {
   return members_.empty() ? std::vector<std::string>{listen_address_} : members_;
 }
 
-Job* Daemon::GetOrCreateJob(const std::string& job_id, uint32_t local_world_size) {
-  auto it = jobs_.find(job_id);
-  if (it != jobs_.end()) return it->second.get();
+std::shared_ptr<Job> Daemon::CreateJob(const std::string& job_id, uint64_t incarnation, uint32_t local_world_size) {
   Job::Options o;
   o.id = job_id;
+  o.incarnation = incarnation;
   o.local_world_size = local_world_size;
   o.num_nodes = options_.num_nodes;
   o.config = options_.default_config;
   o.timeout = options_.timeout;
   o.observer = observers_.get();
-  o.error_sample_rate = error_sample_rate_;
+  o.error_sample_rate = error_sample_rate();
   // Engine messages between nodes carry HMAC tags under the job's key (engine/step_auth.h).
   if (!security_.cluster_secret.empty()) {
     o.authenticator = engine::StepAuthenticator::ForJob(security_.cluster_secret, job_id);
   }
-  o.connect = [this, job_id](uint64_t generation) -> absl::StatusOr<std::unique_ptr<engine::Transport>> {
-    engine::PrefixStore scoped(absl::StrCat("job/", job_id, "/gen", generation), *store_);
+  o.connect = [this, job_id, incarnation](uint64_t generation) -> absl::StatusOr<std::unique_ptr<engine::Transport>> {
+    engine::PrefixStore scoped(absl::StrCat(JobKey(job_id, incarnation), "/gen", generation), *store_);
     engine::GlooTransportOptions t;
     t.hostname = peer_host_;
     t.timeout = options_.timeout;
-    DQ_ASSIGN_OR_RETURN(std::unique_ptr<engine::Transport> gloo,
-                        engine::ConnectGlooTransport(scoped, static_cast<int>(options_.node_rank),
-                                                     static_cast<int>(options_.num_nodes), t));
+    absl::StatusOr<std::unique_ptr<engine::Transport>> gloo = engine::ConnectGlooTransport(
+        scoped, static_cast<int>(options_.node_rank), static_cast<int>(options_.num_nodes), t);
+    if (!gloo.ok()) {
+      // Nodes at different incarnations never meet: say so rather than only which key was missing.
+      return absl::Status(gloo.status().code(),
+                          absl::StrCat(gloo.status().message(), IncarnationHint(job_id, incarnation)));
+    }
     // Counts bytes per peer node (dynamiq_peer_bytes_total).
-    return std::unique_ptr<engine::Transport>(std::make_unique<CountingTransport>(std::move(gloo), metrics_.get()));
+    return std::unique_ptr<engine::Transport>(std::make_unique<CountingTransport>(*std::move(gloo), metrics_.get()));
   };
-  o.poll_config = [this, job_id](uint64_t sequence, uint64_t* epoch, JobConfig* config) {
-    return PollConfig(job_id, sequence, epoch, config);
+  o.poll_config = [this, job_id, incarnation](uint64_t sequence, uint64_t* epoch, JobConfig* config) {
+    return PollConfig(job_id, incarnation, sequence, epoch, config);
   };
-  auto job = std::make_shared<Job>(std::move(o));
-  Job* raw = job.get();
-  jobs_[job_id] = std::move(job);
-  return raw;
+  if (options_.num_nodes > 1) {
+    o.report_failure = [this, job_id, incarnation](uint64_t sequence, const absl::Status& cause, absl::Time deadline) {
+      return ReportFailure(job_id, incarnation, sequence, cause, deadline);
+    };
+    o.lookup_failure = [this, job_id, incarnation](uint64_t sequence, absl::Time deadline) {
+      return LookupFailure(job_id, incarnation, sequence, deadline);
+    };
+  }
+  return std::make_shared<Job>(std::move(o));
+}
+
+absl::StatusOr<uint64_t> Daemon::ClaimIncarnation(const std::string& job_id) {
+  const std::string key = IncarnationsKey(job_id, options_.node_rank);
+  // Only this node writes its count; compare-and-set still keeps a misconfigured twin (two daemons
+  // with one rank) from handing out one incarnation twice.
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    absl::StatusOr<std::string> value = store_->Get(key, absl::ZeroDuration());
+    std::optional<std::string> seen;
+    uint64_t count = 0;
+    if (value.ok()) {
+      if (!absl::SimpleAtoi(*value, &count)) {
+        return absl::DataLossError(absl::StrCat("malformed ", key, " '", *value, "'"));
+      }
+      seen = *value;
+    } else if (!absl::IsDeadlineExceeded(value.status()) && !absl::IsNotFound(value.status())) {
+      return absl::Status(value.status().code(),
+                          absl::StrCat("cannot create job ", job_id, ": ", value.status().message()));
+    }
+    std::optional<absl::string_view> expected;
+    if (seen.has_value()) expected = *seen;
+    DQ_ASSIGN_OR_RETURN(bool claimed, store_->CompareAndSet(key, expected, absl::StrCat(count + 1)));
+    if (claimed) return count + 1;
+  }
+  return absl::AbortedError(absl::StrCat("job ", job_id, ": ", key, " changed concurrently too often; retry"));
+}
+
+std::string Daemon::IncarnationHint(const std::string& job_id, uint64_t incarnation) {
+  std::vector<std::string> others;
+  for (uint32_t r = 0; r < options_.num_nodes; ++r) {
+    if (r == options_.node_rank) continue;
+    absl::StatusOr<std::string> value = store_->Get(IncarnationsKey(job_id, r), absl::ZeroDuration());
+    uint64_t count = 0;
+    if (!value.ok() || !absl::SimpleAtoi(*value, &count)) continue;  // unknown: no hint rather than a wrong one
+    if (count != incarnation) others.push_back(absl::StrCat("node ", r, " is at incarnation ", count));
+  }
+  if (others.empty()) return "";
+  return absl::StrCat(" (", absl::StrJoin(others, ", "), " of job ", job_id, ", this node at ", incarnation,
+                      ": a job id is reused by restarting all its workers on every node; use a new job id, or "
+                      "restart all of them again)");
 }
 
 absl::StatusOr<std::shared_ptr<Job>> Daemon::FindJob(const std::string& job_id) const {
@@ -350,16 +424,11 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::FindJob(const std::string& job_id) 
   return it->second;
 }
 
-absl::StatusOr<Daemon::Registration> Daemon::Register(const std::string& job_id, uint32_t local_rank,
-                                                      uint32_t local_world_size, std::optional<PeerCredentials> peer) {
-  if (local_world_size == 0 || local_world_size > 1024) {
-    return absl::InvalidArgumentError(absl::StrCat("local world size must be 1..1024, got ", local_world_size));
-  }
-  absl::MutexLock lock(&mu_);
-  if (shut_down_) return absl::UnavailableError("dynamiqd is shutting down");
-  Job* job = GetOrCreateJob(job_id, local_world_size);
+absl::StatusOr<Daemon::Registration> Daemon::AddWorker(Job& job, const std::string& job_id, uint32_t local_rank,
+                                                       uint32_t local_world_size,
+                                                       const std::optional<PeerCredentials>& peer) {
   const uint64_t id = next_worker_id_++;
-  DQ_RETURN_IF_ERROR(job->AddWorker(id, local_rank, local_world_size, peer.has_value() ? peer->pid : 0));
+  DQ_RETURN_IF_ERROR(job.AddWorker(id, local_rank, local_world_size, peer.has_value() ? peer->pid : 0));
   worker_jobs_[id] = job_id;
   if (peer.has_value() && process_watcher_) {
     // A worker that dies without unregistering is removed at once (not at the collective timeout).
@@ -369,8 +438,60 @@ absl::StatusOr<Daemon::Registration> Daemon::Register(const std::string& job_id,
     });
     if (watch.ok()) worker_watches_[id] = *watch;
   }
-  Job::Status s = job->GetStatus();
+  Job::Status s = job.GetStatus();
   return Registration{id, s.config_epoch, s.config};
+}
+
+absl::StatusOr<Daemon::Registration> Daemon::Register(const std::string& job_id, uint32_t local_rank,
+                                                      uint32_t local_world_size, std::optional<PeerCredentials> peer) {
+  if (local_world_size == 0 || local_world_size > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("local world size must be 1..1024, got ", local_world_size));
+  }
+  // Checked here so that the first worker of a new job is always accepted: a job (and its
+  // incarnation) is only created for a worker that joins it.
+  if (local_rank >= local_world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local rank ", local_rank, " is not below the local world size ", local_world_size));
+  }
+  auto live = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<std::optional<Registration>> {
+    if (shut_down_) return absl::UnavailableError("dynamiqd is shutting down");
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return std::optional<Registration>();
+    DQ_ASSIGN_OR_RETURN(Registration r, AddWorker(*it->second, job_id, local_rank, local_world_size, peer));
+    return std::optional<Registration>(std::move(r));
+  };
+  {
+    absl::MutexLock lock(&mu_);
+    DQ_ASSIGN_OR_RETURN(std::optional<Registration> r, live());
+    if (r.has_value()) return *r;
+  }
+  // A new job (or a new incarnation of a retired one): one creation at a time, since it claims the
+  // incarnation from the coordinator's store, which is not done under mu_.
+  absl::MutexLock create(&create_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    DQ_ASSIGN_OR_RETURN(std::optional<Registration> r, live());  // created meanwhile
+    if (r.has_value()) return *r;
+  }
+  DQ_ASSIGN_OR_RETURN(uint64_t incarnation, ClaimIncarnation(job_id));
+  std::shared_ptr<Job> job = CreateJob(job_id, incarnation, local_world_size);
+  absl::StatusOr<Registration> registered;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) {
+      registered = absl::UnavailableError("dynamiqd is shutting down");
+    } else {
+      registered = AddWorker(*job, job_id, local_rank, local_world_size, peer);
+      if (registered.ok()) jobs_[job_id] = job;
+    }
+  }
+  if (!registered.ok()) {
+    job->Close();  // a job without workers: not kept (the incarnation it claimed stays used)
+    return registered.status();
+  }
+  std::fprintf(stderr, "dynamiqd: job %s: incarnation %llu started\n", job_id.c_str(),
+               static_cast<unsigned long long>(incarnation));
+  return registered;
 }
 
 absl::StatusOr<ShmBufferInfo> Daemon::Allocate(uint64_t worker_id, size_t bytes) {
@@ -407,25 +528,57 @@ absl::Status Daemon::Unregister(uint64_t worker_id) {
 }
 
 absl::Status Daemon::RemoveWorker(uint64_t worker_id, const std::string& reason) {
-  std::string job_id;
+  std::shared_ptr<Job> job;
+  bool last = false;  // the job's last local worker: retire the job
   uint64_t watch = 0;
   {
     absl::MutexLock lock(&mu_);
     auto it = worker_jobs_.find(worker_id);
     if (it == worker_jobs_.end()) return absl::NotFoundError(absl::StrCat("worker ", worker_id, " is not registered"));
-    job_id = it->second;
+    const std::string job_id = it->second;
     worker_jobs_.erase(it);
     auto w = worker_watches_.find(worker_id);
     if (w != worker_watches_.end()) {
       watch = w->second;
       worker_watches_.erase(w);
     }
+    auto j = jobs_.find(job_id);
+    if (j != jobs_.end()) {
+      job = j->second;
+      last = std::none_of(worker_jobs_.begin(), worker_jobs_.end(), [&](const auto& e) { return e.second == job_id; });
+      // Taken out now, in the same critical section: a worker that registers from here on starts
+      // the next incarnation instead of joining one that is going away.
+      if (last) jobs_.erase(j);
+    }
   }
   if (watch != 0 && process_watcher_) process_watcher_->Unwatch(watch);
-  DQ_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
+  if (job == nullptr) return absl::UnavailableError("dynamiqd is shutting down");  // Shutdown stopped the jobs
+  const std::string retired = absl::StrCat("job ", job->id(), " (incarnation ", job->incarnation(),
+                                           ") is retired: its last local worker left (", reason, ")");
+  // A collective still running needs every local worker, so it cannot succeed any more: abort it
+  // (Stop) rather than wait for it, before the worker's buffers are released.
+  if (last) job->Stop(retired);
   job->RemoveWorker(worker_id, reason);
   registry_->ReleaseWorker(worker_id);
+  if (last) RetireJob(std::move(job), retired);
   return absl::OkStatus();
+}
+
+void Daemon::RetireJob(std::shared_ptr<Job> job, const std::string& reason) {
+  // Joins the reducer (Stop has made it return or abort its collective) and closes the transport.
+  job->Close();
+  // Nothing reports on this incarnation any more: drop its per-job state. The metrics keep its
+  // series for one more scrape; the controller (node 0) is started afresh for a next incarnation.
+  if (error_budget_) error_budget_->ForgetJob(job->id());
+  metrics_->RetireJob(job->id());
+  std::vector<CollectiveRecord> records = job->FlightRecorder(0);
+  {
+    absl::MutexLock lock(&mu_);
+    std::erase_if(retired_, [&](const RetiredRecorder& r) { return r.job_id == job->id(); });
+    retired_.push_back(RetiredRecorder{job->id(), std::move(records)});
+    while (retired_.size() > kRetiredRecorders) retired_.pop_front();
+  }
+  std::fprintf(stderr, "dynamiqd: %s\n", reason.c_str());
 }
 
 std::optional<PeerCredentials> Daemon::WorkerPeer(const std::string& grpc_peer) const {
@@ -485,7 +638,9 @@ absl::StatusOr<uint64_t> Daemon::SetCompression(const std::string& job_id, const
         "an error budget needs error samples, but --error_sample_rate is 0: give the budget its own sample rate");
   }
   absl::MutexLock lock(&config_mu_);
-  const std::string latest_key = absl::StrCat("job/", job_id, "/latest_epoch");
+  // The live incarnation's keys: a change staged for an earlier one never applies to this one.
+  const std::string prefix = JobKey(job_id, job->incarnation());
+  const std::string latest_key = absl::StrCat(prefix, "/latest_epoch");
   // Claim the next epoch with a compare-and-set on the coordinator's store: changes made at the
   // same time through different nodes get distinct epochs, and a stale expected epoch is refused.
   for (int attempt = 0; attempt < 64; ++attempt) {
@@ -513,20 +668,21 @@ absl::StatusOr<uint64_t> Daemon::SetCompression(const std::string& job_id, const
     DQ_ASSIGN_OR_RETURN(bool claimed, store_->CompareAndSet(latest_key, expected, absl::StrCat(epoch)));
     if (!claimed) continue;  // another node claimed it first: read the new epoch and try again
     // Nodes that see the claimed epoch wait (PollConfig) for this key, written right away.
-    DQ_RETURN_IF_ERROR(store_->Set(absl::StrCat("job/", job_id, "/config/", epoch), EncodeConfig(config, apply_at)));
+    DQ_RETURN_IF_ERROR(store_->Set(absl::StrCat(prefix, "/config/", epoch), EncodeConfig(config, apply_at)));
     return epoch;
   }
   return absl::AbortedError(absl::StrCat("job ", job_id, ": configuration changed concurrently too often; retry"));
 }
 
-absl::StatusOr<bool> Daemon::PollConfig(const std::string& job_id, uint64_t sequence, uint64_t* epoch,
-                                        JobConfig* config) {
-  auto latest = store_->Get(absl::StrCat("job/", job_id, "/latest_epoch"), absl::ZeroDuration());
+absl::StatusOr<bool> Daemon::PollConfig(const std::string& job_id, uint64_t incarnation, uint64_t sequence,
+                                        uint64_t* epoch, JobConfig* config) {
+  const std::string prefix = JobKey(job_id, incarnation);
+  auto latest = store_->Get(absl::StrCat(prefix, "/latest_epoch"), absl::ZeroDuration());
   uint64_t newest = 0;
   if (!latest.ok() || !absl::SimpleAtoi(*latest, &newest) || newest <= *epoch) return false;
   // Apply the newest epoch whose boundary has been reached.
   for (uint64_t e = newest; e > *epoch; --e) {
-    auto value = store_->Get(absl::StrCat("job/", job_id, "/config/", e), absl::Seconds(5));
+    auto value = store_->Get(absl::StrCat(prefix, "/config/", e), absl::Seconds(5));
     if (!value.ok()) return value.status();
     DQ_ASSIGN_OR_RETURN(auto decoded, DecodeConfig(*value));
     if (decoded.second <= sequence) {
@@ -538,6 +694,38 @@ absl::StatusOr<bool> Daemon::PollConfig(const std::string& job_id, uint64_t sequ
   return false;
 }
 
+absl::Status Daemon::ReportFailure(const std::string& job_id, uint64_t incarnation, uint64_t sequence,
+                                   const absl::Status& cause, absl::Time deadline) {
+  absl::string_view message = cause.message();
+  std::string value = absl::StrCat(static_cast<int>(cause.code()), "|", options_.node_rank, "|",
+                                   message.substr(0, kMaxCauseBytes), message.size() > kMaxCauseBytes ? "..." : "");
+  // Multi-node only (Job::Options): the store is the coordinator's, over gRPC.
+  absl::Status s =
+      static_cast<GrpcStore*>(store_.get())->SetBefore(FailureKey(job_id, incarnation, sequence), value, deadline);
+  if (!s.ok()) {
+    std::fprintf(stderr, "dynamiqd: job %s: cannot tell the other nodes why collective %llu failed here: %s\n",
+                 job_id.c_str(), static_cast<unsigned long long>(sequence), std::string(s.message()).c_str());
+  }
+  return s;
+}
+
+std::optional<Job::FailureCause> Daemon::LookupFailure(const std::string& job_id, uint64_t incarnation,
+                                                       uint64_t sequence, absl::Time deadline) {
+  const std::string key = FailureKey(job_id, incarnation, sequence);
+  const absl::Duration wait = std::max(absl::ZeroDuration(), deadline - absl::Now() - kLookupRoundTrip);
+  absl::StatusOr<std::string> value = static_cast<GrpcStore*>(store_.get())->GetBefore(key, wait, deadline);
+  if (!value.ok()) return std::nullopt;  // no node reported a cause (or the coordinator is out of reach)
+  std::vector<absl::string_view> f = absl::StrSplit(*value, absl::MaxSplits('|', 2));
+  int code = 0;
+  uint32_t node = 0;
+  if (f.size() != 3 || !absl::SimpleAtoi(f[0], &code) || code <= 0 || code > 16 || !absl::SimpleAtoi(f[1], &node) ||
+      node >= options_.num_nodes || node == options_.node_rank) {
+    std::fprintf(stderr, "dynamiqd: job %s: ignoring malformed %s\n", job_id.c_str(), key.c_str());
+    return std::nullopt;
+  }
+  return Job::FailureCause{node, absl::Status(static_cast<absl::StatusCode>(code), f[2])};
+}
+
 std::map<std::string, Job::Status> Daemon::JobStatuses() const {
   absl::MutexLock lock(&mu_);
   std::map<std::string, Job::Status> out;
@@ -546,8 +734,15 @@ std::map<std::string, Job::Status> Daemon::JobStatuses() const {
 }
 
 absl::StatusOr<std::vector<CollectiveRecord>> Daemon::FlightRecorder(const std::string& job_id, size_t limit) const {
-  DQ_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
-  return job->FlightRecorder(limit);
+  absl::StatusOr<std::shared_ptr<Job>> job = FindJob(job_id);
+  if (job.ok()) return (*job)->FlightRecorder(limit);
+  absl::MutexLock lock(&mu_);
+  for (auto r = retired_.rbegin(); r != retired_.rend(); ++r) {
+    if (r->job_id != job_id) continue;
+    const size_t n = limit == 0 ? r->records.size() : std::min(limit, r->records.size());
+    return std::vector<CollectiveRecord>(r->records.end() - static_cast<ptrdiff_t>(n), r->records.end());
+  }
+  return job.status();
 }
 
 }  // namespace dynamiq::server

@@ -4,15 +4,33 @@
 //
 // Cluster: with num_nodes > 1 every daemon joins through the coordinator (node 0's daemon unless
 // --coordinator names another address) and learns the same membership; each job's cross-node
-// transport (Gloo TCP) rendezvous through the coordinator's store under "job/<id>/gen<g>".
-// Compression changes are published in that store with the sequence they apply at (one after the
-// job's next collective on the node that took the call), and every node polls for them before each
-// collective, so all nodes switch at the same boundary.
+// transport (Gloo TCP) rendezvous through the coordinator's store under "job/<id>/inc<k>/gen<g>".
+// Compression changes are published in that store ("job/<id>/inc<k>/config/<epoch>") with the
+// sequence they apply at (one after the job's next collective on the node that took the call), and
+// every node polls for them before each collective, so all nodes switch at the same boundary.
+// A node that fails a collective for a local reason (its workers disagree, its watchdog fires, a
+// worker leaves, the job stops there) writes why under "job/<id>/inc<k>/failed/<sequence>" before
+// it breaks the group; the nodes whose part of that collective is then cut short read it, so every
+// node's workers get the cause, not just a reset connection.
+//
+// Job lifetime: a job exists on a node from the registration of its first local worker until its
+// last local worker leaves (unregisters or dies); then it is retired: stopped, its reducer joined,
+// its transport closed, its status and metrics gone (its last flight-recorder records stay readable
+// for a while). Incarnations: each node counts how many times it has created job <id>, in the
+// coordinator's store ("job/<id>/node<r>/incarnations", so the count survives a daemon restart),
+// and the k-th creation is incarnation k, whose keys are all under "job/<id>/inc<k>/". Rule: a job id
+// is reused by restarting all its workers on all nodes (every node retires the job, then creates
+// it again), so every node is at the same incarnation without any extra coordination. A node whose
+// workers never registered under an incarnation, or that kept its workers while the others
+// restarted, is out of step: its collectives fail (the error names both incarnations); restart the
+// job under a new id, or all of it again. A restarted coordinator starts every count afresh
+// (its store is in memory), consistently for all nodes.
 //
 // Thread-safe. Start once, Shutdown once (also from a signal-watching thread).
 #ifndef DQ_SERVER_DAEMON_H_
 #define DQ_SERVER_DAEMON_H_
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -124,16 +142,39 @@ class Daemon {
                                           std::optional<uint64_t> expected_epoch);
   // The coordinator's error-budget controllers (server/error_budget_service.h); null on other nodes.
   ErrorBudgetService* error_budget() { return error_budget_.get(); }
+  // The live jobs (a retired job is not listed).
   std::map<std::string, Job::Status> JobStatuses() const;
+  // The live job's records, else those of the job's last retired incarnation while kept.
   absl::StatusOr<std::vector<CollectiveRecord>> FlightRecorder(const std::string& job_id, size_t limit) const;
   std::vector<std::string> members() const;
 
  private:
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id) const;
-  // Removes a worker; `reason` says why (in the errors of the collectives that fail with it).
+  // Removes a worker; `reason` says why (in the errors of the collectives that fail with it). The
+  // job's last local worker retires the job (RetireJob).
   absl::Status RemoveWorker(uint64_t worker_id, const std::string& reason);
-  Job* GetOrCreateJob(const std::string& job_id, uint32_t local_world_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<bool> PollConfig(const std::string& job_id, uint64_t sequence, uint64_t* epoch, JobConfig* config);
+  // Adds a worker to a live job (registered in jobs_).
+  absl::StatusOr<Registration> AddWorker(Job& job, const std::string& job_id, uint32_t local_rank,
+                                         uint32_t local_world_size, const std::optional<PeerCredentials>& peer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new Job for incarnation `incarnation` of `job_id` (its reducer starts at once).
+  std::shared_ptr<Job> CreateJob(const std::string& job_id, uint64_t incarnation, uint32_t local_world_size);
+  // Counts one more creation of `job_id` on this node in the coordinator's store; returns the count
+  // (the new incarnation).
+  absl::StatusOr<uint64_t> ClaimIncarnation(const std::string& job_id);
+  // Closes a job already taken out of jobs_ (no worker left) and drops its per-job state.
+  void RetireJob(std::shared_ptr<Job> job, const std::string& reason);
+  // " (node 1 is at incarnation 3 of job j, this node at 2: ...)" when the nodes' counts differ.
+  std::string IncarnationHint(const std::string& job_id, uint64_t incarnation);
+  absl::StatusOr<bool> PollConfig(const std::string& job_id, uint64_t incarnation, uint64_t sequence, uint64_t* epoch,
+                                  JobConfig* config);
+  // Why a node failed a collective of a job without its cross-node part (Job::Options::report_failure,
+  // lookup_failure), in the coordinator's store: "job/<id>/inc<k>/failed/<sequence>" holds
+  // "<code>|<node>|<message>". Multi-node only. Failing to report is logged, not returned to workers.
+  absl::Status ReportFailure(const std::string& job_id, uint64_t incarnation, uint64_t sequence,
+                             const absl::Status& cause, absl::Time deadline);
+  std::optional<Job::FailureCause> LookupFailure(const std::string& job_id, uint64_t incarnation, uint64_t sequence,
+                                                 absl::Time deadline);
   // Multi-node: node 0 publishes its error sample rate in the coordinator's store, the others adopt it.
   absl::Status AgreeOnErrorSampleRate();
   // Validates an all-reduce call and turns it into the job's request (errors are rejections).
@@ -155,9 +196,19 @@ class Daemon {
   std::unique_ptr<ControlService> control_service_;
   std::string peer_host_;
 
+  // Serialises job creation (which claims an incarnation from the coordinator) without holding mu_
+  // over that call. Taken before mu_.
+  absl::Mutex create_mu_;
   mutable absl::Mutex mu_;
-  // Handlers hold a reference while they use a job, so Shutdown can drop the map safely.
+  // The live jobs. Handlers hold a reference while they use a job, so Shutdown and retirement can
+  // drop it from the map safely. Invariant: every id in worker_jobs_ is here (until Shutdown).
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  // The flight recorders of the most recently retired jobs (kRetiredRecorders, newest last).
+  struct RetiredRecorder {
+    std::string job_id;
+    std::vector<CollectiveRecord> records;
+  };
+  std::deque<RetiredRecorder> retired_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::string> worker_jobs_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, uint64_t> worker_watches_ ABSL_GUARDED_BY(mu_);  // worker id -> ProcessWatcher handle
   uint64_t next_worker_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -42,22 +42,30 @@ void GrpcStore::Prepare(grpc::ClientContext& context, absl::Time deadline) const
 }
 
 absl::Status GrpcStore::Set(absl::string_view key, absl::string_view value) {
+  return SetBefore(key, value, Deadline(absl::ZeroDuration()));
+}
+
+absl::Status GrpcStore::SetBefore(absl::string_view key, absl::string_view value, absl::Time deadline) {
   dynamiq::v1::StoreSetRequest request;
   request.set_key(std::string(key));
   request.set_value(std::string(value));
   dynamiq::v1::StoreSetResponse response;
   grpc::ClientContext context;
-  Prepare(context, Deadline(absl::ZeroDuration()));
+  Prepare(context, deadline);
   return Annotate(stub_->Set(&context, request, &response), absl::StrCat("rendezvous at ", address_));
 }
 
 absl::StatusOr<std::string> GrpcStore::Get(absl::string_view key, absl::Duration timeout) {
+  return GetBefore(key, timeout, timeout <= absl::ZeroDuration() ? absl::Now() + kPollRpcDeadline : Deadline(timeout));
+}
+
+absl::StatusOr<std::string> GrpcStore::GetBefore(absl::string_view key, absl::Duration timeout, absl::Time deadline) {
   dynamiq::v1::StoreGetRequest request;
   request.set_key(std::string(key));
   request.set_timeout_ms(static_cast<uint32_t>(std::clamp<int64_t>(absl::ToInt64Milliseconds(timeout), 0, 1 << 30)));
   dynamiq::v1::StoreGetResponse response;
   grpc::ClientContext context;
-  Prepare(context, timeout <= absl::ZeroDuration() ? absl::Now() + kPollRpcDeadline : Deadline(timeout));
+  Prepare(context, deadline);
   absl::Status s = Annotate(stub_->Get(&context, request, &response), absl::StrCat("rendezvous at ", address_));
   if (!s.ok()) return s;
   return std::move(*response.mutable_value());

@@ -31,6 +31,12 @@ class GrpcStore final : public engine::Store {
   absl::StatusOr<bool> CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
                                      absl::string_view desired) override;
 
+  // Get and Set whose call ends by `deadline` whatever happens (Get waits for the key for `timeout`),
+  // with none of the usual slack: for best-effort calls that must not hold their caller when the
+  // coordinator is out of reach without a reset (a cut link).
+  absl::StatusOr<std::string> GetBefore(absl::string_view key, absl::Duration timeout, absl::Time deadline);
+  absl::Status SetBefore(absl::string_view key, absl::string_view value, absl::Time deadline);
+
   // Joins the cluster as `node_rank` of `num_nodes` at `address`; returns every member's address
   // by node rank once all have joined (or DEADLINE_EXCEEDED after `timeout`).
   absl::StatusOr<std::vector<std::string>> Join(uint32_t node_rank, uint32_t num_nodes, const std::string& address,

@@ -1,5 +1,7 @@
 #include "server/job.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -7,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "engine/allreduce.h"
 #include "kernels/bf16_math.h"
@@ -23,10 +26,35 @@ uint64_t JobHash(absl::string_view id) {
   return h;
 }
 
-// What the step headers' job field carries: the job, the tensor's name and its element count, so
-// nodes whose workers submitted different tensors (or sizes) fail the header check at once.
-uint64_t CollectiveId(absl::string_view job, absl::string_view tensor, uint64_t num_elements) {
-  return JobHash(absl::StrCat(job, std::string(1, '\0'), tensor, std::string(1, '\0'), num_elements));
+// What the step headers' job field carries: the job and its incarnation, the tensor's name, element
+// count and dtype, so nodes whose workers submitted different tensors (or sizes, or dtypes: the
+// cross-node sum is fp32 either way) fail the header check at once, and messages of an earlier
+// incarnation of the job are refused.
+uint64_t CollectiveId(absl::string_view job, uint64_t incarnation, absl::string_view tensor, uint64_t num_elements,
+                      kernels::DType dtype) {
+  const std::string nul(1, '\0');
+  // Incarnation 1 is the plain job id.
+  const std::string id = incarnation <= 1 ? std::string(job) : absl::StrCat(job, nul, "inc", incarnation);
+  return JobHash(absl::StrCat(id, nul, tensor, nul, num_elements, nul, kernels::DTypeName(dtype)));
+}
+
+// How long a node's reports of why it failed collectives may take in all (a worker leaving can fail
+// many queued ones at once).
+constexpr absl::Duration kReportTimeout = absl::Seconds(1);
+// How long a node whose cross-node part was cut short waits for the cause. The failing node reports
+// before it breaks the group, so after a reset the cause is there (or a report is a moment away:
+// the failing node's reducer may close the old group first); a node that ran into its own deadline
+// may have done so a moment before the other node's watchdog fired. A failure nobody explains (a
+// daemon killed) reaches the workers this much later.
+constexpr absl::Duration kCauseWaitAfterReset = absl::Milliseconds(300);
+constexpr absl::Duration kCauseWaitAfterDeadline = absl::Seconds(1);
+
+// `message` without its leading "collective <seq> of job <id>" (and the ": " or " " after it).
+absl::string_view WithoutCollectivePrefix(absl::string_view message, absl::string_view prefix) {
+  if (absl::ConsumePrefix(&message, prefix) && !absl::ConsumePrefix(&message, ": ")) {
+    absl::ConsumePrefix(&message, " ");
+  }
+  return message;
 }
 
 }  // namespace
@@ -36,12 +64,22 @@ Job::Job(Options options) : options_(std::move(options)) {
     absl::MutexLock lock(&mu_);
     config_ = options_.config;
   }
+  absl::MutexLock lock(&close_mu_);
   reducer_ = std::thread([this] { ReducerLoop(); });
+  // "dq-reducer" in top -H and /proc/<pid>/task/*/comm (at most 15 characters).
+  pthread_setname_np(reducer_.native_handle(), "dq-reducer");
 }
 
-Job::~Job() {
+Job::~Job() { Close(); }
+
+void Job::Close() {
   Stop();
-  reducer_.join();
+  absl::MutexLock lock(&close_mu_);
+  if (reducer_.joinable()) reducer_.join();
+  // The reducer is gone: nothing uses the transport any more (Gloo closes its pairs here).
+  absl::MutexLock transport_lock(&transport_mu_);
+  transport_.reset();
+  pending_generations_ = 0;
 }
 
 absl::Status Job::AddWorker(uint64_t worker_id, uint32_t local_rank, uint32_t local_world_size, int64_t pid) {
@@ -70,39 +108,46 @@ absl::Status Job::AddWorker(uint64_t worker_id, uint32_t local_rank, uint32_t lo
 }
 
 void Job::RemoveWorker(uint64_t worker_id, const std::string& reason) {
-  absl::MutexLock lock(&mu_);
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end()) return;
-  const uint32_t rank = it->second;
-  workers_.erase(it);
-  pids_.erase(worker_id);
-  next_submit_.erase(worker_id);
-  base_.erase(worker_id);
-  // Queued collectives either wait for this worker or hold its (soon unmapped) buffer: fail them
-  // all and let the job continue after them (the other nodes fail them too: BreakGroup).
-  uint64_t failed = 0;
-  for (auto slot = slots_.begin(); slot != slots_.end();) {
-    if (slot->second.running) {
-      ++slot;
-      continue;
+  GroupBreak broken;
+  uint32_t rank;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = workers_.find(worker_id);
+    if (it == workers_.end()) return;
+    rank = it->second;
+    workers_.erase(it);
+    pids_.erase(worker_id);
+    next_submit_.erase(worker_id);
+    base_.erase(worker_id);
+    // Queued collectives either wait for this worker or hold its (soon unmapped) buffer: fail them
+    // all and let the job continue after them (the other nodes fail them too: BreakGroup).
+    std::vector<std::pair<uint64_t, absl::Status>> failures;
+    for (auto slot = slots_.begin(); slot != slots_.end();) {
+      if (slot->second.running) {
+        ++slot;
+        continue;
+      }
+      const absl::Status failed = absl::AbortedError(absl::StrCat("collective ", slot->first, " of job ", options_.id,
+                                                                  ": local rank ", rank, " left (", reason, ")"));
+      for (auto& [r, e] : slot->second.entries) {
+        e->status = failed;
+        e->done = true;
+      }
+      if (!slot->second.entries.empty()) {
+        CountFailure(slot->second.entries.begin()->second->request.num_elements,
+                     {CollectiveResult::kAborted, FaultKind::kAbort});
+      }
+      failures.emplace_back(slot->first, failed);
+      next_run_ = std::max(next_run_, slot->first + 1);
+      slot = slots_.erase(slot);
     }
-    for (auto& [r, e] : slot->second.entries) {
-      e->status = absl::AbortedError(absl::StrCat("collective ", slot->first, " of job ", options_.id, ": local rank ",
-                                                  rank, " left (", reason, ")"));
-      e->done = true;
-    }
-    if (!slot->second.entries.empty()) {
-      CountFailure(slot->second.entries.begin()->second->request.num_elements,
-                   {CollectiveResult::kAborted, FaultKind::kAbort});
-    }
-    ++failed;
-    next_run_ = std::max(next_run_, slot->first + 1);
-    slot = slots_.erase(slot);
+    for (auto& [id, next] : next_submit_) next = std::max(next, next_run_);
+    if (!failures.empty()) broken = BreakGroup(std::move(failures));
   }
-  for (auto& [id, next] : next_submit_) next = std::max(next, next_run_);
-  if (failed > 0) BreakGroup(failed);
+  AnnounceBreak(broken);
   // A running collective may still read or write this worker's buffer: wait until it is done, so
   // the caller can release the worker's shared memory.
+  absl::MutexLock lock(&mu_);
   auto idle = [this, rank]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const auto& [seq, slot] : slots_) {
       if (slot.running && slot.entries.count(rank)) return false;
@@ -122,17 +167,25 @@ bool Job::BufferInUse(uint64_t worker_id, uint64_t buffer_id) const {
   return false;
 }
 
-void Job::Stop() {
+void Job::Stop(const std::string& reason) {
+  // The collectives this call fails or aborts, for the other nodes (whose part of them it cuts short).
+  std::vector<std::pair<uint64_t, absl::Status>> failures;
   {
     absl::MutexLock lock(&mu_);
+    const bool first = !stopping_;
+    if (first) stop_reason_ = reason.empty() ? absl::StrCat("job ", options_.id, " is shutting down") : reason;
     stopping_ = true;
     for (auto it = slots_.begin(); it != slots_.end();) {
+      if (first) {
+        failures.emplace_back(it->first, absl::UnavailableError(absl::StrCat("collective ", it->first, " of job ",
+                                                                             options_.id, ": ", stop_reason_)));
+      }
       if (it->second.running) {
         ++it;
         continue;
       }
       for (auto& [r, e] : it->second.entries) {
-        e->status = absl::UnavailableError(absl::StrCat("job ", options_.id, " is shutting down"));
+        e->status = absl::UnavailableError(stop_reason_);
         e->done = true;
       }
       if (!it->second.entries.empty()) {
@@ -142,6 +195,12 @@ void Job::Stop() {
       // The entries live in their submitters' frames, which return now: drop the slot so nothing
       // (a second Stop, BufferInUse) touches them afterwards.
       it = slots_.erase(it);
+    }
+  }
+  if (options_.num_nodes > 1 && options_.report_failure && !failures.empty()) {
+    const absl::Time deadline = absl::Now() + kReportTimeout;
+    for (const auto& [sequence, cause] : failures) {
+      if (!options_.report_failure(sequence, cause, deadline).ok()) break;  // the coordinator is out of reach
     }
   }
   {
@@ -181,7 +240,7 @@ absl::StatusOr<Job::Result> Job::Submit(const Request& request) {
     } else {
       sequence = next_submit_[request.worker_id];
     }
-    if (stopping_) return reject(absl::UnavailableError(absl::StrCat("job ", options_.id, " is shutting down")));
+    if (stopping_) return reject(absl::UnavailableError(stop_reason_));
     auto existing = slots_.find(sequence);
     if (existing != slots_.end() && existing->second.entries.count(entry.local_rank)) {
       return reject(absl::AlreadyExistsError(absl::StrCat("worker ", request.worker_id, " submitted collective ",
@@ -215,10 +274,13 @@ absl::StatusOr<Job::Result> Job::Submit(const Request& request) {
         slots_.erase(sequence);
         if (sequence == next_run_) ++next_run_;
         CountFailure(request.num_elements, {CollectiveResult::kTimeout, FaultKind::kTimeout});
-        BreakGroup();
-        return absl::DeadlineExceededError(absl::StrCat("collective ", sequence, " of job ", options_.id,
-                                                        " timed out after ", absl::FormatDuration(options_.timeout),
-                                                        "; local ranks that did not submit: ", missing));
+        const GroupBreak broken = BreakGroup({{sequence, failed}});
+        // Not under mu_: announcing talks to the coordinator. This handler still counts as active,
+        // so Stop and Close wait for it.
+        mu_.Unlock();
+        AnnounceBreak(broken);
+        mu_.Lock();
+        return failed;
       }
     }
   }
@@ -229,6 +291,7 @@ absl::StatusOr<Job::Result> Job::Submit(const Request& request) {
 Job::Status Job::GetStatus() const {
   absl::MutexLock lock(&mu_);
   Status s;
+  s.incarnation = options_.incarnation;
   s.workers = static_cast<uint32_t>(workers_.size());
   s.config_epoch = config_epoch_;
   s.config = config_;
@@ -275,11 +338,50 @@ std::string Job::MissingRanks(const Slot& slot) const {
   return absl::StrJoin(missing, ", ");
 }
 
-void Job::BreakGroup(uint64_t collectives) {
-  if (options_.num_nodes <= 1) return;
+Job::GroupBreak Job::BreakGroup(std::vector<std::pair<uint64_t, absl::Status>> failures) {
+  GroupBreak broken;
+  if (options_.num_nodes <= 1) return broken;
   absl::MutexLock lock(&transport_mu_);
-  if (transport_) transport_->Abort();
-  pending_generations_ += collectives;
+  pending_generations_ += failures.size();
+  broken.failures = std::move(failures);
+  broken.transport = transport_serial_;
+  return broken;
+}
+
+void Job::AnnounceBreak(const GroupBreak& broken) {
+  if (broken.failures.empty()) return;
+  if (options_.report_failure) {
+    const absl::Time deadline = absl::Now() + kReportTimeout;  // for all of them together
+    for (const auto& [sequence, cause] : broken.failures) {
+      if (!options_.report_failure(sequence, cause, deadline).ok()) break;  // the coordinator is out of reach
+    }
+  }
+  absl::MutexLock lock(&transport_mu_);
+  if (transport_ && transport_serial_ == broken.transport) transport_->Abort();
+}
+
+absl::Status Job::WithRemoteCause(uint64_t sequence, absl::Status error) {
+  // A peer that breaks the group resets the connections (UNAVAILABLE), or this node's step runs into
+  // its deadline first (a peer's watchdog fires at about the same time). ABORTED is this node's own
+  // abort (Stop, its own break): nothing to look up.
+  if (options_.num_nodes <= 1 || !options_.lookup_failure ||
+      (!absl::IsUnavailable(error) && !absl::IsDeadlineExceeded(error))) {
+    return error;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return error;
+  }
+  const absl::Duration wait = absl::IsUnavailable(error) ? kCauseWaitAfterReset : kCauseWaitAfterDeadline;
+  std::optional<FailureCause> cause = options_.lookup_failure(sequence, absl::Now() + wait);
+  if (!cause.has_value() || cause->status.ok()) return error;
+  // "collective 5 of job a failed on node 0: local rank 0 submitted ... (here: rank 1: from rank 0: ...)",
+  // with the cause's code: every node's workers read the same reason.
+  const std::string prefix = absl::StrCat("collective ", sequence, " of job ", options_.id);
+  return absl::Status(cause->status.code(),
+                      absl::StrCat(prefix, " failed on node ", cause->node, ": ",
+                                   WithoutCollectivePrefix(cause->status.message(), prefix),
+                                   " (here: ", WithoutCollectivePrefix(error.message(), prefix), ")"));
 }
 
 void Job::ReducerLoop() {
@@ -372,7 +474,8 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
       }
     }
   }
-  if (!status.ok()) BreakGroup();  // the local workers disagree: this node skips the cross-node step
+  // The local workers disagree (or no memory): this node skips the cross-node step.
+  if (!status.ok()) AnnounceBreak(BreakGroup({{sequence, status}}));
   if (status.ok()) {
     // Local reduce in fp32, in local-rank order (deterministic).
     for (size_t k = 1; k < entries.size(); ++k) {
@@ -386,7 +489,9 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
       }
     }
     if (options_.num_nodes > 1) {
-      status = CrossNode(sequence, config, epoch, entries[0]->request.tensor_name, sum, n, &wire_bytes, &probe);
+      status = CrossNode(sequence, config, epoch, entries[0]->request.tensor_name, entries[0]->request.dtype, sum, n,
+                         &wire_bytes, &probe);
+      if (!status.ok()) status = WithRemoteCause(sequence, std::move(status));
     }
   }
   if (status.ok()) {
@@ -486,7 +591,7 @@ void Job::CountFailure(uint64_t num_elements, Classification how) {
 }
 
 absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch, absl::string_view tensor_name,
-                            float* sum, size_t n, uint64_t* wire_bytes, ProbeResult* probe) {
+                            kernels::DType dtype, float* sum, size_t n, uint64_t* wire_bytes, ProbeResult* probe) {
   engine::Transport* transport;
   {
     absl::MutexLock lock(&transport_mu_);
@@ -503,6 +608,7 @@ absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t
                                                                     ": ", connected.status().message()));
       }
       transport_ = *std::move(connected);
+      ++transport_serial_;
     }
     transport = transport_.get();
   }
@@ -526,11 +632,12 @@ absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t
   }
   engine::AllReduceOptions o;
   o.topology = config.topology;
-  o.job_id = CollectiveId(options_.id, tensor_name, n);
+  o.job_id = CollectiveId(options_.id, options_.incarnation, tensor_name, n, dtype);
   o.config_epoch = epoch;
   o.sequence = sequence;
   o.timeout = std::max(absl::Milliseconds(1), deadline_ - absl::Now());
   o.authenticator = options_.authenticator.get();
+  o.buffers = &buffers_;
   auto result = engine::AllReduce(*codec, *transport, o, {sum, kernels::DType::kFloat32, 0, nullptr},
                                   {sum, kernels::DType::kFloat32, 0, nullptr}, n);
   if (!result.ok()) {
@@ -543,9 +650,9 @@ absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t
     if (absl::StrContains(message, "runs a different collective") &&
         (absl::StrContains(message, ": job ") || absl::StrContains(message, ", job "))) {
       hint = absl::StrFormat(
-          " (the nodes' workers submitted different tensors; this node all-reduces '%s', %d elements: every worker "
+          " (the nodes' workers submitted different tensors; this node all-reduces '%s', %d x %s: every worker "
           "of a job must submit the same tensors in the same order)",
-          tensor_name, n);
+          tensor_name, n, kernels::DTypeName(dtype));
     }
     return absl::Status(result.status().code(),
                         absl::StrCat("collective ", sequence, " of job ", options_.id, ": ", message, hint));

@@ -11,6 +11,11 @@
 // coordinator's store carries them to every node (see Daemon), so all nodes switch at the same
 // collective boundary, never mid-collective.
 //
+// Lifetime: the Daemon creates a Job when the first local worker of its id registers and retires it
+// (Stop, Close) when the last one leaves. A job id registered again gets a new Job, the id's next
+// incarnation on this node (Options::incarnation): its rendezvous and configuration keys are its
+// own, and its step headers carry the incarnation, so nothing of an earlier run reaches it.
+//
 // Thread-safe: Submit is called from many gRPC handler threads.
 #ifndef DQ_SERVER_JOB_H_
 #define DQ_SERVER_JOB_H_
@@ -24,6 +29,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -31,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "engine/buffer_pool.h"
 #include "engine/schedule.h"
 #include "engine/step_auth.h"
 #include "engine/transport.h"
@@ -61,15 +68,36 @@ class Job {
   using ConnectFn = std::function<absl::StatusOr<std::unique_ptr<engine::Transport>>(uint64_t generation)>;
   // Looks for a configuration change that applies at or before `sequence` (from the coordinator).
   using PollConfigFn = std::function<absl::StatusOr<bool>(uint64_t sequence, uint64_t* epoch, JobConfig* config)>;
+  // Why a node failed a collective without running its cross-node part (its workers disagreed, its
+  // watchdog fired, a worker left, the job stopped there), as the other nodes learn it.
+  struct FailureCause {
+    uint32_t node = 0;
+    absl::Status status;  // what that node's workers got
+  };
+  // Publishes this node's cause of failing collective `sequence` (Daemon: in the coordinator's
+  // store), giving up at `deadline`. Best effort: the collective fails either way.
+  using ReportFailureFn =
+      std::function<absl::Status(uint64_t sequence, const absl::Status& cause, absl::Time deadline)>;
+  // Another node's published cause for collective `sequence`, waiting for it until `deadline`;
+  // nullopt when none was published (or it could not be read).
+  using LookupFailureFn = std::function<std::optional<FailureCause>(uint64_t sequence, absl::Time deadline)>;
 
   struct Options {
     std::string id;
+    // How many times this node has created job `id`, this one included (Daemon): the k-th creation
+    // on every node is incarnation k of the job.
+    uint64_t incarnation = 1;
     uint32_t local_world_size = 1;
     uint32_t num_nodes = 1;
     JobConfig config;
     absl::Duration timeout = absl::Seconds(300);
     ConnectFn connect;         // required when num_nodes > 1
     PollConfigFn poll_config;  // optional
+    // Optional, num_nodes > 1: a node that fails a collective locally reports why before it breaks
+    // the group, and a node whose cross-node part is then cut short (the connection reset, or its
+    // deadline passed) looks the cause up, so every node's workers read what went wrong and where.
+    ReportFailureFn report_failure;
+    LookupFailureFn lookup_failure;
     size_t flight_recorder_size = 256;
     // Metrics; null: none. Must outlive the job.
     JobObserver* observer = nullptr;
@@ -101,9 +129,10 @@ class Job {
   };
 
   explicit Job(Options options);
-  ~Job();  // fails pending requests and joins the reducer
+  ~Job();  // Close()
 
   const std::string& id() const { return options_.id; }
+  uint64_t incarnation() const { return options_.incarnation; }
 
   // Adds a local worker; INVALID_ARGUMENT for a rank outside the job's local world size or a
   // different local world size than earlier workers said, ALREADY_EXISTS for a taken rank. `pid`
@@ -114,15 +143,19 @@ class Job {
   void RemoveWorker(uint64_t worker_id, const std::string& reason);
   // True while a submitted, unfinished request uses the buffer (it must not be released).
   bool BufferInUse(uint64_t worker_id, uint64_t buffer_id) const;
-  // Fails queued requests, aborts a running collective, rejects new ones, and waits until no
-  // handler is inside Submit. Called by the destructor; idempotent.
-  void Stop();
+  // Fails queued requests (with `reason`, else "job <id> is shutting down"), aborts a running
+  // collective, rejects new ones, and waits until no handler is inside Submit. Idempotent.
+  void Stop(const std::string& reason = "");
+  // Stop, then joins the reducer thread and closes the transport: what is left is the job's status
+  // and flight recorder. Called by the destructor; idempotent; never from the reducer thread.
+  void Close();
 
   // Blocks until the worker's next collective completes; its result is in request.region.
   absl::StatusOr<Result> Submit(const Request& request);
 
   // Stages a configuration change; returns the epoch it gets (local only: the Daemon publishes it).
   struct Status {
+    uint64_t incarnation = 0;
     uint32_t workers = 0;
     uint64_t config_epoch = 0;
     JobConfig config;
@@ -165,8 +198,9 @@ class Job {
     absl::Status status;          // a failed probe re-forms the group but does not fail the collective
   };
   // All-reduces sum[0, n) across nodes in place; for a sampled collective also measures its error.
+  // The tensor's name and the workers' dtype identify the collective on the wire.
   absl::Status CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch, absl::string_view tensor_name,
-                         float* sum, size_t n, uint64_t* wire_bytes, ProbeResult* probe);
+                         kernels::DType dtype, float* sum, size_t n, uint64_t* wire_bytes, ProbeResult* probe);
   // The codec collectives of `num_elements` use across nodes (none below min_compress_elements).
   static kernels::CodecConfig EffectiveCodec(const JobConfig& config, uint64_t num_elements);
   // The codec for `config`, created once: building one (DynamiQ's level and error tables) costs
@@ -175,11 +209,26 @@ class Job {
   // Counts a failed collective and reports it to the observer.
   void CountFailure(uint64_t num_elements, Classification how) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Record(CollectiveRecord record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // This node fails `collectives` collectives without running their cross-node part: abort the
-  // transport so the other nodes fail them now instead of at their timeout, and advance the group's
-  // generation by as many before the next one. Invariant that keeps nodes in one group: every node
-  // advances one generation per collective it fails, locally or across nodes.
-  void BreakGroup(uint64_t collectives = 1);
+  // A break of the group this node has decided on: the collectives it fails without running their
+  // cross-node part, with why, and the transport to abort.
+  struct GroupBreak {
+    std::vector<std::pair<uint64_t, absl::Status>> failures;  // sequence, cause
+    uint64_t transport = 0;                                   // transport_serial_ when decided
+  };
+  // This node fails `failures` without running their cross-node part: advances the group's
+  // generation by as many before the next collective. Called in the critical section that decides
+  // the failures (under mu_ outside the reducer), so the reducer never runs the next collective in
+  // the old group. Invariant that keeps nodes in one group: every node advances one generation per
+  // collective it fails, locally or across nodes. AnnounceBreak does the rest.
+  GroupBreak BreakGroup(std::vector<std::pair<uint64_t, absl::Status>> failures);
+  // Without mu_ (it talks to the coordinator): reports the causes (Options::report_failure), then
+  // aborts the transport so the other nodes fail those collectives now instead of at their timeout;
+  // in that order, so a node whose step the abort cuts short finds the cause. A transport connected
+  // since the break (the next collective's) is left alone.
+  void AnnounceBreak(const GroupBreak& broken);
+  // This node's failure `error` of collective `sequence` across nodes, led by the cause another node
+  // published when `error` is what a peer breaking the group looks like.
+  absl::Status WithRemoteCause(uint64_t sequence, absl::Status error);
   // "1 (pid 4242), 3 (not registered)": the local ranks of `slot` that have not submitted.
   std::string MissingRanks(const Slot& slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -196,6 +245,7 @@ class Job {
   JobConfig config_ ABSL_GUARDED_BY(mu_);
   uint64_t config_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::string stop_reason_ ABSL_GUARDED_BY(mu_);
   std::deque<CollectiveRecord> records_ ABSL_GUARDED_BY(mu_);
   uint32_t active_submitters_ ABSL_GUARDED_BY(mu_) = 0;
   // The cross-node transport: used by the reducer thread, aborted by Stop from another thread.
@@ -203,9 +253,13 @@ class Job {
   std::unique_ptr<engine::Transport> transport_ ABSL_GUARDED_BY(transport_mu_);
   uint64_t generation_ = 0;
   absl::Time deadline_;  // of the collective the reducer runs (reducer thread only)
+  // Message buffers the engine reuses across this job's collectives (reducer thread only).
+  engine::BufferPool buffers_;
   std::vector<std::pair<kernels::CodecConfig, std::unique_ptr<kernels::Codec>>> codecs_;  // CachedCodec
   uint64_t pending_generations_ ABSL_GUARDED_BY(transport_mu_) = 0;                       // from BreakGroup
-  std::thread reducer_;
+  uint64_t transport_serial_ ABSL_GUARDED_BY(transport_mu_) = 0;  // counts the transports connected
+  absl::Mutex close_mu_;                                          // serialises Close (the reducer is joined once)
+  std::thread reducer_ ABSL_GUARDED_BY(close_mu_);
 };
 
 }  // namespace dynamiq::server

@@ -233,15 +233,12 @@ std::string Metrics::ReasonLabel(absl::StatusCode code) {
 void Metrics::EnsureJob(const std::string& job, const kernels::CodecConfig& codec, engine::Topology topology) {
   const std::string codec_name(kernels::CodecName(codec.id));
   const std::string topology_name = TopologyLabel(topology);
-  {
-    absl::MutexLock lock(&mu_);
-    std::set<std::string>& seen = known_[job];
-    const bool first = seen.empty();
-    if (!seen.insert(absl::StrCat(codec_name, "|", topology_name)).second) return;
-    if (first) {
-      for (FaultKind kind : kFaults) faults_.Add({{"job", job}, {"kind", std::string(FaultKindName(kind))}});
-      error_samples_.Add({{"job", job}});
-    }
+  std::set<std::string>& seen = known_[job];
+  const bool first = seen.empty();
+  if (!seen.insert(absl::StrCat(codec_name, "|", topology_name)).second) return;
+  if (first) {
+    for (FaultKind kind : kFaults) faults_.Add({{"job", job}, {"kind", std::string(FaultKindName(kind))}});
+    error_samples_.Add({{"job", job}});
   }
   const std::string transport = num_nodes_ <= 1 ? "local" : "gloo";
   for (CollectiveResult result : kResults) {
@@ -254,6 +251,7 @@ void Metrics::EnsureJob(const std::string& job, const kernels::CodecConfig& code
 }
 
 void Metrics::OnCollective(const std::string& job, const CollectiveOutcome& o) {
+  absl::MutexLock lock(&mu_);
   EnsureJob(job, o.codec, o.topology);
   const std::string codec(kernels::CodecName(o.codec.id));
   const std::string topology = TopologyLabel(o.topology);
@@ -279,6 +277,7 @@ void Metrics::OnCollective(const std::string& job, const CollectiveOutcome& o) {
 }
 
 void Metrics::OnErrorSample(const std::string& job, const SampledError& sample) {
+  absl::MutexLock lock(&mu_);
   vnmse_
       .Add({{"job", job},
             {"codec", std::string(kernels::CodecName(sample.codec.id))},
@@ -289,7 +288,53 @@ void Metrics::OnErrorSample(const std::string& job, const SampledError& sample) 
 }
 
 void Metrics::OnErrorBudgetEvent(const std::string& job, absl::string_view kind) {
+  absl::MutexLock lock(&mu_);
   budget_events_.Add({{"job", job}, {"kind", std::string(kind)}}).Increment();
+}
+
+void Metrics::RetireJob(const std::string& job) {
+  bool serving;
+  {
+    absl::MutexLock lock(&exposer_mu_);
+    serving = exposer_ != nullptr;
+  }
+  absl::MutexLock lock(&mu_);
+  // Nobody collects (no endpoint, or nothing scrapes it for a long time): remove at once rather
+  // than keep every retired job's series.
+  if (!serving || retired_.size() >= 256) {
+    RemoveJobSeries(job);
+    for (const std::string& j : retired_) RemoveJobSeries(j);
+    retired_.clear();
+    return;
+  }
+  retired_.insert(job);
+}
+
+namespace {
+
+// Removes the series of `family` whose job label is `job`.
+template <typename T, typename... Args>
+void RemoveSeries(prometheus::Family<T>& family, const std::string& job, Args&&... args) {
+  for (const prometheus::MetricFamily& collected : family.Collect()) {
+    for (const prometheus::ClientMetric& metric : collected.metric) {
+      prometheus::Labels labels;
+      for (const prometheus::ClientMetric::Label& l : metric.label) labels[l.name] = l.value;
+      auto it = labels.find("job");
+      if (it == labels.end() || it->second != job) continue;
+      family.Remove(&family.Add(labels, args...));  // Add returns the existing series
+    }
+  }
+}
+
+}  // namespace
+
+void Metrics::RemoveJobSeries(const std::string& job) {
+  for (auto* family :
+       {&collectives_, &payload_bytes_, &bus_bytes_, &wire_bytes_, &error_samples_, &faults_, &budget_events_}) {
+    RemoveSeries(*family, job);
+  }
+  for (auto* family : {&duration_, &vnmse_}) RemoveSeries(*family, job, Histogram::BucketBoundaries{});
+  known_.erase(job);
 }
 
 void Metrics::RemoveGauge(prometheus::Family<prometheus::Gauge>& family, const prometheus::Labels& labels) {
@@ -315,13 +360,23 @@ void Metrics::AddPeerBytes(int peer, bool sent, uint64_t bytes) {
 
 void Metrics::Refresh() {
   absl::MutexLock lock(&refresh_mu_);
-  if (!source_) return;
-  const Snapshot snapshot = source_();
-  shm_bytes_.Set(static_cast<double>(snapshot.shm_mapped_bytes));
+  const Snapshot snapshot = source_ ? source_() : Snapshot{};
   std::set<std::string> present;
+  for (const JobGauges& j : snapshot.jobs) present.insert(j.job);
+  {
+    absl::MutexLock push_lock(&mu_);
+    // Retired before the previous collection, which exported their final values; a job that is
+    // live again keeps its series.
+    for (const std::string& job : expiring_) {
+      if (!present.count(job)) RemoveJobSeries(job);
+    }
+    expiring_ = std::move(retired_);
+    retired_.clear();
+    for (const JobGauges& j : snapshot.jobs) EnsureJob(j.job, j.config.codec, j.config.topology);
+  }
+  if (!source_) return;  // no state to pull (the gauges keep their last values)
+  shm_bytes_.Set(static_cast<double>(snapshot.shm_mapped_bytes));
   for (const JobGauges& j : snapshot.jobs) {
-    present.insert(j.job);
-    EnsureJob(j.job, j.config.codec, j.config.topology);
     const prometheus::Labels job{{"job", j.job}};
     inflight_.Add(job).Set(j.inflight);
     workers_.Add(job).Set(j.workers);
@@ -349,7 +404,7 @@ void Metrics::Refresh() {
       RemoveGauge(budget_saturated_, job);
     }
   }
-  // Jobs that are gone: their state gauges go too (their counters stay).
+  // Jobs that are gone: their state gauges go too (their counters stay until RetireJob removes them).
   for (auto it = gauge_jobs_.begin(); it != gauge_jobs_.end();) {
     if (present.count(*it)) {
       ++it;

@@ -12,10 +12,14 @@
 // never tensor names or sequence numbers. A job's label sets that can be known in advance (its
 // fault kinds, its collective results under the current configuration, its error sample count) are
 // created at zero when the job first appears, so rate() and alerts see them before the first event.
+// A retired job's series, counters included, are removed after one more collection (RetireJob), so
+// the job ids present are those of the jobs a node runs, not every id it ever ran.
 //
 // Thread-safe. Lock order: the scrape path holds `refresh_mu_` while it calls the GaugeSource
 // (which takes daemon and job locks); the push paths (called with job locks held) only take leaf
-// locks (prometheus' own, `mu_`), never `refresh_mu_`.
+// locks (`mu_`, then prometheus' own), never `refresh_mu_`. The pushed series (counters,
+// histograms) are added, incremented and removed under `mu_`, so a removal never frees a series a
+// push is about to increment.
 #ifndef DQ_SERVER_METRICS_H_
 #define DQ_SERVER_METRICS_H_
 
@@ -93,6 +97,11 @@ class Metrics final : public JobObserver, public PeerBytesSink {
   void OnRejected(absl::StatusCode code) override;
   // An error-budget controller event (server/error_budget_service.h): raise, lower, clamp, rejected, policy.
   void OnErrorBudgetEvent(const std::string& job, absl::string_view kind);
+  // The job was retired on this node (its last local worker left). Its series, counters included,
+  // are removed at the second collection from now, so one scrape still sees its final values;
+  // unless it is live again by then (a next incarnation), whose series then go on. At once when
+  // metrics are not served.
+  void RetireJob(const std::string& job) ABSL_LOCKS_EXCLUDED(mu_, exposer_mu_);
   // PeerBytesSink.
   void AddPeerBytes(int peer, bool sent, uint64_t bytes) override;
 
@@ -106,7 +115,9 @@ class Metrics final : public JobObserver, public PeerBytesSink {
   // Creates the zero-valued label sets of a job seen for the first time (and of a configuration it
   // has not run under yet).
   void EnsureJob(const std::string& job, const kernels::CodecConfig& codec, engine::Topology topology)
-      ABSL_LOCKS_EXCLUDED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes every series labelled job=`job` of the pushed (counter and histogram) families.
+  void RemoveJobSeries(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void RemoveGauge(prometheus::Family<prometheus::Gauge>& family, const prometheus::Labels& labels);
   // Pulls the gauges; called by the Collector before every collection.
   void Refresh() ABSL_LOCKS_EXCLUDED(refresh_mu_);
@@ -142,6 +153,10 @@ class Metrics final : public JobObserver, public PeerBytesSink {
   std::map<std::string, std::set<std::string>> known_ ABSL_GUARDED_BY(mu_);
   // Per peer rank: [received, sent] counters, created on first use.
   std::vector<std::array<prometheus::Counter*, 2>> peer_counters_ ABSL_GUARDED_BY(mu_);
+  // Jobs retired since the last collection; at a collection they move to `expiring_`, whose series
+  // the next collection removes.
+  std::set<std::string> retired_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> expiring_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex refresh_mu_;  // serialises scrapes, source changes and the gauges they own
   GaugeSource source_ ABSL_GUARDED_BY(refresh_mu_);

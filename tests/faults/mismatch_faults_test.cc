@@ -1,7 +1,9 @@
 // Fault suite, disagreeing participants: one rank submits a different size, dtype or tensor, or a
 // node runs the job with a different codec (and so a different config epoch once an operator fixes
 // it). Every participant gets INVALID_ARGUMENT or FAILED_PRECONDITION naming what differed and who
-// sent it, within the timeout; another job is unaffected; the next agreeing collective succeeds.
+// sent it, within the timeout (when one node's local workers disagree, the other node's workers read
+// that node's cause, from the coordinator's store); another job is unaffected; the next agreeing
+// collective succeeds.
 #include <functional>
 #include <iostream>
 
@@ -62,34 +64,45 @@ TEST(MismatchFaultTest, DisagreeingWorkersFailEveryParticipantNamingTheDifferenc
     std::vector<std::string> remote_message;  // what the other node's workers read
     bool both_see_it = false;                 // nodes disagree: each one's header check sees it
   };
+  // Local workers disagree: their node publishes the cause before it breaks the group, and the other
+  // node's workers read it (with the cause's code) after "failed on node <n>: ", then what that node
+  // saw itself ("here: ...": the connection the disagreeing node reset).
+  auto local_case = [](std::string what, std::function<std::string(int, int)> args, int node, std::string cause) {
+    return Case{std::move(what),
+                std::move(args),
+                {cause},
+                node,
+                {absl::StrCat("failed on node ", node, ": ", cause, " (here: "), absl::StrCat("from rank ", node)}};
+  };
   const std::vector<Case> cases = {
-      {"size on one worker",
-       [](int n, int l) { return n == 0 && l == 1 ? "4000" : "8192"; },
-       {"local rank 0 submitted 'grad' (8192 x float32), local rank 1 submitted 'grad' (4000 x float32)"},
-       0,
-       {"from rank 0"}},
-      {"dtype on one worker",
-       [](int n, int l) { return n == 1 && l == 0 ? "8192 grad bfloat16" : "8192 grad"; },
-       {"local rank 0 submitted 'grad' (8192 x bfloat16), local rank 1 submitted 'grad' (8192 x float32)"},
-       1,
-       {"from rank 1"}},
-      {"tensor name on one worker",
-       [](int n, int l) { return n == 1 && l == 1 ? "8192 other" : "8192 grad"; },
-       {"local rank 1 submitted 'other'"},
-       1,
-       {"from rank 1"}},
+      local_case(
+          "size on one worker", [](int n, int l) { return n == 0 && l == 1 ? "4000" : "8192"; }, 0,
+          "local rank 0 submitted 'grad' (8192 x float32), local rank 1 submitted 'grad' (4000 x float32)"),
+      local_case(
+          "dtype on one worker", [](int n, int l) { return n == 1 && l == 0 ? "8192 grad bfloat16" : "8192 grad"; }, 1,
+          "local rank 0 submitted 'grad' (8192 x bfloat16), local rank 1 submitted 'grad' (8192 x float32)"),
+      local_case(
+          "tensor name on one worker", [](int n, int l) { return n == 1 && l == 1 ? "8192 other" : "8192 grad"; }, 1,
+          "local rank 0 submitted 'grad' (8192 x float32), local rank 1 submitted 'other' (8192 x float32)"),
       // Both workers of node 1 agree with each other but not with node 0: only the nodes can tell.
       {"size on one node",
        [](int n, int) { return n == 1 ? "4096" : "8192"; },
-       {"rank 0 runs a different collective", "4096 elements"},
+       {"rank 0 runs a different collective", "4096 x float32"},
        1,
-       {"rank 1 runs a different collective", "8192 elements"},
+       {"rank 1 runs a different collective", "8192 x float32"},
        true},
       {"tensor on one node",
        [](int n, int) { return n == 1 ? "8192 other" : "8192 grad"; },
        {"rank 0 runs a different collective", "'other'"},
        1,
        {"rank 1 runs a different collective", "'grad'"},
+       true},
+      // The cross-node sum is fp32 either way; the dtype is part of what the nodes compare.
+      {"dtype on one node",
+       [](int n, int) { return n == 1 ? "8192 grad bfloat16" : "8192 grad"; },
+       {"rank 0 runs a different collective", "8192 x bfloat16"},
+       1,
+       {"rank 1 runs a different collective", "8192 x float32"},
        true},
   };
   for (const Case& c : cases) {
@@ -101,11 +114,10 @@ TEST(MismatchFaultTest, DisagreeingWorkersFailEveryParticipantNamingTheDifferenc
       for (int local = 0; local < 2; ++local) {
         const std::string& reply = replies[node * 2 + local];
         SCOPED_TRACE(absl::StrCat(c.what, ": node ", node, " local ", local, ": ", reply));
-        if (node == c.disagreeing_node || c.both_see_it) {
-          EXPECT_TRUE(IsMismatchCode(reply));
-        } else {
-          // The other node's step is cut short by the disagreeing node breaking the group.
-          EXPECT_NE(ReplyCode(reply), "");
+        // Every participant, the node whose step was cut short included, reads the mismatch.
+        EXPECT_TRUE(IsMismatchCode(reply));
+        if (!c.both_see_it) {
+          EXPECT_EQ(ReplyCode(reply), "INVALID_ARGUMENT");
         }
         EXPECT_THAT(reply, HasSubstr("collective "));
         for (const std::string& m : node == c.disagreeing_node ? c.local_message : c.remote_message) {

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <functional>
 #include <iostream>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -35,16 +36,17 @@ using ::testing::HasSubstr;
 constexpr double kTimeoutSeconds = 4;
 constexpr uint64_t kElements = 4096;
 
-// What dynamiqd puts in the step headers' job field (server/job.cc: FNV-1a of job, tensor, size).
+// What dynamiqd puts in the step headers' job field (server/job.cc: FNV-1a of job, tensor, size, dtype).
 uint64_t CollectiveId(const std::string& job, const std::string& tensor, uint64_t n) {
-  const std::string s = absl::StrCat(job, std::string(1, '\0'), tensor, std::string(1, '\0'), n);
+  const std::string nul(1, '\0');
+  const std::string s = absl::StrCat(job, nul, tensor, nul, n, nul, "float32");
   uint64_t h = 0xcbf29ce484222325ull;
   for (char c : s) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
   return h;
 }
 
 // The engine's transport tags (engine/allreduce.cc).
-enum Part { kHeader = 0, kPayload = 1, kClearToSend = 2 };
+enum Part { kHeader = 0, kPayload = 1 };
 uint64_t Tag(uint64_t sequence, engine::Phase phase, uint32_t step, uint32_t block, Part part) {
   return ((sequence & 0xffffff) << 40) | (static_cast<uint64_t>(phase) << 38) |
          (static_cast<uint64_t>(step & 0xffff) << 22) | (static_cast<uint64_t>(block & 0xfffff) << 2) |
@@ -76,7 +78,8 @@ class RogueNode {
   // The transport of the group's current generation (connects when there is none).
   absl::StatusOr<engine::Transport*> Transport() {
     if (!transport_) {
-      engine::PrefixStore scoped(absl::StrCat("job/j/gen", generation_), store_);
+      // Job j's first incarnation on the daemon (server/daemon.h: "job/<id>/inc<k>/gen<g>").
+      engine::PrefixStore scoped(absl::StrCat("job/j/inc1/gen", generation_), store_);
       engine::GlooTransportOptions o;
       o.hostname = "127.0.0.1";
       o.timeout = absl::Seconds(kTimeoutSeconds);
@@ -123,28 +126,24 @@ class RogueNode {
     if (v.edit_header) v.edit_header(mine);
     auto s0 = tr.PostSend(0, Tag(sequence, phase, 0, 0, kHeader), mine);
     ASSERT_TRUE(s0.ok());
-    // The daemon's header arrives whatever ours says; answer it like a node would.
+    // A node sends its payload right behind the header.
+    std::vector<uint8_t> sent(payload);
+    std::optional<engine::Transport::Handle> p;
+    if (v.stage == Variant::kPayload) {
+      sent.resize(v.send_bytes == 0 ? payload.size() : v.send_bytes, 0x3f);
+      auto posted = tr.PostSend(0, Tag(sequence, phase, 0, 0, kPayload), sent);
+      if (posted.ok()) p = *posted;
+    }
+    // The daemon's header and payload arrive whatever ours say; take them like a node would.
     std::vector<uint8_t> their_payload;
     if (tr.Wait(*h0, deadline).ok()) {
       auto decoded = engine::DecodeStepHeader(theirs);
       if (decoded.ok()) {
         their_payload.resize(decoded->payload_bytes);
         (void)tr.PostRecv(0, Tag(sequence, phase, 0, 0, kPayload), absl::MakeSpan(their_payload));
-        static const uint8_t cts = 1;
-        (void)tr.PostSend(0, Tag(sequence, phase, 0, 0, kClearToSend), absl::MakeConstSpan(&cts, 1));
       }
     }
-    if (v.stage == Variant::kPayload) {
-      uint8_t cts = 0;
-      auto c = tr.PostRecv(0, Tag(sequence, phase, 0, 0, kClearToSend), absl::MakeSpan(&cts, 1));
-      if (c.ok() && tr.Wait(*c, deadline).ok()) {
-        const size_t n = v.send_bytes == 0 ? payload.size() : v.send_bytes;
-        std::vector<uint8_t> sent(payload);
-        sent.resize(n, 0x3f);
-        auto p = tr.PostSend(0, Tag(sequence, phase, 0, 0, kPayload), sent);
-        if (p.ok()) (void)tr.Wait(*p, deadline);
-      }
-    }
+    if (p) (void)tr.Wait(*p, deadline);
     // The daemon fails the collective and closes the group; wait for that, bounded.
     (void)tr.Wait(*s0, absl::Now() + absl::Seconds(1));
     Broken();

@@ -258,8 +258,8 @@ TEST(DaemonTest, DeadWorkerProcessIsRemovedAtOnceAndItsRankCanRejoin) {
 }
 
 // A node whose local workers disagree skips the cross-node step: it breaks the group so the other
-// node fails that collective at once (not at its timeout), and both re-form the group at the same
-// generation, so the next collective works.
+// node fails that collective at once (not at its timeout) with the disagreement as the cause, and
+// both re-form the group at the same generation, so the next collective works.
 TEST(DaemonTest, LocalFailureOnOneNodeFailsThePeerPromptlyAndTheGroupRecovers) {
   TempDir temp;
   const std::string dir = temp;
@@ -289,13 +289,72 @@ TEST(DaemonTest, LocalFailureOnOneNodeFailsThePeerPromptlyAndTheGroupRecovers) {
   for (const grpc::Status& s : run(4096)) ASSERT_TRUE(s.ok()) << s.error_message();  // the group forms
   const absl::Time start = absl::Now();
   std::vector<grpc::Status> failed = run(4000);  // node 1's workers disagree
+  const std::string cause = "local rank 0 submitted 'x' (4096 x float32), local rank 1 submitted 'x' (4000 x float32)";
   EXPECT_EQ(failed[1].error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_FALSE(failed[0].ok());
+  EXPECT_THAT(failed[1].error_message(), HasSubstr(cause));
+  // Node 0's step was cut short by node 1 breaking the group; it reads node 1's cause (published in
+  // the coordinator's store before the break), with its code, and what it saw itself.
+  EXPECT_EQ(failed[0].error_code(), grpc::StatusCode::INVALID_ARGUMENT) << failed[0].error_message();
+  EXPECT_THAT(failed[0].error_message(), HasSubstr(absl::StrCat("collective 1 of job job failed on node 1: ", cause)));
+  EXPECT_THAT(failed[0].error_message(), HasSubstr("(here: "));
   EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "node 0 waited for its timeout: " << failed[0].error_message();
   for (int i = 0; i < 4096; ++i) a.data()[i] = b0.data()[i] = b1.data()[i] = 1.0f;
   for (const grpc::Status& s : run(4096)) EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(a.data()[5], 3.0f);
   EXPECT_EQ(b1.data()[4000], 3.0f);
+}
+
+// A daemon that shuts down with a collective in flight says why before it breaks the group: the
+// other node, waiting in its cross-node step, fails with that cause (from the coordinator's store)
+// rather than only a reset connection.
+TEST(DaemonTest, ShutdownWithACollectiveInFlightGivesTheOtherNodeTheCause) {
+  TempDir temp;
+  const std::string dir = temp;
+  Daemon node0(Options(dir, 0, 2, "", "none"));
+  absl::Status s0;
+  std::thread start0([&] { s0 = node0.Start(); });  // returns once node 1 has joined
+  for (int i = 0; i < 500 && node0.listen_address().empty(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_FALSE(node0.listen_address().empty());
+  Daemon node1(Options(dir, 1, 2, node0.listen_address(), "none"));
+  absl::Status s1 = node1.Start();
+  start0.join();
+  ASSERT_THAT(s0, IsOk());
+  ASSERT_THAT(s1, IsOk());
+  TestWorker a = Connect(dir + "/node0.sock", "job", 0, 1, 4096);
+  TestWorker b0 = Connect(dir + "/node1.sock", "job", 0, 2, 4096);
+  TestWorker b1 = Connect(dir + "/node1.sock", "job", 1, 2, 4096);
+  {
+    std::vector<grpc::Status> s(3);
+    std::thread ta([&] { s[0] = a.AllReduce("x", 4096); });
+    std::thread tb([&] { s[1] = b0.AllReduce("x", 4096); });
+    s[2] = b1.AllReduce("x", 4096);
+    ta.join();
+    tb.join();
+    for (const grpc::Status& st : s) ASSERT_TRUE(st.ok()) << st.error_message();  // the group forms
+  }
+  // Collective 1: node 1's local rank 1 never submits, so node 0 waits in its cross-node step.
+  grpc::Status sa, sb;
+  std::thread ta([&] { sa = a.AllReduce("x", 4096); });
+  std::thread tb([&] { sb = b0.AllReduce("x", 4096); });
+  auto inflight = [](Daemon& d) {
+    auto s = d.JobStatuses();
+    return s.count("job") && s["job"].inflight == 1;
+  };
+  for (int i = 0; i < 1000 && !(inflight(node0) && inflight(node1)); ++i) absl::SleepFor(absl::Milliseconds(10));
+  absl::SleepFor(absl::Milliseconds(100));  // node 0's reducer is inside its cross-node step
+  node1.Shutdown();
+  ta.join();
+  tb.join();
+  EXPECT_EQ(sb.error_code(), grpc::StatusCode::UNAVAILABLE) << sb.error_message();
+  EXPECT_THAT(sb.error_message(), HasSubstr("job job is shutting down"));
+  EXPECT_EQ(sa.error_code(), grpc::StatusCode::UNAVAILABLE) << sa.error_message();
+  EXPECT_THAT(sa.error_message(),
+              HasSubstr("collective 1 of job job failed on node 1: job job is shutting down (here: "));
+  auto records = node0.FlightRecorder("job", 1);
+  ASSERT_THAT(records, IsOk());
+  ASSERT_EQ(records->size(), 1u);
+  EXPECT_EQ(records->back().state, "failed");
+  EXPECT_THAT(records->back().error, HasSubstr("failed on node 1: job job is shutting down"));
 }
 
 // Two daemons on loopback with two workers each; compression change mid-run.

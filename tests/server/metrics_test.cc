@@ -288,6 +288,66 @@ TEST(MetricsTest, StateGaugesFollowTheSourceAndDropOldLabelSets) {
   m.SetGaugeSource(nullptr);
 }
 
+// A retired job's series (counters and histograms too) are exported by one more collection, then
+// removed, so the job label takes only the values of the jobs a node runs; unless the job is live
+// again by then. Without an endpoint they go at once.
+TEST(MetricsTest, RetiredJobsSeriesGoAfterOneMoreCollection) {
+  CollectiveOutcome ok;
+  ok.codec.id = kernels::CodecId::kDynamiq;
+  ok.codec.bits = 5;
+  ok.num_elements = 1000;
+  ok.seconds = 0.002;
+  JobConfig config;
+  config.codec = ok.codec;
+  {
+    Metrics m(0, 2);
+    m.OnCollective("a", ok);
+    m.OnErrorSample("a", SampledError{config, 1, ok.codec, 1e-3});
+    m.OnErrorBudgetEvent("a", "raise");
+    m.OnCollective("b", ok);
+    m.RetireJob("a");  // not served: at once
+    const Exposition e = Parse(m.Render());
+    for (const char* name : {"dynamiq_collectives_total", "dynamiq_faults_total", "dynamiq_payload_bytes_total",
+                             "dynamiq_collective_duration_seconds_count", "dynamiq_compression_error_vnmse_count",
+                             "dynamiq_compression_error_samples_total", "dynamiq_error_budget_events_total"}) {
+      EXPECT_EQ(e.Sum(name, {{"job", "a"}}), -1) << name;
+    }
+    EXPECT_EQ(e.Sum("dynamiq_collectives_total", {{"job", "b"}, {"result", "ok"}}), 1) << "other jobs stay";
+    // The id used again starts from zero, with its zero-valued label sets.
+    m.OnCollective("a", ok);
+    const Exposition again = Parse(m.Render());
+    EXPECT_EQ(again.Sum("dynamiq_collectives_total", {{"job", "a"}, {"result", "ok"}}), 1);
+    EXPECT_EQ(again.Sum("dynamiq_faults_total", {{"job", "a"}, {"kind", "abort"}}), 0);
+  }
+  Metrics m(0, 2);
+  ASSERT_THAT(m.Serve("127.0.0.1", 0), IsOk());
+  Metrics::Snapshot snapshot;  // what the daemon reports live
+  absl::Mutex mu;
+  m.SetGaugeSource([&] {
+    absl::MutexLock lock(&mu);
+    return snapshot;
+  });
+  m.OnCollective("a", ok);
+  m.OnCollective("c", ok);
+  m.RetireJob("a");
+  m.RetireJob("c");
+  {
+    absl::MutexLock lock(&mu);
+    Metrics::JobGauges live;  // c is live again (its next incarnation) before its series expire
+    live.job = "c";
+    live.config = config;
+    snapshot.jobs.push_back(live);
+  }
+  Exposition e = Parse(m.Render());
+  EXPECT_EQ(e.Sum("dynamiq_collectives_total", {{"job", "a"}, {"result", "ok"}}), 1) << "final values exported";
+  m.OnCollective("c", ok);
+  e = Parse(m.Render());
+  EXPECT_EQ(e.Sum("dynamiq_collectives_total", {{"job", "a"}}), -1);
+  EXPECT_EQ(e.Sum("dynamiq_collective_duration_seconds_count", {{"job", "a"}}), -1);
+  EXPECT_EQ(e.Sum("dynamiq_collectives_total", {{"job", "c"}, {"result", "ok"}}), 2) << "live again: goes on";
+  m.SetGaugeSource(nullptr);
+}
+
 TEST(MetricsTest, ServesOverHttpAndReportsBindFailures) {
   Metrics m(0, 1);
   auto address = m.Serve("127.0.0.1", 0);

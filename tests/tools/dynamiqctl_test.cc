@@ -182,15 +182,16 @@ TEST_F(DynamiqctlTest, StatusListsTheJob) {
   ASSERT_EQ(status->jobs_size(), 1);
   EXPECT_EQ(status->jobs(0).job_id(), "job");
   EXPECT_EQ(status->jobs(0).workers(), 1u);
+  EXPECT_EQ(status->jobs(0).incarnation(), 1u);
 
   ASSERT_EQ(RunIt(Command("status")), kExitOk) << err_;
   EXPECT_EQ(err_, "");
   EXPECT_THAT(out_, HasSubstr("node     0 of 1\n"));
   EXPECT_THAT(out_, HasSubstr(absl::StrCat("members  0=", daemon_->listen_address(), "\n")));
-  EXPECT_THAT(
-      out_,
-      HasSubstr("JOB  WORKERS  EPOCH  CODEC    BITS  TOPOLOGY  MIN COMPRESS  INFLIGHT  COMPLETED  TARGET VNMSE\n"
-                "job        1      0  dynamiq     5  ring              1024         0          0             -\n"));
+  EXPECT_THAT(out_, HasSubstr("JOB  INCARNATION  WORKERS  EPOCH  CODEC    BITS  TOPOLOGY  "
+                              "MIN COMPRESS  INFLIGHT  COMPLETED  TARGET VNMSE\n"
+                              "job            1        1      0  dynamiq     5  ring      "
+                              "        1024         0          0             -\n"));
 }
 
 TEST_F(DynamiqctlTest, SetCompressionChangesTheEpochAndKeepsUnsetFields) {
@@ -644,6 +645,12 @@ TEST(DynamiqctlTopTest, RatesBetweenTwoAnswers) {
   // A restarted daemon (counters went down) counts from zero instead of going negative.
   rows = TopRows(after, before, 1.0);
   EXPECT_EQ(rows[0].collectives, 10u);
+  // A job retired and registered again (a new incarnation) counts from zero, even past the old counts.
+  dynamiq::v1::GetStatusResponse restarted = after;
+  restarted.mutable_jobs(0)->set_incarnation(2);
+  restarted.mutable_jobs(0)->set_completed(35);
+  rows = TopRows(after, restarted, 1.0);
+  EXPECT_EQ(rows[0].collectives, 35u);
 
   const absl::Time now = absl::FromUnixSeconds(1700000000);
   EXPECT_EQ(
@@ -794,7 +801,7 @@ TEST_F(DynamiqctlTest, BinaryAgainstTheDaemon) {
   const std::string daemon = absl::StrCat("--daemon=", daemon_->listen_address(), " ");
   Process p = RunBinary(daemon + "status");
   EXPECT_EQ(p.code, 0) << p.err;
-  EXPECT_THAT(p.out, HasSubstr("\njob        1      0  dynamiq"));
+  EXPECT_THAT(p.out, HasSubstr("\njob            1        1      0  dynamiq"));
   p = RunBinary(daemon + "set-compression --job=job --bits=4 --json");
   EXPECT_EQ(p.code, 0) << p.err;
   EXPECT_THAT(p.out, HasSubstr("\"epoch\":\"1\""));

@@ -361,6 +361,7 @@ std::string FormatStatus(const dynamiq::v1::GetStatusResponse& status, bool json
   out += "\n";
   if (status.jobs().empty()) return out + "no jobs\n";
   Table table({{"JOB"},
+               {"INCARNATION", true},
                {"WORKERS", true},
                {"EPOCH", true},
                {"CODEC"},
@@ -373,9 +374,10 @@ std::string FormatStatus(const dynamiq::v1::GetStatusResponse& status, bool json
   std::string budgets;
   for (const auto& j : status.jobs()) {
     const dynamiq::v1::ErrorBudget& budget = j.config().error_budget();
-    table.AddRow({OneLine(j.job_id()), absl::StrCat(j.workers()), absl::StrCat(j.config_epoch()), j.config().codec(),
-                  Bits(j.config().bits()), j.config().topology(), absl::StrCat(j.config().min_compress_elements()),
-                  absl::StrCat(j.inflight()), absl::StrCat(j.completed()),
+    table.AddRow({OneLine(j.job_id()), absl::StrCat(j.incarnation()), absl::StrCat(j.workers()),
+                  absl::StrCat(j.config_epoch()), j.config().codec(), Bits(j.config().bits()), j.config().topology(),
+                  absl::StrCat(j.config().min_compress_elements()), absl::StrCat(j.inflight()),
+                  absl::StrCat(j.completed()),
                   budget.target_vnmse() > 0 ? absl::StrFormat("%g", budget.target_vnmse()) : "-"});
     if (j.has_error_budget()) {
       const dynamiq::v1::ErrorBudgetStatus& b = j.error_budget();
@@ -465,9 +467,9 @@ std::vector<TopRow> TopRows(const dynamiq::v1::GetStatusResponse& previous,
                             const dynamiq::v1::GetStatusResponse& current, double seconds) {
   std::vector<TopRow> rows;
   for (const dynamiq::v1::JobStatus& j : current.jobs()) {
-    dynamiq::v1::JobStatus before;  // zeros for a job that was not there yet
+    dynamiq::v1::JobStatus before;  // zeros for a job that was not there yet (or another incarnation)
     for (const dynamiq::v1::JobStatus& p : previous.jobs()) {
-      if (p.job_id() == j.job_id()) before = p;
+      if (p.job_id() == j.job_id() && p.incarnation() == j.incarnation()) before = p;
     }
     TopRow r;
     r.job_id = j.job_id();
