@@ -15,11 +15,17 @@
 // per iteration gives the time and the max relative error; the exit status is 1 if any iteration
 // exceeded --tolerance, 2 on an error from the client or daemon.
 //
+// --pause_every=K with --resume_file=PATH splits the run into phases that one registration spans
+// (an operator can change the job's compression between them): after every K iterations the worker
+// prints "paused after iteration t" and waits for the file PATH<p> (p = 1, 2, ...) to exist, at
+// most --pause_timeout seconds, then goes on.
+//
 // Usage (one line per worker; here local rank 0 of 2):
 //   DQ_SOCKET=/tmp/dynamiq/dynamiqd.sock DQ_LOCAL_RANK=0 DQ_LOCAL_WORLD_SIZE=2 dynamiq-example-worker
 //   --elements=1048576
 #include <stdint.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -50,6 +56,11 @@ ABSL_FLAG(int64_t, global_rank, -1,
 ABSL_FLAG(int64_t, world_size, -1, "Number of workers of the job on all nodes; -1: num_nodes * local_world_size.");
 ABSL_FLAG(std::string, socket, "", "dynamiqd's worker socket; empty: DQ_SOCKET or /tmp/dynamiq/dynamiqd.sock.");
 ABSL_FLAG(std::string, job, "", "Job id; empty: DQ_JOB or \"default\".");
+ABSL_FLAG(int32_t, pause_every, 0,
+          "After every this many iterations (0: never), wait for --resume_file<p> (p = 1, 2, ...) to exist "
+          "before going on, staying registered: phases between which an operator changes the compression.");
+ABSL_FLAG(std::string, resume_file, "", "Path prefix of the files that end the pauses of --pause_every.");
+ABSL_FLAG(double, pause_timeout, 300, "Seconds to wait for a resume file before giving up (exit 2).");
 
 namespace {
 
@@ -97,6 +108,19 @@ int Fail(absl::string_view what, const absl::Status& status) {
   return 2;
 }
 
+// Waits (polling, bounded by `timeout`) until `path` exists.
+absl::Status WaitForFile(const std::string& path, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (access(path.c_str(), F_OK) != 0) {
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("no resume file ", path, " after ", absl::FormatDuration(timeout)));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -115,9 +139,16 @@ int main(int argc, char** argv) {
   const int32_t buckets = absl::GetFlag(FLAGS_buckets);
   const double tolerance = absl::GetFlag(FLAGS_tolerance);
   const bool average = absl::GetFlag(FLAGS_average);
+  const int32_t pause_every = absl::GetFlag(FLAGS_pause_every);
+  const std::string resume_file = absl::GetFlag(FLAGS_resume_file);
+  const double pause_timeout = absl::GetFlag(FLAGS_pause_timeout);
   if (elements <= 0 || iterations < 0 || buckets <= 0 || !(tolerance >= 0)) {
     absl::FPrintF(stderr,
                   "dynamiq-example-worker: need --elements > 0, --iterations >= 0, --buckets > 0, --tolerance >= 0\n");
+    return 2;
+  }
+  if (pause_every < 0 || (pause_every > 0 && resume_file.empty()) || !(pause_timeout > 0)) {
+    absl::FPrintF(stderr, "dynamiq-example-worker: --pause_every >= 0 needs --resume_file, and --pause_timeout > 0\n");
     return 2;
   }
 
@@ -148,12 +179,23 @@ int main(int argc, char** argv) {
 
   bool mismatch = false;
   for (int32_t t = 0; t < iterations; ++t) {
+    if (pause_every > 0 && t > 0 && t % pause_every == 0) {
+      absl::PrintF("paused after iteration %d\n", t - 1);
+      fflush(stdout);
+      const absl::Status resumed =
+          WaitForFile(absl::StrCat(resume_file, t / pause_every), absl::Seconds(pause_timeout));
+      if (!resumed.ok()) return Fail("pause", resumed);
+    }
     Fill(data, n, rank, static_cast<uint64_t>(t));
     const bool async = t % 2 == 1;
     size_t requests = 1;
+    std::string ran_with = "-";  // the configuration the daemon ran (synchronous iterations)
     const absl::Time start = absl::Now();
     if (!async) {
-      absl::Status s = client->AllReduce(*buffer, 0, n, dynamiq::DType::kFloat32, absl::StrCat("iter", t), average);
+      dynamiq::AllReduceResult result;
+      absl::Status s =
+          client->AllReduce(*buffer, 0, n, dynamiq::DType::kFloat32, absl::StrCat("iter", t), average, &result);
+      if (s.ok()) ran_with = absl::StrCat(result.codec, "/", result.bits);
       if (!s.ok()) return Fail(absl::StrCat("all-reduce of iteration ", t), s);
     } else {
       const size_t per_bucket = (n + buckets - 1) / buckets;
@@ -173,9 +215,9 @@ int main(int argc, char** argv) {
     const Errors e = Check(data, n, world, static_cast<uint64_t>(t), average);
     const bool ok = e.finite && e.max_rel <= tolerance;
     mismatch |= !ok;
-    absl::PrintF("iteration %d %s %d elements %.6f s max_rel_err %.3e vnmse %.3e %s\n", t,
-                 async ? absl::StrCat("async x", requests) : std::string("sync"), n, seconds, e.max_rel, e.vnmse,
-                 ok ? "OK" : "MISMATCH");
+    absl::PrintF("iteration %d %s %d elements config %s %.6f s max_rel_err %.3e vnmse %.3e %s\n", t,
+                 async ? absl::StrCat("async x", requests) : std::string("sync"), n, ran_with, seconds, e.max_rel,
+                 e.vnmse, ok ? "OK" : "MISMATCH");
     fflush(stdout);
   }
   return mismatch ? 1 : 0;
