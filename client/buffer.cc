@@ -13,7 +13,10 @@ namespace {
 absl::Status ReleaseImpl(std::unique_ptr<client::internal::BufferImpl>& impl, absl::Duration timeout) {
   if (impl == nullptr) return absl::OkStatus();
   std::unique_ptr<client::internal::BufferImpl> owned = std::move(impl);
-  return owned->connection->ReleaseBuffer(owned->id, timeout);  // `owned` unmaps on the way out
+  // A device buffer's mapping is closed before the daemon frees the memory behind it.
+  absl::Status closed = owned->device_mapping.Close();
+  absl::Status released = owned->connection->ReleaseBuffer(owned->id, timeout);  // `owned` unmaps on the way out
+  return released.ok() ? closed : released;
 }
 
 }  // namespace
@@ -21,11 +24,18 @@ absl::Status ReleaseImpl(std::unique_ptr<client::internal::BufferImpl>& impl, ab
 Buffer::Buffer() = default;
 
 Buffer::Buffer(std::unique_ptr<client::internal::BufferImpl> impl)
-    : impl_(std::move(impl)), data_(impl_->region.data()), size_(impl_->size), id_(impl_->id) {}
+    : impl_(std::move(impl)),
+      data_(impl_->region.data()),
+      device_data_(impl_->device_mapping.data()),
+      device_(impl_->device_mapping.device()),
+      size_(impl_->size),
+      id_(impl_->id) {}
 
 Buffer::Buffer(Buffer&& other) noexcept
     : impl_(std::move(other.impl_)),
       data_(std::exchange(other.data_, nullptr)),
+      device_data_(std::exchange(other.device_data_, nullptr)),
+      device_(std::exchange(other.device_, -1)),
       size_(std::exchange(other.size_, 0)),
       id_(std::exchange(other.id_, 0)) {}
 
@@ -36,6 +46,8 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     }
     impl_ = std::move(other.impl_);
     data_ = std::exchange(other.data_, nullptr);
+    device_data_ = std::exchange(other.device_data_, nullptr);
+    device_ = std::exchange(other.device_, -1);
     size_ = std::exchange(other.size_, 0);
     id_ = std::exchange(other.id_, 0);
   }
@@ -50,6 +62,8 @@ Buffer::~Buffer() {
 
 absl::Status Buffer::Release() {
   data_ = nullptr;
+  device_data_ = nullptr;
+  device_ = -1;
   size_ = 0;
   id_ = 0;
   if (impl_ == nullptr) return absl::OkStatus();

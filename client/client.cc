@@ -11,6 +11,7 @@
 #include "client/connection.h"
 #include "common/env.h"
 #include "common/status_macros.h"
+#include "server/device_buffers.h"
 
 namespace dynamiq {
 namespace {
@@ -178,6 +179,7 @@ absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
   connection->config.topology = config.topology();
   connection->config.min_compress_elements = config.min_compress_elements();
   connection->config.allocator = config.allocator();
+  connection->daemon_device = response.device() == dynamiq::v1::DEVICE_KIND_CUDA ? DeviceKind::kCuda : DeviceKind::kCpu;
   return Client(std::move(connection));
 }
 
@@ -192,8 +194,12 @@ Client& Client::operator=(Client&& other) noexcept {
 }
 Client::~Client() { Teardown(connection_); }
 
-absl::StatusOr<Buffer> Client::Allocate(size_t bytes) {
+absl::StatusOr<Buffer> Client::Allocate(size_t bytes, MemoryKind kind) {
   if (connection_ == nullptr) return absl::FailedPreconditionError("Allocate on a moved-from dynamiq::Client");
+  if (kind == MemoryKind::kCudaDevice) return AllocateDevice(bytes);
+  if (kind != MemoryKind::kHost) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown memory kind ", static_cast<int>(kind)));
+  }
   if (bytes == 0 || bytes > server::kMaxShmRegionBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot allocate a buffer of ", bytes, " bytes (must be 1..", server::kMaxShmRegionBytes, ")"));
@@ -240,6 +246,61 @@ absl::StatusOr<Buffer> Client::Allocate(size_t bytes) {
   auto impl = std::make_unique<client::internal::BufferImpl>();
   impl->connection = connection_;
   impl->region = *std::move(region);
+  impl->id = id;
+  impl->size = allocated.bytes();
+  return Buffer(std::move(impl));
+}
+
+absl::StatusOr<Buffer> Client::AllocateDevice(size_t bytes) {
+  const std::string& socket = connection_->options().socket_path;
+  if (!client::internal::CudaIpcSupported()) {
+    return absl::UnimplementedError(
+        "cannot allocate a CUDA device buffer: this dynamiq_client was built without CUDA (rebuild with the CUDA "
+        "toolkit, or allocate MemoryKind::kHost)");
+  }
+  if (connection_->daemon_device != DeviceKind::kCuda) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot allocate a CUDA device buffer: dynamiqd at ", socket,
+                     " runs with --device=cpu and hands out host (shared-memory) buffers only; allocate "
+                     "MemoryKind::kHost, or run dynamiqd --device=cuda on this GPU node"));
+  }
+  if (bytes == 0 || bytes > server::kMaxDeviceBufferBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot allocate a device buffer of ", bytes, " bytes (must be 1..",
+                                                   server::kMaxDeviceBufferBytes, ")"));
+  }
+  const absl::Duration timeout = connection_->options().timeout;
+  dynamiq::v1::AllocateBufferResponse allocated;
+  {
+    grpc::ClientContext context;
+    Connection::SetDeadline(context, timeout);
+    dynamiq::v1::AllocateBufferRequest request;
+    request.set_worker_id(connection_->worker_id);
+    request.set_bytes(bytes);
+    request.set_memory_kind(dynamiq::v1::MEMORY_KIND_CUDA_DEVICE);
+    DQ_RETURN_IF_ERROR(connection_->FromGrpc(connection_->stub().AllocateBuffer(&context, request, &allocated),
+                                             "AllocateBuffer", timeout));
+  }
+  const uint64_t id = allocated.buffer_id();
+  auto fail = [&](absl::Status status) {
+    (void)connection_->ReleaseBuffer(id, std::min(timeout, kTeardownTimeout));
+    return status;
+  };
+  if (allocated.memory_kind() != dynamiq::v1::MEMORY_KIND_CUDA_DEVICE || allocated.bytes() < bytes) {
+    return fail(absl::InternalError(absl::StrCat("dynamiqd at ", socket, " answered a request for a ", bytes,
+                                                 "-byte device buffer with buffer ", id, " of ", allocated.bytes(),
+                                                 " bytes of memory kind ", allocated.memory_kind())));
+  }
+  absl::StatusOr<client::internal::CudaIpcMapping> mapping = client::internal::CudaIpcMapping::Open(
+      allocated.cuda_ipc_handle(), allocated.cuda_device_uuid(), allocated.cuda_device());
+  if (!mapping.ok()) {
+    return fail(
+        absl::Status(mapping.status().code(),
+                     absl::StrCat("opening device buffer ", id, " (", allocated.bytes(), " bytes) that dynamiqd at ",
+                                  socket, " allocated: ", mapping.status().message())));
+  }
+  auto impl = std::make_unique<client::internal::BufferImpl>();
+  impl->connection = connection_;
+  impl->device_mapping = *std::move(mapping);
   impl->id = id;
   impl->size = allocated.bytes();
   return Buffer(std::move(impl));
@@ -324,6 +385,7 @@ uint32_t Client::node_rank() const { return connection_->node_rank; }
 uint32_t Client::num_nodes() const { return connection_->num_nodes; }
 uint64_t Client::config_epoch() const { return connection_->config_epoch; }
 const CompressionConfig& Client::config() const { return connection_->config; }
+DeviceKind Client::daemon_device() const { return connection_->daemon_device; }
 const ClientOptions& Client::options() const { return connection_->options(); }
 
 }  // namespace dynamiq

@@ -22,6 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/cuda_ipc.h"
 #include "dynamiq/client.h"
 #include "dynamiq/v1/worker.grpc.pb.h"
 #include "server/shm_region.h"
@@ -40,6 +41,7 @@ inline AllReduceResult ToResult(const dynamiq::v1::AllReduceResponse& response) 
   r.codec = response.codec();
   r.bits = response.bits();
   r.wire_bytes = response.wire_bytes();
+  if (response.has_measured_vnmse()) r.measured_vnmse = response.measured_vnmse();
   return r;
 }
 
@@ -141,6 +143,7 @@ class Connection {
   uint32_t num_nodes = 0;
   uint64_t config_epoch = 0;
   CompressionConfig config;
+  DeviceKind daemon_device = DeviceKind::kCpu;
 
  private:
   const ClientOptions options_;
@@ -150,10 +153,12 @@ class Connection {
   std::atomic<bool> unregistered_{false};
 };
 
-// What a Buffer owns: the mapping and its registration.
+// What a Buffer owns: the mapping (shared memory, or a device buffer's CUDA IPC mapping) and its
+// registration.
 struct BufferImpl {
   std::shared_ptr<Connection> connection;
   server::ShmRegion region;
+  CudaIpcMapping device_mapping;
   uint64_t id = 0;
   size_t size = 0;
 };

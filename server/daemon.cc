@@ -22,6 +22,10 @@
 #include "engine/gloo_transport.h"
 #include "server/control_service.h"
 #include "server/counting_transport.h"
+#ifdef DQ_HAVE_NCCL
+#include "engine/nccl_transport.h"
+#include "server/cuda_device.h"
+#endif
 #include "server/error_budget_service.h"
 #include "server/grpc_store.h"
 #include "server/metrics.h"
@@ -102,6 +106,14 @@ std::string HostOf(const std::string& address) {
 
 }  // namespace
 
+bool DaemonHasCudaSupport() {
+#ifdef DQ_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
 Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {
   ShmRegistry::Options shm;
   shm.max_total_bytes = options_.max_shm_bytes;
@@ -144,6 +156,8 @@ absl::Status Daemon::Start() {
     return absl::InvalidArgumentError(
         absl::StrCat("--error_sample_rate must be in [0, 1], got ", options_.error_sample_rate));
   }
+  // GPU nodes: the build, the configuration and the device, before anything is bound.
+  if (options_.device == DeviceKind::kCuda) DQ_RETURN_IF_ERROR(CheckDevice());
   // Token, secret and TLS files: a bad one stops the daemon here, naming the flag (server/security.h).
   DQ_ASSIGN_OR_RETURN(security_, LoadServerSecurity(options_.security, options_.num_nodes));
   grpc::EnableDefaultHealthCheckService(true);
@@ -185,6 +199,7 @@ absl::Status Daemon::Start() {
     store_ = std::move(grpc_store);
   }
   DQ_RETURN_IF_ERROR(AgreeOnErrorSampleRate());
+  DQ_RETURN_IF_ERROR(AgreeOnDevice());
   if (options_.num_nodes > 1) {
     DQ_RETURN_IF_ERROR(
         AgreeOnClusterAuthentication(*store_, options_.node_rank, !security_.cluster_secret.empty(), options_.timeout));
@@ -276,6 +291,48 @@ absl::Status Daemon::AgreeOnErrorSampleRate() {
   return absl::OkStatus();
 }
 
+absl::Status Daemon::CheckDevice() {
+  if (!DaemonHasCudaSupport()) {
+    return absl::FailedPreconditionError(
+        "--device=cuda: this dynamiqd was built without CUDA and NCCL (DQ_ENABLE_CUDA=OFF, or nvcc, nccl.h or "
+        "libnccl not found at build time); run --device=cpu or rebuild on a machine with the CUDA toolkit and NCCL");
+  }
+  if (options_.cuda_device < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--cuda_device must be 0 or more, got ", options_.cuda_device));
+  }
+  if (absl::Status s = CheckConfigForDevice(options_.default_config, DeviceKind::kCuda); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("default compression of new jobs: ", s.message()));
+  }
+  if (!options_.security.cluster_secret_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--cluster_secret_file cannot be used with --device=cuda: the NCCL transfers between GPU nodes carry no "
+        "message authentication (docs/security.md)");
+  }
+#ifdef DQ_HAVE_NCCL
+  DQ_RETURN_IF_ERROR(CheckCudaDevice(options_.cuda_device));
+  DQ_ASSIGN_OR_RETURN(std::unique_ptr<DeviceMemory> memory, CreateCudaDeviceMemory(options_.cuda_device));
+  device_uuid_ = memory->uuid();
+  DeviceBufferRegistry::Options limits;
+  limits.max_total_bytes = options_.max_device_bytes;
+  device_registry_ = std::make_unique<DeviceBufferRegistry>(std::move(memory), limits);
+#endif
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::AgreeOnDevice() {
+  if (options_.num_nodes <= 1) return absl::OkStatus();
+  // A CPU node runs Gloo, a GPU node NCCL: they would never meet. Say so at startup.
+  const std::string key = "cluster/device";
+  const std::string mine(DeviceKindName(options_.device));
+  if (options_.node_rank == 0) return store_->Set(key, mine);
+  DQ_ASSIGN_OR_RETURN(std::string theirs, store_->Get(key, options_.timeout));
+  if (theirs != mine) {
+    return absl::FailedPreconditionError(absl::StrCat("node 0 runs --device=", theirs, " but this node --device=", mine,
+                                                      ": every node of a cluster must run the same --device"));
+  }
+  return absl::OkStatus();
+}
+
 void Daemon::Shutdown(absl::Duration grace) {
   {
     absl::MutexLock lock(&mu_);
@@ -303,6 +360,7 @@ void Daemon::Shutdown(absl::Duration grace) {
   if (operator_server_) operator_server_->Shutdown(deadline);
   process_watcher_.reset();  // no more exit callbacks
   registry_.reset();         // unmaps and unlinks every shared-memory buffer
+  device_registry_.reset();  // frees every device buffer
 }
 
 void Daemon::Wait() {
@@ -334,7 +392,8 @@ std::vector<std::string> Daemon::members() const {
   return members_.empty() ? std::vector<std::string>{listen_address_} : members_;
 }
 
-std::shared_ptr<Job> Daemon::CreateJob(const std::string& job_id, uint64_t incarnation, uint32_t local_world_size) {
+absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id, uint64_t incarnation,
+                                                       uint32_t local_world_size) {
   Job::Options o;
   o.id = job_id;
   o.incarnation = incarnation;
@@ -348,8 +407,32 @@ std::shared_ptr<Job> Daemon::CreateJob(const std::string& job_id, uint64_t incar
   if (!security_.cluster_secret.empty()) {
     o.authenticator = engine::StepAuthenticator::ForJob(security_.cluster_secret, job_id);
   }
+#ifdef DQ_HAVE_NCCL
+  if (options_.device == DeviceKind::kCuda) {
+    absl::StatusOr<std::unique_ptr<DeviceCollective>> device = CreateCudaCollective(options_.cuda_device);
+    if (!device.ok()) {
+      return absl::Status(
+          device.status().code(),
+          absl::StrCat("job ", job_id, ": cannot set up its device collective: ", device.status().message()));
+    }
+    o.device = *std::move(device);
+  }
+#endif
   o.connect = [this, job_id, incarnation](uint64_t generation) -> absl::StatusOr<std::unique_ptr<engine::Transport>> {
     engine::PrefixStore scoped(absl::StrCat(JobKey(job_id, incarnation), "/gen", generation), *store_);
+#ifdef DQ_HAVE_NCCL
+    if (options_.device == DeviceKind::kCuda) {
+      // The device all-reduce drives the NCCL transport itself (no per-peer byte counting).
+      absl::StatusOr<std::unique_ptr<engine::Transport>> nccl =
+          engine::ConnectNcclTransport(scoped, static_cast<int>(options_.node_rank),
+                                       static_cast<int>(options_.num_nodes), options_.cuda_device, options_.timeout);
+      if (!nccl.ok()) {
+        return absl::Status(nccl.status().code(),
+                            absl::StrCat(nccl.status().message(), IncarnationHint(job_id, incarnation)));
+      }
+      return nccl;
+    }
+#endif
     engine::GlooTransportOptions t;
     t.hostname = peer_host_;
     t.timeout = options_.timeout;
@@ -474,7 +557,7 @@ absl::StatusOr<Daemon::Registration> Daemon::Register(const std::string& job_id,
     if (r.has_value()) return *r;
   }
   DQ_ASSIGN_OR_RETURN(uint64_t incarnation, ClaimIncarnation(job_id));
-  std::shared_ptr<Job> job = CreateJob(job_id, incarnation, local_world_size);
+  DQ_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, CreateJob(job_id, incarnation, local_world_size));
   absl::StatusOr<Registration> registered;
   {
     absl::MutexLock lock(&mu_);
@@ -504,7 +587,31 @@ absl::StatusOr<ShmBufferInfo> Daemon::Allocate(uint64_t worker_id, size_t bytes)
   return registry_->Allocate(worker_id, bytes);
 }
 
-absl::Status Daemon::Mapped(uint64_t worker_id, uint64_t buffer_id) { return registry_->Unlink(worker_id, buffer_id); }
+absl::StatusOr<DeviceBufferInfo> Daemon::AllocateDevice(uint64_t worker_id, size_t bytes) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!worker_jobs_.count(worker_id)) {
+      return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " is not registered"));
+    }
+  }
+  if (device_registry_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this dynamiqd runs with --device=cpu and hands out no CUDA device memory: allocate host (shared) memory, or "
+        "run dynamiqd --device=cuda on a GPU node");
+  }
+  return device_registry_->Allocate(worker_id, bytes);
+}
+
+absl::Status Daemon::Mapped(uint64_t worker_id, uint64_t buffer_id) {
+  if (IsDeviceBufferId(buffer_id)) {
+    // Nothing to unlink: a device buffer has no name.
+    if (device_registry_ == nullptr) {
+      return absl::NotFoundError(absl::StrCat("device buffer ", buffer_id, " is not allocated to worker ", worker_id));
+    }
+    return device_registry_->Find(worker_id, buffer_id);
+  }
+  return registry_->Unlink(worker_id, buffer_id);
+}
 
 absl::Status Daemon::Release(uint64_t worker_id, uint64_t buffer_id) {
   std::string job_id;
@@ -519,6 +626,12 @@ absl::Status Daemon::Release(uint64_t worker_id, uint64_t buffer_id) {
       return absl::FailedPreconditionError(
           absl::StrCat("buffer ", buffer_id, " is used by an all-reduce that has not completed"));
     }
+  }
+  if (IsDeviceBufferId(buffer_id)) {
+    if (device_registry_ == nullptr) {
+      return absl::NotFoundError(absl::StrCat("device buffer ", buffer_id, " is not allocated to worker ", worker_id));
+    }
+    return device_registry_->Release(worker_id, buffer_id);
   }
   return registry_->Release(worker_id, buffer_id);
 }
@@ -560,6 +673,7 @@ absl::Status Daemon::RemoveWorker(uint64_t worker_id, const std::string& reason)
   if (last) job->Stop(retired);
   job->RemoveWorker(worker_id, reason);
   registry_->ReleaseWorker(worker_id);
+  if (device_registry_ != nullptr) device_registry_->ReleaseWorker(worker_id);
   if (last) RetireJob(std::move(job), retired);
   return absl::OkStatus();
 }
@@ -610,8 +724,17 @@ absl::StatusOr<Job::Request> Daemon::CheckAllReduce(const AllReduceCall& call, s
   }
   if (call.tensor_name.size() > 1024) return absl::InvalidArgumentError("tensor name longer than 1024 bytes");
   const size_t bytes = call.num_elements * kernels::DTypeSize(call.dtype);
-  DQ_ASSIGN_OR_RETURN(absl::Span<uint8_t> region,
-                      registry_->Get(call.worker_id, call.buffer_id, call.offset_bytes, bytes));
+  const bool device_memory = IsDeviceBufferId(call.buffer_id);
+  absl::StatusOr<absl::Span<uint8_t>> found;
+  if (!device_memory) {
+    found = registry_->Get(call.worker_id, call.buffer_id, call.offset_bytes, bytes);
+  } else if (device_registry_ != nullptr) {
+    found = device_registry_->Get(call.worker_id, call.buffer_id, call.offset_bytes, bytes);
+  } else {
+    found = absl::NotFoundError(
+        absl::StrCat("device buffer ", call.buffer_id, " is not allocated to worker ", call.worker_id));
+  }
+  DQ_ASSIGN_OR_RETURN(absl::Span<uint8_t> region, std::move(found));
   if (reinterpret_cast<uintptr_t>(region.data()) % kernels::DTypeSize(call.dtype) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("offset ", call.offset_bytes, " is not aligned to ", kernels::DTypeName(call.dtype)));
@@ -625,6 +748,7 @@ absl::StatusOr<Job::Request> Daemon::CheckAllReduce(const AllReduceCall& call, s
   r.dtype = call.dtype;
   r.average = call.average;
   r.region = region;
+  r.device_memory = device_memory;
   r.submission = call.submission;
   *job_out = std::move(job);
   return r;
@@ -633,6 +757,8 @@ absl::StatusOr<Job::Request> Daemon::CheckAllReduce(const AllReduceCall& call, s
 absl::StatusOr<uint64_t> Daemon::SetCompression(const std::string& job_id, const JobConfig& config,
                                                 std::optional<uint64_t> expected_epoch) {
   DQ_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
+  // A GPU node runs only what its device all-reduce implements.
+  DQ_RETURN_IF_ERROR(CheckConfigForDevice(config, options_.device));
   if (config.error_budget.has_value() && config.error_budget->sample_rate == 0 && error_sample_rate() == 0) {
     return absl::FailedPreconditionError(
         "an error budget needs error samples, but --error_sample_rate is 0: give the budget its own sample rate");

@@ -26,11 +26,18 @@
 // job under a new id, or all of it again. A restarted coordinator starts every count afresh
 // (its store is in memory), consistently for all nodes.
 //
+// GPU nodes (DaemonOptions::device = kCuda, dynamiqd --device=cuda; built with CUDA and NCCL only):
+// workers may also ask for buffers in the daemon's device memory (DeviceBufferRegistry, shared
+// through CUDA IPC handles), every job reduces on the device (server/device_collective.h) and its
+// cross-node transport is an engine::NcclTransport rendezvousing under the same keys as Gloo's.
+// Every node of a cluster must run the same --device (checked at Start through the coordinator).
+//
 // Thread-safe. Start once, Shutdown once (also from a signal-watching thread).
 #ifndef DQ_SERVER_DAEMON_H_
 #define DQ_SERVER_DAEMON_H_
 
 #include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -41,7 +48,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/store.h"
+#include "server/device_buffers.h"
 #include "server/job.h"
+#include "server/job_config.h"
 #include "server/peer_credentials.h"
 #include "server/security.h"
 #include "server/shm_registry.h"
@@ -81,7 +90,17 @@ struct DaemonOptions {
   double error_sample_rate = 0.01;
   // Operator token, cluster secret and TLS files (server/security.h, docs/security.md); unset: off.
   SecurityOptions security;
+  // Where jobs reduce: kCuda needs a build with CUDA and NCCL and CUDA device `cuda_device`
+  // (Start fails with FAILED_PRECONDITION otherwise), codecs none/bf16/dynamiq, no error budget
+  // and no cluster secret (the NCCL path is not authenticated).
+  DeviceKind device = DeviceKind::kCpu;
+  int cuda_device = 0;
+  // Device memory limit of all workers' device buffers together (kCuda).
+  size_t max_device_bytes = std::numeric_limits<size_t>::max();
 };
+
+// True if this dynamiqd was built with the device path (CUDA and NCCL found).
+bool DaemonHasCudaSupport();
 
 class Daemon {
  public:
@@ -118,6 +137,10 @@ class Daemon {
   absl::StatusOr<Registration> Register(const std::string& job_id, uint32_t local_rank, uint32_t local_world_size,
                                         std::optional<PeerCredentials> peer = std::nullopt);
   absl::StatusOr<ShmBufferInfo> Allocate(uint64_t worker_id, size_t bytes);
+  // A device buffer (GPU nodes only: FAILED_PRECONDITION on a --device=cpu daemon).
+  absl::StatusOr<DeviceBufferInfo> AllocateDevice(uint64_t worker_id, size_t bytes);
+  // The UUID of the daemon's CUDA device (empty on a CPU daemon).
+  const std::string& device_uuid() const { return device_uuid_; }
   absl::Status Mapped(uint64_t worker_id, uint64_t buffer_id);
   absl::Status Release(uint64_t worker_id, uint64_t buffer_id);
   absl::Status Unregister(uint64_t worker_id);
@@ -158,7 +181,8 @@ class Daemon {
                                          uint32_t local_world_size, const std::optional<PeerCredentials>& peer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new Job for incarnation `incarnation` of `job_id` (its reducer starts at once).
-  std::shared_ptr<Job> CreateJob(const std::string& job_id, uint64_t incarnation, uint32_t local_world_size);
+  absl::StatusOr<std::shared_ptr<Job>> CreateJob(const std::string& job_id, uint64_t incarnation,
+                                                 uint32_t local_world_size);
   // Counts one more creation of `job_id` on this node in the coordinator's store; returns the count
   // (the new incarnation).
   absl::StatusOr<uint64_t> ClaimIncarnation(const std::string& job_id);
@@ -177,17 +201,23 @@ class Daemon {
                                                  absl::Time deadline);
   // Multi-node: node 0 publishes its error sample rate in the coordinator's store, the others adopt it.
   absl::Status AgreeOnErrorSampleRate();
+  // Device checks of Start (GPU nodes): the build, the configuration, the device itself.
+  absl::Status CheckDevice();
+  // Multi-node: node 0 publishes its --device in the coordinator's store, the others must match it.
+  absl::Status AgreeOnDevice();
   // Validates an all-reduce call and turns it into the job's request (errors are rejections).
   absl::StatusOr<Job::Request> CheckAllReduce(const AllReduceCall& call, std::shared_ptr<Job>* job);
 
   const DaemonOptions options_;
   ServerSecurity security_;  // loaded by Start; outlives the services that use it
   std::unique_ptr<ShmRegistry> registry_;
-  std::unique_ptr<Metrics> metrics_;                  // outlives the jobs, which report into it
-  std::unique_ptr<ErrorBudgetService> error_budget_;  // node 0 only; outlives the jobs too
-  std::unique_ptr<JobObserverList> observers_;        // what jobs report to: metrics (+ error budget)
-  std::unique_ptr<RendezvousService> rendezvous_;     // coordinator node only
-  std::unique_ptr<engine::Store> store_;              // the coordinator's store (local when single-node)
+  std::unique_ptr<DeviceBufferRegistry> device_registry_;  // GPU nodes; created by Start
+  std::string device_uuid_;                                // set by Start on GPU nodes
+  std::unique_ptr<Metrics> metrics_;                       // outlives the jobs, which report into it
+  std::unique_ptr<ErrorBudgetService> error_budget_;       // node 0 only; outlives the jobs too
+  std::unique_ptr<JobObserverList> observers_;             // what jobs report to: metrics (+ error budget)
+  std::unique_ptr<RendezvousService> rendezvous_;          // coordinator node only
+  std::unique_ptr<engine::Store> store_;                   // the coordinator's store (local when single-node)
   std::unique_ptr<grpc::Server> operator_server_;
   std::unique_ptr<grpc::Server> worker_server_;
   std::unique_ptr<WorkerListener> worker_listener_;

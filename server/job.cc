@@ -457,9 +457,11 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   // The fp32 sum lives in local rank 0's own buffer when that is fp32 (no scratch allocation and
   // no extra copy: the cross-node all-reduce runs in place in shared memory), else in scratch.
   const bool in_place = entries[0]->request.dtype == kernels::DType::kFloat32;
+  // A GPU node runs the local reduce, the cross-node all-reduce and the write-back on its device.
+  const bool on_device = options_.device != nullptr;
   std::vector<float> scratch;
   float* sum = nullptr;
-  if (status.ok()) {
+  if (status.ok() && !on_device) {
     if (in_place) {
       sum = reinterpret_cast<float*>(entries[0]->request.region.data());
     } else {
@@ -476,7 +478,9 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   }
   // The local workers disagree (or no memory): this node skips the cross-node step.
   if (!status.ok()) AnnounceBreak(BreakGroup({{sequence, status}}));
-  if (status.ok()) {
+  if (status.ok() && on_device) {
+    status = RunOnDevice(sequence, config, epoch, entries, &wire_bytes);
+  } else if (status.ok()) {
     // Local reduce in fp32, in local-rank order (deterministic).
     for (size_t k = 1; k < entries.size(); ++k) {
       const uint8_t* p = entries[k]->request.region.data();
@@ -494,7 +498,7 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
       if (!status.ok()) status = WithRemoteCause(sequence, std::move(status));
     }
   }
-  if (status.ok()) {
+  if (status.ok() && !on_device) {
     const float scale = 1.0f / static_cast<float>(options_.num_nodes * options_.local_world_size);
     // Worker buffers other than the one holding the sum first, then that one (scaled in place).
     for (size_t k = entries.size(); k-- > 0;) {
@@ -527,7 +531,7 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   absl::MutexLock lock(&mu_);
   for (Entry* e : entries) {
     e->status = status;
-    e->result = Result{sequence, epoch, config, wire_bytes};
+    e->result = Result{sequence, epoch, config, wire_bytes, probe.vnmse};
     e->done = true;
   }
   Record(std::move(record));
@@ -590,28 +594,81 @@ void Job::CountFailure(uint64_t num_elements, Classification how) {
   options_.observer->OnCollective(options_.id, outcome);
 }
 
+absl::StatusOr<engine::Transport*> Job::ConnectedTransport(uint64_t sequence) {
+  absl::MutexLock lock(&transport_mu_);
+  if (pending_generations_ > 0) {
+    transport_.reset();
+    generation_ += pending_generations_;
+    pending_generations_ = 0;
+  }
+  if (!transport_) {
+    auto connected = options_.connect(generation_);
+    if (!connected.ok()) {
+      ++generation_;  // this collective failed: the next one meets the others at the next generation
+      return absl::Status(connected.status().code(), absl::StrCat("collective ", sequence, " of job ", options_.id,
+                                                                  ": ", connected.status().message()));
+    }
+    transport_ = *std::move(connected);
+    ++transport_serial_;
+  }
+  return transport_.get();
+}
+
+absl::Status Job::RunOnDevice(uint64_t sequence, const JobConfig& config, uint64_t epoch,
+                              const std::vector<Entry*>& entries, uint64_t* wire_bytes) {
+  const Request& first = entries[0]->request;
+  const size_t n = first.num_elements;
+  const std::string prefix = absl::StrCat("collective ", sequence, " of job ", options_.id);
+  // Local reduce in fp32, in local-rank order (deterministic), into the device's sum.
+  std::vector<DeviceCollective::Region> inputs;
+  std::vector<DeviceCollective::Output> outputs;
+  for (const Entry* e : entries) {
+    const DeviceCollective::Region region{e->request.region.data(), e->request.dtype, e->request.device_memory};
+    inputs.push_back(region);
+    outputs.push_back(DeviceCollective::Output{region, e->request.average});
+  }
+  absl::Status status = options_.device->LocalReduce(inputs, n);
+  if (!status.ok()) {
+    // This node skips the cross-node step: the other nodes must learn it.
+    status = absl::Status(status.code(), absl::StrCat(prefix, ": local reduce on the device: ", status.message()));
+    AnnounceBreak(BreakGroup({{sequence, status}}));
+    return status;
+  }
+  if (options_.num_nodes > 1) {
+    absl::StatusOr<engine::Transport*> transport = ConnectedTransport(sequence);
+    if (!transport.ok()) return WithRemoteCause(sequence, transport.status());
+    DQ_ASSIGN_OR_RETURN(kernels::Codec * codec, CachedCodec(EffectiveCodec(config, n)));
+    engine::AllReduceOptions o;
+    o.topology = config.topology;
+    o.job_id = CollectiveId(options_.id, options_.incarnation, first.tensor_name, n, first.dtype);
+    o.config_epoch = epoch;
+    o.sequence = sequence;
+    o.timeout = std::max(absl::Milliseconds(1), deadline_ - absl::Now());
+    auto result = options_.device->CrossNode(*codec, **transport, o, n);
+    if (!result.ok()) {
+      {
+        // The group is broken: re-form it (fresh rendezvous keys) on the next collective.
+        absl::MutexLock lock(&transport_mu_);
+        transport_.reset();
+        ++generation_;
+      }
+      return WithRemoteCause(
+          sequence, absl::Status(result.status().code(), absl::StrCat(prefix, ": ", result.status().message())));
+    }
+    *wire_bytes = result->bytes_sent;
+  }
+  const float scale = 1.0f / static_cast<float>(options_.num_nodes * options_.local_world_size);
+  status = options_.device->WriteBack(outputs, n, scale);
+  if (!status.ok()) {
+    return absl::Status(status.code(),
+                        absl::StrCat(prefix, ": writing the result back on the device: ", status.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch, absl::string_view tensor_name,
                             kernels::DType dtype, float* sum, size_t n, uint64_t* wire_bytes, ProbeResult* probe) {
-  engine::Transport* transport;
-  {
-    absl::MutexLock lock(&transport_mu_);
-    if (pending_generations_ > 0) {
-      transport_.reset();
-      generation_ += pending_generations_;
-      pending_generations_ = 0;
-    }
-    if (!transport_) {
-      auto connected = options_.connect(generation_);
-      if (!connected.ok()) {
-        ++generation_;  // this collective failed: the next one meets the others at the next generation
-        return absl::Status(connected.status().code(), absl::StrCat("collective ", sequence, " of job ", options_.id,
-                                                                    ": ", connected.status().message()));
-      }
-      transport_ = *std::move(connected);
-      ++transport_serial_;
-    }
-    transport = transport_.get();
-  }
+  DQ_ASSIGN_OR_RETURN(engine::Transport * transport, ConnectedTransport(sequence));
   const kernels::CodecConfig codec_config = EffectiveCodec(config, n);
   DQ_ASSIGN_OR_RETURN(kernels::Codec * codec, CachedCodec(codec_config));
   // Error probe: keep this node's exact local sum of a sampled compressed collective. Every node

@@ -7,6 +7,11 @@
 // job's transport, whose step headers make every node check the same job, sequence and config
 // epoch), and writes the result back into every worker's buffer. Submit blocks until then.
 //
+// On a GPU node (Options::device set) the same steps run on the device: the local reduce and the
+// write-back are CUDA kernels over the workers' device buffers (host buffers are staged through the
+// device), and the cross-node all-reduce is engine::NcclAllReduce over the job's NCCL transport
+// (server/device_collective.h). The error probe does not run there.
+//
 // Configuration changes (SetCompression) are staged with the sequence at which they apply; the
 // coordinator's store carries them to every node (see Daemon), so all nodes switch at the same
 // collective boundary, never mid-collective.
@@ -42,6 +47,7 @@
 #include "engine/step_auth.h"
 #include "engine/transport.h"
 #include "kernels/codec.h"
+#include "server/device_collective.h"
 #include "server/job_config.h"
 #include "server/job_observer.h"
 
@@ -107,6 +113,9 @@ class Job {
     double error_sample_rate = 0;
     // Authenticates the cross-node engine messages (engine/step_auth.h); null: checksums only.
     std::shared_ptr<const engine::StepAuthenticator> authenticator;
+    // Set on a GPU node: every collective runs through it (and `connect` returns transports it can
+    // drive). Null: the CPU path.
+    std::shared_ptr<DeviceCollective> device;
   };
 
   struct Request {
@@ -116,7 +125,8 @@ class Job {
     uint64_t num_elements = 0;
     kernels::DType dtype = kernels::DType::kFloat32;
     bool average = false;
-    absl::Span<uint8_t> region;  // the worker's bytes (shared memory)
+    absl::Span<uint8_t> region;  // the worker's bytes (shared memory, or device memory if device_memory)
+    bool device_memory = false;  // region is a device buffer (only with Options::device)
     // The worker's own index of this request (0, 1, ... since it registered); unset: arrival order.
     std::optional<uint64_t> submission;
   };
@@ -126,6 +136,7 @@ class Job {
     uint64_t config_epoch = 0;
     JobConfig config;
     uint64_t wire_bytes = 0;
+    std::optional<double> measured_vnmse;  // the error probe's figure when it sampled the collective
   };
 
   explicit Job(Options options);
@@ -201,6 +212,12 @@ class Job {
   // The tensor's name and the workers' dtype identify the collective on the wire.
   absl::Status CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch, absl::string_view tensor_name,
                          kernels::DType dtype, float* sum, size_t n, uint64_t* wire_bytes, ProbeResult* probe);
+  // The job's transport, connected (at generation_ plus the pending breaks) if there is none.
+  absl::StatusOr<engine::Transport*> ConnectedTransport(uint64_t sequence);
+  // RunCollective on a GPU node, once the local workers agree: local reduce, cross-node all-reduce
+  // and write-back through options_.device. A failure of the local reduce breaks the group.
+  absl::Status RunOnDevice(uint64_t sequence, const JobConfig& config, uint64_t epoch,
+                           const std::vector<Entry*>& entries, uint64_t* wire_bytes);
   // The codec collectives of `num_elements` use across nodes (none below min_compress_elements).
   static kernels::CodecConfig EffectiveCodec(const JobConfig& config, uint64_t num_elements);
   // The codec for `config`, created once: building one (DynamiQ's level and error tables) costs

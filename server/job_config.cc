@@ -53,4 +53,32 @@ std::string DescribeJobConfig(const JobConfig& c) {
   return s;
 }
 
+absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name) {
+  if (name == "cpu") return DeviceKind::kCpu;
+  if (name == "cuda") return DeviceKind::kCuda;
+  return absl::InvalidArgumentError(absl::StrCat("unknown device '", name, "' (cpu or cuda)"));
+}
+
+absl::string_view DeviceKindName(DeviceKind device) { return device == DeviceKind::kCuda ? "cuda" : "cpu"; }
+
+absl::Status CheckConfigForDevice(const JobConfig& config, DeviceKind device) {
+  if (device == DeviceKind::kCpu) return absl::OkStatus();
+  switch (config.codec.id) {
+    case kernels::CodecId::kNone:
+    case kernels::CodecId::kBf16:
+    case kernels::CodecId::kDynamiq:
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "codec ", kernels::CodecName(config.codec.id),
+          " is not available on a --device=cuda node: its device all-reduce supports none, bf16 and dynamiq"));
+  }
+  if (config.error_budget.has_value()) {
+    return absl::InvalidArgumentError(
+        "an error budget (target_vnmse) is not available on a --device=cuda node: the compression error is "
+        "measured on CPU nodes only; set fixed bits");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace dynamiq::server

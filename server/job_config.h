@@ -35,6 +35,17 @@ absl::Status SetErrorBudget(const ErrorBudgetPolicy& policy, JobConfig& config);
 // "dynamiq bits=5 ring min_compress=4096" (+ " target_vnmse=0.001 bits=[3,8]" under a budget).
 std::string DescribeJobConfig(const JobConfig& config);
 
+// Where a daemon reduces (dynamiqd --device): host memory with Gloo TCP between nodes, or a CUDA
+// device with NCCL between nodes (engine::NcclAllReduce).
+enum class DeviceKind { kCpu, kCuda };
+// "cpu" or "cuda"; INVALID_ARGUMENT naming the accepted values otherwise.
+absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name);
+absl::string_view DeviceKindName(DeviceKind device);
+// Whether jobs of a daemon on `device` can run `config`: on kCuda only the codecs the device
+// all-reduce implements (none, bf16, dynamiq) and no error budget (the error probe, whose samples
+// an error budget needs, runs on CPU nodes only). INVALID_ARGUMENT with a message otherwise.
+absl::Status CheckConfigForDevice(const JobConfig& config, DeviceKind device);
+
 }  // namespace dynamiq::server
 
 #endif  // DQ_SERVER_JOB_CONFIG_H_

@@ -42,7 +42,15 @@ ABSL_FLAG(double, timeout, 300,
           "watchdog: a local worker that has not submitted the collective by then (stopped, hung) is named with "
           "its local rank and pid in the DEADLINE_EXCEEDED every participant gets (dynamiq_faults_total, "
           "kind=\"timeout\").");
-ABSL_FLAG(std::string, device, "cpu", "cpu (host buffers, Gloo TCP between nodes). cuda is not yet supported.");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where jobs reduce: cpu (host shared-memory buffers, Gloo TCP between nodes) or cuda (a GPU node: workers "
+          "may also get buffers in the GPU's memory through CUDA IPC handles; local reduce on the GPU, NCCL between "
+          "nodes; codecs none, bf16 and dynamiq; no error budget and no --cluster_secret_file). cuda needs a dynamiqd "
+          "built with CUDA and NCCL and a visible CUDA device, else dynamiqd refuses to start. Every node of a "
+          "cluster must run the same --device.");
+ABSL_FLAG(int32_t, cuda_device, 0,
+          "With --device=cuda: the CUDA device (ordinal as this process sees it, after CUDA_VISIBLE_DEVICES) that "
+          "holds the workers' device buffers and runs the reduction.");
 ABSL_FLAG(int32_t, metrics_port, 9400,
           "Port of the Prometheus metrics endpoint (GET /metrics), bound on the host of --listen. 0 picks a free "
           "port (logged at startup and shown by `dynamiqctl status`); -1 turns metrics off. See docs/metrics.md.");
@@ -92,12 +100,15 @@ int main(int argc, char** argv) {
       "Prometheus metrics are served on --metrics_port (default 9400) at /metrics (docs/metrics.md).\n"
       "Security (docs/security.md): --operator_token_file, --cluster_secret_file, --tls_cert/--tls_key/--tls_ca; "
       "without them dynamiqd trusts its network.\n"
+      "GPU nodes: --device=cuda [--cuda_device=N] (docs/design.md, \"GPU nodes\").\n"
       "With no flags it runs a single-node daemon on loopback.\n"
       "Two nodes: dynamiqd --num_nodes=2 --node_rank=0 --listen=10.0.0.1:7070\n"
       "           dynamiqd --num_nodes=2 --node_rank=1 --listen=10.0.0.2:7070 --coordinator=10.0.0.1:7070");
   absl::ParseCommandLine(argc, argv);
-  if (absl::GetFlag(FLAGS_device) != "cpu") {
-    return Fail(absl::StrCat("--device=", absl::GetFlag(FLAGS_device), " is not supported yet (cpu only)"));
+  auto device = dynamiq::server::ParseDeviceKind(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return Fail(absl::StrCat("--device: ", device.status().message()));
+  if (absl::GetFlag(FLAGS_cuda_device) < 0) {
+    return Fail(absl::StrCat("--cuda_device must be 0 or more, got ", absl::GetFlag(FLAGS_cuda_device)));
   }
   auto config = dynamiq::server::MakeJobConfig(absl::GetFlag(FLAGS_codec), absl::GetFlag(FLAGS_bits),
                                                absl::GetFlag(FLAGS_topology),
@@ -126,6 +137,8 @@ int main(int argc, char** argv) {
   o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout));
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.error_sample_rate = absl::GetFlag(FLAGS_error_sample_rate);
+  o.device = *device;
+  o.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   o.security.operator_token_file = absl::GetFlag(FLAGS_operator_token_file);
   o.security.cluster_secret_file = absl::GetFlag(FLAGS_cluster_secret_file);
   o.security.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
@@ -147,6 +160,10 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "dynamiqd: node %u/%u ready; operators on %s, workers on %s, metrics on %s\n", o.node_rank,
                o.num_nodes, daemon.listen_address().c_str(), o.worker_socket.c_str(),
                metrics.empty() ? "(off)" : absl::StrCat("http://", metrics, "/metrics").c_str());
+  if (o.device == dynamiq::server::DeviceKind::kCuda) {
+    std::fprintf(stderr, "dynamiqd: device cuda:%d (device buffers over CUDA IPC, NCCL between nodes)\n",
+                 o.cuda_device);
+  }
   std::fprintf(stderr, "dynamiqd: operator token %s, TLS %s, cluster secret %s\n",
                o.security.operator_token_file.empty() ? "off" : "required",
                o.security.tls_cert_file.empty() ? "off" : "on", o.security.cluster_secret_file.empty() ? "off" : "on");

@@ -67,6 +67,13 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const dynamiq
   response->set_num_nodes(daemon_.options().num_nodes);
   response->set_config_epoch(r->config_epoch);
   ToProto(r->config, response->mutable_config());
+  if (daemon_.options().device == DeviceKind::kCuda) {
+    response->set_device(dynamiq::v1::DEVICE_KIND_CUDA);
+    response->set_cuda_device(daemon_.options().cuda_device);
+    response->set_cuda_device_uuid(daemon_.device_uuid());
+  } else {
+    response->set_device(dynamiq::v1::DEVICE_KIND_CPU);
+  }
   return grpc::Status::OK;
 }
 
@@ -74,12 +81,31 @@ grpc::Status WorkerService::AllocateBuffer(grpc::ServerContext*, const dynamiq::
                                            dynamiq::v1::AllocateBufferResponse* response) {
   auto worker = ParseWorkerId(request->worker_id());
   if (!worker.ok()) return Refuse(daemon_, worker.status());
-  auto info = daemon_.Allocate(*worker, request->bytes());
-  if (!info.ok()) return Refuse(daemon_, info.status());
-  response->set_buffer_id(info->buffer_id);
-  response->set_shm_name(info->shm_name);
-  response->set_bytes(info->size);
-  return grpc::Status::OK;
+  switch (request->memory_kind()) {
+    case dynamiq::v1::MEMORY_KIND_HOST: {
+      auto info = daemon_.Allocate(*worker, request->bytes());
+      if (!info.ok()) return Refuse(daemon_, info.status());
+      response->set_buffer_id(info->buffer_id);
+      response->set_shm_name(info->shm_name);
+      response->set_bytes(info->size);
+      response->set_memory_kind(dynamiq::v1::MEMORY_KIND_HOST);
+      return grpc::Status::OK;
+    }
+    case dynamiq::v1::MEMORY_KIND_CUDA_DEVICE: {
+      auto info = daemon_.AllocateDevice(*worker, request->bytes());
+      if (!info.ok()) return Refuse(daemon_, info.status());
+      response->set_buffer_id(info->buffer_id);
+      response->set_bytes(info->size);
+      response->set_memory_kind(dynamiq::v1::MEMORY_KIND_CUDA_DEVICE);
+      response->set_cuda_ipc_handle(info->ipc_handle);
+      response->set_cuda_device(info->device);
+      response->set_cuda_device_uuid(info->device_uuid);
+      return grpc::Status::OK;
+    }
+    default:
+      return Refuse(daemon_, absl::InvalidArgumentError(
+                                 absl::StrCat("unknown memory kind ", static_cast<int>(request->memory_kind()))));
+  }
 }
 
 grpc::Status WorkerService::Mapped(grpc::ServerContext*, const dynamiq::v1::MappedRequest* request,
@@ -125,6 +151,7 @@ grpc::Status WorkerService::AllReduce(grpc::ServerContext*, const dynamiq::v1::A
   response->set_codec(std::string(kernels::CodecName(r->config.codec.id)));
   response->set_bits(r->config.codec.bits);
   response->set_wire_bytes(r->wire_bytes);
+  if (r->measured_vnmse.has_value()) response->set_measured_vnmse(*r->measured_vnmse);
   return grpc::Status::OK;
 }
 

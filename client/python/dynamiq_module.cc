@@ -463,7 +463,9 @@ class PyControl {
 
 std::string ResultRepr(const AllReduceResult& r) {
   return absl::StrCat("AllReduceResult(sequence=", r.sequence, ", config_epoch=", r.config_epoch, ", codec='", r.codec,
-                      "', bits=", r.bits, ", wire_bytes=", r.wire_bytes, ")");
+                      "', bits=", r.bits, ", wire_bytes=", r.wire_bytes,
+                      ", measured_vnmse=", r.measured_vnmse.has_value() ? absl::StrCat(*r.measured_vnmse) : "None",
+                      ")");
 }
 
 }  // namespace
@@ -511,6 +513,9 @@ PYBIND11_MODULE(_dynamiq, m) {
       .def_readonly("codec", &AllReduceResult::codec)
       .def_readonly("bits", &AllReduceResult::bits)
       .def_readonly("wire_bytes", &AllReduceResult::wire_bytes)
+      .def_readonly("measured_vnmse", &AllReduceResult::measured_vnmse,
+                    "vNMSE the daemon measured for this collective (its error probe, dynamiqd "
+                    "--error_sample_rate), or None when it did not sample it")
       .def("__repr__", &ResultRepr);
 
   py::class_<PyBuffer>(m, "Buffer", "Shared memory mapped by this process and dynamiqd (Client.allocate).")

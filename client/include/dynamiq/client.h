@@ -16,8 +16,9 @@
 //
 // The daemon side is dynamiqd's dynamiq.v1.Worker gRPC service (proto/dynamiq/v1/worker.proto)
 // on a Unix socket; buffers are POSIX shared memory the daemon creates and unlinks once both
-// sides mapped them. Errors are absl::Status values: the daemon's code and message unchanged, or
-// for UNAVAILABLE and DEADLINE_EXCEEDED the gRPC message prefixed with the call and the socket.
+// sides mapped them, or on GPU nodes device memory shared through CUDA IPC handles. Errors are absl::Status values: the
+// daemon's code and message unchanged, or for UNAVAILABLE and DEADLINE_EXCEEDED the gRPC message prefixed with the call
+// and the socket.
 //
 // Thread-safety: a Client's methods (other than moves and destruction) may be called concurrently
 // from any threads. See buffer.h and future.h for Buffer and Future.
@@ -61,10 +62,21 @@ class Client {
   /// first: releasing them afterwards still unmaps them, but the daemon may already have freed them.
   ~Client();
 
-  /// Allocates a shared-memory buffer of at least `bytes` bytes (positive) in the daemon, maps it
-  /// into this process and confirms the mapping (after which the daemon unlinks its name, so
-  /// nothing is left in /dev/shm if either process dies).
-  absl::StatusOr<Buffer> Allocate(size_t bytes);
+  /// Allocates a buffer of at least `bytes` bytes (positive) in the daemon.
+  ///
+  /// MemoryKind::kHost: a shared-memory buffer, mapped into this process (Buffer::data()) and the
+  /// mapping confirmed (after which the daemon unlinks its name, so nothing is left in /dev/shm if
+  /// either process dies).
+  ///
+  /// MemoryKind::kCudaDevice (a GPU node: dynamiqd --device=cuda): zeroed memory on the daemon's
+  /// CUDA device, opened here with cudaIpcOpenMemHandle on the same device (found by its UUID,
+  /// whatever this process's CUDA_VISIBLE_DEVICES) and exposed as Buffer::device_data(). The memory
+  /// stays the daemon's: it is freed when the buffer is released (after this process closed its
+  /// mapping), when the worker unregisters or exits, or when the daemon stops. Fails with
+  /// UNIMPLEMENTED if this library was built without CUDA, FAILED_PRECONDITION if the daemon runs
+  /// with --device=cpu or its device is not visible to this process, RESOURCE_EXHAUSTED when the
+  /// device is out of memory. The worker must be a separate process from the daemon.
+  absl::StatusOr<Buffer> Allocate(size_t bytes, MemoryKind kind = MemoryKind::kHost);
 
   /// All-reduces `num_elements` elements of `dtype` starting `offset_bytes` into `buffer`, in place:
   /// returns once the sum over all workers of the job (divided by their number if `average`) is in
@@ -94,11 +106,15 @@ class Client {
   /// collective boundary, so workers need not track it.
   uint64_t config_epoch() const;
   const CompressionConfig& config() const;
+  /// Where the daemon reduces (--device): kCuda daemons also hand out device buffers.
+  DeviceKind daemon_device() const;
   /// The options the client connected with.
   const ClientOptions& options() const;
 
  private:
   explicit Client(std::shared_ptr<client::internal::Connection> connection);
+  // Allocate(bytes, MemoryKind::kCudaDevice).
+  absl::StatusOr<Buffer> AllocateDevice(size_t bytes);
   // The client-side argument checks of AllReduce() and AllReduceAsync().
   absl::Status CheckAllReduce(const Buffer& buffer, size_t offset_bytes, size_t num_elements, DType dtype,
                               absl::string_view tensor_name) const;

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <optional>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -51,6 +52,21 @@ size_t DTypeSize(DType dtype);
 /// "float32", "bfloat16", or "invalid".
 absl::string_view DTypeName(DType dtype);
 
+/// Where a buffer lives (Client::Allocate). The values match dynamiq.v1.MemoryKind.
+enum class MemoryKind : int {
+  /// POSIX shared memory mapped into this process (Buffer::data()).
+  kHost = 0,
+  /// Memory on the daemon's CUDA device, opened in this process through a CUDA IPC handle
+  /// (Buffer::device_data()). Only from a daemon that runs with --device=cuda.
+  kCudaDevice = 1,
+};
+
+/// Where the daemon reduces (dynamiqd --device), as it reported at registration.
+enum class DeviceKind : int {
+  kCpu = 0,
+  kCuda = 1,
+};
+
 /// A job's gradient compression as the daemon reported it at registration (dynamiq.v1.CompressionConfig).
 struct CompressionConfig {
   /// none, bf16, dynamiq, mxfp8, mxfp6, mxfp4, thc or uniform.
@@ -77,6 +93,10 @@ struct AllReduceResult {
   double bits = 0;
   /// Bytes this node sent to other nodes for the collective (0 on a single node).
   uint64_t wire_bytes = 0;
+  /// The compression error the daemon measured for this collective, when its error probe sampled
+  /// it (dynamiqd --error_sample_rate): vNMSE of the cross-node result against an exact fp32
+  /// all-reduce done on the side. Unset otherwise (and for uncompressed collectives).
+  std::optional<double> measured_vnmse;
 };
 
 }  // namespace dynamiq

@@ -1,0 +1,239 @@
+#include "server/cuda_device.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_check.h"
+#include "common/status_macros.h"
+#include "engine/nccl_allreduce.h"
+#include "engine/nccl_transport.h"
+#include "server/cuda_reduce_kernels.h"
+
+namespace dynamiq::server {
+namespace {
+
+using common::ScopedDevice;
+
+absl::Status MakeCurrent(const ScopedDevice& scoped, int device) {
+  if (scoped.ok()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("cannot make CUDA device ", device, " current"));
+}
+
+// A kernel launcher's cudaError_t value as a status.
+absl::Status LaunchStatus(int error, const char* what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return common::CudaErrorStatus(static_cast<cudaError_t>(error), what, __FILE__, __LINE__);
+}
+
+class CudaDeviceMemory final : public DeviceMemory {
+ public:
+  CudaDeviceMemory(int device, std::string uuid) : device_(device), uuid_(std::move(uuid)) {}
+
+  absl::StatusOr<Allocation> Allocate(size_t bytes) override {
+    ScopedDevice scoped(device_);
+    DQ_RETURN_IF_ERROR(MakeCurrent(scoped, device_));
+    void* data = nullptr;
+    const cudaError_t error = cudaMalloc(&data, bytes);
+    if (error == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return absl::ResourceExhaustedError(
+          absl::StrCat("CUDA device ", device_, " has no ", bytes, " bytes free (cudaMalloc: out of memory)"));
+    }
+    DQ_CUDA_RETURN_IF_ERROR(error);
+    // Zeroed: the memory may have held another worker's data.
+    absl::Status status = [&]() -> absl::Status {
+      DQ_CUDA_RETURN_IF_ERROR(cudaMemset(data, 0, bytes));
+      return absl::OkStatus();
+    }();
+    cudaIpcMemHandle_t handle;
+    if (status.ok()) {
+      status = [&]() -> absl::Status {
+        DQ_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handle, data));
+        return absl::OkStatus();
+      }();
+    }
+    if (!status.ok()) {
+      (void)cudaFree(data);
+      return status;
+    }
+    return Allocation{data, std::string(reinterpret_cast<const char*>(&handle), sizeof(handle))};
+  }
+
+  void Free(void* data) override {
+    if (data == nullptr) return;
+    ScopedDevice scoped(device_);
+    const cudaError_t error = cudaFree(data);
+    if (error != cudaSuccess) {
+      std::fprintf(stderr, "dynamiqd: cudaFree of a device buffer on device %d failed: %s\n", device_,
+                   cudaGetErrorString(error));
+    }
+  }
+
+  int device() const override { return device_; }
+  std::string uuid() const override { return uuid_; }
+
+ private:
+  const int device_;
+  const std::string uuid_;
+};
+
+// Device memory (of the device current when it is used) that grows to the largest size asked of
+// it and is kept until Reset().
+class ScratchBuffer {
+ public:
+  ScratchBuffer() = default;
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+  ~ScratchBuffer() { Reset(); }
+
+  // Frees the memory (its device must be current).
+  void Reset() {
+    if (data_ != nullptr) (void)cudaFree(data_);
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+  // At least `bytes` of device memory; the old contents are not kept.
+  absl::StatusOr<void*> Get(size_t bytes) {
+    if (bytes <= bytes_) return data_;
+    Reset();
+    const cudaError_t error = cudaMalloc(&data_, bytes);
+    if (error == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      data_ = nullptr;
+      return absl::ResourceExhaustedError(absl::StrCat("no ", bytes, " bytes of device memory for the local sum"));
+    }
+    DQ_CUDA_RETURN_IF_ERROR(error);
+    bytes_ = bytes;
+    return data_;
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class CudaCollective final : public DeviceCollective {
+ public:
+  CudaCollective(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
+  ~CudaCollective() override {
+    ScopedDevice scoped(device_);
+    (void)cudaStreamSynchronize(stream_);
+    sum_.Reset();
+    staging_.Reset();
+    (void)cudaStreamDestroy(stream_);
+  }
+
+  absl::Status LocalReduce(absl::Span<const Region> inputs, size_t n) override {
+    ScopedDevice scoped(device_);
+    DQ_RETURN_IF_ERROR(MakeCurrent(scoped, device_));
+    DQ_ASSIGN_OR_RETURN(void* sum, sum_.Get(n * sizeof(float)));
+    sum_data_ = static_cast<float*>(sum);
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      const Region& in = inputs[k];
+      const size_t element_bytes = kernels::DTypeSize(in.dtype);
+      const void* source = in.data;
+      if (!in.device) {
+        DQ_ASSIGN_OR_RETURN(void* staged, staging_.Get(n * sizeof(float)));
+        DQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staged, in.data, n * element_bytes, cudaMemcpyHostToDevice, stream_));
+        source = staged;
+      }
+      DQ_RETURN_IF_ERROR(LaunchStatus(AccumulateCuda(sum_data_, source, static_cast<int>(element_bytes), n,
+                                                     /*first=*/k == 0, stream_),
+                                      "AccumulateCuda"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<engine::AllReduceResult> CrossNode(const kernels::Codec& codec, engine::Transport& transport,
+                                                    const engine::AllReduceOptions& options, size_t n) override {
+    auto* nccl = dynamic_cast<engine::NcclTransport*>(&transport);
+    if (nccl == nullptr || nccl->device() != device_) {
+      return absl::InvalidArgumentError(absl::StrCat("the device all-reduce needs an NCCL transport on device ",
+                                                     device_, ", not a ", transport.name(), " transport"));
+    }
+    if (sum_data_ == nullptr) return absl::FailedPreconditionError("CrossNode before LocalReduce");
+    // In place on the sum; NcclAllReduce orders its work after the local reduce queued on stream_.
+    return engine::NcclAllReduce(codec, *nccl, options, sum_data_, sum_data_, n, stream_);
+  }
+
+  absl::Status WriteBack(absl::Span<const Output> outputs, size_t n, float scale) override {
+    ScopedDevice scoped(device_);
+    DQ_RETURN_IF_ERROR(MakeCurrent(scoped, device_));
+    if (sum_data_ == nullptr) return absl::FailedPreconditionError("WriteBack before LocalReduce");
+    for (const Output& out : outputs) {
+      const size_t element_bytes = kernels::DTypeSize(out.region.dtype);
+      void* target = out.region.data;
+      if (!out.region.device) {
+        DQ_ASSIGN_OR_RETURN(target, staging_.Get(n * sizeof(float)));
+      }
+      DQ_RETURN_IF_ERROR(
+          LaunchStatus(StoreSumCuda(target, static_cast<int>(element_bytes), sum_data_, n, out.average, scale, stream_),
+                       "StoreSumCuda"));
+      if (!out.region.device) {
+        DQ_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(out.region.data, target, n * element_bytes, cudaMemcpyDeviceToHost, stream_));
+      }
+    }
+    // The workers read their buffers once their request completes: everything must have landed.
+    DQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+
+ private:
+  const int device_;
+  const cudaStream_t stream_;
+  ScratchBuffer sum_;
+  ScratchBuffer staging_;
+  float* sum_data_ = nullptr;
+};
+
+}  // namespace
+
+absl::Status CheckCudaDevice(int device) {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("--device=cuda: no usable CUDA device (cudaGetDeviceCount: ", cudaGetErrorString(error),
+                     "); run dynamiqd --device=cpu, or on a node with a GPU"));
+  }
+  if (count == 0) {
+    return absl::FailedPreconditionError(
+        "--device=cuda: no CUDA device is visible; run dynamiqd --device=cpu, or on a node with a GPU");
+  }
+  if (device < 0 || device >= count) {
+    return absl::FailedPreconditionError(absl::StrCat("--cuda_device=", device, " but ", count, " CUDA device",
+                                                      count == 1 ? " is" : "s are", " visible (0..", count - 1, ")"));
+  }
+  ScopedDevice scoped(device);
+  DQ_RETURN_IF_ERROR(MakeCurrent(scoped, device));
+  // Creates the context now, so a broken device fails at startup rather than at the first buffer.
+  DQ_CUDA_RETURN_IF_ERROR(cudaFree(nullptr));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> CudaDeviceUuid(int device) {
+  cudaDeviceProp properties;
+  DQ_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&properties, device));
+  return std::string(properties.uuid.bytes, sizeof(properties.uuid.bytes));
+}
+
+absl::StatusOr<std::unique_ptr<DeviceMemory>> CreateCudaDeviceMemory(int device) {
+  DQ_RETURN_IF_ERROR(CheckCudaDevice(device));
+  DQ_ASSIGN_OR_RETURN(std::string uuid, CudaDeviceUuid(device));
+  return std::unique_ptr<DeviceMemory>(std::make_unique<CudaDeviceMemory>(device, std::move(uuid)));
+}
+
+absl::StatusOr<std::unique_ptr<DeviceCollective>> CreateCudaCollective(int device) {
+  ScopedDevice scoped(device);
+  DQ_RETURN_IF_ERROR(MakeCurrent(scoped, device));
+  cudaStream_t stream = nullptr;
+  DQ_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return std::unique_ptr<DeviceCollective>(std::make_unique<CudaCollective>(device, stream));
+}
+
+}  // namespace dynamiq::server

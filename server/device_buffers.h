@@ -1,0 +1,138 @@
+// DeviceBufferRegistry: the daemon's table of CUDA device buffers handed out to local worker
+// processes on a GPU node (dynamiqd --device=cuda), keyed by (worker id, buffer id): the device
+// counterpart of ShmRegistry (server/shm_registry.h), with the same role and limits. The daemon
+// allocates a buffer when a worker asks for one and sends it the DeviceBufferInfo (a CUDA IPC
+// memory handle the worker opens with cudaIpcOpenMemHandle), resolves the (buffer, offset, length)
+// regions named by all-reduce requests with Get(), and frees everything a worker had when it
+// unregisters or dies (ReleaseWorker()) and, at shutdown, everything (the destructor).
+//
+// The memory itself comes from a DeviceMemory (server/cuda_device.h: cudaMalloc +
+// cudaIpcGetMemHandle on the daemon's device), so the registry is CUDA-free and its bookkeeping is
+// tested without a GPU.
+//
+// Buffer ids start at kDeviceBufferIdBase, above any id ShmRegistry hands out, so one id names one
+// buffer whatever its kind (IsDeviceBufferId) and a request needs no extra field. Ids are never
+// reused, so a stale id is NOT_FOUND rather than someone else's memory.
+//
+// Limits: a per-worker and a global byte limit, and a per-worker buffer count limit. Allocations
+// beyond them fail with RESOURCE_EXHAUSTED and change nothing.
+//
+// Thread-safety: every method is thread-safe (one absl::Mutex). Allocating and freeing device
+// memory run outside the lock. A region returned by Get() stays valid until that buffer is
+// released; the caller must not release a buffer that requests still use.
+#ifndef DQ_SERVER_DEVICE_BUFFERS_H_
+#define DQ_SERVER_DEVICE_BUFFERS_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <limits>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+
+namespace dynamiq::server {
+
+// The first device buffer id; shared-memory buffer ids stay below it.
+inline constexpr uint64_t kDeviceBufferIdBase = uint64_t{1} << 48;
+inline bool IsDeviceBufferId(uint64_t buffer_id) { return buffer_id >= kDeviceBufferIdBase; }
+
+// Largest device buffer a worker may ask for (as kMaxShmRegionBytes for shared memory).
+inline constexpr size_t kMaxDeviceBufferBytes = size_t{1} << 40;
+
+// Exportable device memory of one device. Implementations are thread-safe.
+class DeviceMemory {
+ public:
+  struct Allocation {
+    void* data = nullptr;    // device pointer in this process
+    std::string ipc_handle;  // the bytes of its cudaIpcMemHandle_t
+  };
+  virtual ~DeviceMemory() = default;
+  // `bytes` (> 0) of zeroed device memory and its IPC handle. RESOURCE_EXHAUSTED when the device
+  // is out of memory; INTERNAL for other device errors.
+  virtual absl::StatusOr<Allocation> Allocate(size_t bytes) = 0;
+  // Frees what Allocate returned (errors are logged: nothing can be done about them).
+  virtual void Free(void* data) = 0;
+  // The device's ordinal in this process and its 16-byte UUID.
+  virtual int device() const = 0;
+  virtual std::string uuid() const = 0;
+};
+
+// What a worker needs to open a buffer: cudaIpcOpenMemHandle(ipc_handle) on the device whose UUID
+// is `device_uuid`.
+struct DeviceBufferInfo {
+  uint64_t buffer_id = 0;
+  size_t size = 0;
+  std::string ipc_handle;
+  int device = 0;
+  std::string device_uuid;
+};
+
+class DeviceBufferRegistry {
+ public:
+  struct Options {
+    size_t max_bytes_per_worker = std::numeric_limits<size_t>::max();
+    size_t max_total_bytes = std::numeric_limits<size_t>::max();
+    size_t max_buffers_per_worker = 4096;
+  };
+
+  DeviceBufferRegistry(std::unique_ptr<DeviceMemory> memory, Options options);
+  DeviceBufferRegistry(const DeviceBufferRegistry&) = delete;
+  DeviceBufferRegistry& operator=(const DeviceBufferRegistry&) = delete;
+  // Frees every buffer.
+  ~DeviceBufferRegistry();
+
+  // Allocates `bytes` of device memory for `worker_id`. INVALID_ARGUMENT for a zero or oversized
+  // request, RESOURCE_EXHAUSTED over a limit or when the device is out of memory, ABORTED if the
+  // worker was released meanwhile.
+  absl::StatusOr<DeviceBufferInfo> Allocate(uint64_t worker_id, size_t bytes);
+  // The device bytes [offset, offset + length) of a buffer of `worker_id` (a span over DEVICE
+  // memory: never dereference it on the host). NOT_FOUND for an unknown buffer (including another
+  // worker's), OUT_OF_RANGE if the region does not lie inside the buffer.
+  absl::StatusOr<absl::Span<uint8_t>> Get(uint64_t worker_id, uint64_t buffer_id, size_t offset, size_t length) const;
+  // OK if `worker_id` has the buffer, else NOT_FOUND.
+  absl::Status Find(uint64_t worker_id, uint64_t buffer_id) const;
+  // Frees one buffer. NOT_FOUND for an unknown buffer.
+  absl::Status Release(uint64_t worker_id, uint64_t buffer_id);
+  // Frees every buffer of `worker_id` (none is fine) and returns how many there were.
+  size_t ReleaseWorker(uint64_t worker_id);
+
+  size_t TotalBytes() const;
+  size_t NumBuffers() const;
+  int device() const { return memory_->device(); }
+  const std::string& device_uuid() const { return uuid_; }
+
+ private:
+  struct Buffer {
+    void* data = nullptr;
+    size_t size = 0;
+  };
+  struct WorkerState {
+    uint64_t generation = 0;  // tells this entry from one re-created after ReleaseWorker()
+    absl::flat_hash_map<uint64_t, Buffer> buffers;
+    size_t bytes = 0;
+    size_t reserved_bytes = 0;
+    size_t reserved_buffers = 0;
+  };
+
+  const std::unique_ptr<DeviceMemory> memory_;
+  const Options options_;
+  const std::string uuid_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, WorkerState> workers_ ABSL_GUARDED_BY(mu_);
+  size_t total_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t reserved_total_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t num_buffers_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_) = kDeviceBufferIdBase;
+  uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace dynamiq::server
+
+#endif  // DQ_SERVER_DEVICE_BUFFERS_H_

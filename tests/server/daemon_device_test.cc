@@ -1,0 +1,566 @@
+// GPU nodes (dynamiqd --device=cuda, docs/design.md "GPU nodes").
+//
+// Runs everywhere (no GPU needed):
+//   - DeviceConfigTest: --device parsing and which configurations a GPU node accepts.
+//   - JobDeviceTest: a Job with a DeviceCollective runs its collectives through it (a host-memory
+//     implementation stands in for the CUDA one): local-rank order, dtypes, averaging, failures.
+//   - DaemonDeviceTest: a --device=cuda daemon refuses to start without NCCL support or a GPU, or
+//     with settings the device path lacks; a --device=cpu daemon reports its device kind and
+//     refuses device buffers clearly (raw gRPC and dynamiq::Client), and keeps serving.
+//   - DynamiqdDeviceFlagsTest: the dynamiqd binary's --device / --cuda_device validation.
+// Needs a GPU (skips without one; label gpu):
+//   - DaemonCudaGpuTest: workers (separate processes, tests/server/device_worker.cc) all-reduce
+//     device buffers through a --device=cuda daemon; with 2 GPUs, across two GPU nodes.
+#include <grpcpp/grpcpp.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "dynamiq/client.h"
+#include "dynamiq/v1/worker.grpc.pb.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/bf16_math.h"
+#include "server/daemon.h"
+#include "server/device_buffers.h"
+#include "server/device_collective.h"
+#include "server/job.h"
+#include "server/job_config.h"
+#include "tests/testing/daemon_harness.h"
+#include "tests/testing/status_matchers.h"
+
+#ifdef DQ_HAVE_NCCL
+#include <cuda_runtime_api.h>
+#endif
+
+namespace dynamiq::server {
+namespace {
+
+using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::StatusIs;
+using ::dynamiq::testing::TempDir;
+using ::testing::AllOf;
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+JobConfig Config(const char* codec, double bits = 0) {
+  auto config = MakeJobConfig(codec, bits, "ring", 0, "measured");
+  EXPECT_THAT(config, IsOk());
+  return *config;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Configuration.
+
+TEST(DeviceConfigTest, ParsesDeviceKinds) {
+  EXPECT_THAT(ParseDeviceKind("cpu"), IsOk());
+  EXPECT_EQ(*ParseDeviceKind("cuda"), DeviceKind::kCuda);
+  EXPECT_THAT(ParseDeviceKind("gpu"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown device 'gpu' (cpu or cuda)")));
+  EXPECT_THAT(ParseDeviceKind(""), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(DeviceKindName(DeviceKind::kCuda), "cuda");
+}
+
+TEST(DeviceConfigTest, GpuNodesAcceptOnlyTheCodecsOfTheDeviceAllReduce) {
+  for (const char* codec : {"none", "bf16", "dynamiq"}) {
+    EXPECT_THAT(CheckConfigForDevice(Config(codec), DeviceKind::kCuda), IsOk()) << codec;
+  }
+  for (const char* codec : {"mxfp8", "mxfp6", "mxfp4", "thc", "uniform"}) {
+    EXPECT_THAT(CheckConfigForDevice(Config(codec), DeviceKind::kCuda),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("codec ", codec, " is not available on a --device=cuda node"))))
+        << codec;
+    EXPECT_THAT(CheckConfigForDevice(Config(codec), DeviceKind::kCpu), IsOk()) << codec;
+  }
+  JobConfig budget = Config("dynamiq", 5);
+  ErrorBudgetPolicy policy;
+  policy.target_vnmse = 1e-3;
+  ASSERT_THAT(SetErrorBudget(policy, budget), IsOk());
+  EXPECT_THAT(CheckConfigForDevice(budget, DeviceKind::kCuda),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("error budget")));
+  EXPECT_THAT(CheckConfigForDevice(budget, DeviceKind::kCpu), IsOk());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Job: the device path's plumbing, with host memory standing in for the device.
+
+// DeviceCollective over host memory ("device" regions are host pointers here), with the CPU
+// path's arithmetic. Records what it was asked to do.
+class HostCollective final : public DeviceCollective {
+ public:
+  absl::Status LocalReduce(absl::Span<const Region> inputs, size_t n) override {
+    absl::MutexLock lock(&mu_);
+    ++local_reduces_;
+    if (!fail_.ok()) return fail_;
+    sum_.assign(n, 0.0f);
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      for (size_t i = 0; i < n; ++i) {
+        const float v = Load(inputs[k], i);
+        sum_[i] = k == 0 ? v : sum_[i] + v;
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<engine::AllReduceResult> CrossNode(const kernels::Codec&, engine::Transport&,
+                                                    const engine::AllReduceOptions&, size_t) override {
+    return absl::InternalError("a single-node job must not run a cross-node step");
+  }
+  absl::Status WriteBack(absl::Span<const Output> outputs, size_t n, float scale) override {
+    absl::MutexLock lock(&mu_);
+    ++write_backs_;
+    for (const Output& out : outputs) {
+      for (size_t i = 0; i < n; ++i) {
+        const float v = out.average ? sum_[i] * scale : sum_[i];
+        if (out.region.dtype == kernels::DType::kFloat32) {
+          reinterpret_cast<float*>(out.region.data)[i] = v;
+        } else {
+          reinterpret_cast<uint16_t*>(out.region.data)[i] = kernels::FloatToBf16(v);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  void Fail(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    fail_ = std::move(status);
+  }
+  int local_reduces() {
+    absl::MutexLock lock(&mu_);
+    return local_reduces_;
+  }
+  int write_backs() {
+    absl::MutexLock lock(&mu_);
+    return write_backs_;
+  }
+
+ private:
+  static float Load(const Region& r, size_t i) {
+    if (r.dtype == kernels::DType::kFloat32) return reinterpret_cast<const float*>(r.data)[i];
+    return kernels::Bf16ToFloat(reinterpret_cast<const uint16_t*>(r.data)[i]);
+  }
+
+  absl::Mutex mu_;
+  absl::Status fail_;
+  std::vector<float> sum_;
+  int local_reduces_ = 0;
+  int write_backs_ = 0;
+};
+
+Job::Options DeviceJobOptions(std::shared_ptr<DeviceCollective> device) {
+  Job::Options o;
+  o.id = "gpu-job";
+  o.local_world_size = 2;
+  o.num_nodes = 1;
+  o.config = Config("none");
+  o.timeout = absl::Seconds(10);
+  o.device = std::move(device);
+  return o;
+}
+
+TEST(JobDeviceTest, LocalReduceAndWriteBackRunThroughTheDeviceCollective) {
+  auto device = std::make_shared<HostCollective>();
+  Job job(DeviceJobOptions(device));
+  ASSERT_THAT(job.AddWorker(1, 0, 2), IsOk());
+  ASSERT_THAT(job.AddWorker(2, 1, 2), IsOk());
+  const size_t n = 1000;
+  auto request = [&](uint64_t worker, void* data, kernels::DType dtype, bool average) {
+    Job::Request r;
+    r.worker_id = worker;
+    r.buffer_id = kDeviceBufferIdBase + worker;
+    r.tensor_name = "grad";
+    r.num_elements = n;
+    r.dtype = dtype;
+    r.average = average;
+    r.region = absl::Span<uint8_t>(static_cast<uint8_t*>(data), n * kernels::DTypeSize(dtype));
+    r.device_memory = true;
+    return r;
+  };
+  auto run = [&](void* a, void* b, kernels::DType dtype) {
+    absl::StatusOr<Job::Result> r1;
+    // The second worker averages.
+    std::thread t([&] { r1 = job.Submit(request(1, a, dtype, false)); });
+    absl::StatusOr<Job::Result> r2 = job.Submit(request(2, b, dtype, true));
+    t.join();
+    EXPECT_THAT(r1, IsOk());
+    EXPECT_THAT(r2, IsOk());
+    return r1.ok() ? r1->sequence : ~uint64_t{0};
+  };
+  // fp32 regions.
+  std::vector<float> a(n), b(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = 0.5f * static_cast<float>(i);
+    b[i] = static_cast<float>(i % 13);
+  }
+  EXPECT_EQ(run(a.data(), b.data(), kernels::DType::kFloat32), 0u);
+  for (size_t i = 0; i < n; ++i) {
+    const float sum = 0.5f * static_cast<float>(i) + static_cast<float>(i % 13);
+    ASSERT_EQ(a[i], sum) << i;
+    ASSERT_EQ(b[i], sum * 0.5f) << i;
+  }
+  // bf16 regions: summed in fp32, rounded to bf16 on the way back.
+  std::vector<uint16_t> c(n), d(n);
+  for (size_t i = 0; i < n; ++i) {
+    c[i] = kernels::FloatToBf16(1.0f + 0.01f * static_cast<float>(i));
+    d[i] = kernels::FloatToBf16(static_cast<float>(i % 5));
+  }
+  EXPECT_EQ(run(c.data(), d.data(), kernels::DType::kBFloat16), 1u);
+  for (size_t i = 0; i < n; ++i) {
+    const float sum =
+        kernels::Bf16ToFloat(kernels::FloatToBf16(1.0f + 0.01f * static_cast<float>(i))) + static_cast<float>(i % 5);
+    ASSERT_EQ(c[i], kernels::FloatToBf16(sum)) << i;
+    ASSERT_EQ(d[i], kernels::FloatToBf16(sum * 0.5f)) << i;
+  }
+  EXPECT_EQ(device->local_reduces(), 2);
+  EXPECT_EQ(device->write_backs(), 2);
+  const std::vector<CollectiveRecord> records = job.FlightRecorder(0);
+  ASSERT_EQ(records.size(), 2u);
+  for (const CollectiveRecord& r : records) EXPECT_EQ(r.state, "ok") << r.error;
+}
+
+TEST(JobDeviceTest, ADeviceFailureFailsTheCollectiveForEveryWorkerAndTheJobGoesOn) {
+  auto device = std::make_shared<HostCollective>();
+  Job job(DeviceJobOptions(device));
+  ASSERT_THAT(job.AddWorker(1, 0, 2), IsOk());
+  ASSERT_THAT(job.AddWorker(2, 1, 2), IsOk());
+  std::vector<float> a(64, 1.0f), b(64, 2.0f);
+  auto request = [&](uint64_t worker, std::vector<float>& data) {
+    Job::Request r;
+    r.worker_id = worker;
+    r.tensor_name = "grad";
+    r.num_elements = data.size();
+    r.region = absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(data.data()), data.size() * 4);
+    r.device_memory = true;
+    return r;
+  };
+  device->Fail(absl::InternalError("cudaErrorIllegalAddress"));
+  absl::StatusOr<Job::Result> r1;
+  std::thread t([&] { r1 = job.Submit(request(1, a)); });
+  absl::StatusOr<Job::Result> r2 = job.Submit(request(2, b));
+  t.join();
+  for (const auto& r : {r1, r2}) {
+    EXPECT_THAT(
+        r, StatusIs(absl::StatusCode::kInternal,
+                    HasSubstr("collective 0 of job gpu-job: local reduce on the device: cudaErrorIllegalAddress")));
+  }
+  EXPECT_EQ(device->write_backs(), 0);
+  device->Fail(absl::OkStatus());
+  std::thread t2([&] { r1 = job.Submit(request(1, a)); });
+  r2 = job.Submit(request(2, b));
+  t2.join();
+  ASSERT_THAT(r1, IsOk());
+  ASSERT_THAT(r2, IsOk());
+  EXPECT_EQ(r1->sequence, 1u);
+  EXPECT_EQ(a[0], 3.0f);
+  EXPECT_EQ(b[63], 3.0f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Daemon.
+
+int VisibleCudaDevices() {
+#ifdef DQ_HAVE_NCCL
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+#else
+  return 0;
+#endif
+}
+
+DaemonOptions CudaOptions(const std::string& dir, const JobConfig& config) {
+  DaemonOptions o = ::dynamiq::testing::TestDaemonOptions(dir, 0, 1, config);
+  o.device = DeviceKind::kCuda;
+  return o;
+}
+
+TEST(DaemonDeviceTest, CudaDaemonRefusesToStartWithoutNcclSupportOrADevice) {
+  if (VisibleCudaDevices() > 0) GTEST_SKIP() << "a CUDA device is visible: --device=cuda starts here";
+  TempDir temp;
+  Daemon daemon(CudaOptions(temp.path(), Config("dynamiq", 5)));
+  if (DaemonHasCudaSupport()) {
+    EXPECT_THAT(daemon.Start(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                         AnyOf(HasSubstr("--device=cuda: no CUDA device is visible"),
+                                               HasSubstr("--device=cuda: no usable CUDA device"))));
+  } else {
+    EXPECT_THAT(daemon.Start(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                         HasSubstr("this dynamiqd was built without CUDA and NCCL")));
+  }
+}
+
+TEST(DaemonDeviceTest, CudaDaemonRefusesSettingsTheDevicePathLacksBeforeTouchingTheDevice) {
+  if (!DaemonHasCudaSupport()) GTEST_SKIP() << "built without CUDA and NCCL: --device=cuda is refused before this";
+  TempDir temp;
+  {
+    Daemon daemon(CudaOptions(temp.path(), Config("mxfp8")));
+    EXPECT_THAT(daemon.Start(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("default compression of new jobs: codec mxfp8 is not available")));
+  }
+  {
+    DaemonOptions o = CudaOptions(temp.path(), Config("dynamiq", 5));
+    o.security.cluster_secret_file = "/nonexistent/secret";
+    Daemon daemon(o);
+    EXPECT_THAT(daemon.Start(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("--cluster_secret_file cannot be used with --device=cuda")));
+  }
+  {
+    DaemonOptions o = CudaOptions(temp.path(), Config("dynamiq", 5));
+    o.cuda_device = -1;
+    Daemon daemon(o);
+    EXPECT_THAT(daemon.Start(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--cuda_device must be 0 or more")));
+  }
+}
+
+grpc::Status AllocateRaw(dynamiq::v1::Worker::Stub& stub, const std::string& worker, uint64_t bytes,
+                         dynamiq::v1::MemoryKind kind, dynamiq::v1::AllocateBufferResponse* response) {
+  dynamiq::v1::AllocateBufferRequest request;
+  request.set_worker_id(worker);
+  request.set_bytes(bytes);
+  request.set_memory_kind(kind);
+  grpc::ClientContext context;
+  return stub.AllocateBuffer(&context, request, response);
+}
+
+TEST(DaemonDeviceTest, CpuDaemonReportsItsDeviceAndRefusesDeviceBuffersClearly) {
+  TempDir temp;
+  Daemon daemon(::dynamiq::testing::TestDaemonOptions(temp.path(), 0, 1, Config("dynamiq", 5)));
+  ASSERT_THAT(daemon.Start(), IsOk());
+  const std::string socket = absl::StrCat(temp.path(), "/node0.sock");
+  auto stub = dynamiq::v1::Worker::NewStub(grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+  dynamiq::v1::RegisterRequest reg;
+  reg.set_job_id("j");
+  reg.set_local_world_size(1);
+  dynamiq::v1::RegisterResponse registered;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub->Register(&context, reg, &registered).ok());
+  }
+  EXPECT_EQ(registered.device(), dynamiq::v1::DEVICE_KIND_CPU);
+  EXPECT_TRUE(registered.cuda_device_uuid().empty());
+
+  dynamiq::v1::AllocateBufferResponse response;
+  grpc::Status s = AllocateRaw(*stub, registered.worker_id(), 4096, dynamiq::v1::MEMORY_KIND_CUDA_DEVICE, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("runs with --device=cpu and hands out no CUDA device memory"));
+  s = AllocateRaw(*stub, registered.worker_id(), 4096, static_cast<dynamiq::v1::MemoryKind>(7), &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("unknown memory kind 7"));
+
+  // Device buffer ids are unknown here, whatever the call.
+  const uint64_t device_id = kDeviceBufferIdBase + 1;
+  {
+    dynamiq::v1::AllReduceRequest request;
+    request.set_worker_id(registered.worker_id());
+    request.set_tensor_name("g");
+    request.set_buffer_id(device_id);
+    request.set_num_elements(16);
+    request.set_dtype(dynamiq::v1::DTYPE_FLOAT32);
+    dynamiq::v1::AllReduceResponse r;
+    grpc::ClientContext context;
+    s = stub->AllReduce(&context, request, &r);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_THAT(s.error_message(), HasSubstr("device buffer"));
+  }
+  {
+    dynamiq::v1::ReleaseBufferRequest request;
+    request.set_worker_id(registered.worker_id());
+    request.set_buffer_id(device_id);
+    dynamiq::v1::ReleaseBufferResponse r;
+    grpc::ClientContext context;
+    EXPECT_EQ(stub->ReleaseBuffer(&context, request, &r).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    dynamiq::v1::MappedRequest request;
+    request.set_worker_id(registered.worker_id());
+    request.set_buffer_id(device_id);
+    dynamiq::v1::MappedResponse r;
+    grpc::ClientContext context;
+    EXPECT_EQ(stub->Mapped(&context, request, &r).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  // Still serving: host memory as before.
+  s = AllocateRaw(*stub, registered.worker_id(), 4096, dynamiq::v1::MEMORY_KIND_HOST, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(response.memory_kind(), dynamiq::v1::MEMORY_KIND_HOST);
+  EXPECT_FALSE(response.shm_name().empty());
+  EXPECT_FALSE(IsDeviceBufferId(response.buffer_id()));
+  daemon.Shutdown();
+}
+
+TEST(DaemonDeviceTest, ClientRefusesDeviceBuffersOfACpuDaemonAndStillAllocatesHostOnes) {
+  TempDir temp;
+  Daemon daemon(::dynamiq::testing::TestDaemonOptions(temp.path(), 0, 1, Config("dynamiq", 5)));
+  ASSERT_THAT(daemon.Start(), IsOk());
+  ClientOptions options;
+  options.socket_path = absl::StrCat(temp.path(), "/node0.sock");
+  options.job_id = "j";
+  options.local_rank = 0;
+  options.local_world_size = 1;
+  options.timeout = absl::Seconds(20);
+  absl::StatusOr<Client> client = Client::Connect(options);
+  ASSERT_THAT(client, IsOk());
+  EXPECT_EQ(client->daemon_device(), ::dynamiq::DeviceKind::kCpu);
+  absl::StatusOr<Buffer> device = client->Allocate(4096, MemoryKind::kCudaDevice);
+#ifdef DQ_HAVE_NCCL  // the client is built with CUDA whenever the daemon is
+  EXPECT_THAT(device, StatusIs(absl::StatusCode::kFailedPrecondition,
+                               AllOf(HasSubstr("runs with --device=cpu"), HasSubstr(options.socket_path))));
+#else
+  EXPECT_THAT(device, AnyOf(StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("built without CUDA")),
+                            StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("runs with --device=cpu"))));
+#endif
+  EXPECT_THAT(client->Allocate(4096, static_cast<MemoryKind>(9)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown memory kind 9")));
+  absl::StatusOr<Buffer> host = client->Allocate(4096);
+  ASSERT_THAT(host, IsOk());
+  EXPECT_EQ(host->memory_kind(), MemoryKind::kHost);
+  EXPECT_NE(host->data(), nullptr);
+  EXPECT_EQ(host->device_data(), nullptr);
+  EXPECT_EQ(host->device(), -1);
+  static_cast<float*>(host->data())[0] = 1.5f;
+  EXPECT_THAT(client->AllReduce(*host, 0, 1, DType::kFloat32, "g"), IsOk());
+  EXPECT_EQ(static_cast<float*>(host->data())[0], 1.5f);
+  EXPECT_THAT(host->Release(), IsOk());
+  EXPECT_FALSE(host->valid());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The dynamiqd binary.
+
+// Runs `command`; returns its exit code and what it printed (stdout and stderr).
+std::pair<int, std::string> RunCommand(const std::string& command) {
+  std::string output;
+  FILE* pipe = popen(absl::StrCat(command, " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return {-1, "popen failed"};
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+std::string Dynamiqd(const TempDir& temp, const std::string& flags) {
+  return absl::StrCat(DQ_DYNAMIQD, " --listen=127.0.0.1:0 --metrics_port=-1 --worker_socket=", temp.path(), "/d.sock ",
+                      flags);
+}
+
+TEST(DynamiqdDeviceFlagsTest, BadDeviceValuesAreRejected) {
+  TempDir temp;
+  auto [code, output] = RunCommand(Dynamiqd(temp, "--device=gpu"));
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_THAT(output, HasSubstr("dynamiqd: --device: unknown device 'gpu' (cpu or cuda)"));
+  std::tie(code, output) = RunCommand(Dynamiqd(temp, "--device=cuda --cuda_device=-1"));
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_THAT(output, HasSubstr("--cuda_device must be 0 or more, got -1"));
+}
+
+TEST(DynamiqdDeviceFlagsTest, CudaWithoutAGpuOrWithoutNcclFailsWithAClearMessage) {
+  if (VisibleCudaDevices() > 0) GTEST_SKIP() << "a CUDA device is visible: --device=cuda starts here";
+  TempDir temp;
+  auto [code, output] = RunCommand(Dynamiqd(temp, "--device=cuda"));
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_THAT(output, AnyOf(HasSubstr("--device=cuda: no CUDA device is visible"),
+                            HasSubstr("--device=cuda: no usable CUDA device"),
+                            HasSubstr("this dynamiqd was built without CUDA and NCCL")));
+  EXPECT_THAT(output, Not(HasSubstr("ready")));
+}
+
+TEST(DynamiqdDeviceFlagsTest, HelpDocumentsTheDeviceFlags) {
+  auto [code, output] = RunCommand(absl::StrCat(DQ_DYNAMIQD, " --help"));
+  EXPECT_THAT(output, HasSubstr("--device"));
+  EXPECT_THAT(output, HasSubstr("--cuda_device"));
+  EXPECT_THAT(output, HasSubstr("CUDA IPC"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPU: real device buffers through a --device=cuda daemon (skips without a GPU).
+
+#ifdef DQ_DEVICE_WORKER
+// Starts tests/server/device_worker.cc: local rank `rank` of `size` at `socket`, contributor
+// `global` of `contributors`, `n` floats; returns its pid.
+pid_t SpawnDeviceWorker(const std::string& socket, int rank, int size, int global, int contributors, size_t n) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string args[] = {
+        socket,         absl::StrCat(rank), absl::StrCat(size), absl::StrCat(global), absl::StrCat(contributors),
+        absl::StrCat(n)};
+    execl(DQ_DEVICE_WORKER, DQ_DEVICE_WORKER, args[0].c_str(), args[1].c_str(), args[2].c_str(), args[3].c_str(),
+          args[4].c_str(), args[5].c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+int WaitExit(pid_t pid) {
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+class DaemonCudaGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (VisibleCudaDevices() == 0) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount() == 0): GPU test skipped";
+  }
+};
+
+TEST_F(DaemonCudaGpuTest, LocalWorkersAllReduceDeviceBuffersOnOneNode) {
+  TempDir temp;
+  Daemon daemon(CudaOptions(temp.path(), Config("none")));
+  ASSERT_THAT(daemon.Start(), IsOk());
+  const std::string socket = absl::StrCat(temp.path(), "/node0.sock");
+  const size_t n = (size_t{1} << 20) + 123;
+  std::vector<pid_t> workers;
+  for (int r = 0; r < 2; ++r) workers.push_back(SpawnDeviceWorker(socket, r, 2, r, 2, n));
+  for (pid_t pid : workers) EXPECT_EQ(WaitExit(pid), 0);
+  auto records = daemon.FlightRecorder("device-job", 0);
+  ASSERT_THAT(records, IsOk());
+  ASSERT_FALSE(records->empty());
+  for (const CollectiveRecord& r : *records) EXPECT_EQ(r.state, "ok") << r.error;
+  daemon.Shutdown();
+}
+
+TEST_F(DaemonCudaGpuTest, TwoGpuNodesAllReduceDeviceBuffersOverNccl) {
+  if (VisibleCudaDevices() < 2) GTEST_SKIP() << "needs 2 CUDA devices (one per node)";
+  TempDir temp;
+  DaemonOptions o0 = CudaOptions(temp.path(), Config("none"));
+  o0.num_nodes = 2;
+  o0.cuda_device = 0;
+  Daemon node0(o0);
+  absl::Status s0;
+  std::thread t([&] { s0 = node0.Start(); });
+  for (int i = 0; i < 1000 && node0.listen_address().empty(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  DaemonOptions o1 = ::dynamiq::testing::TestDaemonOptions(temp.path(), 1, 2, Config("none"));
+  o1.device = DeviceKind::kCuda;
+  o1.cuda_device = 1;
+  o1.coordinator = node0.listen_address();
+  Daemon node1(o1);
+  ASSERT_THAT(node1.Start(), IsOk());
+  t.join();
+  ASSERT_THAT(s0, IsOk());
+  const size_t n = 300000;
+  std::vector<pid_t> workers;
+  for (int node = 0; node < 2; ++node) {
+    workers.push_back(SpawnDeviceWorker(absl::StrCat(temp.path(), "/node", node, ".sock"), 0, 1, node, 2, n));
+  }
+  for (pid_t pid : workers) EXPECT_EQ(WaitExit(pid), 0);
+  node1.Shutdown();
+  node0.Shutdown();
+}
+#endif  // DQ_DEVICE_WORKER
+
+}  // namespace
+}  // namespace dynamiq::server
