@@ -412,6 +412,10 @@ def run_worker(args):
             result["bits_per_step"] = [s["bits"] for s in summaries]
             if args.record_error:
                 result["vnmse"] = [s.get("vnmse") for s in summaries]
+            # Per step, the error dynamiqd itself measured (its error probe; None where it sampled
+            # nothing: --dynamiqd-arg=--error_sample_rate=1 samples every compressed collective).
+            if any("daemon_vnmse" in s for s in summaries):
+                result["daemon_vnmse"] = [s.get("daemon_vnmse") for s in summaries]
     if state is not None:
         state.close()
     if rank == 0:

@@ -51,7 +51,9 @@ def main():
         ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.02)
         options = {}
         if mode == "compressed":
-            options = dict(codec="dynamiq", bits=5, min_compress_elements=0, control=control)
+            # record_error: the hook's own exact reference over the process group, to compare with
+            # the error the daemon measures (its error probe).
+            options = dict(codec="dynamiq", bits=5, min_compress_elements=0, control=control, record_error=True)
         state = dynamiq.torch.DynamiqState(warmup_steps=1 if mode == "exact" else 0, **options)
     ddp.register_comm_hook(state, dynamiq.torch.allreduce_hook)
 

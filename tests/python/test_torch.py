@@ -124,7 +124,8 @@ def test_hook_gives_exactly_torch_all_reduce_averages_with_codec_none(node, work
 
 
 def test_hook_with_dynamiq_5_bits_stays_within_its_error(cluster, workdir):
-    c = cluster(nodes=2, codec="none")  # the hook's state switches the job to dynamiq 5-bit
+    # The hook's state switches the job to dynamiq 5-bit; the daemons measure every collective's error.
+    c = cluster(nodes=2, codec="none", error_sample_rate=1)
     ranks = run_ddp("compressed", c, 2, 1, "hook-5bit", workdir, control=c.control)
     for saved in ranks:
         assert saved["error"] is None
@@ -141,6 +142,13 @@ def test_hook_with_dynamiq_5_bits_stays_within_its_error(cluster, workdir):
         for r in saved["records"]:
             if r["elements"] >= 4096:  # headers and statistics are small next to the codes
                 assert r["wire_bytes"] < 4 * r["elements"] / 4, r  # fp32 ring would send 4 bytes/elem
+    # The daemon measured every bucket's error (its error probe, an exact all-reduce on the side),
+    # and it is the error the hook sees against torch's own exact all-reduce.
+    for saved in ranks:
+        for r in saved["records"]:
+            assert "measured_vnmse" in r, r
+            hook = r["sq_error"] / r["sq_norm"]
+            assert r["measured_vnmse"] == pytest.approx(hook, rel=0.05), r
     # Every rank decodes the same bytes: bit-identical gradients everywhere.
     for a, b in zip(ranks[0]["steps"], ranks[1]["steps"]):
         for x, y in zip(a["dynamiq"], b["dynamiq"]):

@@ -294,6 +294,8 @@ class DynamiqState:
                           "config_epoch": result.config_epoch, "codec": result.codec,
                           "bits": result.bits, "wire_bytes": result.wire_bytes,
                           "seconds": time.perf_counter() - started}
+                if result.measured_vnmse is not None:
+                    record["measured_vnmse"] = result.measured_vnmse
                 if work is not None:
                     work.wait()
                     if self.average:
@@ -332,8 +334,10 @@ class DynamiqState:
 
     def step_summary(self, step):
         """Sums of the records of one step: buckets, elements, wire_bytes, the element-weighted mean of
-        the bits the daemon reported (the job's setting, e.g. an error budget's current choice), and
-        vnmse (if recorded)."""
+        the bits the daemon reported (the job's setting, e.g. an error budget's current choice),
+        vnmse (if record_error) and daemon_vnmse: the element-weighted mean of the vNMSE the daemon
+        measured for the step's buckets (if its error probe sampled them; dynamiqd
+        --error_sample_rate=1 samples every compressed collective)."""
         rs = [r for r in self.records if r["step"] == step]
         elements = sum(r["elements"] for r in rs)
         out = {"step": step, "buckets": len(rs), "elements": elements,
@@ -342,6 +346,10 @@ class DynamiqState:
         if rs and "sq_error" in rs[0]:
             norm = sum(r["sq_norm"] for r in rs)
             out["vnmse"] = sum(r["sq_error"] for r in rs) / norm if norm > 0 else 0.0
+        measured = [r for r in rs if "measured_vnmse" in r]
+        if measured:
+            out["daemon_vnmse"] = (sum(r["measured_vnmse"] * r["elements"] for r in measured) /
+                                   sum(r["elements"] for r in measured))
         return out
 
 
