@@ -722,6 +722,17 @@ inline bool WaitInflight(const DaemonProcess& daemon, const std::string& job,
   return false;
 }
 
+// Polls (bounded) until `daemon` no longer runs `job` (its last local worker left: retired).
+inline bool WaitJobRetired(const DaemonProcess& daemon, const std::string& job,
+                           absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (!JobStatusOf(daemon, job).has_value()) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
 }  // namespace dynamiq::faults
 
 #endif  // DQ_TESTS_FAULTS_FAULT_HARNESS_H_

@@ -4,7 +4,8 @@
 // naming the dead node's rank, do not crash or leak, and once the daemon is restarted at the same
 // address the cluster forms again: a restarted node re-joins the coordinator, a restarted
 // coordinator is re-joined by the surviving daemons by themselves, and a training job restarted
-// by its launcher (new worker processes, a new job id) runs exact collectives on all nodes.
+// by its launcher (new worker processes on every node, the same job id: the job's next
+// incarnation) runs exact collectives on all nodes.
 #include <signal.h>
 
 #include <iostream>
@@ -62,6 +63,8 @@ void KillAndRestartNode(int victim) {
   const std::string orphan = a->at(victim, 0).AllReduce("", absl::Seconds(3 * kTimeoutSeconds));
   EXPECT_EQ(ReplyCode(orphan), "UNAVAILABLE") << orphan;
   a.reset();
+  // The survivors retire job a once its last local worker is gone.
+  for (int k : survivors) EXPECT_TRUE(WaitJobRetired(cluster.node(k), "a")) << "node " << k;
   // Nothing of the dead daemon is left in /dev/shm (buffers are unlinked once mapped).
   EXPECT_EQ(ShmNamesOf(dead_pid), 0);
   for (int k : survivors) ASSERT_TRUE(cluster.node(k).Alive()) << Tail(cluster.node(k).log());
@@ -73,12 +76,19 @@ void KillAndRestartNode(int victim) {
                               << Tail(cluster.node(survivors[0]).log()) << Tail(cluster.node(survivors[1]).log());
   std::cout << "node " << victim << " restarted and the cluster re-formed in "
             << absl::FormatDuration(absl::Now() - restart) << std::endl;
-  // The restarted job runs on every node, exactly; twice, so a transport is reused too.
-  JobWorkers a2(DQ_FAULT_WORKER, dir.path(), "a2", cluster.sockets(), 1, 16384);
-  ASSERT_TRUE(a2.Start().ok());
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(NotAllOk(AllReduceAll(a2.all())), "");
-  // The survivors hold one more job now (a2) and its connections, and no more shared memory than
-  // before (a's buffers were released when its workers left, a2's are mapped).
+  // The job restarted under the same id runs on every node, exactly (its next incarnation
+  // everywhere: the restarted node's count of incarnations is kept by the coordinator, or, when the
+  // coordinator restarted, every node's count starts over); three times, so a transport is reused.
+  JobWorkers again(DQ_FAULT_WORKER, dir.path(), "a", cluster.sockets(), 1, 16384);
+  ASSERT_TRUE(again.Start().ok());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(NotAllOk(AllReduceAll(again.all())), "");
+  for (int k = 0; k < 3; ++k) {
+    auto status = JobStatusOf(cluster.node(k), "a");
+    ASSERT_TRUE(status.has_value()) << "node " << k;
+    std::cout << "node " << k << " runs job a at incarnation " << status->incarnation() << std::endl;
+  }
+  // The survivors hold the job's new incarnation and its connections, and no more shared memory
+  // than before (the first incarnation's buffers were released when its workers left).
   for (int k : survivors) {
     ASSERT_TRUE(cluster.node(k).Alive());
     const Resources now = WaitForResources(cluster.node(k).pid(), before[k], before[k].shm_mappings, 4, 3);
@@ -88,7 +98,7 @@ void KillAndRestartNode(int victim) {
     EXPECT_LE(now.threads, before[k].threads + 3) << "node " << k;
     EXPECT_EQ(now.shm_mappings, before[k].shm_mappings) << "node " << k;
   }
-  a2.QuitAll();
+  again.QuitAll();
   for (int k = 2; k >= 0; --k) EXPECT_TRUE(cluster.node(k).Stop()) << "node " << k << Tail(cluster.node(k).log());
 }
 
