@@ -9,8 +9,6 @@
 namespace dynamiq::server {
 namespace {
 
-bool Fits(size_t used, size_t bytes, size_t limit) { return used <= limit && bytes <= limit - used; }
-
 absl::Status UnknownBuffer(uint64_t worker_id, uint64_t buffer_id) {
   return absl::NotFoundError(absl::StrCat("device buffer ", buffer_id, " is not allocated to worker ", worker_id));
 }
@@ -45,22 +43,9 @@ absl::StatusOr<DeviceBufferInfo> DeviceBufferRegistry::Allocate(uint64_t worker_
     auto [it, inserted] = workers_.try_emplace(worker_id);
     WorkerState& worker = it->second;
     if (inserted) worker.generation = next_generation_++;
-    absl::Status refused;
-    const size_t worker_used = worker.bytes + worker.reserved_bytes;
-    const size_t worker_buffers = worker.buffers.size() + worker.reserved_buffers;
-    if (worker_buffers >= options_.max_buffers_per_worker) {
-      refused = absl::ResourceExhaustedError(
-          absl::StrFormat("worker %d already has %d device buffers, the per-worker limit; release some first",
-                          worker_id, worker_buffers));
-    } else if (!Fits(worker_used, bytes, options_.max_bytes_per_worker)) {
-      refused = absl::ResourceExhaustedError(
-          absl::StrFormat("worker %d asked for %d bytes of device memory but already has %d of its %d-byte limit",
-                          worker_id, bytes, worker_used, options_.max_bytes_per_worker));
-    } else if (!Fits(total_ + reserved_total_, bytes, options_.max_total_bytes)) {
-      refused = absl::ResourceExhaustedError(absl::StrFormat(
-          "worker %d asked for %d bytes of device memory but workers already have %d of the daemon's %d-byte limit",
-          worker_id, bytes, total_ + reserved_total_, options_.max_total_bytes));
-    }
+    const absl::Status refused = AdmitBuffer(options_, "device", "device memory", worker_id, bytes,
+                                             worker.buffers.size() + worker.reserved_buffers,
+                                             worker.bytes + worker.reserved_bytes, total_ + reserved_total_);
     if (!refused.ok()) {
       if (inserted) workers_.erase(it);
       return refused;

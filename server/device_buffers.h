@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "server/buffer_limits.h"
 
 namespace dynamiq::server {
 
@@ -76,11 +77,7 @@ struct DeviceBufferInfo {
 
 class DeviceBufferRegistry {
  public:
-  struct Options {
-    size_t max_bytes_per_worker = std::numeric_limits<size_t>::max();
-    size_t max_total_bytes = std::numeric_limits<size_t>::max();
-    size_t max_buffers_per_worker = 4096;
-  };
+  using Options = BufferLimits;
 
   DeviceBufferRegistry(std::unique_ptr<DeviceMemory> memory, Options options);
   DeviceBufferRegistry(const DeviceBufferRegistry&) = delete;

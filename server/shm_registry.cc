@@ -10,7 +10,6 @@ namespace dynamiq::server {
 namespace {
 
 // True if `bytes` more fit under `limit` when `used` are taken (no overflow).
-bool Fits(size_t used, size_t bytes, size_t limit) { return used <= limit && bytes <= limit - used; }
 
 absl::Status UnknownBuffer(uint64_t worker_id, uint64_t buffer_id) {
   return absl::NotFoundError(
@@ -41,22 +40,9 @@ absl::StatusOr<ShmBufferInfo> ShmRegistry::Allocate(uint64_t worker_id, size_t b
     auto [it, inserted] = workers_.try_emplace(worker_id);
     WorkerState& worker = it->second;
     if (inserted) worker.generation = next_generation_++;
-    absl::Status refused;
-    const size_t worker_used = worker.mapped_bytes + worker.reserved_bytes;
-    const size_t worker_buffers = worker.buffers.size() + worker.reserved_buffers;
-    if (worker_buffers >= options_.max_buffers_per_worker) {
-      refused = absl::ResourceExhaustedError(
-          absl::StrFormat("worker %d already has %d shared-memory buffers, the per-worker limit; release some first",
-                          worker_id, worker_buffers));
-    } else if (!Fits(worker_used, bytes, options_.max_bytes_per_worker)) {
-      refused = absl::ResourceExhaustedError(
-          absl::StrFormat("worker %d asked for %d bytes of shared memory but already has %d of its %d-byte limit",
-                          worker_id, bytes, worker_used, options_.max_bytes_per_worker));
-    } else if (!Fits(mapped_total_ + reserved_total_, bytes, options_.max_total_bytes)) {
-      refused = absl::ResourceExhaustedError(absl::StrFormat(
-          "worker %d asked for %d bytes of shared memory but workers already have %d of the daemon's %d-byte limit",
-          worker_id, bytes, mapped_total_ + reserved_total_, options_.max_total_bytes));
-    }
+    const absl::Status refused = AdmitBuffer(
+        options_, "shared-memory", "shared memory", worker_id, bytes, worker.buffers.size() + worker.reserved_buffers,
+        worker.mapped_bytes + worker.reserved_bytes, mapped_total_ + reserved_total_);
     if (!refused.ok()) {
       if (inserted) workers_.erase(it);
       return refused;

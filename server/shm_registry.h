@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "server/buffer_limits.h"
 #include "server/shm_region.h"
 
 namespace dynamiq::server {
@@ -42,14 +43,7 @@ struct ShmBufferInfo {
 
 class ShmRegistry {
  public:
-  struct Options {
-    // Bytes one worker may have allocated at once.
-    size_t max_bytes_per_worker = std::numeric_limits<size_t>::max();
-    // Bytes all workers together may have allocated at once.
-    size_t max_total_bytes = std::numeric_limits<size_t>::max();
-    // Buffers one worker may have allocated at once.
-    size_t max_buffers_per_worker = 4096;
-  };
+  using Options = BufferLimits;
 
   ShmRegistry() : ShmRegistry(Options()) {}
   explicit ShmRegistry(Options options);
