@@ -77,6 +77,22 @@ void Teardown(std::shared_ptr<Connection>& connection) {
   connection.reset();
 }
 
+// The AllocateBuffer call: `bytes` of `kind` memory for the connection's worker.
+absl::StatusOr<dynamiq::v1::AllocateBufferResponse> RequestBuffer(Connection& connection, size_t bytes,
+                                                                  dynamiq::v1::MemoryKind kind) {
+  const absl::Duration timeout = connection.options().timeout;
+  grpc::ClientContext context;
+  Connection::SetDeadline(context, timeout);
+  dynamiq::v1::AllocateBufferRequest request;
+  request.set_worker_id(connection.worker_id);
+  request.set_bytes(bytes);
+  request.set_memory_kind(kind);
+  dynamiq::v1::AllocateBufferResponse allocated;
+  DQ_RETURN_IF_ERROR(
+      connection.FromGrpc(connection.stub().AllocateBuffer(&context, request, &allocated), "AllocateBuffer", timeout));
+  return allocated;
+}
+
 }  // namespace
 
 namespace client::internal {
@@ -205,16 +221,8 @@ absl::StatusOr<Buffer> Client::Allocate(size_t bytes, MemoryKind kind) {
         absl::StrCat("cannot allocate a buffer of ", bytes, " bytes (must be 1..", server::kMaxShmRegionBytes, ")"));
   }
   const absl::Duration timeout = connection_->options().timeout;
-  dynamiq::v1::AllocateBufferResponse allocated;
-  {
-    grpc::ClientContext context;
-    Connection::SetDeadline(context, timeout);
-    dynamiq::v1::AllocateBufferRequest request;
-    request.set_worker_id(connection_->worker_id);
-    request.set_bytes(bytes);
-    DQ_RETURN_IF_ERROR(connection_->FromGrpc(connection_->stub().AllocateBuffer(&context, request, &allocated),
-                                             "AllocateBuffer", timeout));
-  }
+  DQ_ASSIGN_OR_RETURN(const dynamiq::v1::AllocateBufferResponse allocated,
+                      RequestBuffer(*connection_, bytes, dynamiq::v1::MEMORY_KIND_HOST));
   const uint64_t id = allocated.buffer_id();
   // From here on a failure must give the buffer back, or the daemon keeps it until we unregister.
   auto fail = [&](absl::Status status) {
@@ -269,17 +277,8 @@ absl::StatusOr<Buffer> Client::AllocateDevice(size_t bytes) {
                                                    server::kMaxDeviceBufferBytes, ")"));
   }
   const absl::Duration timeout = connection_->options().timeout;
-  dynamiq::v1::AllocateBufferResponse allocated;
-  {
-    grpc::ClientContext context;
-    Connection::SetDeadline(context, timeout);
-    dynamiq::v1::AllocateBufferRequest request;
-    request.set_worker_id(connection_->worker_id);
-    request.set_bytes(bytes);
-    request.set_memory_kind(dynamiq::v1::MEMORY_KIND_CUDA_DEVICE);
-    DQ_RETURN_IF_ERROR(connection_->FromGrpc(connection_->stub().AllocateBuffer(&context, request, &allocated),
-                                             "AllocateBuffer", timeout));
-  }
+  DQ_ASSIGN_OR_RETURN(const dynamiq::v1::AllocateBufferResponse allocated,
+                      RequestBuffer(*connection_, bytes, dynamiq::v1::MEMORY_KIND_CUDA_DEVICE));
   const uint64_t id = allocated.buffer_id();
   auto fail = [&](absl::Status status) {
     (void)connection_->ReleaseBuffer(id, std::min(timeout, kTeardownTimeout));
