@@ -326,9 +326,15 @@ TEST(GlooTransportTest, AbortFromAnotherThreadUnblocksWaitAndFailsPeersFast) {
 }
 
 TEST(GlooTransportTest, AbortBeforeWaitFailsAtOnce) {
+  std::atomic<int> posted{0};
   ExpectAllOk(RunRanks(2, [&](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
     std::vector<uint8_t> buf(8);
     DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostRecv(1 - rank, 1, absl::MakeSpan(buf)));
+    // Both ranks post before either aborts (a peer's abort closes the connection, and a later post
+    // would fail at once instead).
+    posted.fetch_add(1);
+    const absl::Time until = absl::Now() + absl::Seconds(5);
+    while (posted.load() < 2 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
     t->Abort();
     t->Abort();  // Idempotent.
     const absl::Time start = absl::Now();
