@@ -594,6 +594,13 @@ void Job::CountFailure(uint64_t num_elements, Classification how) {
   options_.observer->OnCollective(options_.id, outcome);
 }
 
+void Job::DropGroup(bool abort) {
+  absl::MutexLock lock(&transport_mu_);
+  if (abort && transport_) transport_->Abort();
+  transport_.reset();
+  ++generation_;
+}
+
 absl::StatusOr<engine::Transport*> Job::ConnectedTransport(uint64_t sequence) {
   absl::MutexLock lock(&transport_mu_);
   if (pending_generations_ > 0) {
@@ -646,12 +653,7 @@ absl::Status Job::RunOnDevice(uint64_t sequence, const JobConfig& config, uint64
     o.timeout = std::max(absl::Milliseconds(1), deadline_ - absl::Now());
     auto result = options_.device->CrossNode(*codec, **transport, o, n);
     if (!result.ok()) {
-      {
-        // The group is broken: re-form it (fresh rendezvous keys) on the next collective.
-        absl::MutexLock lock(&transport_mu_);
-        transport_.reset();
-        ++generation_;
-      }
+      DropGroup(/*abort=*/false);
       return WithRemoteCause(
           sequence, absl::Status(result.status().code(), absl::StrCat(prefix, ": ", result.status().message())));
     }
@@ -698,10 +700,7 @@ absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t
   auto result = engine::AllReduce(*codec, *transport, o, {sum, kernels::DType::kFloat32, 0, nullptr},
                                   {sum, kernels::DType::kFloat32, 0, nullptr}, n);
   if (!result.ok()) {
-    // The group is broken: re-form it (fresh rendezvous keys) on the next collective.
-    absl::MutexLock lock(&transport_mu_);
-    transport_.reset();
-    ++generation_;
+    DropGroup(/*abort=*/false);
     std::string hint;
     const absl::string_view message = result.status().message();
     if (absl::StrContains(message, "runs a different collective") &&
@@ -719,10 +718,7 @@ absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t
   if (no_memory_for_probe) {
     // The peers are about to run the side all-reduce: make it fail now rather than at their
     // deadline, and re-form the group as they will (one generation per failed exchange).
-    absl::MutexLock lock(&transport_mu_);
-    transport_->Abort();
-    transport_.reset();
-    ++generation_;
+    DropGroup(/*abort=*/true);
     probe->status = absl::ResourceExhaustedError(absl::StrCat("no memory for a ", n, "-element exact sum"));
     return absl::OkStatus();
   }
@@ -739,9 +735,7 @@ absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t
   probe->seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (!exact_result.ok()) {
     // The result is fine but the group is broken: re-form it, as after a failed collective.
-    absl::MutexLock lock(&transport_mu_);
-    transport_.reset();
-    ++generation_;
+    DropGroup(/*abort=*/false);
     probe->status = exact_result.status();
     return absl::OkStatus();
   }

@@ -243,6 +243,10 @@ class Job {
   // in that order, so a node whose step the abort cuts short finds the cause. A transport connected
   // since the break (the next collective's) is left alone.
   void AnnounceBreak(const GroupBreak& broken);
+  // The cross-node group is broken (a failed exchange): drops the transport, aborting it first if
+  // `abort` (the peers are still inside an exchange), so the next collective re-forms the group at
+  // the next generation (fresh rendezvous keys), as every other node does. Reducer thread only.
+  void DropGroup(bool abort);
   // This node's failure `error` of collective `sequence` across nodes, led by the cause another node
   // published when `error` is what a peer breaking the group looks like.
   absl::Status WithRemoteCause(uint64_t sequence, absl::Status error);

@@ -19,12 +19,14 @@
 #include "dynamiq/v1/worker.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "server/shm_region.h"
+#include "tests/testing/daemon_harness.h"
 #include "tests/testing/status_matchers.h"
 
 namespace dynamiq::server {
 namespace {
 
 using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::StartTestCluster;
 using ::testing::HasSubstr;
 
 // A scratch directory for worker sockets, removed when the test ends.
@@ -263,16 +265,10 @@ TEST(DaemonTest, DeadWorkerProcessIsRemovedAtOnceAndItsRankCanRejoin) {
 TEST(DaemonTest, LocalFailureOnOneNodeFailsThePeerPromptlyAndTheGroupRecovers) {
   TempDir temp;
   const std::string dir = temp;
-  Daemon node0(Options(dir, 0, 2, "", "none"));
-  absl::Status s0;
-  std::thread start0([&] { s0 = node0.Start(); });  // returns once node 1 has joined
-  for (int i = 0; i < 500 && node0.listen_address().empty(); ++i) absl::SleepFor(absl::Milliseconds(10));
-  ASSERT_FALSE(node0.listen_address().empty());
-  Daemon node1(Options(dir, 1, 2, node0.listen_address(), "none"));
-  absl::Status s1 = node1.Start();
-  start0.join();
-  ASSERT_THAT(s0, IsOk());
-  ASSERT_THAT(s1, IsOk());
+  auto daemons = StartTestCluster(dir, 2, *MakeJobConfig("none", 5, "ring", 1024, "measured"));
+  ASSERT_THAT(daemons, IsOk());
+  Daemon& node0 = *(*daemons)[0];
+  Daemon& node1 = *(*daemons)[1];
   TestWorker a = Connect(dir + "/node0.sock", "job", 0, 1, 4096);
   TestWorker b0 = Connect(dir + "/node1.sock", "job", 0, 2, 4096);
   TestWorker b1 = Connect(dir + "/node1.sock", "job", 1, 2, 4096);
@@ -310,16 +306,10 @@ TEST(DaemonTest, LocalFailureOnOneNodeFailsThePeerPromptlyAndTheGroupRecovers) {
 TEST(DaemonTest, ShutdownWithACollectiveInFlightGivesTheOtherNodeTheCause) {
   TempDir temp;
   const std::string dir = temp;
-  Daemon node0(Options(dir, 0, 2, "", "none"));
-  absl::Status s0;
-  std::thread start0([&] { s0 = node0.Start(); });  // returns once node 1 has joined
-  for (int i = 0; i < 500 && node0.listen_address().empty(); ++i) absl::SleepFor(absl::Milliseconds(10));
-  ASSERT_FALSE(node0.listen_address().empty());
-  Daemon node1(Options(dir, 1, 2, node0.listen_address(), "none"));
-  absl::Status s1 = node1.Start();
-  start0.join();
-  ASSERT_THAT(s0, IsOk());
-  ASSERT_THAT(s1, IsOk());
+  auto daemons = StartTestCluster(dir, 2, *MakeJobConfig("none", 5, "ring", 1024, "measured"));
+  ASSERT_THAT(daemons, IsOk());
+  Daemon& node0 = *(*daemons)[0];
+  Daemon& node1 = *(*daemons)[1];
   TestWorker a = Connect(dir + "/node0.sock", "job", 0, 1, 4096);
   TestWorker b0 = Connect(dir + "/node1.sock", "job", 0, 2, 4096);
   TestWorker b1 = Connect(dir + "/node1.sock", "job", 1, 2, 4096);
