@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -12,11 +13,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/block_plan.h"
 #include "engine/rank_executor.h"
+#include "engine/stats_exchange.h"
 #include "engine/step_header.h"
 #include "kernels/codec_registry.h"
 #include "kernels/dtype.h"
-#include "kernels/dynamiq_math.h"
 
 namespace dynamiq::engine {
 namespace {
@@ -268,39 +270,34 @@ class Runner {
 // after the peer has decoded that block's message of the previous step, i.e. blocks - kLookahead
 // messages earlier in the same order; fewer lookahead messages than blocks makes every chain of
 // waits end at the first step's messages, which are sent unconditionally.
-absl::Status RunExecutors(Runner& runner, const Codec& codec, const Schedule& schedule, Phase rs_phase, Phase ag_phase,
-                          uint32_t step_offset, std::vector<std::unique_ptr<RankExecutor>>& blocks) {
+absl::Status RunExecutors(Runner& runner, const Codec& codec, const Schedule& schedule, size_t num_blocks,
+                          const std::function<absl::StatusOr<std::unique_ptr<RankExecutor>>(size_t)>& make) {
   constexpr size_t kLookahead = 2;
   const size_t rs_steps = schedule.reduce_scatter.size(), steps = rs_steps + schedule.all_gather.size();
-  const uint32_t ag_offset = step_offset + static_cast<uint32_t>(schedule.world_size);
-  // Step g of the whole collective: reduce-scatter steps first, then all-gather steps.
-  const auto phase = [&](size_t g) { return g < rs_steps ? rs_phase : ag_phase; };
+  // Step g of the whole collective: reduce-scatter steps first (numbered from 0 on the wire), then
+  // all-gather steps (from n).
+  const auto phase = [&](size_t g) { return g < rs_steps ? Phase::kReduceScatter : Phase::kAllGather; };
   const auto wire_step = [&](size_t g) {
-    return g < rs_steps ? step_offset + static_cast<uint32_t>(g) : ag_offset + static_cast<uint32_t>(g - rs_steps);
+    return static_cast<uint32_t>(g < rs_steps ? g : schedule.world_size + (g - rs_steps));
   };
+  std::vector<std::unique_ptr<RankExecutor>> blocks(num_blocks);  // made one by one, see below
   const auto local_step = [&](size_t g) { return static_cast<int>(g < rs_steps ? g : g - rs_steps); };
   const auto recv_peer = [&](size_t g, size_t k) {
     return g < rs_steps ? blocks[k]->ReduceScatterRecvPeer(local_step(g)) : blocks[k]->AllGatherRecvPeer(local_step(g));
   };
+  const auto post = [&](size_t g, size_t k) -> absl::Status {
+    RankExecutor& x = *blocks[k];
+    const int peer = recv_peer(g, k);
+    if (peer < 0) return absl::OkStatus();
+    const int chunk = g < rs_steps ? x.ReduceScatterRecvChunk(local_step(g)) : x.AllGatherRecvChunk(local_step(g));
+    return runner.PostReceive(phase(g), wire_step(g), static_cast<uint32_t>(k), peer, x.MaxMessageBytes(chunk));
+  };
   const auto prepost = [&](size_t g) -> absl::Status {
-    if (g >= steps) return absl::OkStatus();
-    for (size_t k = 0; k < blocks.size(); ++k) {
-      RankExecutor& x = *blocks[k];
-      const int peer = recv_peer(g, k);
-      if (peer < 0) continue;
-      const int chunk = g < rs_steps ? x.ReduceScatterRecvChunk(local_step(g)) : x.AllGatherRecvChunk(local_step(g));
-      DQ_RETURN_IF_ERROR(
-          runner.PostReceive(phase(g), wire_step(g), static_cast<uint32_t>(k), peer, x.MaxMessageBytes(chunk)));
-    }
+    for (size_t k = 0; g < steps && k < blocks.size(); ++k) DQ_RETURN_IF_ERROR(post(g, k));
     return absl::OkStatus();
   };
-  // The messages this rank receives, in the order it decodes them.
+  // The messages this rank receives, in the order it decodes them (listed once the blocks exist).
   std::vector<std::pair<size_t, size_t>> arrivals;
-  for (size_t g = 0; g < steps; ++g) {
-    for (size_t k = 0; k < blocks.size(); ++k) {
-      if (recv_peer(g, k) >= 0) arrivals.emplace_back(g, k);
-    }
-  }
   const size_t lookahead = std::min(kLookahead, blocks.size() - 1);
   size_t announced = 0;  // arrivals[0, announced) have their payload receives posted
   const auto announce_through = [&](size_t last) -> absl::Status {
@@ -327,10 +324,17 @@ absl::Status RunExecutors(Runner& runner, const Codec& codec, const Schedule& sc
     DQ_ASSIGN_OR_RETURN(absl::Span<const uint8_t> bytes, g < rs_steps ? x.ReduceScatterSend(s) : x.AllGatherSend(s));
     return runner.Send(phase(g), wire_step(g), static_cast<uint32_t>(k), peer, codec, bytes);
   };
-  DQ_RETURN_IF_ERROR(prepost(0));
-  DQ_RETURN_IF_ERROR(prepost(1));
-  if (steps > 0) {
-    for (size_t k = 0; k < blocks.size(); ++k) DQ_RETURN_IF_ERROR(send(0, k));
+  // Blocks are made (planned) one by one, each posting its first receives and sending its first
+  // message before the next is made, so the wire is busy from the first block on.
+  for (size_t k = 0; k < num_blocks; ++k) {
+    DQ_ASSIGN_OR_RETURN(blocks[k], make(k));
+    for (size_t g = 0; g < std::min<size_t>(steps, 2); ++g) DQ_RETURN_IF_ERROR(post(g, k));
+    if (steps > 0) DQ_RETURN_IF_ERROR(send(0, k));
+  }
+  for (size_t g = 0; g < steps; ++g) {
+    for (size_t k = 0; k < blocks.size(); ++k) {
+      if (recv_peer(g, k) >= 0) arrivals.emplace_back(g, k);
+    }
   }
   size_t next_arrival = 0;
   for (size_t g = 0; g < steps; ++g) {
@@ -357,9 +361,95 @@ absl::Status RunExecutors(Runner& runner, const Codec& codec, const Schedule& sc
   return absl::OkStatus();
 }
 
-}  // namespace
+// The maxima statistics (THC): a ring all-gather of every rank's raw statistics into `reduced`.
+absl::Status AllGatherMaxima(Runner& runner, const Codec& codec, int rank, int n, const std::vector<float>& local,
+                             std::vector<float>& reduced) {
+  reduced = local;
+  std::vector<uint8_t> forward(local.size() * sizeof(float));
+  std::memcpy(forward.data(), local.data(), forward.size());
+  const int left = (rank + n - 1) % n, right = (rank + 1) % n;
+  for (uint32_t s = 0; s + 1 < static_cast<uint32_t>(n); ++s) {
+    DQ_RETURN_IF_ERROR(runner.PostReceive(Phase::kStats, s, 0, left, forward.size()));
+    DQ_RETURN_IF_ERROR(runner.Send(Phase::kStats, s, 0, right, codec, forward));
+    DQ_ASSIGN_OR_RETURN(absl::Span<const uint8_t> bytes, runner.Receive(Phase::kStats, s, 0, codec));
+    if (bytes.size() != forward.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("statistics size mismatch from rank ", left));
+    }
+    std::vector<uint8_t> next(bytes.begin(), bytes.end());
+    runner.Release(Phase::kStats, s, 0);
+    DQ_RETURN_IF_ERROR(runner.WaitSent(Phase::kStats, s, 0));
+    std::vector<float> values(local.size());
+    std::memcpy(values.data(), next.data(), next.size());
+    for (size_t i = 0; i < local.size(); ++i) {
+      reduced[i] = std::max(reduced[i], values[i]);
+      if (std::isnan(values[i])) reduced[i] = values[i];
+    }
+    forward = std::move(next);
+  }
+  return absl::OkStatus();
+}
 
-namespace {
+// The sums statistics (DynamiQ): the two-round direct exchange of engine/stats_exchange.h. The
+// message from rank q to rank p in round j is (kStats, step j * n + q, block p): unique among
+// this rank's sends and among its receives. `header_codec` names the messages' codec (bf16).
+absl::Status ExchangeSumStats(Runner& runner, const Codec& header_codec, int rank, int n, absl::Span<const float> local,
+                              absl::Span<float> reduced) {
+  const size_t length = local.size();
+  const auto chunk = [&](int p) { return ChunkOf(length, n, p); };
+  const auto step = [&](int round, int sender) { return static_cast<uint32_t>(round * n + sender); };
+  const auto block = [](int receiver) { return static_cast<uint32_t>(receiver); };
+  const size_t mine = chunk(rank).count;
+  // 1. Chunk p of the local statistics to rank p; the others' contributions to this rank's chunk.
+  for (int q = 0; q < n; ++q) {
+    if (q != rank) DQ_RETURN_IF_ERROR(runner.PostReceive(Phase::kStats, step(0, q), block(rank), q, 2 * mine));
+  }
+  std::vector<std::vector<uint8_t>> parts(n);
+  for (int p = 0; p < n; ++p) {
+    parts[p] = EncodeStatsBf16(local.subspan(chunk(p).begin, chunk(p).count));
+    if (p != rank) DQ_RETURN_IF_ERROR(runner.Send(Phase::kStats, step(0, rank), block(p), p, header_codec, parts[p]));
+  }
+  // Every peer's payload receive is posted once its header checks out (Runner::Announce), before
+  // this rank waits for any payload: the contributions then arrive in parallel.
+  for (int q = 0; q < n; ++q) {
+    if (q != rank) DQ_RETURN_IF_ERROR(runner.Announce(Phase::kStats, step(0, q), block(rank), header_codec));
+  }
+  std::vector<absl::Span<const uint8_t>> contributions(n);
+  for (int q = 0; q < n; ++q) {
+    if (q == rank) {
+      contributions[q] = parts[q];
+    } else {
+      DQ_ASSIGN_OR_RETURN(contributions[q], runner.Receive(Phase::kStats, step(0, q), block(rank), header_codec));
+    }
+  }
+  DQ_ASSIGN_OR_RETURN(const std::vector<uint8_t> sum, SumStatsBf16(contributions, 2 * mine));
+  for (int q = 0; q < n; ++q) {
+    if (q != rank) runner.Release(Phase::kStats, step(0, q), block(rank));
+  }
+  // 2. This rank's reduced chunk to every rank; every other chunk from its owner.
+  for (int q = 0; q < n; ++q) {
+    if (q != rank)
+      DQ_RETURN_IF_ERROR(runner.PostReceive(Phase::kStats, step(1, q), block(rank), q, 2 * chunk(q).count));
+  }
+  for (int p = 0; p < n; ++p) {
+    if (p != rank) DQ_RETURN_IF_ERROR(runner.Send(Phase::kStats, step(1, rank), block(p), p, header_codec, sum));
+  }
+  DQ_RETURN_IF_ERROR(DecodeStatsBf16(sum, reduced.subspan(chunk(rank).begin, mine)));
+  for (int q = 0; q < n; ++q) {
+    if (q == rank) continue;
+    DQ_ASSIGN_OR_RETURN(absl::Span<const uint8_t> bytes,
+                        runner.Receive(Phase::kStats, step(1, q), block(rank), header_codec));
+    absl::Status decoded = DecodeStatsBf16(bytes, reduced.subspan(chunk(q).begin, chunk(q).count));
+    runner.Release(Phase::kStats, step(1, q), block(rank));
+    if (!decoded.ok()) return absl::InvalidArgumentError(absl::StrCat("from rank ", q, ": ", decoded.message()));
+  }
+  // The sends read `parts` and `sum`.
+  for (int p = 0; p < n; ++p) {
+    if (p == rank) continue;
+    DQ_RETURN_IF_ERROR(runner.WaitSent(Phase::kStats, step(0, rank), block(p)));
+    DQ_RETURN_IF_ERROR(runner.WaitSent(Phase::kStats, step(1, rank), block(p)));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& transport, const AllReduceOptions& options,
                                               const kernels::Source& local, const kernels::Dest& out, size_t d) {
@@ -371,99 +461,65 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
         absl::StrCat("codec ", kernels::CodecName(codec.id()), " does not support the butterfly topology"));
   }
   if (d > (size_t{1} << 40)) return absl::InvalidArgumentError(absl::StrCat("bucket of ", d, " elements is too large"));
+  const size_t block = BlockElements(d, options.block_elements);
+  DQ_ASSIGN_OR_RETURN(const size_t num_blocks, NumBlocks(d, options.block_elements));
   AllReduceResult result;
+  result.blocks = static_cast<int>(num_blocks);
   const absl::Time deadline = absl::Now() + options.timeout;
   // Whatever a posted send may read outlives the runner, which aborts the transport when the
   // collective fails with operations still posted: the pool (executors give their buffers back to
-  // it) and the statistics being forwarded.
+  // it) and the statistics.
   BufferPool call_pool;
   BufferPool& pool = options.buffers != nullptr ? *options.buffers : call_pool;
-  std::vector<uint8_t> forward;
-  Runner runner(transport, options, pool, deadline, result);
-
-  // 1. Statistics and plan.
   const size_t stats_len = codec.StatsLength(d);
   std::vector<float> local_stats(stats_len), reduced_stats(stats_len);
+  Runner runner(transport, options, pool, deadline, result);
+
+  // 1. Statistics (of the values as they are; the plan's centring applies to compression only).
+  const bool per_block = PlansPerBlock(codec) && stats_len > 0;
   if (stats_len > 0) {
     kernels::Source raw = local;
     raw.subtract_per_group = nullptr;
     codec.ComputeStats(raw, d, local_stats.data());
-    if (codec.stats_reduction() == kernels::StatsReduction::kSum) {
+    if (per_block) {
       kernels::CodecConfig bf16_config;
       bf16_config.id = kernels::CodecId::kBf16;
       DQ_ASSIGN_OR_RETURN(auto bf16, kernels::CreateCodec(bf16_config));
-      BucketPlan stats_plan;
-      stats_plan.round = kernels::RoundInfo{options.sequence, static_cast<uint32_t>(rank), static_cast<uint32_t>(n)};
-      stats_plan.num_elements = stats_len;
-      std::vector<std::unique_ptr<RankExecutor>> stats_exec;
-      stats_exec.push_back(std::make_unique<RankExecutor>(
-          *bf16, schedule, stats_plan, kernels::Source{local_stats.data(), kernels::DType::kFloat32, 0, nullptr},
-          kernels::Dest{reduced_stats.data(), kernels::DType::kFloat32, 0, nullptr}, &pool));
       DQ_RETURN_IF_ERROR(
-          Annotate(RunExecutors(runner, *bf16, schedule, Phase::kStats, Phase::kStats, 0, stats_exec), rank));
+          Annotate(ExchangeSumStats(runner, *bf16, rank, n, local_stats, absl::MakeSpan(reduced_stats)), rank));
     } else {
-      // Maxima: a ring all-gather of every rank's raw statistics.
-      reduced_stats = local_stats;
-      forward.resize(stats_len * sizeof(float));
-      std::memcpy(forward.data(), local_stats.data(), forward.size());
-      const int left = (rank + n - 1) % n, right = (rank + 1) % n;
-      for (uint32_t s = 0; s + 1 < static_cast<uint32_t>(n); ++s) {
-        DQ_RETURN_IF_ERROR(Annotate(runner.PostReceive(Phase::kStats, s, 0, left, forward.size()), rank));
-        DQ_RETURN_IF_ERROR(Annotate(runner.Send(Phase::kStats, s, 0, right, codec, forward), rank));
-        absl::StatusOr<absl::Span<const uint8_t>> bytes = runner.Receive(Phase::kStats, s, 0, codec);
-        if (!bytes.ok()) return Annotate(bytes.status(), rank);
-        if (bytes->size() != forward.size()) {
-          return absl::InvalidArgumentError(absl::StrCat("rank ", rank, ": statistics size mismatch from rank ", left));
-        }
-        std::vector<uint8_t> next(bytes->begin(), bytes->end());
-        runner.Release(Phase::kStats, s, 0);
-        DQ_RETURN_IF_ERROR(Annotate(runner.WaitSent(Phase::kStats, s, 0), rank));
-        std::vector<float> values(stats_len);
-        std::memcpy(values.data(), next.data(), next.size());
-        for (size_t i = 0; i < stats_len; ++i) {
-          reduced_stats[i] = std::max(reduced_stats[i], values[i]);
-          if (std::isnan(values[i])) reduced_stats[i] = values[i];
-        }
-        forward = std::move(next);
-      }
+      DQ_RETURN_IF_ERROR(Annotate(AllGatherMaxima(runner, codec, rank, n, local_stats, reduced_stats), rank));
     }
   }
-  const kernels::RoundInfo round{options.sequence, static_cast<uint32_t>(rank), static_cast<uint32_t>(n)};
-  DQ_ASSIGN_OR_RETURN(BucketPlan plan, codec.MakePlan(round, d, local_stats, reduced_stats));
+  BucketPlan bucket_plan;
+  if (!per_block) {
+    const kernels::RoundInfo round{options.sequence, static_cast<uint32_t>(rank), static_cast<uint32_t>(n)};
+    DQ_ASSIGN_OR_RETURN(bucket_plan, codec.MakePlan(round, d, local_stats, reduced_stats));
+  }
 
-  // 2. Blocks: sub-buckets with their slice of the plan.
-  size_t block = options.block_elements == 0 ? d : options.block_elements;
-  block = std::max<size_t>(kernels::kSuperGroupSize, (block + kernels::kSuperGroupSize - 1) / kernels::kSuperGroupSize *
-                                                         kernels::kSuperGroupSize);
-  const size_t num_blocks = d == 0 ? 1 : (d + block - 1) / block;
-  if (num_blocks > (1u << 20)) return absl::InvalidArgumentError("too many pipelining blocks; raise block_elements");
-  result.blocks = static_cast<int>(num_blocks);
+  // 2. Blocks, each with its plan (engine/block_plan.h), made as the pipeline starts.
   std::vector<BucketPlan> plans(num_blocks);
-  std::vector<std::unique_ptr<RankExecutor>> executors;
   const size_t elem = kernels::DTypeSize(local.dtype), out_elem = kernels::DTypeSize(out.dtype);
-  for (size_t k = 0; k < num_blocks; ++k) {
+  const auto make = [&](size_t k) -> absl::StatusOr<std::unique_ptr<RankExecutor>> {
     const size_t begin = k * block, count = std::min(block, d - begin);
-    const size_t sg0 = begin / kernels::kSuperGroupSize,
-                 sgs = (count + kernels::kSuperGroupSize - 1) / kernels::kSuperGroupSize;
     BucketPlan& p = plans[k];
-    p.round = kernels::RoundInfo{options.sequence * 1048576 + k, static_cast<uint32_t>(rank), static_cast<uint32_t>(n)};
-    p.num_elements = count;
-    p.global_scale = plan.global_scale;
-    if (!plan.widths.empty()) p.widths.assign(plan.widths.begin() + sg0, plan.widths.begin() + sg0 + sgs);
-    if (!plan.local_means.empty()) {
-      p.local_means.assign(plan.local_means.begin() + sg0, plan.local_means.begin() + sg0 + sgs);
-      p.mean_sums.assign(plan.mean_sums.begin() + sg0, plan.mean_sums.begin() + sg0 + sgs);
+    if (per_block) {
+      const BlockStats range = BlockStatsRange(codec, d, block, k);
+      DQ_ASSIGN_OR_RETURN(p, codec.MakePlan(BlockRound(options.sequence, k, rank, n), count,
+                                            absl::MakeConstSpan(local_stats).subspan(range.offset, range.length),
+                                            absl::MakeConstSpan(reduced_stats).subspan(range.offset, range.length)));
+    } else {
+      p = SliceBucketPlan(bucket_plan, options.sequence, k, begin, count);
     }
     kernels::Source src{static_cast<const uint8_t*>(local.data) + (begin - local.first) * elem, local.dtype, 0,
                         p.local_means.empty() ? nullptr : p.local_means.data()};
     kernels::Dest dst{static_cast<uint8_t*>(out.data) + (begin - out.first) * out_elem, out.dtype, 0,
                       p.mean_sums.empty() ? nullptr : p.mean_sums.data()};
-    executors.push_back(std::make_unique<RankExecutor>(codec, schedule, p, src, dst, &pool));
-  }
+    return std::make_unique<RankExecutor>(codec, schedule, p, src, dst, &pool);
+  };
 
   // 3. Reduce-scatter and all-gather, all blocks per step.
-  DQ_RETURN_IF_ERROR(
-      Annotate(RunExecutors(runner, codec, schedule, Phase::kReduceScatter, Phase::kAllGather, 0, executors), rank));
+  DQ_RETURN_IF_ERROR(Annotate(RunExecutors(runner, codec, schedule, num_blocks, make), rank));
   return result;
 }
 

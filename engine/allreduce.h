@@ -1,14 +1,16 @@
 // AllReduce: DynamiQ's whole pipeline for one bucket over a real Transport.
 //
-//   1. statistics: each rank computes the codec's bucket statistics; sums are all-reduced with the
-//      bf16 codec over the same schedule, maxima all-gathered; every rank ends with bit-identical
-//      statistics and derives the same plan (bit allocation, centring);
+//   1. statistics: each rank computes the codec's bucket statistics; sums are reduced by a
+//      two-round direct exchange in bf16 (engine/stats_exchange.h), maxima all-gathered; every
+//      rank ends with bit-identical statistics and derives the same plans (bit allocation,
+//      centring);
 //   2. reduce-scatter with per-hop fused DAR, then an all-gather that forwards the owners' final
 //      bytes unchanged, so every rank ends with bit-identical results;
-//   3. pipelining: the bucket is cut into blocks (each a sub-bucket with its slice of the plan)
-//      that flow through the steps independently: a block's next message leaves as soon as its
-//      previous one has arrived and been decoded and re-quantized, while later blocks are still
-//      on the wire.
+//   3. pipelining: the bucket is cut into blocks (engine/block_plan.h: each a sub-bucket with its
+//      own plan, or its slice of the bucket's) that flow through the steps independently: block
+//      k's first message leaves before block k + 1 is planned, and a block's next message leaves
+//      as soon as its previous one has arrived and been decoded and re-quantized, while later
+//      blocks are still on the wire.
 //
 // Every message is a 64-byte StepHeader (engine/step_header.h) and its payload, whose receives are
 // posted ahead with the plan's bound on its size; the header is validated before the payload is

@@ -10,7 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "engine/block_plan.h"
 #include "engine/rank_executor.h"
+#include "engine/stats_exchange.h"
 #include "kernels/codec_registry.h"
 #include "kernels/cpu/dynamiq_codec.h"
 #include "kernels/cuda/dynamiq_cuda_host.h"
@@ -26,7 +28,6 @@ using kernels::Codec;
 using kernels::CodecId;
 
 constexpr uint16_t kMaxSummands = 0xffff;
-constexpr size_t kMaxBlocks = size_t{1} << 20;
 
 bool SupportedCodec(CodecId id) { return id == CodecId::kNone || id == CodecId::kBf16 || id == CodecId::kDynamiq; }
 
@@ -144,45 +145,39 @@ absl::Status Handshake(const Codec& codec, Transport& transport, const AllReduce
   return absl::OkStatus();
 }
 
-// The statistics all-reduce of engine::AllReduce: bf16 over the same schedule (sums).
-absl::StatusOr<std::vector<float>> ReduceStats(const Schedule& schedule, Transport& transport,
-                                               const AllReduceOptions& options, const std::vector<float>& local_stats,
-                                               NcclAllReduceBackend& backend, Mover& mover) {
+// The statistics all-reduce of engine::AllReduce, the direct exchange of engine/stats_exchange.h,
+// as n - 1 pairwise exchanges per round (NCCL matches sends and receives pair by pair): in
+// exchange i this rank sends to rank + i and receives from rank - i.
+absl::Status ReduceSumStats(Transport& transport, const AllReduceOptions& options, absl::Span<const float> local,
+                            absl::Span<float> reduced, NcclAllReduceBackend& backend, Mover& mover) {
   const int n = transport.size(), rank = transport.rank();
-  std::vector<float> reduced(local_stats.size());
-  kernels::CodecConfig bf16_config;
-  bf16_config.id = CodecId::kBf16;
-  DQ_ASSIGN_OR_RETURN(std::unique_ptr<Codec> bf16, kernels::CreateCodec(bf16_config));
-  BucketPlan stats_plan;
-  stats_plan.round = kernels::RoundInfo{options.sequence, static_cast<uint32_t>(rank), static_cast<uint32_t>(n)};
-  stats_plan.num_elements = local_stats.size();
-  RankExecutor x(*bf16, schedule, stats_plan, kernels::Source{local_stats.data(), kernels::DType::kFloat32, 0, nullptr},
-                 kernels::Dest{reduced.data(), kernels::DType::kFloat32, 0, nullptr});
+  const auto chunk = [&](int p) { return ChunkOf(local.size(), n, p); };
+  const size_t mine = chunk(rank).count;
+  // 1. Chunk p of the local statistics to rank p.
+  std::vector<std::vector<uint8_t>> parts(n);
+  for (int i = 0; i < n; ++i) {
+    const int to = (rank + i) % n, from = (rank + n - i) % n;
+    if (i == 0) {
+      parts[rank] = EncodeStatsBf16(local.subspan(chunk(rank).begin, mine));
+      continue;
+    }
+    const std::vector<uint8_t> out = EncodeStatsBf16(local.subspan(chunk(to).begin, chunk(to).count));
+    parts[from].assign(2 * mine, 0);
+    DQ_RETURN_IF_ERROR(
+        ExchangeHost(backend, mover, to, out, from, absl::MakeSpan(parts[from]), Tag(options.sequence, 0, 1, i)));
+  }
+  const std::vector<absl::Span<const uint8_t>> contributions(parts.begin(), parts.end());
+  DQ_ASSIGN_OR_RETURN(const std::vector<uint8_t> sum, SumStatsBf16(contributions, 2 * mine));
+  DQ_RETURN_IF_ERROR(DecodeStatsBf16(sum, reduced.subspan(chunk(rank).begin, mine)));
+  // 2. This rank's reduced chunk to every rank; every other chunk from its owner.
   std::vector<uint8_t> in;
-  for (size_t s = 0; s < schedule.reduce_scatter.size(); ++s) {
-    absl::Span<const uint8_t> out;
-    if (x.ReduceScatterSendPeer(s) >= 0) {
-      DQ_ASSIGN_OR_RETURN(out, x.ReduceScatterSend(s));
-    }
-    const int recv_peer = x.ReduceScatterRecvPeer(s);
-    in.assign(recv_peer >= 0 ? x.MaxMessageBytes(x.ReduceScatterRecvChunk(s)) : 0, 0);
-    DQ_RETURN_IF_ERROR(ExchangeHost(backend, mover, x.ReduceScatterSendPeer(s), out, recv_peer, absl::MakeSpan(in),
-                                    Tag(options.sequence, 0, s + 1, 0)));
-    if (recv_peer >= 0) DQ_RETURN_IF_ERROR(x.ReduceScatterReceive(s, in));
+  for (int i = 1; i < n; ++i) {
+    const int to = (rank + i) % n, from = (rank + n - i) % n;
+    in.assign(2 * chunk(from).count, 0);
+    DQ_RETURN_IF_ERROR(ExchangeHost(backend, mover, to, sum, from, absl::MakeSpan(in), Tag(options.sequence, 0, 2, i)));
+    DQ_RETURN_IF_ERROR(DecodeStatsBf16(in, reduced.subspan(chunk(from).begin, chunk(from).count)));
   }
-  DQ_RETURN_IF_ERROR(x.FinishReduceScatter());
-  for (size_t s = 0; s < schedule.all_gather.size(); ++s) {
-    absl::Span<const uint8_t> out;
-    if (x.AllGatherSendPeer(s) >= 0) {
-      DQ_ASSIGN_OR_RETURN(out, x.AllGatherSend(s));
-    }
-    const int recv_peer = x.AllGatherRecvPeer(s);
-    in.assign(recv_peer >= 0 ? x.MaxMessageBytes(x.AllGatherRecvChunk(s)) : 0, 0);
-    DQ_RETURN_IF_ERROR(ExchangeHost(backend, mover, x.AllGatherSendPeer(s), out, recv_peer, absl::MakeSpan(in),
-                                    Tag(options.sequence, 0, schedule.reduce_scatter.size() + 1 + s, 0)));
-    if (recv_peer >= 0) DQ_RETURN_IF_ERROR(x.AllGatherReceive(s, in));
-  }
-  return reduced;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<AllReduceResult> Run(const Codec& codec, Transport& transport, const AllReduceOptions& options, size_t d,
@@ -202,17 +197,35 @@ absl::StatusOr<AllReduceResult> Run(const Codec& codec, Transport& transport, co
   // 0. Every rank must derive the same message sizes.
   DQ_RETURN_IF_ERROR(Handshake(codec, transport, options, d, backend, mover));
 
-  // 1. Statistics and plan.
+  // 1. Statistics and plans: per block, from the block's own reduced statistics, as
+  // engine::AllReduce plans them (engine/block_plan.h).
   const size_t stats_len = codec.StatsLength(d);
-  std::vector<float> local_stats(stats_len), reduced_stats;
+  BucketPlan plan;
+  std::vector<NcclBlock> blocks;
   if (stats_len > 0) {
-    if (codec.stats_reduction() != kernels::StatsReduction::kSum) return Unsupported(codec);
+    if (!PlansPerBlock(codec)) return Unsupported(codec);
+    std::vector<float> local_stats(stats_len), reduced_stats(stats_len);
     DQ_RETURN_IF_ERROR(backend.LocalStats(absl::MakeSpan(local_stats)));
-    DQ_ASSIGN_OR_RETURN(reduced_stats, ReduceStats(schedule, transport, options, local_stats, backend, mover));
+    DQ_RETURN_IF_ERROR(ReduceSumStats(transport, options, local_stats, absl::MakeSpan(reduced_stats), backend, mover));
+    const size_t block = BlockElements(d, options.block_elements);
+    DQ_ASSIGN_OR_RETURN(const size_t num_blocks, NumBlocks(d, options.block_elements));
+    std::vector<BucketPlan> plans(num_blocks);
+    blocks.resize(num_blocks);
+    for (size_t k = 0; k < num_blocks; ++k) {
+      const BlockStats range = BlockStatsRange(codec, d, block, k);
+      DQ_ASSIGN_OR_RETURN(plans[k],
+                          codec.MakePlan(BlockRound(options.sequence, k, rank, n), range.count,
+                                         absl::MakeConstSpan(local_stats).subspan(range.offset, range.length),
+                                         absl::MakeConstSpan(reduced_stats).subspan(range.offset, range.length)));
+      blocks[k].begin = k * block;
+      blocks[k].plan = plans[k];
+    }
+    plan = JoinBlockPlans(plans, options.sequence);
+  } else {
+    const kernels::RoundInfo round{options.sequence, static_cast<uint32_t>(rank), static_cast<uint32_t>(n)};
+    DQ_ASSIGN_OR_RETURN(plan, codec.MakePlan(round, d, {}, {}));
+    DQ_ASSIGN_OR_RETURN(blocks, MakeNcclBlocks(plan, options.sequence, options.block_elements));
   }
-  const kernels::RoundInfo round{options.sequence, static_cast<uint32_t>(rank), static_cast<uint32_t>(n)};
-  DQ_ASSIGN_OR_RETURN(BucketPlan plan, codec.MakePlan(round, d, local_stats, reduced_stats));
-  DQ_ASSIGN_OR_RETURN(std::vector<NcclBlock> blocks, MakeNcclBlocks(plan, options.sequence, options.block_elements));
   DQ_ASSIGN_OR_RETURN(NcclRankProgram program, MakeNcclRankProgram(schedule, rank));
   DQ_ASSIGN_OR_RETURN(auto bytes, NcclChunkBytes(codec, blocks, n));
   DQ_RETURN_IF_ERROR(backend.Setup(plan, blocks, program, bytes));
@@ -254,34 +267,17 @@ absl::StatusOr<AllReduceResult> Run(const Codec& codec, Transport& transport, co
 
 }  // namespace
 
-size_t NcclBlockElements(size_t d, size_t block_elements) {
-  const size_t sg = kernels::kSuperGroupSize;
-  const size_t block = block_elements == 0 ? d : block_elements;
-  return std::max<size_t>(sg, (block + sg - 1) / sg * sg);
-}
+size_t NcclBlockElements(size_t d, size_t block_elements) { return BlockElements(d, block_elements); }
 
 absl::StatusOr<std::vector<NcclBlock>> MakeNcclBlocks(const BucketPlan& plan, uint64_t sequence,
                                                       size_t block_elements) {
   const size_t d = plan.num_elements;
-  const size_t sg = kernels::kSuperGroupSize;
-  const size_t block = NcclBlockElements(d, block_elements);
-  const size_t num_blocks = d == 0 ? 1 : (d + block - 1) / block;
-  if (num_blocks > kMaxBlocks) return absl::InvalidArgumentError("too many pipelining blocks; raise block_elements");
+  const size_t block = BlockElements(d, block_elements);
+  DQ_ASSIGN_OR_RETURN(const size_t num_blocks, NumBlocks(d, block_elements));
   std::vector<NcclBlock> blocks(num_blocks);
   for (size_t k = 0; k < num_blocks; ++k) {
-    const size_t begin = k * block, count = std::min(block, d - begin);
-    const size_t sg0 = begin / sg, sgs = (count + sg - 1) / sg;
-    NcclBlock& b = blocks[k];
-    b.begin = begin;
-    BucketPlan& p = b.plan;
-    p.round = kernels::RoundInfo{sequence * kMaxBlocks + k, plan.round.rank, plan.round.world_size};
-    p.num_elements = count;
-    p.global_scale = plan.global_scale;
-    if (!plan.widths.empty()) p.widths.assign(plan.widths.begin() + sg0, plan.widths.begin() + sg0 + sgs);
-    if (!plan.local_means.empty()) {
-      p.local_means.assign(plan.local_means.begin() + sg0, plan.local_means.begin() + sg0 + sgs);
-      p.mean_sums.assign(plan.mean_sums.begin() + sg0, plan.mean_sums.begin() + sg0 + sgs);
-    }
+    blocks[k].begin = k * block;
+    blocks[k].plan = SliceBucketPlan(plan, sequence, k, k * block, std::min(block, d - k * block));
   }
   return blocks;
 }

@@ -15,11 +15,14 @@
 //      bucket size, topology, block size and codec settings, so ranks that would derive
 //      different message sizes fail here, with an error naming the peer, instead of posting
 //      mismatched NCCL operations (undefined behaviour in NCCL).
-//   1. statistics (codecs with statistics, i.e. DynamiQ): the local statistics are reduced with
-//      the bf16 codec over the same schedule by a host RankExecutor, exactly as engine::AllReduce
-//      does, so the reduced statistics are bit-identical on every rank and to the CPU engine's.
-//      The messages (bf16, ~0.06 bytes per element) are staged through small device buffers.
-//   2. plan and blocks: codec.MakePlan; blocks cut as engine::AllReduce cuts them.
+//   1. statistics (codecs with statistics, i.e. DynamiQ): every block's local statistics are
+//      reduced with the bf16 codec over the same schedule by a host RankExecutor of its own,
+//      exactly as engine::AllReduce does, so the reduced statistics are bit-identical on every
+//      rank and to the CPU engine's. The messages (bf16, ~0.06 bytes per element) are staged
+//      through small device buffers.
+//   2. plans and blocks: blocks cut and planned as engine::AllReduce does (engine/block_plan.h):
+//      codec.MakePlan per block from its reduced statistics; codecs without statistics plan the
+//      bucket once and every block takes its slice.
 //   3. leaves: every chunk this rank sends without having children is encoded from local values.
 //   4. reduce-scatter step s, for block k = 0, 1, ...: wait until block k's earlier device work
 //      is done and its last received chunk validated; post the send of the step's chunk and the
@@ -55,18 +58,18 @@
 
 namespace dynamiq::engine {
 
-// One pipelining block: bucket elements [begin, begin + plan.num_elements), with its slice of the
-// bucket plan (widths, means) and its own round (sequence * 2^20 + k), as engine::AllReduce.
+// One pipelining block: bucket elements [begin, begin + plan.num_elements), with its plan (widths,
+// means) and its own round (sequence * 2^20 + k), as engine::AllReduce.
 struct NcclBlock {
   size_t begin = 0;
   kernels::BucketPlan plan;
 };
 
-// engine::AllReduce's block size for a bucket: block_elements rounded up to a multiple of 256
-// (at least 256), 0 = the whole bucket.
+// engine::AllReduce's block size for a bucket (engine::BlockElements).
 size_t NcclBlockElements(size_t num_elements, size_t block_elements);
 
-// Cuts `plan` (a bucket plan of this rank) into blocks. INVALID_ARGUMENT past 2^20 blocks.
+// Cuts `plan` (a whole-bucket plan of this rank) into blocks, each with its slice (for codecs
+// that do not plan per block). INVALID_ARGUMENT past 2^20 blocks.
 absl::StatusOr<std::vector<NcclBlock>> MakeNcclBlocks(const kernels::BucketPlan& plan, uint64_t sequence,
                                                       size_t block_elements);
 

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/rank_executor.h"
-#include "kernels/codec_registry.h"
+#include "engine/stats_exchange.h"
 
 namespace dynamiq::engine {
 namespace {
@@ -51,10 +51,9 @@ absl::Status RunSchedule(const Codec& codec, const Schedule& schedule, absl::Spa
   return absl::OkStatus();
 }
 
-// Reduces every rank's statistics the way the network engines do: sums through a bf16 all-reduce
-// over the same schedule, maxima through an all-gather of fp32 values.
+// Reduces every rank's statistics the way the network engines do: sums through the bf16 direct
+// exchange, maxima through an all-gather of fp32 values.
 absl::StatusOr<std::vector<std::vector<float>>> ReduceStats(const Codec& codec, const Schedule& schedule,
-                                                            uint64_t round,
                                                             const std::vector<std::vector<float>>& local,
                                                             SimulationResult& result) {
   const int n = schedule.world_size;
@@ -70,21 +69,26 @@ absl::StatusOr<std::vector<std::vector<float>>> ReduceStats(const Codec& codec, 
     }
     return reduced;
   }
-  kernels::CodecConfig bf16_config;
-  bf16_config.id = kernels::CodecId::kBf16;
-  DQ_ASSIGN_OR_RETURN(auto bf16, kernels::CreateCodec(bf16_config));
-  std::vector<BucketPlan> plans(n);
-  std::vector<Source> in(n);
-  std::vector<Dest> out(n);
-  for (int r = 0; r < n; ++r) {
-    plans[r].round = kernels::RoundInfo{round, static_cast<uint32_t>(r), static_cast<uint32_t>(n)};
-    plans[r].num_elements = len;
-    in[r].data = local[r].data();
-    out[r].data = reduced[r].data();
+  // Sums: the engines' direct exchange (engine/stats_exchange.h). Rank p owns chunk p: it gets the
+  // chunk from every other rank and sends the bf16 sum back to each.
+  for (int p = 0; p < n; ++p) {
+    const kernels::ChunkRef c = ChunkOf(len, n, p);
+    std::vector<std::vector<uint8_t>> parts(n);
+    std::vector<absl::Span<const uint8_t>> contributions(n);
+    for (int q = 0; q < n; ++q) {
+      parts[q] = EncodeStatsBf16(absl::MakeConstSpan(local[q]).subspan(c.begin, c.count));
+      contributions[q] = parts[q];
+    }
+    DQ_ASSIGN_OR_RETURN(const std::vector<uint8_t> sum, SumStatsBf16(contributions, 2 * c.count));
+    for (int r = 0; r < n; ++r) {
+      DQ_RETURN_IF_ERROR(DecodeStatsBf16(sum, absl::MakeSpan(reduced[r]).subspan(c.begin, c.count)));
+      if (r == p) continue;
+      // Rank r's chunk p to p, and p's sum back to r.
+      result.bytes_sent[r] += sum.size();
+      result.bytes_sent[p] += sum.size();
+      result.stats_bytes_sent += 2 * sum.size();
+    }
   }
-  std::vector<uint64_t> before = result.bytes_sent;
-  DQ_RETURN_IF_ERROR(RunSchedule(*bf16, schedule, plans, in, out, result));
-  for (int r = 0; r < n; ++r) result.stats_bytes_sent += result.bytes_sent[r] - before[r];
   return reduced;
 }
 
@@ -109,7 +113,7 @@ absl::StatusOr<SimulationResult> SimulateAllReduce(const Codec& codec, const Sch
   std::vector<std::vector<float>> reduced(n);
   if (stats_len > 0) {
     for (int r = 0; r < n; ++r) codec.ComputeStats(inputs[r], d, local[r].data());
-    DQ_ASSIGN_OR_RETURN(reduced, ReduceStats(codec, schedule, round, local, result));
+    DQ_ASSIGN_OR_RETURN(reduced, ReduceStats(codec, schedule, local, result));
   }
   std::vector<BucketPlan> plans;
   for (int r = 0; r < n; ++r) {

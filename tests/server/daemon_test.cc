@@ -267,8 +267,6 @@ TEST(DaemonTest, LocalFailureOnOneNodeFailsThePeerPromptlyAndTheGroupRecovers) {
   const std::string dir = temp;
   auto daemons = StartTestCluster(dir, 2, *MakeJobConfig("none", 5, "ring", 1024, "measured"));
   ASSERT_THAT(daemons, IsOk());
-  Daemon& node0 = *(*daemons)[0];
-  Daemon& node1 = *(*daemons)[1];
   TestWorker a = Connect(dir + "/node0.sock", "job", 0, 1, 4096);
   TestWorker b0 = Connect(dir + "/node1.sock", "job", 0, 2, 4096);
   TestWorker b1 = Connect(dir + "/node1.sock", "job", 1, 2, 4096);
