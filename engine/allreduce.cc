@@ -19,6 +19,7 @@
 #include "engine/step_header.h"
 #include "kernels/codec_registry.h"
 #include "kernels/dtype.h"
+#include "kernels/dynamiq_math.h"
 
 namespace dynamiq::engine {
 namespace {
@@ -389,67 +390,128 @@ absl::Status AllGatherMaxima(Runner& runner, const Codec& codec, int rank, int n
   return absl::OkStatus();
 }
 
-// The sums statistics (DynamiQ): the two-round direct exchange of engine/stats_exchange.h. The
-// message from rank q to rank p in round j is (kStats, step j * n + q, block p): unique among
-// this rank's sends and among its receives. `header_codec` names the messages' codec (bf16).
-absl::Status ExchangeSumStats(Runner& runner, const Codec& header_codec, int rank, int n, absl::Span<const float> local,
-                              absl::Span<float> reduced) {
-  const size_t length = local.size();
-  const auto chunk = [&](int p) { return ChunkOf(length, n, p); };
-  const auto step = [&](int round, int sender) { return static_cast<uint32_t>(round * n + sender); };
-  const auto block = [](int receiver) { return static_cast<uint32_t>(receiver); };
-  const size_t mine = chunk(rank).count;
-  // 1. Chunk p of the local statistics to rank p; the others' contributions to this rank's chunk.
-  for (int q = 0; q < n; ++q) {
-    if (q != rank) DQ_RETURN_IF_ERROR(runner.PostReceive(Phase::kStats, step(0, q), block(rank), q, 2 * mine));
-  }
-  std::vector<std::vector<uint8_t>> parts(n);
-  for (int p = 0; p < n; ++p) {
-    parts[p] = EncodeStatsBf16(local.subspan(chunk(p).begin, chunk(p).count));
-    if (p != rank) DQ_RETURN_IF_ERROR(runner.Send(Phase::kStats, step(0, rank), block(p), p, header_codec, parts[p]));
-  }
-  // Every peer's payload receive is posted once its header checks out (Runner::Announce), before
-  // this rank waits for any payload: the contributions then arrive in parallel.
-  for (int q = 0; q < n; ++q) {
-    if (q != rank) DQ_RETURN_IF_ERROR(runner.Announce(Phase::kStats, step(0, q), block(rank), header_codec));
-  }
-  std::vector<absl::Span<const uint8_t>> contributions(n);
-  for (int q = 0; q < n; ++q) {
-    if (q == rank) {
-      contributions[q] = parts[q];
-    } else {
-      DQ_ASSIGN_OR_RETURN(contributions[q], runner.Receive(Phase::kStats, step(0, q), block(rank), header_codec));
+// DynamiQ's statistics: the direct exchange of engine/stats_exchange.h, overlapped with computing
+// them and with the start of the pipeline. Start computes the local statistics chunk by chunk in
+// the order they leave (chunk rank + 1 first, this rank's own last), so each is on the wire while
+// the next is computed; then sums this rank's chunk and sends the sum to every rank. Await waits
+// only for the owners' sums a block's plan needs, so block 0 leaves before the last sum is in.
+// The message from rank q to rank p in round j is (kStats, step j * n + q, block p): unique among
+// this rank's sends and among its receives. Lives longer than the Runner: its buffers back sends.
+class SumStatsExchange {
+ public:
+  SumStatsExchange(const Codec& codec, const Codec& header_codec, int rank, int n, size_t num_elements)
+      : codec_(codec),
+        header_codec_(header_codec),
+        rank_(rank),
+        n_(n),
+        d_(num_elements),
+        local_(codec.StatsLength(num_elements)),
+        reduced_(local_.size()),
+        parts_(n),
+        have_(n, false) {}
+
+  absl::Span<const float> local() const { return local_; }
+  absl::Span<const float> reduced() const { return reduced_; }
+
+  absl::Status Start(Runner& runner, const kernels::Source& raw) {
+    // The parts of this rank's chunk, and every other owner's sum.
+    const size_t mine = Chunk(rank_).count;
+    for (int q = 0; q < n_; ++q) {
+      if (q == rank_) continue;
+      DQ_RETURN_IF_ERROR(runner.PostReceive(Phase::kStats, Step(0, q), Block(rank_), q, 2 * mine));
+      DQ_RETURN_IF_ERROR(runner.PostReceive(Phase::kStats, Step(1, q), Block(rank_), q, 2 * Chunk(q).count));
     }
+    // 1. Chunk p of the local statistics to rank p, as soon as it is computed.
+    const size_t elem = kernels::DTypeSize(raw.dtype);
+    for (int i = 1; i <= n_; ++i) {
+      const int p = (rank_ + i) % n_;
+      const kernels::ChunkRef c = Chunk(p);
+      // Two statistics per super-group; chunks hold whole super-groups (ChunkOf rounds to 256).
+      const size_t begin = c.begin / 2 * kernels::kSuperGroupSize;
+      const size_t end = std::min(d_, (c.begin + c.count) / 2 * kernels::kSuperGroupSize);
+      if (end > begin) {
+        kernels::Source part = raw;
+        part.data = static_cast<const uint8_t*>(raw.data) + (begin - raw.first) * elem;
+        part.first = 0;
+        codec_.ComputeStats(part, end - begin, local_.data() + c.begin);
+      }
+      parts_[p] = EncodeStatsBf16(absl::MakeConstSpan(local_).subspan(c.begin, c.count));
+      if (p != rank_) {
+        DQ_RETURN_IF_ERROR(runner.Send(Phase::kStats, Step(0, rank_), Block(p), p, header_codec_, parts_[p]));
+      }
+    }
+    // Every peer's payload receive is posted once its header checks out (Runner::Announce), before
+    // this rank waits for any payload: the contributions then arrive in parallel.
+    for (int q = 0; q < n_; ++q) {
+      if (q != rank_) DQ_RETURN_IF_ERROR(runner.Announce(Phase::kStats, Step(0, q), Block(rank_), header_codec_));
+    }
+    std::vector<absl::Span<const uint8_t>> contributions(n_);
+    for (int q = 0; q < n_; ++q) {
+      if (q == rank_) {
+        contributions[q] = parts_[q];
+      } else {
+        DQ_ASSIGN_OR_RETURN(contributions[q], runner.Receive(Phase::kStats, Step(0, q), Block(rank_), header_codec_));
+      }
+    }
+    DQ_ASSIGN_OR_RETURN(sum_, SumStatsBf16(contributions, 2 * mine));
+    for (int q = 0; q < n_; ++q) {
+      if (q != rank_) runner.Release(Phase::kStats, Step(0, q), Block(rank_));
+    }
+    // 2. This rank's sum to every rank.
+    for (int p = 0; p < n_; ++p) {
+      if (p != rank_) DQ_RETURN_IF_ERROR(runner.Send(Phase::kStats, Step(1, rank_), Block(p), p, header_codec_, sum_));
+    }
+    have_[rank_] = true;
+    return DecodeStatsBf16(sum_, absl::MakeSpan(reduced_).subspan(Chunk(rank_).begin, mine));
   }
-  DQ_ASSIGN_OR_RETURN(const std::vector<uint8_t> sum, SumStatsBf16(contributions, 2 * mine));
-  for (int q = 0; q < n; ++q) {
-    if (q != rank) runner.Release(Phase::kStats, step(0, q), block(rank));
+
+  // Waits until the reduced statistics [offset, offset + length) are here.
+  absl::Status Await(Runner& runner, size_t offset, size_t length) {
+    for (int p = 0; p < n_; ++p) {
+      const kernels::ChunkRef c = Chunk(p);
+      if (c.count > 0 && c.begin < offset + length && offset < c.begin + c.count) DQ_RETURN_IF_ERROR(Take(runner, p));
+    }
+    return absl::OkStatus();
   }
-  // 2. This rank's reduced chunk to every rank; every other chunk from its owner.
-  for (int q = 0; q < n; ++q) {
-    if (q != rank)
-      DQ_RETURN_IF_ERROR(runner.PostReceive(Phase::kStats, step(1, q), block(rank), q, 2 * chunk(q).count));
+
+  // Takes every sum still to come (empty chunks too) and waits until this rank's sends are out.
+  absl::Status Finish(Runner& runner) {
+    for (int p = 0; p < n_; ++p) DQ_RETURN_IF_ERROR(Take(runner, p));
+    for (int p = 0; p < n_; ++p) {
+      if (p == rank_) continue;
+      DQ_RETURN_IF_ERROR(runner.WaitSent(Phase::kStats, Step(0, rank_), Block(p)));
+      DQ_RETURN_IF_ERROR(runner.WaitSent(Phase::kStats, Step(1, rank_), Block(p)));
+    }
+    return absl::OkStatus();
   }
-  for (int p = 0; p < n; ++p) {
-    if (p != rank) DQ_RETURN_IF_ERROR(runner.Send(Phase::kStats, step(1, rank), block(p), p, header_codec, sum));
-  }
-  DQ_RETURN_IF_ERROR(DecodeStatsBf16(sum, reduced.subspan(chunk(rank).begin, mine)));
-  for (int q = 0; q < n; ++q) {
-    if (q == rank) continue;
+
+ private:
+  kernels::ChunkRef Chunk(int p) const { return ChunkOf(local_.size(), n_, p); }
+  uint32_t Step(int round, int sender) const { return static_cast<uint32_t>(round * n_ + sender); }
+  static uint32_t Block(int receiver) { return static_cast<uint32_t>(receiver); }
+
+  // Rank p's sum of chunk p, decoded into the reduced statistics.
+  absl::Status Take(Runner& runner, int p) {
+    if (have_[p]) return absl::OkStatus();
+    const kernels::ChunkRef c = Chunk(p);
     DQ_ASSIGN_OR_RETURN(absl::Span<const uint8_t> bytes,
-                        runner.Receive(Phase::kStats, step(1, q), block(rank), header_codec));
-    absl::Status decoded = DecodeStatsBf16(bytes, reduced.subspan(chunk(q).begin, chunk(q).count));
-    runner.Release(Phase::kStats, step(1, q), block(rank));
-    if (!decoded.ok()) return absl::InvalidArgumentError(absl::StrCat("from rank ", q, ": ", decoded.message()));
+                        runner.Receive(Phase::kStats, Step(1, p), Block(rank_), header_codec_));
+    absl::Status decoded = DecodeStatsBf16(bytes, absl::MakeSpan(reduced_).subspan(c.begin, c.count));
+    runner.Release(Phase::kStats, Step(1, p), Block(rank_));
+    if (!decoded.ok()) return absl::InvalidArgumentError(absl::StrCat("from rank ", p, ": ", decoded.message()));
+    have_[p] = true;
+    return absl::OkStatus();
   }
-  // The sends read `parts` and `sum`.
-  for (int p = 0; p < n; ++p) {
-    if (p == rank) continue;
-    DQ_RETURN_IF_ERROR(runner.WaitSent(Phase::kStats, step(0, rank), block(p)));
-    DQ_RETURN_IF_ERROR(runner.WaitSent(Phase::kStats, step(1, rank), block(p)));
-  }
-  return absl::OkStatus();
-}
+
+  const Codec& codec_;
+  const Codec& header_codec_;
+  const int rank_, n_;
+  const size_t d_;
+  std::vector<float> local_, reduced_;
+  std::vector<std::vector<uint8_t>> parts_;  // round 1: chunk p for rank p
+  std::vector<uint8_t> sum_;                 // round 2
+  std::vector<bool> have_;                   // per chunk: its sum decoded
+};
 
 absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& transport, const AllReduceOptions& options,
                                               const kernels::Source& local, const kernels::Dest& out, size_t d) {
@@ -466,33 +528,36 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
   AllReduceResult result;
   result.blocks = static_cast<int>(num_blocks);
   const absl::Time deadline = absl::Now() + options.timeout;
+  const size_t stats_len = codec.StatsLength(d);
+  const bool per_block = PlansPerBlock(codec) && stats_len > 0;
+  std::unique_ptr<Codec> bf16;  // names the statistics messages' codec
+  if (per_block) {
+    kernels::CodecConfig bf16_config;
+    bf16_config.id = kernels::CodecId::kBf16;
+    DQ_ASSIGN_OR_RETURN(bf16, kernels::CreateCodec(bf16_config));
+  }
   // Whatever a posted send may read outlives the runner, which aborts the transport when the
   // collective fails with operations still posted: the pool (executors give their buffers back to
   // it) and the statistics.
   BufferPool call_pool;
   BufferPool& pool = options.buffers != nullptr ? *options.buffers : call_pool;
-  const size_t stats_len = codec.StatsLength(d);
-  std::vector<float> local_stats(stats_len), reduced_stats(stats_len);
+  SumStatsExchange sums(codec, per_block ? *bf16 : codec, rank, n, per_block ? d : 0);
+  std::vector<float> local_stats, reduced_stats;
   Runner runner(transport, options, pool, deadline, result);
 
-  // 1. Statistics (of the values as they are; the plan's centring applies to compression only).
-  const bool per_block = PlansPerBlock(codec) && stats_len > 0;
-  if (stats_len > 0) {
-    kernels::Source raw = local;
-    raw.subtract_per_group = nullptr;
-    codec.ComputeStats(raw, d, local_stats.data());
-    if (per_block) {
-      kernels::CodecConfig bf16_config;
-      bf16_config.id = kernels::CodecId::kBf16;
-      DQ_ASSIGN_OR_RETURN(auto bf16, kernels::CreateCodec(bf16_config));
-      DQ_RETURN_IF_ERROR(
-          Annotate(ExchangeSumStats(runner, *bf16, rank, n, local_stats, absl::MakeSpan(reduced_stats)), rank));
-    } else {
+  // 1. Statistics (of the values as they are; the plan's centring applies to compression only),
+  // and a whole-bucket plan for codecs that do not plan per block.
+  kernels::Source raw = local;
+  raw.subtract_per_group = nullptr;
+  BucketPlan bucket_plan;
+  if (per_block) {
+    DQ_RETURN_IF_ERROR(Annotate(sums.Start(runner, raw), rank));
+  } else {
+    local_stats.resize(stats_len);
+    if (stats_len > 0) {
+      codec.ComputeStats(raw, d, local_stats.data());
       DQ_RETURN_IF_ERROR(Annotate(AllGatherMaxima(runner, codec, rank, n, local_stats, reduced_stats), rank));
     }
-  }
-  BucketPlan bucket_plan;
-  if (!per_block) {
     const kernels::RoundInfo round{options.sequence, static_cast<uint32_t>(rank), static_cast<uint32_t>(n)};
     DQ_ASSIGN_OR_RETURN(bucket_plan, codec.MakePlan(round, d, local_stats, reduced_stats));
   }
@@ -505,9 +570,10 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
     BucketPlan& p = plans[k];
     if (per_block) {
       const BlockStats range = BlockStatsRange(codec, d, block, k);
+      DQ_RETURN_IF_ERROR(sums.Await(runner, range.offset, range.length));
       DQ_ASSIGN_OR_RETURN(p, codec.MakePlan(BlockRound(options.sequence, k, rank, n), count,
-                                            absl::MakeConstSpan(local_stats).subspan(range.offset, range.length),
-                                            absl::MakeConstSpan(reduced_stats).subspan(range.offset, range.length)));
+                                            sums.local().subspan(range.offset, range.length),
+                                            sums.reduced().subspan(range.offset, range.length)));
     } else {
       p = SliceBucketPlan(bucket_plan, options.sequence, k, begin, count);
     }
@@ -520,6 +586,7 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
 
   // 3. Reduce-scatter and all-gather, all blocks per step.
   DQ_RETURN_IF_ERROR(Annotate(RunExecutors(runner, codec, schedule, num_blocks, make), rank));
+  if (per_block) DQ_RETURN_IF_ERROR(Annotate(sums.Finish(runner), rank));
   return result;
 }
 
