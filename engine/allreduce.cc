@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <type_traits>
 #include <vector>
@@ -530,18 +531,19 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
   const absl::Time deadline = absl::Now() + options.timeout;
   const size_t stats_len = codec.StatsLength(d);
   const bool per_block = PlansPerBlock(codec) && stats_len > 0;
-  std::unique_ptr<Codec> bf16;  // names the statistics messages' codec
-  if (per_block) {
-    kernels::CodecConfig bf16_config;
-    bf16_config.id = kernels::CodecId::kBf16;
-    DQ_ASSIGN_OR_RETURN(bf16, kernels::CreateCodec(bf16_config));
-  }
   // Whatever a posted send may read outlives the runner, which aborts the transport when the
   // collective fails with operations still posted: the pool (executors give their buffers back to
   // it) and the statistics.
   BufferPool call_pool;
   BufferPool& pool = options.buffers != nullptr ? *options.buffers : call_pool;
-  SumStatsExchange sums(codec, per_block ? *bf16 : codec, rank, n, per_block ? d : 0);
+  std::unique_ptr<Codec> bf16;  // names the statistics messages' codec
+  std::optional<SumStatsExchange> sums;
+  if (per_block) {
+    kernels::CodecConfig bf16_config;
+    bf16_config.id = kernels::CodecId::kBf16;
+    DQ_ASSIGN_OR_RETURN(bf16, kernels::CreateCodec(bf16_config));
+    sums.emplace(codec, *bf16, rank, n, d);
+  }
   std::vector<float> local_stats, reduced_stats;
   Runner runner(transport, options, pool, deadline, result);
 
@@ -551,7 +553,7 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
   raw.subtract_per_group = nullptr;
   BucketPlan bucket_plan;
   if (per_block) {
-    DQ_RETURN_IF_ERROR(Annotate(sums.Start(runner, raw), rank));
+    DQ_RETURN_IF_ERROR(Annotate(sums->Start(runner, raw), rank));
   } else {
     local_stats.resize(stats_len);
     if (stats_len > 0) {
@@ -570,10 +572,10 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
     BucketPlan& p = plans[k];
     if (per_block) {
       const BlockStats range = BlockStatsRange(codec, d, block, k);
-      DQ_RETURN_IF_ERROR(sums.Await(runner, range.offset, range.length));
+      DQ_RETURN_IF_ERROR(sums->Await(runner, range.offset, range.length));
       DQ_ASSIGN_OR_RETURN(p, codec.MakePlan(BlockRound(options.sequence, k, rank, n), count,
-                                            sums.local().subspan(range.offset, range.length),
-                                            sums.reduced().subspan(range.offset, range.length)));
+                                            sums->local().subspan(range.offset, range.length),
+                                            sums->reduced().subspan(range.offset, range.length)));
     } else {
       p = SliceBucketPlan(bucket_plan, options.sequence, k, begin, count);
     }
@@ -586,7 +588,7 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
 
   // 3. Reduce-scatter and all-gather, all blocks per step.
   DQ_RETURN_IF_ERROR(Annotate(RunExecutors(runner, codec, schedule, num_blocks, make), rank));
-  if (per_block) DQ_RETURN_IF_ERROR(Annotate(sums.Finish(runner), rank));
+  if (per_block) DQ_RETURN_IF_ERROR(Annotate(sums->Finish(runner), rank));
   return result;
 }
 
