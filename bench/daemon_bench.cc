@@ -2,7 +2,8 @@
 // (daemons, workers, engine ranks), over loopback:
 //   overhead  2 daemons (2 nodes), 1 worker thread each through the client library (Unix socket +
 //             shared memory), all-reduce of --size floats, versus the engine alone (2 threads,
-//             Gloo over loopback, engine::AllReduce) with the same size, codec and topology.
+//             Gloo over loopback, engine::AllReduce) with the same size, codec and topology; the two
+//             take turns --rounds times.
 //   latency   1 daemon, 2 local workers, 1024-float (4 KiB) all-reduces: median and p99
 //             submit-to-complete microseconds.
 //   memory    1 daemon, 2 local workers: VmRSS before and after --soak_ops small and large
@@ -52,6 +53,7 @@ ABSL_FLAG(std::string, topology, "ring", "ring or butterfly.");
 ABSL_FLAG(uint64_t, min_compress_elements, 4096, "Tensors with fewer elements go uncompressed (as dynamiqd).");
 ABSL_FLAG(int, iterations, 5, "overhead: timed all-reduces per path (the median is reported).");
 ABSL_FLAG(int, warmup, 1, "overhead: untimed all-reduces per path first.");
+ABSL_FLAG(int, rounds, 3, "overhead: the engine and the daemon path take turns this many times.");
 ABSL_FLAG(int, latency_ops, 2000, "latency: timed 4 KiB all-reduces per worker.");
 ABSL_FLAG(int, soak_ops, 2000, "memory: all-reduces per worker, alternating small (1024 floats) and large.");
 ABSL_FLAG(int64_t, soak_large, int64_t{1} << 20, "memory: floats of the large soak all-reduce.");
@@ -435,7 +437,7 @@ int main(int argc, char** argv) {
       "dynamiqd's overhead over the engine alone (2 in-process daemons on loopback, 1 "
       "worker each, --size floats, --codec/--bits), small all-reduce latency (1 daemon, 2 workers, 4 KiB, "
       "--latency_ops) and memory growth over --soak_ops all-reduces (VmRSS).\n"
-      "Usage: dynamiq-daemon-bench [--size=N] [--codec=dynamiq --bits=5] [--iterations=5] "
+      "Usage: dynamiq-daemon-bench [--size=N] [--codec=dynamiq --bits=5] [--iterations=5] [--rounds=3] "
       "[--latency_ops=2000] [--soak_ops=2000] [--sections=overhead,latency,memory] [--json]");
   absl::ParseCommandLine(argc, argv);
   const bool json = absl::GetFlag(FLAGS_json);
@@ -448,12 +450,14 @@ int main(int argc, char** argv) {
   }
   const int64_t size = absl::GetFlag(FLAGS_size);
   const int iterations = absl::GetFlag(FLAGS_iterations);
+  const int rounds = absl::GetFlag(FLAGS_rounds);
   const int warmup = std::max(0, absl::GetFlag(FLAGS_warmup));
   const int latency_ops = absl::GetFlag(FLAGS_latency_ops);
   const int soak_ops = absl::GetFlag(FLAGS_soak_ops);
   const int64_t soak_large = absl::GetFlag(FLAGS_soak_large);
-  if (size <= 0 || iterations <= 0 || latency_ops <= 0 || soak_ops < 0 || soak_large <= 0) {
-    std::fprintf(stderr, "--size, --iterations, --latency_ops and --soak_large must be > 0, --soak_ops >= 0\n");
+  if (size <= 0 || iterations <= 0 || rounds <= 0 || latency_ops <= 0 || soak_ops < 0 || soak_large <= 0) {
+    std::fprintf(stderr,
+                 "--size, --iterations, --rounds, --latency_ops and --soak_large must be > 0, --soak_ops >= 0\n");
     return 2;
   }
   const std::string describe = dynamiq::server::DescribeJobConfig(*config);
@@ -462,24 +466,37 @@ int main(int argc, char** argv) {
 
   if (HasSection("overhead")) {
     const size_t n = static_cast<size_t>(size);
-    auto engine = EngineAlone(*config, n, warmup, iterations);
-    auto daemon = engine.ok() ? ThroughDaemons(*config, n, warmup, iterations) : engine;
-    if (!engine.ok() || !daemon.ok()) {
-      std::fprintf(stderr, "overhead: %s\n", (!engine.ok() ? engine : daemon).status().ToString().c_str());
+    // The two paths take turns, --rounds times, so a slow spell of this machine (other processes,
+    // frequency) falls on both instead of deciding the comparison; medians over all rounds.
+    absl::Status failed;
+    std::vector<double> engine_times, daemon_times;
+    for (int round = 0; round < rounds && failed.ok(); ++round) {
+      auto engine = EngineAlone(*config, n, warmup, iterations);
+      auto daemon = engine.ok() ? ThroughDaemons(*config, n, warmup, iterations) : engine;
+      if (!engine.ok() || !daemon.ok()) {
+        failed = (!engine.ok() ? engine : daemon).status();
+        break;
+      }
+      engine_times.insert(engine_times.end(), engine->begin(), engine->end());
+      daemon_times.insert(daemon_times.end(), daemon->begin(), daemon->end());
+    }
+    if (!failed.ok()) {
+      std::fprintf(stderr, "overhead: %s\n", failed.ToString().c_str());
       rc = 1;
     } else {
-      const double e = Median(*engine), d = Median(*daemon);
+      const double e = Median(engine_times), d = Median(daemon_times);
       const double pct = e > 0 ? (d / e - 1) * 100 : 0;
       const double mib = static_cast<double>(n) * 4 / (1 << 20);
       if (json) {
         std::printf(
             "{\"section\":\"overhead\",\"codec\":\"%s\",\"bits\":%g,\"topology\":\"%s\",\"elements\":%zu,"
-            "\"iterations\":%d,\"engine_median_s\":%.6f,\"daemon_median_s\":%.6f,\"overhead_pct\":%.2f,"
+            "\"iterations\":%d,\"rounds\":%d,\"engine_median_s\":%.6f,\"daemon_median_s\":%.6f,\"overhead_pct\":%.2f,"
             "\"target_pct\":10,\"within_target\":%s}\n",
             absl::GetFlag(FLAGS_codec).c_str(), absl::GetFlag(FLAGS_bits), absl::GetFlag(FLAGS_topology).c_str(), n,
-            iterations, e, d, pct, pct <= 10 ? "true" : "false");
+            iterations, rounds, e, d, pct, pct <= 10 ? "true" : "false");
       } else {
-        std::printf("\n[overhead] 2 nodes x 1 worker, %zu floats (%.1f MiB), median of %d\n", n, mib, iterations);
+        std::printf("\n[overhead] 2 nodes x 1 worker, %zu floats (%.1f MiB), median of %d (%d rounds of %d)\n", n, mib,
+                    rounds * iterations, rounds, iterations);
         std::printf("  %-28s %12s %12s\n", "path", "median ms", "GB/s (alg)");
         std::printf("  %-28s %12.2f %12.3f\n", "engine alone (Gloo)", e * 1e3, n * 4 / e / 1e9);
         std::printf("  %-28s %12.2f %12.3f\n", "daemon + client library", d * 1e3, n * 4 / d / 1e9);
