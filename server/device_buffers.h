@@ -17,6 +17,8 @@
 // Limits: a per-worker and a global byte limit, and a per-worker buffer count limit. Allocations
 // beyond them fail with RESOURCE_EXHAUSTED and change nothing.
 //
+// The bookkeeping is server/worker_buffers.h, shared with ShmRegistry.
+//
 // Thread-safety: every method is thread-safe (one absl::Mutex). Allocating and freeing device
 // memory run outside the lock. A region returned by Get() stays valid until that buffer is
 // released; the caller must not release a buffer that requests still use.
@@ -26,17 +28,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "server/buffer_limits.h"
+#include "server/worker_buffers.h"
 
 namespace dynamiq::server {
 
@@ -80,10 +80,7 @@ class DeviceBufferRegistry {
   using Options = BufferLimits;
 
   DeviceBufferRegistry(std::unique_ptr<DeviceMemory> memory, Options options);
-  DeviceBufferRegistry(const DeviceBufferRegistry&) = delete;
-  DeviceBufferRegistry& operator=(const DeviceBufferRegistry&) = delete;
-  // Frees every buffer.
-  ~DeviceBufferRegistry();
+  // The destructor frees every buffer.
 
   // Allocates `bytes` of device memory for `worker_id`. INVALID_ARGUMENT for a zero or oversized
   // request, RESOURCE_EXHAUSTED over a limit or when the device is out of memory, ABORTED if the
@@ -106,28 +103,38 @@ class DeviceBufferRegistry {
   const std::string& device_uuid() const { return uuid_; }
 
  private:
-  struct Buffer {
-    void* data = nullptr;
-    size_t size = 0;
-  };
-  struct WorkerState {
-    uint64_t generation = 0;  // tells this entry from one re-created after ReleaseWorker()
-    absl::flat_hash_map<uint64_t, Buffer> buffers;
-    size_t bytes = 0;
-    size_t reserved_bytes = 0;
-    size_t reserved_buffers = 0;
+  // Device memory that goes back to `memory` when destroyed.
+  class Buffer {
+   public:
+    Buffer(DeviceMemory* memory, void* data, size_t size) : memory_(memory), data_(data), size_(size) {}
+    Buffer(Buffer&& other) noexcept
+        : memory_(other.memory_), data_(std::exchange(other.data_, nullptr)), size_(other.size_) {}
+    Buffer& operator=(Buffer&& other) noexcept {
+      if (this != &other) {
+        Free();
+        memory_ = other.memory_;
+        data_ = std::exchange(other.data_, nullptr);
+        size_ = other.size_;
+      }
+      return *this;
+    }
+    ~Buffer() { Free(); }
+    uint8_t* data() const { return static_cast<uint8_t*>(data_); }
+    size_t size() const { return size_; }
+
+   private:
+    void Free() {
+      if (data_ != nullptr) memory_->Free(data_);
+      data_ = nullptr;
+    }
+    DeviceMemory* memory_;
+    void* data_;
+    size_t size_;
   };
 
-  const std::unique_ptr<DeviceMemory> memory_;
-  const Options options_;
+  const std::unique_ptr<DeviceMemory> memory_;  // outlives buffers_
   const std::string uuid_;
-  mutable absl::Mutex mu_;
-  absl::flat_hash_map<uint64_t, WorkerState> workers_ ABSL_GUARDED_BY(mu_);
-  size_t total_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t reserved_total_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t num_buffers_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_) = kDeviceBufferIdBase;
-  uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
+  WorkerBuffers<Buffer> buffers_;
 };
 
 }  // namespace dynamiq::server

@@ -9,6 +9,8 @@
 // RESOURCE_EXHAUSTED and change nothing. Buffer ids are unique for the registry's lifetime (never
 // reused), so a stale id from a released buffer is NOT_FOUND rather than someone else's memory.
 //
+// The bookkeeping is server/worker_buffers.h, shared with the device registry.
+//
 // Thread-safety: every method is thread-safe (one absl::Mutex). Creating a region (which reserves
 // its memory) and unmapping one run outside the lock, so a large allocation does not stall Get().
 // A span returned by Get() stays valid until that buffer is released (Release(), ReleaseWorker()
@@ -20,17 +22,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <limits>
 #include <string>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "server/buffer_limits.h"
 #include "server/shm_region.h"
+#include "server/worker_buffers.h"
 
 namespace dynamiq::server {
 
@@ -47,10 +46,7 @@ class ShmRegistry {
 
   ShmRegistry() : ShmRegistry(Options()) {}
   explicit ShmRegistry(Options options);
-  ShmRegistry(const ShmRegistry&) = delete;
-  ShmRegistry& operator=(const ShmRegistry&) = delete;
-  // Unmaps (and unlinks any still-linked name of) every buffer.
-  ~ShmRegistry();
+  // The destructor unmaps (and unlinks any still-linked name of) every buffer.
 
   // Creates a buffer of `bytes` bytes for `worker_id`. INVALID_ARGUMENT for a zero or oversized
   // request, RESOURCE_EXHAUSTED over a limit (or when /dev/shm is full), ABORTED if the worker was
@@ -80,24 +76,7 @@ class ShmRegistry {
   size_t NumBuffers() const;
 
  private:
-  struct WorkerState {
-    // Distinguishes this entry from one re-created after ReleaseWorker() for the same id.
-    uint64_t generation = 0;
-    absl::flat_hash_map<uint64_t, ShmRegion> buffers;
-    size_t mapped_bytes = 0;
-    // Allocations admitted against the limits whose regions are still being created.
-    size_t reserved_bytes = 0;
-    size_t reserved_buffers = 0;
-  };
-
-  const Options options_;
-  mutable absl::Mutex mu_;
-  absl::flat_hash_map<uint64_t, WorkerState> workers_ ABSL_GUARDED_BY(mu_);
-  size_t mapped_total_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t reserved_total_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t num_buffers_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
+  WorkerBuffers<ShmRegion> buffers_;
 };
 
 }  // namespace dynamiq::server
