@@ -298,7 +298,7 @@ absl::Status RunExecutors(Runner& runner, const Codec& codec, const Schedule& sc
     for (size_t k = 0; g < steps && k < blocks.size(); ++k) DQ_RETURN_IF_ERROR(post(g, k));
     return absl::OkStatus();
   };
-  // The messages this rank receives, in the order it decodes them (listed once the blocks exist).
+  // The messages this rank receives, in the order it decodes them (listed once block 0 exists).
   std::vector<std::pair<size_t, size_t>> arrivals;
   const size_t lookahead = std::min(kLookahead, blocks.size() - 1);
   size_t announced = 0;  // arrivals[0, announced) have their payload receives posted
@@ -332,10 +332,18 @@ absl::Status RunExecutors(Runner& runner, const Codec& codec, const Schedule& sc
     DQ_ASSIGN_OR_RETURN(blocks[k], make(k));
     for (size_t g = 0; g < std::min<size_t>(steps, 2); ++g) DQ_RETURN_IF_ERROR(post(g, k));
     if (steps > 0) DQ_RETURN_IF_ERROR(send(0, k));
-  }
-  for (size_t g = 0; g < steps; ++g) {
-    for (size_t k = 0; k < blocks.size(); ++k) {
-      if (recv_peer(g, k) >= 0) arrivals.emplace_back(g, k);
+    if (k == 0) {
+      // Peers depend on the step only, so block 0 lists every block's arrivals.
+      for (size_t g = 0; g < steps; ++g) {
+        for (size_t b = 0; b < num_blocks; ++b) {
+          if (recv_peer(g, 0) >= 0) arrivals.emplace_back(g, b);
+        }
+      }
+      // Checks the first header now rather than after making every block: until a peer's first
+      // header checks out, its payloads wait for Announce (and Gloo sends nothing before the
+      // receive is posted), so the link would idle while the other blocks are made. The first
+      // step's messages are sent unconditionally as blocks are made, so this wait ends.
+      if (!arrivals.empty() && arrivals[0].first == 0) DQ_RETURN_IF_ERROR(announce_through(0));
     }
   }
   size_t next_arrival = 0;
