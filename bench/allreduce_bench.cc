@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "bench/synthetic_gradients.h"
 #include "common/status_macros.h"
 #include "engine/allreduce.h"
@@ -87,6 +88,8 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
     const double t = absl::ToDoubleSeconds(absl::Now() - start);
     if (it >= o.warmup) {
       seconds.push_back(t);
+      result.timeline_unix_us.emplace_back(absl::ToUnixMicros(start),
+                                           absl::ToUnixMicros(start) + static_cast<int64_t>(t * 1e6));
       result.wire_bytes_per_rank = r.bytes_sent;
     }
   }
@@ -105,13 +108,19 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
 }
 
 std::string FormatAllReduceJson(const AllReduceBenchResult& r, const AllReduceBenchOptions& o) {
+  std::string timeline;
+  if (o.timeline) {
+    std::vector<std::string> spans;
+    for (const auto& [begin, end] : r.timeline_unix_us) spans.push_back(absl::StrCat("[", begin, ",", end, "]"));
+    timeline = absl::StrCat(",\"timeline_unix_us\":[", absl::StrJoin(spans, ","), "]");
+  }
   return absl::StrFormat(
       R"({"method":"%s","codec":"%s","bits":%g,"topology":"%s","world_size":%d,"rank":%d,"elements":%d,)"
       R"("bytes_per_rank":%d,"seconds":%.6f,"algbw_GBps":%.4f,"busbw_GBps":%.4f,"wire_bytes_per_rank":%d,)"
-      R"("vnmse":%.6g,"output_checksum":"%016x","authenticated":%s})",
+      R"("vnmse":%.6g,"output_checksum":"%016x","authenticated":%s%s})",
       r.method, kernels::CodecName(o.codec.id), o.codec.bits, o.topology, o.world_size, o.rank, o.elements,
       4 * o.elements, r.seconds, r.algbw_gbps, r.busbw_gbps, r.wire_bytes_per_rank, r.vnmse, r.output_checksum,
-      o.cluster_secret.empty() ? "false" : "true");
+      o.cluster_secret.empty() ? "false" : "true", timeline);
 }
 
 }  // namespace dynamiq::bench

@@ -7,6 +7,8 @@
 #include <stdint.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -31,6 +33,9 @@ struct AllReduceBenchOptions {
   // Non-empty: every message carries an HMAC tag under a key derived from this secret
   // (engine/step_auth.h), as dynamiqd's --cluster_secret_file does; all ranks need the same one.
   std::string cluster_secret;
+  // The JSON line lists every timed iteration's start and end (scripts/bench-network
+  // --link-profile lines them up with the link's byte counter).
+  bool timeline = false;
 };
 
 struct AllReduceBenchResult {
@@ -39,7 +44,8 @@ struct AllReduceBenchResult {
   double algbw_gbps = 0, busbw_gbps = 0;  // GB/s on the uncompressed size (nccl-tests definitions)
   uint64_t wire_bytes_per_rank = 0;       // bytes this rank sent per all-reduce, headers included
   double vnmse = 0;
-  uint64_t output_checksum = 0;  // of the result bytes: equal on all ranks
+  uint64_t output_checksum = 0;                               // of the result bytes: equal on all ranks
+  std::vector<std::pair<int64_t, int64_t>> timeline_unix_us;  // per timed iteration: start, end
 };
 
 absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptions& options);

@@ -59,6 +59,9 @@ ABSL_FLAG(int, iterations, 5, "allreduce: timed all-reduces (the median is repor
 ABSL_FLAG(int, warmup, 1, "allreduce: untimed all-reduces first.");
 ABSL_FLAG(double, timeout, 120, "allreduce: seconds before a rendezvous or collective fails.");
 ABSL_FLAG(int64_t, block, 2 << 20, "allreduce: pipelining block in elements (0 = no pipelining).");
+ABSL_FLAG(bool, timeline, false,
+          "allreduce: the JSON line lists every timed iteration as [start, end] in Unix microseconds "
+          "(timeline_unix_us).");
 ABSL_FLAG(bool, all_ranks_print, false, "allreduce: every rank prints its JSON line (default: rank 0 only).");
 ABSL_FLAG(std::string, cluster_secret_file, "",
           "allreduce: authenticate every message with HMAC-SHA256 under a key derived from this secret file (as "
@@ -178,6 +181,7 @@ int RunAllReduce() {
   o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout));
   o.block_elements = static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_block)));
   o.seed = absl::GetFlag(FLAGS_seed);
+  o.timeline = absl::GetFlag(FLAGS_timeline);
   if (!absl::GetFlag(FLAGS_cluster_secret_file).empty()) {
     auto secret = dynamiq::common::ReadSecret(absl::GetFlag(FLAGS_cluster_secret_file), "--cluster_secret_file");
     if (!secret.ok()) return Fail(std::string(secret.status().message()));
