@@ -328,24 +328,24 @@ absl::Status RunExecutors(Runner& runner, const Codec& codec, const Schedule& sc
   };
   // Blocks are made (planned) one by one, each posting its first receives and sending its first
   // message before the next is made, so the wire is busy from the first block on.
-  for (size_t k = 0; k < num_blocks; ++k) {
+  const auto start_block = [&](size_t k) -> absl::Status {
     DQ_ASSIGN_OR_RETURN(blocks[k], make(k));
     for (size_t g = 0; g < std::min<size_t>(steps, 2); ++g) DQ_RETURN_IF_ERROR(post(g, k));
-    if (steps > 0) DQ_RETURN_IF_ERROR(send(0, k));
-    if (k == 0) {
-      // Peers depend on the step only, so block 0 lists every block's arrivals.
-      for (size_t g = 0; g < steps; ++g) {
-        for (size_t b = 0; b < num_blocks; ++b) {
-          if (recv_peer(g, 0) >= 0) arrivals.emplace_back(g, b);
-        }
-      }
-      // Checks the first header now rather than after making every block: until a peer's first
-      // header checks out, its payloads wait for Announce (and Gloo sends nothing before the
-      // receive is posted), so the link would idle while the other blocks are made. The first
-      // step's messages are sent unconditionally as blocks are made, so this wait ends.
-      if (!arrivals.empty() && arrivals[0].first == 0) DQ_RETURN_IF_ERROR(announce_through(0));
+    return steps > 0 ? send(0, k) : absl::OkStatus();
+  };
+  DQ_RETURN_IF_ERROR(start_block(0));
+  // Peers depend on the step only, so block 0 lists every block's arrivals.
+  for (size_t g = 0; g < steps; ++g) {
+    for (size_t k = 0; k < num_blocks; ++k) {
+      if (recv_peer(g, 0) >= 0) arrivals.emplace_back(g, k);
     }
   }
+  // Checks the first header now rather than after making every block: until a peer's first header
+  // checks out, its payloads wait for Announce (and Gloo sends nothing before the receive is
+  // posted), so the link would idle while the other blocks are made. The first step's messages are
+  // sent unconditionally as blocks are made, so this wait ends.
+  if (!arrivals.empty() && arrivals[0].first == 0) DQ_RETURN_IF_ERROR(announce_through(0));
+  for (size_t k = 1; k < num_blocks; ++k) DQ_RETURN_IF_ERROR(start_block(k));
   size_t next_arrival = 0;
   for (size_t g = 0; g < steps; ++g) {
     DQ_RETURN_IF_ERROR(prepost(g + 2));
