@@ -269,8 +269,8 @@ class Runner {
 // compression with the re-quantizations of older blocks and the decoding of finished ones, so the
 // CPU work is spread evenly over the collective; doing every block's first step first made the
 // CPU (shared by ranks and by the kernel's network stack) the bottleneck of the first step, and
-// left the link idle (scripts/bench-network, dynamiq-ring-5: 0.142-0.143 s instead of
-// 0.145-0.147 s).
+// left the link idle (scripts/bench-network, dynamiq-ring-5: 0.141-0.146 s instead of
+// 0.145-0.152 s; butterfly 0.143 s instead of 0.158 s).
 // Deadlock-free: the messages decoded at index i leave their senders at index i - 1. At the start
 // of index i a rank announces (Runner::Announce) the messages it decodes at index i, then waits
 // only for those and for its own messages of index i to leave, which their receivers take once
