@@ -265,18 +265,20 @@ class Runner {
 
 // Runs reduce-scatter and all-gather for every block's executor, pipelined across blocks and steps
 // as a wavefront: block k's message of step g is decoded at index g + k + 1, where block k's next
-// message leaves (block k itself is made at index k). Each index mixes one block's first
-// compression with the re-quantizations of older blocks and the decoding of finished ones, so the
-// CPU work is spread evenly over the collective; doing every block's first step first made the
-// CPU (shared by ranks and by the kernel's network stack) the bottleneck of the first step, and
-// left the link idle (scripts/bench-network, dynamiq-ring-5: 0.141-0.146 s instead of
-// 0.145-0.152 s; butterfly 0.143 s instead of 0.158 s).
+// message leaves; block k's first message is compressed and sent at index k. Each index mixes one
+// block's first compression with the re-quantizations of older blocks and the decoding of
+// finished ones, so the CPU work is spread evenly over the collective; doing every block's first
+// step first made the CPU (shared by ranks and by the kernel's network stack) the bottleneck of
+// the first step, and left the link idle (scripts/bench-network, dynamiq-ring-5: 0.141-0.146 s
+// instead of 0.145-0.152 s; butterfly 0.143 s instead of 0.158 s).
 // Deadlock-free: the messages decoded at index i leave their senders at index i - 1. At the start
-// of index i a rank announces (Runner::Announce) the messages it decodes at index i, then waits
-// only for those and for its own messages of index i to leave, which their receivers take once
-// they have started index i. So every rank completes index i once every rank has completed index
-// i - 1. Receives are posted two indices ahead (a block's first two when it is planned, an index
-// before it is made), so the payloads of trusted peers flow without waiting for this rank.
+// of index i a rank announces (Runner::Announce) the messages it decodes at index i; during it, it
+// waits only for those and for its own messages sent at index i - 1 to leave, which their
+// receivers take once they have started index i. Planning a block (make) may wait for statistics
+// sums, which every rank sent before the blocks started. So every rank completes index i once
+// every rank has completed index i - 1. Receives are posted two indices ahead (a block's first two
+// when it is planned, an index before its first message is sent), so the payloads of trusted peers
+// flow without waiting for this rank.
 absl::Status RunExecutors(Runner& runner, const Codec& codec, const Schedule& schedule, size_t num_blocks,
                           const std::function<absl::StatusOr<std::unique_ptr<RankExecutor>>(size_t)>& make) {
   const size_t rs_steps = schedule.reduce_scatter.size(), steps = rs_steps + schedule.all_gather.size();
@@ -350,8 +352,8 @@ absl::Status RunExecutors(Runner& runner, const Codec& codec, const Schedule& sc
     }
     return absl::OkStatus();
   }
-  // Block k is planned (and its first two steps' receives posted) one index before it is made, so
-  // a peer's first message of it never waits for this rank to catch up.
+  // Block k is planned (and its first two steps' receives posted) one index before its first
+  // message is sent, so a peer's first message of it never waits for this rank to catch up.
   const auto plan = [&](size_t k) -> absl::Status {
     if (k >= num_blocks) return absl::OkStatus();
     DQ_ASSIGN_OR_RETURN(blocks[k], make(k));
@@ -366,9 +368,9 @@ absl::Status RunExecutors(Runner& runner, const Codec& codec, const Schedule& sc
   DQ_RETURN_IF_ERROR(announce(1));
   DQ_RETURN_IF_ERROR(plan(1));
   for (size_t i = 1; i < steps + num_blocks; ++i) {
+    DQ_RETURN_IF_ERROR(announce(i));
     if (i < num_blocks) DQ_RETURN_IF_ERROR(send(0, i));
     DQ_RETURN_IF_ERROR(plan(i + 1));
-    DQ_RETURN_IF_ERROR(announce(i));
     // Receives of index i + 2.
     DQ_RETURN_IF_ERROR(for_index(i + 2, [&](size_t g, size_t k) { return g >= 2 ? post(g, k) : absl::OkStatus(); }));
     DQ_RETURN_IF_ERROR(for_index(i, advance));

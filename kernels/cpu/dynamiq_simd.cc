@@ -777,6 +777,7 @@ void StatsSgs(const float* values, size_t num_sgs, float* stats) {
   for (; j + kInterleave <= num_sgs; j += kInterleave) {
     MomentsOf<kInterleave>(values + j * kSuperGroupSize, stats + 2 * j);
   }
+  for (; j + 4 <= num_sgs; j += 4) MomentsOf<4>(values + j * kSuperGroupSize, stats + 2 * j);
   for (; j < num_sgs; ++j) MomentsOf<1>(values + j * kSuperGroupSize, stats + 2 * j);
 }
 
