@@ -13,6 +13,7 @@ namespace {
 absl::Status ReleaseImpl(std::unique_ptr<client::internal::BufferImpl>& impl, absl::Duration timeout) {
   if (impl == nullptr) return absl::OkStatus();
   std::unique_ptr<client::internal::BufferImpl> owned = std::move(impl);
+  owned->uses->WaitIdle();  // an all-reduce in flight still uses the buffer: wait for its answer
   // A device buffer's mapping is closed before the daemon frees the memory behind it.
   absl::Status closed = owned->device_mapping.Close();
   absl::Status released = owned->connection->ReleaseBuffer(owned->id, timeout);  // `owned` unmaps on the way out

@@ -347,8 +347,10 @@ absl::Status Client::AllReduce(const Buffer& buffer, size_t offset_bytes, size_t
   grpc::ClientContext context;
   Connection::SetDeadline(context, timeout);
   dynamiq::v1::AllReduceResponse response;
-  DQ_RETURN_IF_ERROR(
-      connection_->FromGrpc(connection_->stub().AllReduce(&context, request, &response), "AllReduce", timeout));
+  buffer.impl_->uses->Start();
+  const grpc::Status status = connection_->stub().AllReduce(&context, request, &response);
+  buffer.impl_->uses->Done();
+  DQ_RETURN_IF_ERROR(connection_->FromGrpc(status, "AllReduce", timeout));
   if (result != nullptr) *result = client::internal::ToResult(response);
   return absl::OkStatus();
 }
@@ -365,14 +367,17 @@ Future Client::AllReduceAsync(const Buffer& buffer, size_t offset_bytes, size_t 
   call->request = MakeAllReduceRequest(*connection_, buffer, offset_bytes, num_elements, dtype, tensor_name, average);
   Connection::SetDeadline(call->context, timeout);
   std::shared_ptr<client::internal::OpTracker> tracker = connection_->tracker();
+  std::shared_ptr<client::internal::OpTracker> uses = buffer.impl_->uses;
   tracker->Start();
+  uses->Start();
   // The callback runs on a gRPC thread. It must not hold the Connection (see connection.h), so it
   // carries what the error message needs by value.
   connection_->stub().async()->AllReduce(
       &call->context, &call->request, &call->response,
-      [call, state, tracker, socket_path = connection_->options().socket_path, timeout](grpc::Status status) {
+      [call, state, tracker, uses, socket_path = connection_->options().socket_path, timeout](grpc::Status status) {
         absl::Status s = client::internal::FromGrpcStatus(status, "AllReduce", socket_path, timeout);
         const bool ok = s.ok();
+        uses->Done();  // before the future completes: whoever waited on it may release the buffer
         state->Complete(std::move(s), ok ? client::internal::ToResult(call->response) : AllReduceResult());
         tracker->Done();
       });

@@ -157,6 +157,9 @@ class Connection {
 // registration.
 struct BufferImpl {
   std::shared_ptr<Connection> connection;
+  // All-reduces on the buffer that have not returned yet: releasing the buffer waits for them (each
+  // has a deadline), so the daemon never sees a release racing an all-reduce of the same buffer.
+  std::shared_ptr<OpTracker> uses = std::make_shared<OpTracker>();
   server::ShmRegion region;
   CudaIpcMapping device_mapping;
   uint64_t id = 0;

@@ -614,19 +614,7 @@ absl::Status Daemon::Mapped(uint64_t worker_id, uint64_t buffer_id) {
 }
 
 absl::Status Daemon::Release(uint64_t worker_id, uint64_t buffer_id) {
-  std::string job_id;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = worker_jobs_.find(worker_id);
-    if (it != worker_jobs_.end()) job_id = it->second;
-  }
-  if (!job_id.empty()) {
-    auto job = FindJob(job_id);
-    if (job.ok() && (*job)->BufferInUse(worker_id, buffer_id)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("buffer ", buffer_id, " is used by an all-reduce that has not completed"));
-    }
-  }
+  // The registries refuse a buffer that an all-reduce request holds (BufferUse).
   if (IsDeviceBufferId(buffer_id)) {
     if (device_registry_ == nullptr) {
       return absl::NotFoundError(absl::StrCat("device buffer ", buffer_id, " is not allocated to worker ", worker_id));
@@ -725,17 +713,19 @@ absl::StatusOr<Job::Request> Daemon::CheckAllReduce(const AllReduceCall& call, s
   if (call.tensor_name.size() > 1024) return absl::InvalidArgumentError("tensor name longer than 1024 bytes");
   const size_t bytes = call.num_elements * kernels::DTypeSize(call.dtype);
   const bool device_memory = IsDeviceBufferId(call.buffer_id);
-  absl::StatusOr<absl::Span<uint8_t>> found;
+  // Taken before the memory is touched and held until the request is done: Release refuses the
+  // buffer meanwhile, and a worker that goes away leaves it mapped until then.
+  absl::StatusOr<BufferUse> found;
   if (!device_memory) {
-    found = registry_->Get(call.worker_id, call.buffer_id, call.offset_bytes, bytes);
+    found = registry_->Use(call.worker_id, call.buffer_id, call.offset_bytes, bytes);
   } else if (device_registry_ != nullptr) {
-    found = device_registry_->Get(call.worker_id, call.buffer_id, call.offset_bytes, bytes);
+    found = device_registry_->Use(call.worker_id, call.buffer_id, call.offset_bytes, bytes);
   } else {
     found = absl::NotFoundError(
         absl::StrCat("device buffer ", call.buffer_id, " is not allocated to worker ", call.worker_id));
   }
-  DQ_ASSIGN_OR_RETURN(absl::Span<uint8_t> region, std::move(found));
-  if (reinterpret_cast<uintptr_t>(region.data()) % kernels::DTypeSize(call.dtype) != 0) {
+  DQ_ASSIGN_OR_RETURN(BufferUse use, std::move(found));
+  if (reinterpret_cast<uintptr_t>(use.region.data()) % kernels::DTypeSize(call.dtype) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("offset ", call.offset_bytes, " is not aligned to ", kernels::DTypeName(call.dtype)));
   }
@@ -747,7 +737,8 @@ absl::StatusOr<Job::Request> Daemon::CheckAllReduce(const AllReduceCall& call, s
   r.num_elements = call.num_elements;
   r.dtype = call.dtype;
   r.average = call.average;
-  r.region = region;
+  r.region = use.region;
+  r.buffer_use = std::move(use.hold);
   r.device_memory = device_memory;
   r.submission = call.submission;
   *job_out = std::move(job);

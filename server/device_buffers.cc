@@ -35,13 +35,13 @@ absl::StatusOr<DeviceBufferInfo> DeviceBufferRegistry::Allocate(uint64_t worker_
   return info;
 }
 
-absl::StatusOr<absl::Span<uint8_t>> DeviceBufferRegistry::Get(uint64_t worker_id, uint64_t buffer_id, size_t offset,
-                                                              size_t length) const {
-  return buffers_.Get(worker_id, buffer_id, offset, length);
+absl::StatusOr<BufferUse> DeviceBufferRegistry::Use(uint64_t worker_id, uint64_t buffer_id, size_t offset,
+                                                    size_t length) {
+  return buffers_.Use(worker_id, buffer_id, offset, length);
 }
 
 absl::Status DeviceBufferRegistry::Find(uint64_t worker_id, uint64_t buffer_id) const {
-  return buffers_.Get(worker_id, buffer_id, 0, 0).status();
+  return buffers_.Find(worker_id, buffer_id);
 }
 
 absl::Status DeviceBufferRegistry::Release(uint64_t worker_id, uint64_t buffer_id) {

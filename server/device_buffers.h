@@ -3,7 +3,7 @@
 // counterpart of ShmRegistry (server/shm_registry.h), with the same role and limits. The daemon
 // allocates a buffer when a worker asks for one and sends it the DeviceBufferInfo (a CUDA IPC
 // memory handle the worker opens with cudaIpcOpenMemHandle), resolves the (buffer, offset, length)
-// regions named by all-reduce requests with Get(), and frees everything a worker had when it
+// regions named by all-reduce requests with Use(), and frees everything a worker had when it
 // unregisters or dies (ReleaseWorker()) and, at shutdown, everything (the destructor).
 //
 // The memory itself comes from a DeviceMemory (server/cuda_device.h: cudaMalloc +
@@ -20,8 +20,9 @@
 // The bookkeeping is server/worker_buffers.h, shared with ShmRegistry.
 //
 // Thread-safety: every method is thread-safe (one absl::Mutex). Allocating and freeing device
-// memory run outside the lock. A region returned by Get() stays valid until that buffer is
-// released; the caller must not release a buffer that requests still use.
+// memory run outside the lock. A region returned by Use() stays allocated while the BufferUse
+// lives: Release() refuses the buffer meanwhile and ReleaseWorker() frees it only when the use
+// ends. The registry outlives the uses.
 #ifndef DQ_SERVER_DEVICE_BUFFERS_H_
 #define DQ_SERVER_DEVICE_BUFFERS_H_
 
@@ -88,13 +89,15 @@ class DeviceBufferRegistry {
   absl::StatusOr<DeviceBufferInfo> Allocate(uint64_t worker_id, size_t bytes);
   // The device bytes [offset, offset + length) of a buffer of `worker_id` (a span over DEVICE
   // memory: never dereference it on the host). NOT_FOUND for an unknown buffer (including another
-  // worker's), OUT_OF_RANGE if the region does not lie inside the buffer.
-  absl::StatusOr<absl::Span<uint8_t>> Get(uint64_t worker_id, uint64_t buffer_id, size_t offset, size_t length) const;
+  // worker's), OUT_OF_RANGE if the region does not lie inside the buffer. The buffer is in use
+  // until the result (and its copies) is gone.
+  absl::StatusOr<BufferUse> Use(uint64_t worker_id, uint64_t buffer_id, size_t offset, size_t length);
   // OK if `worker_id` has the buffer, else NOT_FOUND.
   absl::Status Find(uint64_t worker_id, uint64_t buffer_id) const;
-  // Frees one buffer. NOT_FOUND for an unknown buffer.
+  // Frees one buffer. NOT_FOUND for an unknown buffer, FAILED_PRECONDITION for one in use.
   absl::Status Release(uint64_t worker_id, uint64_t buffer_id);
-  // Frees every buffer of `worker_id` (none is fine) and returns how many there were.
+  // Frees every buffer of `worker_id` (none is fine; one in use when its use ends) and returns how
+  // many there were.
   size_t ReleaseWorker(uint64_t worker_id);
 
   size_t TotalBytes() const;

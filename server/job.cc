@@ -157,16 +157,6 @@ void Job::RemoveWorker(uint64_t worker_id, const std::string& reason) {
   mu_.Await(absl::Condition(&idle));
 }
 
-bool Job::BufferInUse(uint64_t worker_id, uint64_t buffer_id) const {
-  absl::MutexLock lock(&mu_);
-  for (const auto& [seq, slot] : slots_) {
-    for (const auto& [r, e] : slot.entries) {
-      if (e->request.worker_id == worker_id && e->request.buffer_id == buffer_id && !e->done) return true;
-    }
-  }
-  return false;
-}
-
 void Job::Stop(const std::string& reason) {
   // The collectives this call fails or aborts, for the other nodes (whose part of them it cuts short).
   std::vector<std::pair<uint64_t, absl::Status>> failures;
@@ -193,7 +183,7 @@ void Job::Stop(const std::string& reason) {
                      {CollectiveResult::kAborted, FaultKind::kAbort});
       }
       // The entries live in their submitters' frames, which return now: drop the slot so nothing
-      // (a second Stop, BufferInUse) touches them afterwards.
+      // (a second Stop) touches them afterwards.
       it = slots_.erase(it);
     }
   }

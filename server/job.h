@@ -125,8 +125,9 @@ class Job {
     uint64_t num_elements = 0;
     kernels::DType dtype = kernels::DType::kFloat32;
     bool average = false;
-    absl::Span<uint8_t> region;  // the worker's bytes (shared memory, or device memory if device_memory)
-    bool device_memory = false;  // region is a device buffer (only with Options::device)
+    absl::Span<uint8_t> region;              // the worker's bytes (shared memory, or device memory if device_memory)
+    std::shared_ptr<const void> buffer_use;  // keeps `region` from being released (BufferUse::hold)
+    bool device_memory = false;              // region is a device buffer (only with Options::device)
     // The worker's own index of this request (0, 1, ... since it registered); unset: arrival order.
     std::optional<uint64_t> submission;
   };
@@ -152,8 +153,6 @@ class Job {
   // Removes a worker (unregistered or dead): queued collectives fail with `reason`; returns once
   // no running collective uses its buffers any more (they may then be unmapped).
   void RemoveWorker(uint64_t worker_id, const std::string& reason);
-  // True while a submitted, unfinished request uses the buffer (it must not be released).
-  bool BufferInUse(uint64_t worker_id, uint64_t buffer_id) const;
   // Fails queued requests (with `reason`, else "job <id> is shutting down"), aborts a running
   // collective, rejects new ones, and waits until no handler is inside Submit. Idempotent.
   void Stop(const std::string& reason = "");

@@ -29,9 +29,8 @@ absl::StatusOr<ShmBufferInfo> ShmRegistry::Allocate(uint64_t worker_id, size_t b
   return info;
 }
 
-absl::StatusOr<absl::Span<uint8_t>> ShmRegistry::Get(uint64_t worker_id, uint64_t buffer_id, size_t offset,
-                                                     size_t length) const {
-  return buffers_.Get(worker_id, buffer_id, offset, length);
+absl::StatusOr<BufferUse> ShmRegistry::Use(uint64_t worker_id, uint64_t buffer_id, size_t offset, size_t length) {
+  return buffers_.Use(worker_id, buffer_id, offset, length);
 }
 
 absl::Status ShmRegistry::Unlink(uint64_t worker_id, uint64_t buffer_id) {

@@ -1,7 +1,7 @@
 // ShmRegistry: the daemon's table of shared-memory buffers (server/shm_region.h) handed out to
 // local worker processes, keyed by (worker id, buffer id). The daemon allocates a buffer when a
 // worker asks for one, sends it the ShmBufferInfo, unlinks the name once the worker has mapped it,
-// resolves the (buffer, offset, length) regions named by all-reduce requests with Get(), and frees
+// resolves the (buffer, offset, length) regions named by all-reduce requests with Use(), and frees
 // everything a worker had when it disconnects or dies (ReleaseWorker()).
 //
 // Limits: a per-worker and a global byte limit, and a per-worker buffer count limit (every buffer
@@ -12,10 +12,9 @@
 // The bookkeeping is server/worker_buffers.h, shared with the device registry.
 //
 // Thread-safety: every method is thread-safe (one absl::Mutex). Creating a region (which reserves
-// its memory) and unmapping one run outside the lock, so a large allocation does not stall Get().
-// A span returned by Get() stays valid until that buffer is released (Release(), ReleaseWorker()
-// or the registry's destruction); the caller must not release a buffer that requests still use
-// (the daemon fails a worker's in-flight requests before releasing it).
+// its memory) and unmapping one run outside the lock, so a large allocation does not stall Use().
+// A region returned by Use() stays mapped while the BufferUse lives: Release() refuses the buffer
+// meanwhile and ReleaseWorker() unmaps it only when the use ends. The registry outlives the uses.
 #ifndef DQ_SERVER_SHM_REGISTRY_H_
 #define DQ_SERVER_SHM_REGISTRY_H_
 
@@ -55,17 +54,19 @@ class ShmRegistry {
 
   // The bytes [offset, offset + length) of a buffer of `worker_id`. NOT_FOUND if the worker has no
   // such buffer (including another worker's buffer id); OUT_OF_RANGE if the region does not lie
-  // inside the buffer. A zero-length region at offset <= size is allowed (an empty span).
-  absl::StatusOr<absl::Span<uint8_t>> Get(uint64_t worker_id, uint64_t buffer_id, size_t offset, size_t length) const;
+  // inside the buffer. A zero-length region at offset <= size is allowed (an empty span). The
+  // buffer is in use until the result (and its copies) is gone.
+  absl::StatusOr<BufferUse> Use(uint64_t worker_id, uint64_t buffer_id, size_t offset, size_t length);
 
   // Unlinks the buffer's shm name (call once the worker has mapped it); idempotent. NOT_FOUND for
   // an unknown buffer.
   absl::Status Unlink(uint64_t worker_id, uint64_t buffer_id);
 
-  // Frees one buffer. NOT_FOUND for an unknown buffer.
+  // Frees one buffer. NOT_FOUND for an unknown buffer, FAILED_PRECONDITION for one in use.
   absl::Status Release(uint64_t worker_id, uint64_t buffer_id);
 
-  // Frees every buffer of `worker_id` (none is fine) and returns how many there were.
+  // Frees every buffer of `worker_id` (none is fine; one in use when its use ends) and returns how
+  // many there were.
   size_t ReleaseWorker(uint64_t worker_id);
 
   // Bytes of all mapped buffers (for a shared-memory bytes gauge).

@@ -537,6 +537,32 @@ TEST_F(ClientTest, BuffersAreReleasedOnDestructionAndRelease) {
   EXPECT_EQ(a.id(), b_id);
 }
 
+// Issue 22: a release while an all-reduce on the buffer is in flight waits for its answer, so
+// the daemon never sees ReleaseBuffer racing that AllReduce (which it would refuse).
+TEST_F(ClientTest, ReleasingABufferWaitsForItsAllReducesInFlight) {
+  Client client = MustConnect();
+  Buffer buffer = MustAllocate(client, 4 * sizeof(float));
+  const uint64_t id = buffer.id();
+  Future f = client.AllReduceAsync(buffer, 0, 1, DType::kFloat32, kSlowTensor);  // the fake takes 300 ms
+  EXPECT_FALSE(f.Ready());
+  EXPECT_THAT(buffer.Release(), IsOk());
+  EXPECT_TRUE(f.Ready());
+  EXPECT_THAT(f.Wait(), IsOk());
+  EXPECT_EQ(service_.released().count(id), 1u);
+
+  // The destructor waits the same way.
+  uint64_t second = 0;
+  Future g;
+  {
+    Buffer other = MustAllocate(client, 4 * sizeof(float));
+    second = other.id();
+    g = client.AllReduceAsync(other, 0, 1, DType::kFloat32, kSlowTensor);
+  }
+  EXPECT_TRUE(g.Ready());
+  EXPECT_THAT(g.Wait(), IsOk());
+  EXPECT_EQ(service_.released().count(second), 1u);
+}
+
 TEST_F(ClientTest, DestroyingTheClientWaitsForInFlightWorkAndUnregisters) {
   std::optional<Client> client(MustConnect());
   const std::string worker_id = client->worker_id();

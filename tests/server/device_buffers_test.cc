@@ -80,24 +80,59 @@ TEST(DeviceBufferRegistryTest, AllocateHandsOutAHandleTheDeviceAndIdsAboveTheSha
   EXPECT_EQ(Live(*state), 2u);
 }
 
-TEST(DeviceBufferRegistryTest, GetResolvesRegionsOfTheWorkersOwnBuffersOnly) {
+TEST(DeviceBufferRegistryTest, UseResolvesRegionsOfTheWorkersOwnBuffersOnly) {
   auto state = std::make_shared<FakeState>();
   DeviceBufferRegistry registry(std::make_unique<FakeDeviceMemory>(state), {});
   auto a = registry.Allocate(7, 1024);
   ASSERT_THAT(a, IsOk());
-  auto region = registry.Get(7, a->buffer_id, 512, 512);
+  auto region = registry.Use(7, a->buffer_id, 512, 512);
   ASSERT_THAT(region, IsOk());
-  auto whole = registry.Get(7, a->buffer_id, 0, 1024);
+  auto whole = registry.Use(7, a->buffer_id, 0, 1024);
   ASSERT_THAT(whole, IsOk());
-  EXPECT_EQ(region->data(), whole->data() + 512);
-  EXPECT_EQ(region->size(), 512u);
-  EXPECT_THAT(registry.Get(7, a->buffer_id, 512, 513), StatusIs(absl::StatusCode::kOutOfRange));
-  EXPECT_THAT(registry.Get(7, a->buffer_id, ~size_t{0}, 2), StatusIs(absl::StatusCode::kOutOfRange));
-  EXPECT_THAT(registry.Get(8, a->buffer_id, 0, 1),
+  EXPECT_EQ(region->region.data(), whole->region.data() + 512);
+  EXPECT_EQ(region->region.size(), 512u);
+  EXPECT_THAT(registry.Use(7, a->buffer_id, 512, 513), StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(registry.Use(7, a->buffer_id, ~size_t{0}, 2), StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(registry.Use(8, a->buffer_id, 0, 1),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("not allocated to worker 8")));
-  EXPECT_THAT(registry.Get(7, a->buffer_id + 1, 0, 1), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(registry.Use(7, a->buffer_id + 1, 0, 1), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(registry.Find(7, a->buffer_id), IsOk());
   EXPECT_THAT(registry.Find(8, a->buffer_id), StatusIs(absl::StatusCode::kNotFound));
+}
+
+// Use and release are one admission: a buffer in use is never freed under its user.
+TEST(DeviceBufferRegistryTest, ABufferInUseIsNotReleasedAndAReleasedWorkersBufferLivesUntilItsUseEnds) {
+  auto state = std::make_shared<FakeState>();
+  DeviceBufferRegistry registry(std::make_unique<FakeDeviceMemory>(state), {});
+  auto a = registry.Allocate(7, 1024);
+  auto b = registry.Allocate(7, 2048);
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
+  {
+    absl::StatusOr<BufferUse> use = registry.Use(7, a->buffer_id, 0, 1024);
+    ASSERT_THAT(use, IsOk());
+    BufferUse copy = *use;  // a copy holds the use too
+    use = absl::CancelledError("");
+    EXPECT_THAT(registry.Release(7, a->buffer_id),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("has not completed")));
+    EXPECT_EQ(Live(*state), 2u);
+  }
+  DQ_EXPECT_OK(registry.Release(7, a->buffer_id));
+  EXPECT_EQ(Live(*state), 1u);
+
+  absl::StatusOr<BufferUse> use = registry.Use(7, b->buffer_id, 0, 16);
+  ASSERT_THAT(use, IsOk());
+  EXPECT_EQ(registry.ReleaseWorker(7), 1u);
+  // Out of the table at once (a new use is NOT_FOUND), but still allocated and counted.
+  EXPECT_THAT(registry.Use(7, b->buffer_id, 0, 16), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(registry.Release(7, b->buffer_id), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(Live(*state), 1u);
+  EXPECT_EQ(registry.TotalBytes(), 2048u);
+  EXPECT_EQ(registry.NumBuffers(), 1u);
+  use = absl::CancelledError("");  // the last use ends: now it is freed
+  EXPECT_EQ(Live(*state), 0u);
+  EXPECT_EQ(registry.TotalBytes(), 0u);
+  EXPECT_EQ(registry.NumBuffers(), 0u);
 }
 
 TEST(DeviceBufferRegistryTest, BadSizesAndLimitsAreRefusedWithoutChangingAnything) {
@@ -140,7 +175,7 @@ TEST(DeviceBufferRegistryTest, ReleaseFreesOneBufferAndStaleIdsAreNotFound) {
   EXPECT_THAT(registry.Release(8, a->buffer_id), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(registry.Release(7, a->buffer_id), IsOk());
   EXPECT_THAT(registry.Release(7, a->buffer_id), StatusIs(absl::StatusCode::kNotFound));
-  EXPECT_THAT(registry.Get(7, a->buffer_id, 0, 1), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(registry.Use(7, a->buffer_id, 0, 1), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_EQ(registry.TotalBytes(), 200u);
   EXPECT_EQ(Live(*state), 1u);
   auto c = registry.Allocate(7, 100);

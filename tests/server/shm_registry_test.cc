@@ -63,10 +63,10 @@ TEST_F(ShmRegistryTest, AllocateReturnsABufferTheWorkerCanMap) {
   EXPECT_EQ(registry.WorkerMappedBytes(8), 0u);
   EXPECT_EQ(registry.NumBuffers(), 1u);
 
-  absl::StatusOr<absl::Span<uint8_t>> span = registry.Get(7, info->buffer_id, 100, 50);
+  absl::StatusOr<BufferUse> span = registry.Use(7, info->buffer_id, 100, 50);
   ASSERT_THAT(span, IsOk());
-  ASSERT_EQ(span->size(), 50u);
-  for (size_t i = 0; i < span->size(); ++i) (*span)[i] = static_cast<uint8_t>(i + 1);
+  ASSERT_EQ(span->region.size(), 50u);
+  for (size_t i = 0; i < span->region.size(); ++i) span->region[i] = static_cast<uint8_t>(i + 1);
 
   // The worker's view (ShmRegion::Open) and the daemon's view are the same memory.
   absl::StatusOr<ShmRegion> worker_view = ShmRegion::Open(info->shm_name, info->size);
@@ -74,9 +74,9 @@ TEST_F(ShmRegistryTest, AllocateReturnsABufferTheWorkerCanMap) {
   EXPECT_EQ(worker_view->data()[100], 1);
   EXPECT_EQ(worker_view->data()[149], 50);
   worker_view->data()[9999] = 0xee;
-  absl::StatusOr<absl::Span<uint8_t>> tail = registry.Get(7, info->buffer_id, 9999, 1);
+  absl::StatusOr<BufferUse> tail = registry.Use(7, info->buffer_id, 9999, 1);
   ASSERT_THAT(tail, IsOk());
-  EXPECT_EQ((*tail)[0], 0xee);
+  EXPECT_EQ(tail->region[0], 0xee);
 }
 
 TEST_F(ShmRegistryTest, BufferIdsAreUniqueAndNeverReused) {
@@ -93,39 +93,39 @@ TEST_F(ShmRegistryTest, BufferIdsAreUniqueAndNeverReused) {
   EXPECT_TRUE(ids.insert(after->buffer_id).second) << after->buffer_id;
 }
 
-TEST_F(ShmRegistryTest, GetChecksBounds) {
+TEST_F(ShmRegistryTest, UseChecksBounds) {
   ShmRegistry registry;
   absl::StatusOr<ShmBufferInfo> info = registry.Allocate(1, 4096);
   ASSERT_THAT(info, IsOk());
   const uint64_t id = info->buffer_id;
-  DQ_EXPECT_OK(registry.Get(1, id, 0, 4096));
-  absl::StatusOr<absl::Span<uint8_t>> empty = registry.Get(1, id, 4096, 0);
+  DQ_EXPECT_OK(registry.Use(1, id, 0, 4096));
+  absl::StatusOr<BufferUse> empty = registry.Use(1, id, 4096, 0);
   ASSERT_THAT(empty, IsOk());
-  EXPECT_TRUE(empty->empty());
+  EXPECT_TRUE(empty->region.empty());
 
-  EXPECT_THAT(registry.Get(1, id, 0, 4097),
+  EXPECT_THAT(registry.Use(1, id, 0, 4097),
               StatusIs(absl::StatusCode::kOutOfRange,
                        AllOf(HasSubstr("offset 0"), HasSubstr("length 4097"), HasSubstr("4096 bytes"),
                              HasSubstr(absl::StrCat("buffer ", id)), HasSubstr("worker 1"))));
-  EXPECT_THAT(registry.Get(1, id, 4097, 0), StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("offset 4097")));
-  EXPECT_THAT(registry.Get(1, id, 4000, 100), StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("length 100")));
+  EXPECT_THAT(registry.Use(1, id, 4097, 0), StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("offset 4097")));
+  EXPECT_THAT(registry.Use(1, id, 4000, 100), StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("length 100")));
   // offset + length overflows size_t: must not wrap around into "fits".
-  EXPECT_THAT(registry.Get(1, id, 1, std::numeric_limits<size_t>::max()), StatusIs(absl::StatusCode::kOutOfRange));
-  EXPECT_THAT(registry.Get(1, id, std::numeric_limits<size_t>::max(), 2), StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(registry.Use(1, id, 1, std::numeric_limits<size_t>::max()), StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(registry.Use(1, id, std::numeric_limits<size_t>::max(), 2), StatusIs(absl::StatusCode::kOutOfRange));
 }
 
 TEST_F(ShmRegistryTest, UnknownBuffersAreNotFound) {
   ShmRegistry registry;
   absl::StatusOr<ShmBufferInfo> mine = registry.Allocate(1, 4096);
   ASSERT_THAT(mine, IsOk());
-  EXPECT_THAT(registry.Get(2, mine->buffer_id, 0, 1),
+  EXPECT_THAT(registry.Use(2, mine->buffer_id, 0, 1),
               StatusIs(absl::StatusCode::kNotFound,
                        AllOf(HasSubstr(absl::StrCat("buffer ", mine->buffer_id)), HasSubstr("worker 2"))));
-  EXPECT_THAT(registry.Get(1, mine->buffer_id + 100, 0, 1),
+  EXPECT_THAT(registry.Use(1, mine->buffer_id + 100, 0, 1),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr(absl::StrCat("buffer ", mine->buffer_id + 100))));
   EXPECT_THAT(registry.Unlink(2, mine->buffer_id), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(registry.Release(2, mine->buffer_id), StatusIs(absl::StatusCode::kNotFound));
-  DQ_EXPECT_OK(registry.Get(1, mine->buffer_id, 0, 1));  // Another worker's attempt changed nothing.
+  DQ_EXPECT_OK(registry.Use(1, mine->buffer_id, 0, 1));  // Another worker's attempt changed nothing.
 }
 
 TEST_F(ShmRegistryTest, RejectsZeroAndHugeRequests) {
@@ -188,7 +188,7 @@ TEST_F(ShmRegistryTest, ReleaseWorkerFreesAllItsBuffers) {
   EXPECT_EQ(registry.WorkerMappedBytes(1), 0u);
   EXPECT_EQ(registry.NumBuffers(), 1u);
   for (const ShmBufferInfo& info : w1) {
-    EXPECT_THAT(registry.Get(1, info.buffer_id, 0, 1), StatusIs(absl::StatusCode::kNotFound));
+    EXPECT_THAT(registry.Use(1, info.buffer_id, 0, 1), StatusIs(absl::StatusCode::kNotFound));
   }
   EXPECT_EQ(registry.ReleaseWorker(1), 0u);
   EXPECT_EQ(registry.ReleaseWorker(99), 0u);
@@ -202,10 +202,73 @@ TEST_F(ShmRegistryTest, ReleaseFreesOneBuffer) {
   ASSERT_THAT(b, IsOk());
   DQ_ASSERT_OK(registry.Release(1, a->buffer_id));
   EXPECT_THAT(registry.Release(1, a->buffer_id), StatusIs(absl::StatusCode::kNotFound));
-  EXPECT_THAT(registry.Get(1, a->buffer_id, 0, 1), StatusIs(absl::StatusCode::kNotFound));
-  DQ_EXPECT_OK(registry.Get(1, b->buffer_id, 0, 8192));
+  EXPECT_THAT(registry.Use(1, a->buffer_id, 0, 1), StatusIs(absl::StatusCode::kNotFound));
+  DQ_EXPECT_OK(registry.Use(1, b->buffer_id, 0, 8192));
   EXPECT_EQ(registry.TotalMappedBytes(), 8192u);
   EXPECT_THAT(OurShmEntries(1), SizeIs(1));
+}
+
+// The daemon crash of issue 22: Release racing an all-reduce's use of the same buffer. Uses and
+// releases from two threads, many times: every release either frees an idle buffer or is refused
+// while the buffer is in use, and a use's memory stays mapped (written here) until the use ends.
+TEST_F(ShmRegistryTest, UseAndReleaseRacingNeverUnmapMemoryInUse) {
+  ShmRegistry registry;
+  constexpr int kRounds = 2000;
+  int refused = 0, released_first = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    absl::StatusOr<ShmBufferInfo> info = registry.Allocate(1, 4096);
+    ASSERT_THAT(info, IsOk());
+    std::atomic<bool> ready{false}, go{false};
+    absl::Status release_status;
+    std::thread releaser([&] {
+      ready = true;
+      while (!go.load()) {
+      }
+      release_status = registry.Release(1, info->buffer_id);
+    });
+    while (!ready.load()) {
+    }
+    go = true;
+    // A varying head start for the releaser, so that both orders happen.
+    for (volatile int spin = 0; spin < (round % 50) * 200; spin = spin + 1) {
+    }
+    absl::StatusOr<BufferUse> use = registry.Use(1, info->buffer_id, 0, 4096);
+    if (use.ok()) {
+      std::fill(use->region.begin(), use->region.end(), uint8_t{7});  // would fault if unmapped
+    }
+    releaser.join();
+    if (use.ok()) {
+      // The use came first: the release was refused and the buffer is still there.
+      ASSERT_THAT(release_status, StatusIs(absl::StatusCode::kFailedPrecondition)) << round;
+      ++refused;
+      use = absl::CancelledError("");
+      DQ_ASSERT_OK(registry.Release(1, info->buffer_id));
+    } else {
+      ASSERT_THAT(use, StatusIs(absl::StatusCode::kNotFound)) << round;
+      DQ_ASSERT_OK(release_status);
+      ++released_first;
+    }
+  }
+  EXPECT_EQ(refused + released_first, kRounds);
+  std::printf("release refused while in use: %d, released before the use: %d\n", refused, released_first);
+  EXPECT_EQ(registry.NumBuffers(), 0u);
+  EXPECT_THAT(OurShmEntries(), IsEmpty());
+}
+
+TEST_F(ShmRegistryTest, AReleasedWorkersBufferInUseStaysMappedUntilTheUseEnds) {
+  ShmRegistry registry;
+  absl::StatusOr<ShmBufferInfo> info = registry.Allocate(1, 8192);
+  ASSERT_THAT(info, IsOk());
+  absl::StatusOr<BufferUse> use = registry.Use(1, info->buffer_id, 0, 8192);
+  ASSERT_THAT(use, IsOk());
+  EXPECT_EQ(registry.ReleaseWorker(1), 1u);
+  EXPECT_THAT(registry.Use(1, info->buffer_id, 0, 1), StatusIs(absl::StatusCode::kNotFound));
+  std::fill(use->region.begin(), use->region.end(), uint8_t{3});  // still mapped
+  EXPECT_EQ(registry.TotalMappedBytes(), 8192u);
+  use = absl::CancelledError("");
+  EXPECT_EQ(registry.TotalMappedBytes(), 0u);
+  EXPECT_EQ(registry.NumBuffers(), 0u);
+  EXPECT_THAT(OurShmEntries(), IsEmpty());
 }
 
 TEST_F(ShmRegistryTest, UnlinkRemovesTheNameButKeepsTheBuffer) {
@@ -219,9 +282,9 @@ TEST_F(ShmRegistryTest, UnlinkRemovesTheNameButKeepsTheBuffer) {
   EXPECT_THAT(OurShmEntries(), IsEmpty());
   EXPECT_THAT(ShmRegion::Open(info->shm_name, info->size), StatusIs(absl::StatusCode::kNotFound));
   worker_view->data()[5] = 55;
-  absl::StatusOr<absl::Span<uint8_t>> span = registry.Get(1, info->buffer_id, 5, 1);
+  absl::StatusOr<BufferUse> span = registry.Use(1, info->buffer_id, 5, 1);
   ASSERT_THAT(span, IsOk());
-  EXPECT_EQ((*span)[0], 55);
+  EXPECT_EQ(span->region[0], 55);
   EXPECT_THAT(registry.Unlink(1, info->buffer_id + 1), StatusIs(absl::StatusCode::kNotFound));
 }
 
@@ -258,13 +321,15 @@ TEST_F(ShmRegistryTest, ConcurrentWorkersStayWithinTheGlobalLimit) {
           if (info.status().code() != absl::StatusCode::kResourceExhausted) ++wrong;
           continue;
         }
-        absl::StatusOr<absl::Span<uint8_t>> span = registry.Get(worker, info->buffer_id, 0, info->size);
-        if (!span.ok()) {
-          ++wrong;
-          continue;
-        }
-        std::fill(span->begin(), span->end(), static_cast<uint8_t>(worker));
-        if ((*span)[info->size - 1] != worker) ++wrong;
+        {
+          absl::StatusOr<BufferUse> span = registry.Use(worker, info->buffer_id, 0, info->size);
+          if (!span.ok()) {
+            ++wrong;
+            continue;
+          }
+          std::fill(span->region.begin(), span->region.end(), static_cast<uint8_t>(worker));
+          if (span->region[info->size - 1] != worker) ++wrong;
+        }  // the use ends: the buffer may be released
         if (i % 7 == 6) {
           registry.ReleaseWorker(worker);
         } else if (i % 2 == 0 && !registry.Release(worker, info->buffer_id).ok()) {

@@ -10,9 +10,10 @@
 // memory, visible to any later work on the device.
 //
 // Thread-safety: data(), size(), id() and valid() may be called concurrently. Release(), moves
-// and destruction need exclusive access, and must not happen while an all-reduce on the buffer is
-// in flight. Nobody may touch the bytes of a region while an all-reduce on that region is in
-// flight (the daemon reads and writes them).
+// and destruction need exclusive access. Releasing a buffer (Release(), the destructor, or moving
+// another buffer into it) first waits until every all-reduce on it has returned (each ends at the
+// latest at ClientOptions::timeout). Nobody may touch the bytes of a region while an all-reduce on
+// that region is in flight (the daemon reads and writes them).
 #ifndef DQ_CLIENT_INCLUDE_DYNAMIQ_BUFFER_H_
 #define DQ_CLIENT_INCLUDE_DYNAMIQ_BUFFER_H_
 
@@ -50,8 +51,9 @@ class Buffer {
   /// Releases the buffer like Release(), ignoring errors, with a deadline of at most 5 seconds.
   ~Buffer();
 
-  /// Asks the daemon to free the buffer and unmaps it; the buffer is empty afterwards even if the
-  /// daemon call failed (the status says why). OK on an empty buffer.
+  /// Waits until no all-reduce on the buffer is in flight, then asks the daemon to free the buffer
+  /// and unmaps it; the buffer is empty afterwards even if the daemon call failed (the status says
+  /// why). OK on an empty buffer.
   absl::Status Release();
 
   /// Start of the mapping (page-aligned) of a host buffer; nullptr for a device buffer or an empty
