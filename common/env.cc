@@ -1,6 +1,7 @@
 #include "common/env.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cmath>
 
@@ -18,6 +19,12 @@ void AddError(ClientEnv& env, absl::string_view name, absl::string_view value, a
 }
 
 }  // namespace
+
+std::string DefaultWorkerSocket() {
+  const uid_t uid = geteuid();
+  if (uid == 0) return "/run/dynamiq/dynamiqd.sock";
+  return absl::StrCat("/tmp/dynamiq-", uid, "/dynamiqd.sock");
+}
 
 ClientEnv ClientEnv::Parse(absl::FunctionRef<const char*(const char*)> lookup) {
   ClientEnv env;

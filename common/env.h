@@ -22,15 +22,18 @@
 
 namespace dynamiq::common {
 
-// Where dynamiqd listens for workers unless DQ_SOCKET (or ClientOptions) says otherwise.
-inline constexpr absl::string_view kDefaultWorkerSocket = "/tmp/dynamiq/dynamiqd.sock";
+// Where dynamiqd listens for workers unless --worker_socket, DQ_SOCKET or ClientOptions says
+// otherwise: "/run/dynamiq/dynamiqd.sock" for root (systemd's RuntimeDirectory), else
+// "/tmp/dynamiq-<uid>/dynamiqd.sock". The folder is the user's own: dynamiqd refuses a socket
+// folder that another user can write (docs/security.md). Daemon and workers of one user agree.
+std::string DefaultWorkerSocket();
 inline constexpr absl::string_view kDefaultJobId = "default";
 inline constexpr int64_t kDefaultTimeoutSeconds = 300;
 
 struct ClientEnv {
   // Env name: DQ_SOCKET. Path of dynamiqd's worker Unix socket (dynamiqd --worker_socket).
-  // Default: "/tmp/dynamiq/dynamiqd.sock".
-  std::string socket_path = std::string(kDefaultWorkerSocket);
+  // Default: DefaultWorkerSocket().
+  std::string socket_path = DefaultWorkerSocket();
 
   // Env name: DQ_JOB. Job id: the workers of one training job (on every node) use the same id; the
   // daemon reduces only submissions of the same job together. Default: "default".

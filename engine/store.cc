@@ -1,5 +1,7 @@
 #include "engine/store.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -67,6 +69,25 @@ absl::Status PrefixStore::Wait(absl::Span<const std::string> keys, absl::Duratio
   std::vector<std::string> prefixed;
   for (const std::string& k : keys) prefixed.push_back(Key(k));
   return base_.Wait(prefixed, timeout);
+}
+
+absl::StatusOr<std::string> InterruptibleStore::Get(absl::string_view key, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    absl::StatusOr<std::string> value =
+        base_.Get(key, std::min(poll_, std::max(absl::ZeroDuration(), deadline - absl::Now())));
+    if (value.ok() || !absl::IsDeadlineExceeded(value.status()) || absl::Now() >= deadline) return value;
+    if (absl::Status stop = interrupted_(); !stop.ok()) return stop;
+  }
+}
+
+absl::Status InterruptibleStore::Wait(absl::Span<const std::string> keys, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    absl::Status s = base_.Wait(keys, std::min(poll_, std::max(absl::ZeroDuration(), deadline - absl::Now())));
+    if (s.ok() || !absl::IsDeadlineExceeded(s) || absl::Now() >= deadline) return s;
+    if (absl::Status stop = interrupted_(); !stop.ok()) return stop;
+  }
 }
 
 }  // namespace dynamiq::engine

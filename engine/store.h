@@ -8,6 +8,7 @@
 #ifndef DQ_ENGINE_STORE_H_
 #define DQ_ENGINE_STORE_H_
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -70,6 +71,29 @@ class PrefixStore final : public Store {
   std::string Key(absl::string_view key) const;
   std::string prefix_;
   Store& base_;
+};
+
+// A store whose waits stop early when `interrupted` says so: Get and Wait wait on `base` in slices
+// of at most `poll` and ask `interrupted()` between slices; a non-OK status from it is returned at
+// once instead of waiting on. So a rank waiting in a rendezvous for a peer that will never come
+// (the peer failed the collective and published why) stops as soon as the reason is known, not
+// at its timeout. Set and CompareAndSet go straight to `base`.
+class InterruptibleStore final : public Store {
+ public:
+  InterruptibleStore(Store& base, std::function<absl::Status()> interrupted, absl::Duration poll)
+      : base_(base), interrupted_(std::move(interrupted)), poll_(poll) {}
+  absl::Status Set(absl::string_view key, absl::string_view value) override { return base_.Set(key, value); }
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
+  absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
+  absl::StatusOr<bool> CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
+                                     absl::string_view desired) override {
+    return base_.CompareAndSet(key, expected, desired);
+  }
+
+ private:
+  Store& base_;
+  const std::function<absl::Status()> interrupted_;
+  const absl::Duration poll_;
 };
 
 }  // namespace dynamiq::engine

@@ -90,6 +90,8 @@ std::string FailureKey(const std::string& job_id, uint64_t incarnation, uint64_t
 constexpr size_t kMaxCauseBytes = 4096;
 // Of a lookup's time, what the coordinator's answer needs to come back after its wait for the key.
 constexpr absl::Duration kLookupRoundTrip = absl::Milliseconds(100);
+// How often a node waiting in a job's rendezvous checks whether another node failed the collective.
+constexpr absl::Duration kRendezvousPoll = absl::Milliseconds(250);
 
 // How many times node `rank` has created the job (its latest incarnation there).
 std::string IncarnationsKey(const std::string& job_id, uint32_t rank) {
@@ -418,8 +420,21 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id
     o.device = *std::move(device);
   }
 #endif
-  o.connect = [this, job_id, incarnation](uint64_t generation) -> absl::StatusOr<std::unique_ptr<engine::Transport>> {
-    engine::PrefixStore scoped(absl::StrCat(JobKey(job_id, incarnation), "/gen", generation), *store_);
+  o.connect = [this, job_id, incarnation](uint64_t generation,
+                                          uint64_t sequence) -> absl::StatusOr<std::unique_ptr<engine::Transport>> {
+    engine::PrefixStore prefixed(absl::StrCat(JobKey(job_id, incarnation), "/gen", generation), *store_);
+    // A node that fails this collective instead of joining publishes why: stop waiting for it then.
+    engine::InterruptibleStore scoped(
+        prefixed,
+        [this, job_id, incarnation, sequence]() -> absl::Status {
+          if (std::optional<Job::FailureCause> cause =
+                  LookupFailure(job_id, incarnation, sequence, absl::Now() + kLookupRoundTrip)) {
+            return absl::UnavailableError(
+                absl::StrCat("node ", cause->node, " failed the collective instead of joining it"));
+          }
+          return absl::OkStatus();
+        },
+        kRendezvousPoll);
 #ifdef DQ_HAVE_NCCL
     if (options_.device == DeviceKind::kCuda) {
       // The device all-reduce drives the NCCL transport itself (no per-peer byte counting).

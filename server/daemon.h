@@ -47,6 +47,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/env.h"
 #include "engine/store.h"
 #include "server/device_buffers.h"
 #include "server/job.h"
@@ -77,7 +78,7 @@ struct DaemonOptions {
   std::string coordinator;
   // Operator / peer gRPC address (TCP). Its host is also the address Gloo binds for peers.
   std::string listen = "127.0.0.1:7070";
-  std::string worker_socket = "/tmp/dynamiq/dynamiqd.sock";
+  std::string worker_socket = common::DefaultWorkerSocket();
   JobConfig default_config;
   absl::Duration timeout = absl::Seconds(300);
   // Shared memory limits.

@@ -599,7 +599,7 @@ absl::StatusOr<engine::Transport*> Job::ConnectedTransport(uint64_t sequence) {
     pending_generations_ = 0;
   }
   if (!transport_) {
-    auto connected = options_.connect(generation_);
+    auto connected = options_.connect(generation_, sequence);
     if (!connected.ok()) {
       ++generation_;  // this collective failed: the next one meets the others at the next generation
       return absl::Status(connected.status().code(), absl::StrCat("collective ", sequence, " of job ", options_.id,

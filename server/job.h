@@ -69,9 +69,12 @@ struct CollectiveRecord {
 
 class Job {
  public:
-  // Connects the job's transport across nodes; `generation` changes after a failure so every node
-  // re-forms the group under fresh rendezvous keys.
-  using ConnectFn = std::function<absl::StatusOr<std::unique_ptr<engine::Transport>>(uint64_t generation)>;
+  // Connects the job's transport across nodes for collective `sequence`; `generation` changes after
+  // a failure so every node re-forms the group under fresh rendezvous keys. A node that fails
+  // `sequence` instead of joining publishes why (report_failure): the connect should stop waiting
+  // then (UNAVAILABLE), rather than at the timeout.
+  using ConnectFn =
+      std::function<absl::StatusOr<std::unique_ptr<engine::Transport>>(uint64_t generation, uint64_t sequence)>;
   // Looks for a configuration change that applies at or before `sequence` (from the coordinator).
   using PollConfigFn = std::function<absl::StatusOr<bool>(uint64_t sequence, uint64_t* epoch, JobConfig* config)>;
   // Why a node failed a collective without running its cross-node part (its workers disagreed, its

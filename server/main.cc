@@ -21,8 +21,10 @@ ABSL_FLAG(std::string, coordinator, "",
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "Operator and peer gRPC address (TCP). Its host is also the address peers reach this node's "
           "all-reduce transport on; use a routable address for multi-node clusters. Port 0 picks one.");
-ABSL_FLAG(std::string, worker_socket, "/tmp/dynamiq/dynamiqd.sock",
-          "Unix socket local workers connect to (created with mode 0600).");
+ABSL_FLAG(std::string, worker_socket, "",
+          "Unix socket local workers connect to (created with mode 0600). Its folder must be writable by this user "
+          "only (created 0700 if missing). Default: /run/dynamiq/dynamiqd.sock as root, else "
+          "/tmp/dynamiq-<uid>/dynamiqd.sock (what workers use when DQ_SOCKET is unset).");
 ABSL_FLAG(std::string, codec, "dynamiq",
           "Default codec of new jobs: none, bf16, dynamiq, mxfp8, mxfp6, mxfp4, thc, uniform.");
 ABSL_FLAG(double, bits, 5, "Default bits: dynamiq average bits/coord incl. metadata (3..8); uniform bits per code.");
@@ -132,7 +134,7 @@ int main(int argc, char** argv) {
   o.num_nodes = absl::GetFlag(FLAGS_num_nodes);
   o.coordinator = absl::GetFlag(FLAGS_coordinator);
   o.listen = absl::GetFlag(FLAGS_listen);
-  o.worker_socket = absl::GetFlag(FLAGS_worker_socket);
+  if (const std::string socket = absl::GetFlag(FLAGS_worker_socket); !socket.empty()) o.worker_socket = socket;
   o.default_config = *config;
   o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout));
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);

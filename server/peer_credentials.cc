@@ -108,6 +108,26 @@ absl::Status CheckSameUser(const PeerCredentials& peer) {
                       peer.pid, peer.uid, self));
 }
 
+absl::Status CheckPrivateDirectory(const std::string& dir) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) return SocketErrno(errno, "stat", dir);
+  if (!S_ISDIR(st.st_mode)) return absl::FailedPreconditionError(absl::StrCat(dir, " is not a directory"));
+  if (st.st_uid != geteuid()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the socket's folder %s belongs to uid %d, not to this process's uid %d: its owner could replace the socket "
+        "and receive the workers' connections; use a folder of your own",
+        dir, st.st_uid, geteuid()));
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the socket's folder %s has mode 0%o, which lets other users rename or replace the socket and receive the "
+        "workers' connections; use a folder only its owner can write (run: chmod go-w %s, or choose a folder of your "
+        "own)",
+        dir, st.st_mode & 07777, dir));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int> ListenUnixSocket(const std::string& path) {
   DQ_ASSIGN_OR_RETURN(const sockaddr_un addr, MakeAddress(path));
   DQ_RETURN_IF_ERROR(RemoveStaleSocket(path, addr));

@@ -37,6 +37,11 @@ absl::StatusOr<PeerCredentials> GetPeerCredentials(int unix_socket_fd);
 // peer's pid and uid and ours.
 absl::Status CheckSameUser(const PeerCredentials& peer);
 
+// OK if `dir` is a directory owned by this process's effective uid that neither group nor others can
+// write: nobody else can then rename, replace or remove a socket in it. Otherwise
+// FAILED_PRECONDITION saying what is wrong and what to do (or the stat error).
+absl::Status CheckPrivateDirectory(const std::string& dir);
+
 // Creates a listening SOCK_STREAM Unix socket at `path` (close-on-exec) whose file has mode
 // exactly 0600, owned by this process's effective uid, whatever the umask: the mode is set
 // before listen(), so nobody can connect while it is wider, and verified with lstat().

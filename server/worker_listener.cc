@@ -26,13 +26,29 @@ absl::StatusOr<std::unique_ptr<WorkerListener>> WorkerListener::Start(const std:
     if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
       return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", std::strerror(errno)));
     }
+    if (absl::Status s = CheckPrivateDirectory(dir); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("refusing --worker_socket ", path, ": ", s.message()));
+    }
   }
   DQ_ASSIGN_OR_RETURN(int fd, ListenUnixSocket(path));
-  return std::unique_ptr<WorkerListener>(new WorkerListener(path, fd, server, std::move(on_reject)));
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::ErrnoToStatus(err, absl::StrCat("lstat ", path));
+  }
+  return std::unique_ptr<WorkerListener>(
+      new WorkerListener(path, fd, st.st_dev, st.st_ino, server, std::move(on_reject)));
 }
 
-WorkerListener::WorkerListener(std::string path, int listen_fd, grpc::Server* server, RejectFn on_reject)
-    : path_(std::move(path)), listen_fd_(listen_fd), server_(server), on_reject_(std::move(on_reject)) {
+WorkerListener::WorkerListener(std::string path, int listen_fd, dev_t dev, ino_t ino, grpc::Server* server,
+                               RejectFn on_reject)
+    : path_(std::move(path)),
+      listen_fd_(listen_fd),
+      dev_(dev),
+      ino_(ino),
+      server_(server),
+      on_reject_(std::move(on_reject)) {
   thread_ = std::thread([this] { AcceptLoop(); });
 }
 
@@ -40,7 +56,9 @@ WorkerListener::~WorkerListener() {
   stop_ = true;
   thread_.join();
   close(listen_fd_);
-  unlink(path_.c_str());
+  // Only the socket this listener created: whatever else is at the path now is not ours to remove.
+  struct stat st;
+  if (lstat(path_.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) unlink(path_.c_str());
 }
 
 std::optional<PeerCredentials> WorkerListener::CredentialsOf(const std::string& grpc_peer) const {

@@ -8,10 +8,17 @@
 // that name back to the credentials checked at accept time, which is how the daemon learns the pid
 // of the worker process it serves (to notice when it dies).
 //
-// Thread-safe. The destructor stops accepting, closes the listening socket and unlinks its path;
-// connections already handed to gRPC belong to the server.
+// The socket's folder must be the daemon user's own and writable by nobody else (CheckPrivateDirectory):
+// otherwise another local user could rename the socket and bind their own in its place, then
+// receive the workers' connections. A missing folder is created with mode 0700.
+//
+// Thread-safe. The destructor stops accepting, closes the listening socket and unlinks its path if
+// it is still the socket this listener created (same inode); connections already handed to gRPC
+// belong to the server.
 #ifndef DQ_SERVER_WORKER_LISTENER_H_
 #define DQ_SERVER_WORKER_LISTENER_H_
+
+#include <sys/types.h>
 
 #include <atomic>
 #include <functional>
@@ -36,8 +43,10 @@ class WorkerListener {
  public:
   using RejectFn = std::function<void(const absl::Status&)>;
 
-  // Creates the socket's directory (mode 0700) if missing, listens on `path` and starts accepting
-  // into `server` (which must outlive this object and be started). Errors: see ListenUnixSocket.
+  // Creates the socket's directory (mode 0700) if missing, checks that it is private, listens on
+  // `path` and starts accepting into `server` (which must outlive this object and be started).
+  // Errors: FAILED_PRECONDITION for a folder others can write (CheckPrivateDirectory), else see
+  // ListenUnixSocket.
   static absl::StatusOr<std::unique_ptr<WorkerListener>> Start(const std::string& path, grpc::Server* server,
                                                                RejectFn on_reject = nullptr);
   ~WorkerListener();
@@ -50,11 +59,14 @@ class WorkerListener {
   uint64_t rejected() const { return rejected_.load(); }
 
  private:
-  WorkerListener(std::string path, int listen_fd, grpc::Server* server, RejectFn on_reject);
+  WorkerListener(std::string path, int listen_fd, dev_t dev, ino_t ino, grpc::Server* server, RejectFn on_reject);
   void AcceptLoop();
 
   const std::string path_;
   const int listen_fd_;
+  // The socket file this listener created: only that one is unlinked at the end.
+  const dev_t dev_;
+  const ino_t ino_;
   grpc::Server* const server_;
   const RejectFn on_reject_;
   std::atomic<bool> stop_{false};

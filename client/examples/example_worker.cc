@@ -21,7 +21,7 @@
 // most --pause_timeout seconds, then goes on.
 //
 // Usage (one line per worker; here local rank 0 of 2):
-//   DQ_SOCKET=/tmp/dynamiq/dynamiqd.sock DQ_LOCAL_RANK=0 DQ_LOCAL_WORLD_SIZE=2 dynamiq-example-worker
+//   DQ_SOCKET=/tmp/dynamiq-$(id -u)/dynamiqd.sock DQ_LOCAL_RANK=0 DQ_LOCAL_WORLD_SIZE=2 dynamiq-example-worker
 //   --elements=1048576
 #include <stdint.h>
 #include <stdio.h>
@@ -54,7 +54,9 @@ ABSL_FLAG(bool, average, false, "Ask the daemon to average instead of sum (the c
 ABSL_FLAG(int64_t, global_rank, -1,
           "This worker's rank among all workers of the job; -1: node_rank * local_world_size + local_rank.");
 ABSL_FLAG(int64_t, world_size, -1, "Number of workers of the job on all nodes; -1: num_nodes * local_world_size.");
-ABSL_FLAG(std::string, socket, "", "dynamiqd's worker socket; empty: DQ_SOCKET or /tmp/dynamiq/dynamiqd.sock.");
+ABSL_FLAG(std::string, socket, "",
+          "dynamiqd's worker socket; empty: DQ_SOCKET or the default (/tmp/dynamiq-<uid>/dynamiqd.sock; as root "
+          "/run/dynamiq/dynamiqd.sock).");
 ABSL_FLAG(std::string, job, "", "Job id; empty: DQ_JOB or \"default\".");
 ABSL_FLAG(int32_t, pause_every, 0,
           "After every this many iterations (0: never), wait for --resume_file<p> (p = 1, 2, ...) to exist "

@@ -614,7 +614,8 @@ common::ClientEnv ParseEnv(const std::map<std::string, std::string>& vars) {
 TEST(ClientEnvTest, DefaultsWhenUnset) {
   const common::ClientEnv env = ParseEnv({});
   EXPECT_THAT(env.status, IsOk());
-  EXPECT_EQ(env.socket_path, "/tmp/dynamiq/dynamiqd.sock");
+  EXPECT_EQ(env.socket_path,
+            geteuid() == 0 ? "/run/dynamiq/dynamiqd.sock" : absl::StrCat("/tmp/dynamiq-", geteuid(), "/dynamiqd.sock"));
   EXPECT_EQ(env.job_id, "default");
   EXPECT_EQ(env.local_rank, 0u);
   EXPECT_EQ(env.local_world_size, 1u);

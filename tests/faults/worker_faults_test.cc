@@ -108,6 +108,45 @@ TEST(WorkerFaultTest, KilledWorkerFailsTheCollectiveOnEveryNodeAndAReplacementRe
   EXPECT_EQ(ShmNamesOf(cluster.node(0).pid()) + ShmNamesOf(cluster.node(1).pid()), 0);
 }
 
+// Issue 22.2: the same SIGKILL in the job's first collective, before the nodes ever connected: the
+// other node waits in its rendezvous for a node that will not come, not in an engine step whose
+// connection the victim's node resets. It must still fail at once with the published cause, not
+// at --timeout (30 s here, so that the difference shows).
+TEST(WorkerFaultTest, KilledWorkerBeforeTheNodesConnectedFailsTheOtherNodeAtOnce) {
+  constexpr double kLongTimeoutSeconds = 30;
+  ScratchDir dir;
+  LoopbackCluster cluster(DQ_DYNAMIQD, dir.path(), 2, kLongTimeoutSeconds);
+  ASSERT_TRUE(cluster.Start().ok());
+  JobWorkers a(DQ_FAULT_WORKER, dir.path(), "a", cluster.sockets(), 2, 4096);
+  ASSERT_TRUE(a.Start().ok());
+  Worker& victim = a.at(0, 1);
+  const pid_t victim_pid = victim.pid();
+  for (Worker* w : a.except(&victim)) w->Submit();
+  ASSERT_TRUE(WaitInflight(cluster.node(0), "a"));
+  ASSERT_TRUE(WaitInflight(cluster.node(1), "a"));
+  absl::SleepFor(absl::Milliseconds(300));  // node 1 waits in the rendezvous for node 0
+  const absl::Time killed = absl::Now();
+  victim.child().Signal(SIGKILL);
+  ASSERT_TRUE(victim.child().Wait(absl::Seconds(5)).has_value());
+  for (int local = 0; local < 2; ++local) {
+    const std::string reply = a.at(1, local).Result(absl::Seconds(2 * kLongTimeoutSeconds));
+    const absl::Duration took = absl::Now() - killed;
+    std::cout << "  node 1 local rank " << local << " failed after " << absl::FormatDuration(took) << ": " << reply
+              << std::endl;
+    EXPECT_EQ(ReplyCode(reply), "ABORTED") << reply;
+    EXPECT_THAT(reply, HasSubstr("of job a failed on node 0: local rank 1 left ("));
+    EXPECT_THAT(reply, HasSubstr(absl::StrCat("pid ", victim_pid, ") exited")));
+    EXPECT_LT(took, absl::Seconds(5)) << "node 1 waited out its rendezvous";
+  }
+  EXPECT_EQ(ReplyCode(a.at(0, 0).Result()), "ABORTED");
+  // The job goes on once the rank is back.
+  ASSERT_TRUE(a.Restart(0, 1).ok());
+  EXPECT_EQ(NotAllOk(AllReduceAll(a.all())), "");
+  a.QuitAll();
+  EXPECT_TRUE(cluster.node(1).Stop());
+  EXPECT_TRUE(cluster.node(0).Stop());
+}
+
 // SIGSTOP: a stopped worker never submits. The local watchdog fails the collective after
 // --timeout naming the stalled worker (local rank, worker id, pid), counts it as a timeout fault,
 // and the other node fails it too with the same cause (naming node 0 and the stalled local rank);

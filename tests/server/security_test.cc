@@ -22,6 +22,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "dynamiq/v1/control.grpc.pb.h"
@@ -473,7 +474,7 @@ TEST(ClusterSecretTest, JobsAuthenticateTheirCrossNodeMessages) {
       o.num_nodes = 2;
       o.config = *MakeJobConfig("dynamiq", 5, "ring", 16, "measured");
       o.timeout = absl::Seconds(10);
-      o.connect = [&transports, node](uint64_t) -> absl::StatusOr<std::unique_ptr<engine::Transport>> {
+      o.connect = [&transports, node](uint64_t, uint64_t) -> absl::StatusOr<std::unique_ptr<engine::Transport>> {
         if (!transports[node]) return absl::UnavailableError("already connected once");
         return std::move(transports[node]);
       };
@@ -586,6 +587,68 @@ TEST(WorkerSocketTest, AnotherUidIsRefusedAndCounted) {
   EXPECT_EQ(Rejected(daemon, "permission_denied"), before + 1);
   // The daemon's own uid still gets through.
   EXPECT_THAT(testing::ConnectTestWorker(o.worker_socket, "job", 0, 1, 16), IsOk());
+}
+
+// Issue 22.3: a socket folder another user can write lets them rename the socket and bind their
+// own in its place. dynamiqd refuses such a folder (and one of another owner), creates a missing
+// one 0700, and on shutdown unlinks only the socket it created.
+TEST(WorkerSocketTest, AFolderOthersCanWriteIsRefusedAndAMissingOneIsCreatedPrivate) {
+  TempDir temp;
+  const std::string dir = temp.path();
+  for (mode_t mode : {01777, 0777, 0775, 0757}) {
+    const std::string shared = absl::StrCat(dir, "/shared", mode);
+    ASSERT_EQ(mkdir(shared.c_str(), 0700), 0);
+    ASSERT_EQ(chmod(shared.c_str(), mode), 0);
+    DaemonOptions o = Options(dir);
+    o.worker_socket = shared + "/dynamiqd.sock";
+    Daemon daemon(o);
+    const absl::Status started = daemon.Start();
+    EXPECT_EQ(started.code(), absl::StatusCode::kFailedPrecondition) << started;
+    EXPECT_THAT(std::string(started.message()), HasSubstr(absl::StrFormat("has mode 0%o", mode)));
+    EXPECT_THAT(std::string(started.message()), HasSubstr("chmod go-w " + shared));
+    struct stat st;
+    EXPECT_NE(lstat(o.worker_socket.c_str(), &st), 0) << "no socket is created in a refused folder";
+  }
+  if (geteuid() == 0) {
+    const std::string theirs = dir + "/theirs";
+    ASSERT_EQ(mkdir(theirs.c_str(), 0700), 0);
+    ASSERT_EQ(chown(theirs.c_str(), 65534, 65534), 0);
+    DaemonOptions o = Options(dir);
+    o.worker_socket = theirs + "/dynamiqd.sock";
+    Daemon daemon(o);
+    const absl::Status started = daemon.Start();
+    EXPECT_EQ(started.code(), absl::StatusCode::kFailedPrecondition) << started;
+    EXPECT_THAT(std::string(started.message()), HasSubstr("belongs to uid 65534"));
+  }
+  // A missing folder is created 0700 whatever the umask.
+  const mode_t old_umask = umask(0);
+  DaemonOptions o = Options(dir);
+  o.worker_socket = dir + "/fresh/dynamiqd.sock";
+  Daemon daemon(o);
+  ASSERT_THAT(daemon.Start(), IsOk());
+  umask(old_umask);
+  struct stat st;
+  ASSERT_EQ(stat((dir + "/fresh").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+}
+
+TEST(WorkerSocketTest, ShutdownUnlinksOnlyTheSocketTheDaemonCreated) {
+  TempDir temp;
+  const std::string dir = temp.path();
+  DaemonOptions o = Options(dir);
+  Daemon daemon(o);
+  ASSERT_THAT(daemon.Start(), IsOk());
+  // Someone renames the daemon's socket and binds another at its path.
+  ASSERT_EQ(rename(o.worker_socket.c_str(), (o.worker_socket + ".moved").c_str()), 0);
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", o.worker_socket.c_str());
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  daemon.Shutdown();
+  struct stat st;
+  EXPECT_EQ(lstat(o.worker_socket.c_str(), &st), 0) << "the daemon removed a socket it did not create";
+  close(fd);
 }
 
 TEST(SharedMemoryTest, BuffersAreOwnerOnlyAndUnlinkedOnceMapped) {

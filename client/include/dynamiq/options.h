@@ -25,7 +25,8 @@ namespace dynamiq {
 struct ClientOptions {
   ClientOptions();
 
-  /// Path of dynamiqd's worker Unix socket. Env DQ_SOCKET; default "/tmp/dynamiq/dynamiqd.sock".
+  /// Path of dynamiqd's worker Unix socket. Env DQ_SOCKET; default "/tmp/dynamiq-<uid>/dynamiqd.sock", as root
+  /// "/run/dynamiq/dynamiqd.sock" (dynamiqd's default --worker_socket).
   std::string socket_path;
   /// Job id shared by all workers of one training job on every node. Env DQ_JOB; default
   /// "default".
