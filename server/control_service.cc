@@ -6,6 +6,7 @@
 #include "server/build_info.h"
 #include "server/error_budget_service.h"
 #include "server/rendezvous_service.h"
+#include "server/request_names.h"
 #include "server/worker_service.h"
 
 namespace dynamiq::server {
@@ -77,6 +78,9 @@ grpc::Status ControlService::SetCompression(grpc::ServerContext* context,
                                             const dynamiq::v1::SetCompressionRequest* request,
                                             dynamiq::v1::SetCompressionResponse* response) {
   if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  if (absl::Status bad = CheckRequestName("job id", request->job_id(), kMaxJobIdBytes); !bad.ok()) {
+    return Refuse(daemon_, bad);
+  }
   auto config = FromProto(request->config());
   if (!config.ok()) return Refuse(daemon_, config.status());
   // proto3 cannot tell "expect epoch 0" from unset: 0 means any.
@@ -92,6 +96,10 @@ grpc::Status ControlService::GetFlightRecorder(grpc::ServerContext* context,
                                                const dynamiq::v1::GetFlightRecorderRequest* request,
                                                dynamiq::v1::GetFlightRecorderResponse* response) {
   if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  if (absl::Status bad = CheckRequestName("job id", request->job_id(), kMaxJobIdBytes, /*allow_empty=*/true);
+      !bad.ok()) {
+    return Refuse(daemon_, bad);
+  }
   std::vector<std::string> jobs;
   if (request->job_id().empty()) {
     for (const auto& [id, s] : daemon_.JobStatuses()) jobs.push_back(id);

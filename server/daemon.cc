@@ -31,6 +31,8 @@
 #include "server/metrics.h"
 #include "server/process_watcher.h"
 #include "server/rendezvous_service.h"
+#include "server/request_names.h"
+#include "server/shm_region.h"
 #include "server/worker_listener.h"
 #include "server/worker_service.h"
 
@@ -119,6 +121,7 @@ bool DaemonHasCudaSupport() {
 Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {
   ShmRegistry::Options shm;
   shm.max_total_bytes = options_.max_shm_bytes;
+  shm.max_total_buffers = options_.max_buffers;
   registry_ = std::make_unique<ShmRegistry>(shm);
   metrics_ = std::make_unique<Metrics>(options_.node_rank, options_.num_nodes);
   std::vector<JobObserver*> observers = {metrics_.get()};
@@ -142,6 +145,13 @@ Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {
 Daemon::~Daemon() { Shutdown(absl::Seconds(1)); }
 
 absl::Status Daemon::Start() {
+  // Buffers a crashed daemon created but never unlinked (their worker never reported mapping them).
+  if (const size_t orphans = ShmRegion::UnlinkOrphans(); orphans > 0) {
+    std::fprintf(
+        stderr,
+        "dynamiqd: removed %zu shared-memory objects left in /dev/shm by dynamiqd processes that no longer run\n",
+        orphans);
+  }
   if (options_.num_nodes == 0 || options_.node_rank >= options_.num_nodes) {
     return absl::InvalidArgumentError(
         absl::StrCat("--node_rank ", options_.node_rank, " is not in a cluster of ", options_.num_nodes, " nodes"));
@@ -316,6 +326,7 @@ absl::Status Daemon::CheckDevice() {
   device_uuid_ = memory->uuid();
   DeviceBufferRegistry::Options limits;
   limits.max_total_bytes = options_.max_device_bytes;
+  limits.max_total_buffers = options_.max_buffers;
   device_registry_ = std::make_unique<DeviceBufferRegistry>(std::move(memory), limits);
 #endif
   return absl::OkStatus();
@@ -570,6 +581,13 @@ absl::StatusOr<Daemon::Registration> Daemon::Register(const std::string& job_id,
     absl::MutexLock lock(&mu_);
     DQ_ASSIGN_OR_RETURN(std::optional<Registration> r, live());  // created meanwhile
     if (r.has_value()) return *r;
+    // Every job has its reducer thread and transport: a bound keeps a runaway launcher (or a
+    // hostile worker) from exhausting the node's threads. Creations are serialized by create_mu_.
+    if (jobs_.size() >= options_.max_jobs) {
+      return absl::ResourceExhaustedError(absl::StrCat("dynamiqd already runs ", jobs_.size(),
+                                                       " jobs, its limit (--max_jobs); job ", QuoteName(job_id),
+                                                       " can start when one of them ends"));
+    }
   }
   DQ_ASSIGN_OR_RETURN(uint64_t incarnation, ClaimIncarnation(job_id));
   DQ_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, CreateJob(job_id, incarnation, local_world_size));

@@ -83,6 +83,12 @@ struct DaemonOptions {
   absl::Duration timeout = absl::Seconds(300);
   // Shared memory limits.
   size_t max_shm_bytes = size_t{64} << 30;
+  // Buffers all workers together may hold (each kind: shared memory, device memory). Every shared
+  // memory buffer is one mapping of the daemon's, and vm.max_map_count (65530 by default) bounds
+  // them all: past it mmap fails for everything else too.
+  size_t max_buffers = 16384;
+  // Jobs the daemon runs at once (each has a reducer thread and its transports).
+  size_t max_jobs = 256;
   // Prometheus /metrics port on the host of `listen`: 0 picks a free one, -1 serves none (the
   // default here, so in-process daemons never collide; dynamiqd's flag defaults to 9400).
   int metrics_port = -1;

@@ -48,6 +48,10 @@ constexpr absl::Duration kReportTimeout = absl::Seconds(1);
 // daemon killed) reaches the workers this much later.
 constexpr absl::Duration kCauseWaitAfterReset = absl::Milliseconds(300);
 constexpr absl::Duration kCauseWaitAfterDeadline = absl::Seconds(1);
+// How far ahead of the job's next collective a worker may submit: far more than any training loop
+// keeps outstanding (DDP has a few dozen buckets in flight), and a bound on the slots one worker can
+// open. A request beyond it is refused rather than parked where no collective will ever reach it.
+constexpr uint64_t kMaxCollectivesAhead = uint64_t{1} << 16;
 
 // `message` without its leading "collective <seq> of job <id>" (and the ": " or " " after it).
 absl::string_view WithoutCollectivePrefix(absl::string_view message, absl::string_view prefix) {
@@ -221,14 +225,27 @@ absl::StatusOr<Job::Result> Job::Submit(const Request& request) {
     entry.local_rank = w->second;
     if (request.submission.has_value()) {
       // The worker's own numbering: asynchronous requests may arrive out of order.
-      sequence = base_[request.worker_id] + *request.submission;
-      if (sequence < next_run_ || *request.submission > (uint64_t{1} << 40)) {
+      const uint64_t base = base_[request.worker_id];
+      if (*request.submission >= kMaxCollectivesAhead + (next_run_ - std::min(next_run_, base))) {
+        return reject(absl::InvalidArgumentError(absl::StrCat(
+            "submission ", *request.submission, " of worker ", request.worker_id, " is too far ahead: job ",
+            options_.id, " runs its collective ", next_run_ - std::min(next_run_, base),
+            " of this worker next and accepts at most ", kMaxCollectivesAhead,
+            " ahead of it (number a worker's all-reduces 0, 1, 2, ... from its registration)")));
+      }
+      sequence = base + *request.submission;
+      if (sequence < next_run_) {
         return reject(absl::InvalidArgumentError(absl::StrCat("submission ", *request.submission, " of worker ",
-                                                              request.worker_id, " is out of order (collective ",
-                                                              sequence, " already ran or is absurd)")));
+                                                              request.worker_id, " is out of order: its collective ",
+                                                              sequence, " of job ", options_.id, " already ran")));
       }
     } else {
       sequence = next_submit_[request.worker_id];
+      if (sequence >= next_run_ + kMaxCollectivesAhead) {
+        return reject(absl::ResourceExhaustedError(
+            absl::StrCat("worker ", request.worker_id, " has ", sequence - next_run_, " all-reduces of job ",
+                         options_.id, " waiting; at most ", kMaxCollectivesAhead, " may be outstanding")));
+      }
     }
     if (stopping_) return reject(absl::UnavailableError(stop_reason_));
     auto existing = slots_.find(sequence);

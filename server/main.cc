@@ -44,6 +44,13 @@ ABSL_FLAG(double, timeout, 300,
           "watchdog: a local worker that has not submitted the collective by then (stopped, hung) is named with "
           "its local rank and pid in the DEADLINE_EXCEEDED every participant gets (dynamiq_faults_total, "
           "kind=\"timeout\").");
+ABSL_FLAG(uint64_t, max_buffers, 16384,
+          "Buffers all local workers together may hold at once (each kind). Every shared-memory buffer is one "
+          "mapping of dynamiqd's, and vm.max_map_count (65530 by default) bounds them; past this limit "
+          "AllocateBuffer fails with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(uint64_t, max_jobs, 256,
+          "Jobs this daemon runs at once (each has a reducer thread and transports); a worker that would start "
+          "another gets RESOURCE_EXHAUSTED.");
 ABSL_FLAG(std::string, device, "cpu",
           "Where jobs reduce: cpu (host shared-memory buffers, Gloo TCP between nodes) or cuda (a GPU node: workers "
           "may also get buffers in the GPU's memory through CUDA IPC handles; local reduce on the GPU, NCCL between "
@@ -137,6 +144,8 @@ int main(int argc, char** argv) {
   if (const std::string socket = absl::GetFlag(FLAGS_worker_socket); !socket.empty()) o.worker_socket = socket;
   o.default_config = *config;
   o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout));
+  o.max_buffers = absl::GetFlag(FLAGS_max_buffers);
+  o.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.error_sample_rate = absl::GetFlag(FLAGS_error_sample_rate);
   o.device = *device;

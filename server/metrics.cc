@@ -190,7 +190,12 @@ absl::StatusOr<std::string> Metrics::Serve(const std::string& host, int port) {
   if (exposer_) return absl::FailedPreconditionError("metrics are already served");
   const std::string bind = host.empty() ? absl::StrCat(port) : absl::StrCat(host, ":", port);
   try {
-    exposer_ = std::make_unique<prometheus::Exposer>(bind, /*num_threads=*/2);
+    // civetweb gives every connection a thread until its request is answered. Several threads, and
+    // a bound on the time a request may take to arrive, so that a few idle or trickling connections
+    // cannot keep Prometheus from scraping (it would see the node as down).
+    exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", bind, "num_threads", absl::StrCat(kExposerThreads), "request_timeout_ms",
+        absl::StrCat(absl::ToInt64Milliseconds(kScrapeRequestTimeout)), "enable_keep_alive", "no"});
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", bind,
                                                " (address in use? --metrics_port=0 picks a free port): ", e.what()));

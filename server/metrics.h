@@ -37,6 +37,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "prometheus/labels.h"
 #include "server/compression_controller.h"
 #include "server/counting_transport.h"
@@ -54,6 +55,11 @@ class Family;
 }  // namespace prometheus
 
 namespace dynamiq::server {
+
+// The /metrics server: threads, and how long a client may take to send its request (headers
+// included) before the connection is closed.
+inline constexpr int kExposerThreads = 8;
+inline constexpr absl::Duration kScrapeRequestTimeout = absl::Seconds(5);
 
 class Metrics final : public JobObserver, public PeerBytesSink {
  public:

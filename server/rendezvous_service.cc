@@ -27,7 +27,13 @@ absl::Status CheckKey(const std::string& key) {
 
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  // A message travels as metadata (grpc-message, percent-encoded); gRPC's limit is 8 KiB in all.
+  constexpr size_t kMaxMessageBytes = 2048;
+  absl::string_view message = s.message();
+  if (message.size() <= kMaxMessageBytes)
+    return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(message));
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                      absl::StrCat(message.substr(0, kMaxMessageBytes), "... (", message.size(), " bytes)"));
 }
 
 absl::Status FromGrpcStatus(const grpc::Status& s) {

@@ -1,8 +1,10 @@
 #include "server/shm_region.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -13,6 +15,8 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -232,6 +236,33 @@ absl::Status ShmRegion::Unlink() {
   if (shm_unlink(name_.c_str()) != 0 && errno != ENOENT) return ShmErrno(errno, "shm_unlink", name_);
   linked_ = false;
   return absl::OkStatus();
+}
+
+size_t ShmRegion::UnlinkOrphans() {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  const absl::string_view prefix = kShmNamePrefix.substr(1);  // the entries have no leading '/'
+  size_t unlinked = 0;
+  while (dirent* e = readdir(dir)) {
+    const absl::string_view name = e->d_name;
+    if (!absl::StartsWith(name, prefix)) continue;
+    const absl::string_view rest = name.substr(prefix.size());
+    int64_t pid = 0;
+    const size_t dash = rest.find('-');
+    if (dash == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, dash), &pid) || pid <= 0 ||
+        pid == getpid()) {
+      continue;
+    }
+    struct stat st;
+    if (fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_uid != geteuid()) {
+      continue;
+    }
+    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // the creator lives (or is not ours)
+    if (shm_unlink(absl::StrCat("/", name).c_str()) == 0) ++unlinked;
+  }
+  closedir(dir);
+  return unlinked;
 }
 
 }  // namespace dynamiq::server

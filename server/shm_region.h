@@ -66,6 +66,12 @@ class ShmRegion {
   // an opened object's name.
   static absl::StatusOr<ShmRegion> Open(const std::string& name, size_t expected_bytes);
 
+  // Unlinks the objects a crashed daemon left behind (created, never unlinked because the worker
+  // never said it mapped them): those in /dev/shm named kShmNamePrefix<pid>-..., owned by this
+  // process's effective uid, whose creator <pid> no longer exists. Objects of live processes and
+  // of other users are left alone. Returns how many it unlinked. dynamiqd calls it at start.
+  static size_t UnlinkOrphans();
+
   // An empty region: no mapping, no name. A moved-from region is empty too.
   ShmRegion() = default;
   ShmRegion(ShmRegion&& other) noexcept;

@@ -76,9 +76,9 @@ class WorkerBuffers {
     auto [it, inserted] = workers_.try_emplace(worker_id);
     WorkerState& worker = it->second;
     if (inserted) worker.generation = next_generation_++;
-    const absl::Status refused = AdmitBuffer(limits_, names_.kind, names_.memory, worker_id, bytes,
-                                             worker.buffers.size() + worker.reserved_buffers,
-                                             worker.bytes + worker.reserved_bytes, total_ + reserved_total_);
+    const absl::Status refused = AdmitBuffer(
+        limits_, names_.kind, names_.memory, worker_id, bytes, worker.buffers.size() + worker.reserved_buffers,
+        worker.bytes + worker.reserved_bytes, num_buffers_ + reserved_buffers_, total_ + reserved_total_);
     if (!refused.ok()) {
       if (inserted) workers_.erase(it);
       return refused;
@@ -86,6 +86,7 @@ class WorkerBuffers {
     worker.reserved_bytes += bytes;
     ++worker.reserved_buffers;
     reserved_total_ += bytes;
+    ++reserved_buffers_;
     return Reservation{worker_id, next_buffer_id_++, worker.generation, bytes};
   }
 
@@ -95,6 +96,7 @@ class WorkerBuffers {
     absl::StatusOr<Buffer> discard = absl::UnknownError("");  // destroyed after the lock is released
     absl::MutexLock lock(&mu_);
     reserved_total_ -= r.bytes;
+    --reserved_buffers_;
     auto it = workers_.find(r.worker_id);
     if (it == workers_.end() || it->second.generation != r.generation) {
       discard = std::move(created);
@@ -266,6 +268,7 @@ class WorkerBuffers {
   std::vector<std::unique_ptr<Stored>> orphans_ ABSL_GUARDED_BY(mu_);  // released workers' buffers in use
   size_t total_ ABSL_GUARDED_BY(mu_) = 0;
   size_t reserved_total_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t reserved_buffers_ ABSL_GUARDED_BY(mu_) = 0;
   size_t num_buffers_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;

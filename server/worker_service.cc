@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "server/rendezvous_service.h"
+#include "server/request_names.h"
 
 namespace dynamiq::server {
 namespace {
@@ -12,14 +13,6 @@ namespace {
 grpc::Status Refuse(Daemon& daemon, const absl::Status& status) {
   daemon.RecordRejected(status);
   return ToGrpcStatus(status);
-}
-
-absl::StatusOr<uint64_t> ParseWorkerId(const std::string& id) {
-  uint64_t v;
-  if (!absl::SimpleAtoi(id, &v) || v == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("malformed worker id '", id, "'"));
-  }
-  return v;
 }
 
 }  // namespace
@@ -40,6 +33,9 @@ void ToProto(const JobConfig& c, dynamiq::v1::CompressionConfig* out) {
 }
 
 absl::StatusOr<JobConfig> FromProto(const dynamiq::v1::CompressionConfig& c) {
+  DQ_RETURN_IF_ERROR(CheckRequestName("codec", c.codec(), kMaxConfigNameBytes, /*allow_empty=*/true));
+  DQ_RETURN_IF_ERROR(CheckRequestName("topology", c.topology(), kMaxConfigNameBytes, /*allow_empty=*/true));
+  DQ_RETURN_IF_ERROR(CheckRequestName("allocator", c.allocator(), kMaxConfigNameBytes, /*allow_empty=*/true));
   DQ_ASSIGN_OR_RETURN(JobConfig config,
                       MakeJobConfig(c.codec(), c.bits(), c.topology(), c.min_compress_elements(), c.allocator()));
   if (c.has_error_budget() && c.error_budget().target_vnmse() != 0) {  // proto3: a zero target is no budget
@@ -56,8 +52,8 @@ absl::StatusOr<JobConfig> FromProto(const dynamiq::v1::CompressionConfig& c) {
 
 grpc::Status WorkerService::Register(grpc::ServerContext* context, const dynamiq::v1::RegisterRequest* request,
                                      dynamiq::v1::RegisterResponse* response) {
-  if (request->job_id().empty() || request->job_id().size() > 256) {
-    return Refuse(daemon_, absl::InvalidArgumentError("job id must be 1..256 bytes"));
+  if (absl::Status bad = CheckRequestName("job id", request->job_id(), kMaxJobIdBytes); !bad.ok()) {
+    return Refuse(daemon_, bad);
   }
   auto r = daemon_.Register(request->job_id(), request->local_rank(), request->local_world_size(),
                             daemon_.WorkerPeer(context->peer()));
@@ -126,6 +122,10 @@ grpc::Status WorkerService::AllReduce(grpc::ServerContext*, const dynamiq::v1::A
                                       dynamiq::v1::AllReduceResponse* response) {
   auto worker = ParseWorkerId(request->worker_id());
   if (!worker.ok()) return Refuse(daemon_, worker.status());
+  if (absl::Status bad = CheckRequestName("tensor name", request->tensor_name(), kMaxTensorNameBytes, true);
+      !bad.ok()) {
+    return Refuse(daemon_, bad);
+  }
   Daemon::AllReduceCall call;
   call.worker_id = *worker;
   call.tensor_name = request->tensor_name();

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -366,6 +367,63 @@ TEST(MetricsTest, ServesOverHttpAndReportsBindFailures) {
   EXPECT_THAT(other.Serve("127.0.0.1", 70000), StatusIs(absl::StatusCode::kInvalidArgument));
   m.StopServing();
   EXPECT_FALSE(HttpGet(*address).ok());
+}
+
+// Issue 22.4: connections that trickle their request headers, or send nothing, used to hold both of
+// the exposer's threads, and /metrics answered nothing while they stayed open. Scrapes are now
+// served meanwhile, and such connections are closed after kScrapeRequestTimeout.
+TEST(MetricsTest, SlowAndIdleConnectionsNeitherBlockScrapesNorStayForever) {
+  Metrics m(0, 1);
+  auto address = m.Serve("127.0.0.1", 0);
+  ASSERT_THAT(address, IsOk());
+  int port = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(address->substr(address->rfind(':') + 1), &port));
+  auto open = [&]() {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    return fd;
+  };
+  std::vector<int> idle = {open(), open()};
+  std::vector<int> slow = {open(), open(), open()};
+  for (int fd : slow) ASSERT_EQ(send(fd, "GET /metrics HTTP/1.1\r\n", 23, MSG_NOSIGNAL), 23);
+  const absl::Time start = absl::Now();
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    for (int i = 0; i < 200 && !stop.load(); ++i) {  // one header byte per 50 ms each, bounded
+      for (int fd : slow) (void)send(fd, "X", 1, MSG_NOSIGNAL);
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  });
+  for (int i = 0; i < 3; ++i) {
+    const absl::Time t = absl::Now();
+    auto body = HttpGet(*address);
+    ASSERT_THAT(body, IsOk());
+    EXPECT_THAT(*body, HasSubstr("dynamiq_build_info{"));
+    EXPECT_LT(absl::Now() - t, absl::Seconds(2)) << "scrape " << i << " waited for the slow connections";
+  }
+  // The server closes every one of them once its request took too long (read returns 0 or an error).
+  auto closed_by_server = [&](int fd) {
+    timeval tv{static_cast<time_t>(absl::ToInt64Seconds(kScrapeRequestTimeout)) + 5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char buffer[4096];
+    for (int i = 0; i < 1000; ++i) {
+      const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return true;
+      if (n < 0) return false;  // the receive timeout passed: still open
+    }
+    return false;
+  };
+  for (int fd : idle) EXPECT_TRUE(closed_by_server(fd));
+  for (int fd : slow) EXPECT_TRUE(closed_by_server(fd));
+  EXPECT_LT(absl::Now() - start, kScrapeRequestTimeout + absl::Seconds(5));
+  stop = true;
+  trickle.join();
+  for (int fd : idle) close(fd);
+  for (int fd : slow) close(fd);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,6 +5,8 @@
 #include <fcntl.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -687,6 +689,51 @@ TEST(SharedMemoryTest, BuffersAreOwnerOnlyAndUnlinkedOnceMapped) {
   EXPECT_NE(stat(path.c_str(), &st), 0);
   region->data()[0] = 42;
   EXPECT_EQ(region->data()[0], 42);
+}
+
+// Issue 22.5: a buffer the worker never reported mapped keeps its /dev/shm name; when the daemon
+// is then killed, nothing unlinks it. The next dynamiqd removes such objects of dead creators, and
+// leaves those of live processes alone.
+TEST(SharedMemoryTest, ObjectsLeftByACrashedDaemonAreRemovedAtTheNextStart) {
+  // Children that create an object each, like a daemon that allocated a buffer: one dies at once
+  // without cleaning up (as under kill -9), one stays alive until the test ends.
+  auto spawn = [](bool stay) -> std::pair<pid_t, std::string> {
+    int fds[2];
+    if (pipe(fds) != 0) return {-1, ""};
+    const pid_t child = fork();
+    if (child == 0) {
+      close(fds[0]);
+      auto region = ShmRegion::Create(4096, "orphan");
+      const std::string name = region.ok() ? region->name() : "";
+      (void)!write(fds[1], name.data(), name.size());
+      close(fds[1]);
+      if (stay) pause();
+      _exit(0);  // no destructors: the name stays linked
+    }
+    close(fds[1]);
+    char buf[256];
+    const ssize_t n = read(fds[0], buf, sizeof(buf));
+    close(fds[0]);
+    return {child, std::string(buf, n > 0 ? n : 0)};
+  };
+  auto [dead_pid, dead_name] = spawn(false);
+  auto [live_pid, live_name] = spawn(true);
+  ASSERT_FALSE(dead_name.empty());
+  ASSERT_FALSE(live_name.empty());
+  waitpid(dead_pid, nullptr, 0);
+  auto linked = [](const std::string& name) {
+    struct stat st;
+    return stat(absl::StrCat("/dev/shm", name).c_str(), &st) == 0;
+  };
+  ASSERT_TRUE(linked(dead_name));
+  TempDir temp;
+  Daemon daemon(Options(temp.path()));
+  ASSERT_THAT(daemon.Start(), IsOk());
+  EXPECT_FALSE(linked(dead_name)) << dead_name << " of a dead creator was left";
+  EXPECT_TRUE(linked(live_name)) << live_name << " of a live process was removed";
+  kill(live_pid, SIGKILL);
+  waitpid(live_pid, nullptr, 0);
+  shm_unlink(live_name.c_str());
 }
 
 }  // namespace
