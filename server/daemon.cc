@@ -92,6 +92,10 @@ std::string FailureKey(const std::string& job_id, uint64_t incarnation, uint64_t
 constexpr size_t kMaxCauseBytes = 4096;
 // Of a lookup's time, what the coordinator's answer needs to come back after its wait for the key.
 constexpr absl::Duration kLookupRoundTrip = absl::Milliseconds(100);
+// Start-up waits (the coordinator, the other nodes, node 0's settings) go in slices this long, so a
+// signal stops them promptly, and report what they wait for this often.
+constexpr absl::Duration kStartSlice = absl::Seconds(1);
+constexpr absl::Duration kStartProgressInterval = absl::Seconds(5);
 // How often a node waiting in a job's rendezvous checks whether another node failed the collective.
 constexpr absl::Duration kRendezvousPoll = absl::Milliseconds(250);
 
@@ -180,6 +184,9 @@ absl::Status Daemon::Start() {
   grpc::ServerBuilder op;
   int port = 0;
   op.AddListeningPort(options_.listen, security_.server_credentials, &port);
+  // gRPC sets SO_REUSEPORT by default: a second daemon on the same port would start and share the
+  // operator calls with this one. Off, it fails at start like the worker socket and metrics port.
+  op.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   op.RegisterService(control_service_.get());
   if (coordinator_here) {
     rendezvous_ = std::make_unique<RendezvousService>(security_.rendezvous_auth.get(),
@@ -195,7 +202,10 @@ absl::Status Daemon::Start() {
     absl::MutexLock lock(&mu_);
     listen_address_ = absl::StrCat(peer_host_, ":", port);
   }
-  operator_server_->GetHealthCheckService()->SetServingStatus("dynamiq.v1.Control", true);
+  // Not ready (gRPC health NOT_SERVING, for readiness probes) until the cluster has formed and the
+  // workers' socket is up: Start ends with SERVING.
+  operator_server_->GetHealthCheckService()->SetServingStatus("dynamiq.v1.Control", false);
+  operator_server_->GetHealthCheckService()->SetServingStatus(false);  // "" too
 
   // The coordinator's store: in-process for a single node, else over gRPC.
   if (options_.num_nodes == 1) {
@@ -204,8 +214,7 @@ absl::Status Daemon::Start() {
     const std::string me = listen_address();
     auto grpc_store = std::make_unique<GrpcStore>(coordinator_here ? me : options_.coordinator,
                                                   security_.channel_credentials, security_.rendezvous_token);
-    DQ_ASSIGN_OR_RETURN(std::vector<std::string> members,
-                        grpc_store->Join(options_.node_rank, options_.num_nodes, me, options_.timeout));
+    DQ_ASSIGN_OR_RETURN(std::vector<std::string> members, JoinCluster(*grpc_store, me));
     absl::MutexLock lock(&mu_);
     members_ = std::move(members);
     store_ = std::move(grpc_store);
@@ -250,7 +259,63 @@ absl::Status Daemon::Start() {
   if (options_.num_nodes > 1 && !coordinator_here) {
     coordinator_watch_ = std::thread([this] { WatchCoordinator(); });
   }
+  operator_server_->GetHealthCheckService()->SetServingStatus(true);
   return absl::OkStatus();
+}
+
+void Daemon::CancelStart() { start_cancelled_ = true; }
+
+absl::StatusOr<std::vector<std::string>> Daemon::JoinCluster(GrpcStore& store, const std::string& me) {
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  absl::Time next_report = absl::Now() + kStartProgressInterval;
+  while (true) {
+    // Short joins, so that a signal (CancelStart) and the progress report are never far away. A
+    // join is idempotent: the coordinator keeps this node's address from the first one.
+    const absl::Duration slice = std::min(kStartSlice, std::max(absl::Milliseconds(1), deadline - absl::Now()));
+    absl::StatusOr<std::vector<std::string>> members = store.Join(options_.node_rank, options_.num_nodes, me, slice);
+    if (members.ok()) return members;
+    // UNAVAILABLE / DEADLINE_EXCEEDED: the coordinator is not up, or not every node has joined yet.
+    if (!absl::IsDeadlineExceeded(members.status()) && !absl::IsUnavailable(members.status())) return members;
+    if (start_cancelled_) return absl::CancelledError("stopped while waiting for the cluster to form");
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the cluster did not form within --timeout=", absl::FormatDuration(options_.timeout), ": ",
+                       DescribeJoinWait(store, members.status())));
+    }
+    if (absl::Now() >= next_report) {
+      std::fprintf(stderr, "dynamiqd: waiting for the cluster to form: %s\n",
+                   DescribeJoinWait(store, members.status()).c_str());
+      next_report = absl::Now() + kStartProgressInterval;
+    }
+  }
+}
+
+std::string Daemon::DescribeJoinWait(GrpcStore& store, const absl::Status& last) {
+  std::vector<std::string> missing;
+  for (uint32_t r = 0; r < options_.num_nodes; ++r) {
+    absl::StatusOr<std::string> member = store.Get(absl::StrCat("member/", r), absl::ZeroDuration());
+    if (member.ok()) continue;
+    if (!absl::StrContains(member.status().message(), "was not set")) {
+      // The coordinator does not answer at all.
+      return absl::StrCat("the coordinator at ", options_.coordinator.empty() ? listen_address() : options_.coordinator,
+                          " does not answer (", last.message(), ")");
+    }
+    missing.push_back(absl::StrCat(r));
+  }
+  return absl::StrCat(missing.size() == 1 ? "node rank " : "node ranks ", absl::StrJoin(missing, ", "), " of ",
+                      options_.num_nodes, missing.size() == 1 ? " has" : " have",
+                      " not joined yet (each node runs dynamiqd with --num_nodes=", options_.num_nodes,
+                      " and --coordinator pointing at node 0)");
+}
+
+absl::StatusOr<std::string> Daemon::WaitForStartKey(const std::string& key) {
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  while (true) {
+    absl::StatusOr<std::string> value =
+        store_->Get(key, std::min(kStartSlice, std::max(absl::ZeroDuration(), deadline - absl::Now())));
+    if (value.ok() || !absl::IsDeadlineExceeded(value.status()) || absl::Now() >= deadline) return value;
+    if (start_cancelled_) return absl::CancelledError("stopped while waiting for node 0's settings");
+  }
 }
 
 void Daemon::WatchCoordinator() {
@@ -274,8 +339,23 @@ void Daemon::WatchCoordinator() {
         store->Join(options_.node_rank, options_.num_nodes, listen_address(), absl::Seconds(2));
     if (members.ok()) {
       std::fprintf(stderr, "dynamiqd: re-joined the cluster\n");
-      absl::MutexLock lock(&mu_);
-      members_ = *std::move(members);
+      std::vector<std::shared_ptr<Job>> stale;
+      {
+        absl::MutexLock lock(&mu_);
+        members_ = *std::move(members);
+        for (const auto& [id, job] : jobs_) stale.push_back(job);
+      }
+      // The restarted coordinator lost these jobs' rendezvous, incarnations and failure causes:
+      // none of their collectives can complete any more. Say so at once to the workers that stayed
+      // registered, instead of letting them time out.
+      for (const std::shared_ptr<Job>& job : stale) {
+        const std::string reason = absl::StrCat(
+            "job ", job->id(), " (incarnation ", job->incarnation(),
+            ") cannot go on: the coordinator (node 0) restarted and lost its state; restart the job's workers on "
+            "every node (they register a new incarnation)");
+        std::fprintf(stderr, "dynamiqd: %s\n", reason.c_str());
+        job->Stop(reason);
+      }
     }
   }
 }
@@ -288,7 +368,7 @@ absl::Status Daemon::AgreeOnErrorSampleRate() {
     if (options_.node_rank == 0) {
       DQ_RETURN_IF_ERROR(store_->Set(key, absl::StrFormat("%.17g", rate)));
     } else {
-      DQ_ASSIGN_OR_RETURN(std::string value, store_->Get(key, options_.timeout));
+      DQ_ASSIGN_OR_RETURN(std::string value, WaitForStartKey(key));
       if (!absl::SimpleAtod(value, &rate) || !(rate >= 0 && rate <= 1)) {
         return absl::DataLossError(absl::StrCat("malformed error sample rate '", value, "' from node 0"));
       }
@@ -338,7 +418,7 @@ absl::Status Daemon::AgreeOnDevice() {
   const std::string key = "cluster/device";
   const std::string mine(DeviceKindName(options_.device));
   if (options_.node_rank == 0) return store_->Set(key, mine);
-  DQ_ASSIGN_OR_RETURN(std::string theirs, store_->Get(key, options_.timeout));
+  DQ_ASSIGN_OR_RETURN(std::string theirs, WaitForStartKey(key));
   if (theirs != mine) {
     return absl::FailedPreconditionError(absl::StrCat("node 0 runs --device=", theirs, " but this node --device=", mine,
                                                       ": every node of a cluster must run the same --device"));

@@ -36,6 +36,7 @@
 #ifndef DQ_SERVER_DAEMON_H_
 #define DQ_SERVER_DAEMON_H_
 
+#include <atomic>
 #include <deque>
 #include <limits>
 #include <map>
@@ -64,6 +65,7 @@ namespace dynamiq::server {
 
 class ControlService;
 class ErrorBudgetService;
+class GrpcStore;
 class JobObserverList;
 class Metrics;
 class ProcessWatcher;
@@ -114,8 +116,13 @@ class Daemon {
   explicit Daemon(DaemonOptions options);
   ~Daemon();
 
-  // Starts the gRPC servers, joins the cluster. Returns once the node is ready for workers.
+  // Starts the gRPC servers, joins the cluster. Returns once the node is ready for workers (gRPC
+  // health then says SERVING; NOT_SERVING before). Waiting for the coordinator and the other nodes
+  // takes up to --timeout, with a line on stderr every 5 s saying what it waits for.
   absl::Status Start();
+  // Makes a Start() that waits for the cluster (or node 0's settings) return CANCELLED within about
+  // a second. Thread-safe: for a signal-watching thread, while Start runs.
+  void CancelStart();
   // Stops taking work, fails in-flight collectives, releases shared memory. Idempotent.
   void Shutdown(absl::Duration grace = absl::Seconds(5));
   // Blocks until Shutdown.
@@ -214,6 +221,11 @@ class Daemon {
   absl::Status AgreeOnDevice();
   // Validates an all-reduce call and turns it into the job's request (errors are rejections).
   absl::StatusOr<Job::Request> CheckAllReduce(const AllReduceCall& call, std::shared_ptr<Job>* job);
+  // Start's waits: joining the cluster through `store` (as `me`), a line saying what it still waits
+  // for (after `last`, the latest join's error), and a key node 0 sets at start.
+  absl::StatusOr<std::vector<std::string>> JoinCluster(GrpcStore& store, const std::string& me);
+  std::string DescribeJoinWait(GrpcStore& store, const absl::Status& last);
+  absl::StatusOr<std::string> WaitForStartKey(const std::string& key);
 
   const DaemonOptions options_;
   ServerSecurity security_;  // loaded by Start; outlives the services that use it
@@ -254,6 +266,7 @@ class Daemon {
   absl::Mutex config_mu_;
   std::vector<std::string> members_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> start_cancelled_{false};
   // Nodes other than the coordinator's: polls the coordinator once a second and joins it again
   // when it has restarted (an empty rendezvous that does not know this node). Ends at Shutdown.
   void WatchCoordinator();

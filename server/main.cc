@@ -1,6 +1,7 @@
 // dynamiqd: the per-node dynamiq daemon. See docs/design.md and `dynamiqd --help`.
 #include <signal.h>
 
+#include <atomic>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -43,7 +44,7 @@ ABSL_FLAG(double, timeout, 300,
           "Seconds before a collective that has not completed fails on every participant. Also the local "
           "watchdog: a local worker that has not submitted the collective by then (stopped, hung) is named with "
           "its local rank and pid in the DEADLINE_EXCEEDED every participant gets (dynamiq_faults_total, "
-          "kind=\"timeout\").");
+          "kind=\"timeout\"). Also bounds the start-up wait for the coordinator and the other nodes.");
 ABSL_FLAG(uint64_t, max_buffers, 16384,
           "Buffers all local workers together may hold at once (each kind). Every shared-memory buffer is one "
           "mapping of dynamiqd's, and vm.max_map_count (65530 by default) bounds them; past this limit "
@@ -165,8 +166,39 @@ int main(int argc, char** argv) {
 
   dynamiq::server::Daemon daemon(o);
   g_daemon = &daemon;
+  // Signals are watched from the start: a daemon still waiting for its cluster stops within about a
+  // second (CancelStart), a running one shuts down. `done` ends the watcher when Start fails.
+  enum class Phase { kStarting, kRunning, kDone };
+  std::atomic<Phase> phase{Phase::kStarting};
+  std::atomic<bool> stopping{false};
+  std::thread watcher([&] {
+    const timespec poll{0, 200 * 1000 * 1000};
+    while (phase.load() != Phase::kDone) {
+      const int sig = sigtimedwait(&signals, nullptr, &poll);
+      if (sig <= 0) continue;
+      stopping = true;
+      if (phase.load() == Phase::kStarting) {
+        std::fprintf(stderr, "dynamiqd: signal %d during start-up, stopping\n", sig);
+        daemon.CancelStart();
+        continue;  // Start returns; main ends the process (phase kDone)
+      }
+      std::fprintf(stderr, "dynamiqd: signal %d, shutting down\n", sig);
+      daemon.Shutdown(absl::Seconds(10));
+      return;
+    }
+  });
   absl::Status started = daemon.Start();
-  if (!started.ok()) return Fail(started.ToString());
+  if (!started.ok()) {
+    phase = Phase::kDone;
+    watcher.join();
+    if (stopping.load()) {
+      std::fprintf(stderr, "dynamiqd: stopped before the cluster formed (%s)\n", started.ToString().c_str());
+      return 0;
+    }
+    return Fail(started.ToString());
+  }
+  phase = Phase::kRunning;
+  if (stopping.load()) daemon.Shutdown(absl::Seconds(10));  // a signal that came as Start finished
   const std::string metrics = daemon.metrics_address();
   std::fprintf(stderr, "dynamiqd: node %u/%u ready; operators on %s, workers on %s, metrics on %s\n", o.node_rank,
                o.num_nodes, daemon.listen_address().c_str(), o.worker_socket.c_str(),
@@ -178,13 +210,8 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "dynamiqd: operator token %s, TLS %s, cluster secret %s\n",
                o.security.operator_token_file.empty() ? "off" : "required",
                o.security.tls_cert_file.empty() ? "off" : "on", o.security.cluster_secret_file.empty() ? "off" : "on");
-  std::thread watcher([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    std::fprintf(stderr, "dynamiqd: signal %d, shutting down\n", sig);
-    daemon.Shutdown(absl::Seconds(10));
-  });
   daemon.Wait();
+  phase = Phase::kDone;
   watcher.join();
   std::fprintf(stderr, "dynamiqd: stopped\n");
   return 0;

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/faults/fault_harness.h"
 
@@ -105,6 +106,92 @@ void KillAndRestartNode(int victim) {
 TEST(NodeFaultTest, KilledDaemonFailsTheSurvivorsCollectivesAndTheRestartedNodeRejoins) { KillAndRestartNode(2); }
 
 TEST(NodeFaultTest, KilledCoordinatorFailsTheOthersAndIsRejoinedWhenItRestarts) { KillAndRestartNode(0); }
+
+// Issue 23.1 (and 22.7): a daemon waiting for its cluster, as node 0 for the others or as another
+// node for an unreachable coordinator, says what it waits for every 5 s, answers gRPC health with
+// NOT_SERVING (so a readiness probe fails), and stops at SIGTERM/SIGINT within seconds (exit 0),
+// not at --timeout (300 s here).
+TEST(NodeFaultTest, ADaemonWaitingForItsClusterIsNotReadyAndStopsAtASignal) {
+  ScratchDir dir;
+  const std::string node0 = absl::StrCat("127.0.0.1:", FreePort());
+  struct Case {
+    DaemonSpec spec;
+    int signal;
+    std::string waiting_for;
+  };
+  DaemonSpec first;
+  first.num_nodes = 2;
+  first.listen = node0;
+  first.socket = dir.path() + "/node0.sock";
+  first.timeout_seconds = 300;
+  DaemonSpec second = first;
+  second.node_rank = 1;
+  second.listen = absl::StrCat("127.0.0.1:", FreePort());
+  second.coordinator = node0;  // nobody there
+  second.socket = dir.path() + "/node1.sock";
+  for (const Case& c : {Case{first, SIGTERM, "node rank 1 of 2 has not joined yet"},
+                        Case{second, SIGINT, absl::StrCat("the coordinator at ", node0, " does not answer")}}) {
+    SCOPED_TRACE(absl::StrCat("node ", c.spec.node_rank));
+    DaemonProcess d(DQ_DYNAMIQD, c.spec, absl::StrCat(dir.path(), "/wait", c.spec.node_rank, ".log"));
+    ASSERT_TRUE(d.Spawn().ok());
+    const absl::Time deadline = absl::Now() + absl::Seconds(15);
+    while (absl::Now() < deadline && !absl::StrContains(d.log(), c.waiting_for)) absl::SleepFor(absl::Milliseconds(50));
+    EXPECT_THAT(d.log(), HasSubstr(absl::StrCat("waiting for the cluster to form: ", c.waiting_for)));
+    if (c.spec.node_rank == 0) {
+      // Its operator port answers, but not ready.
+      auto health =
+          grpc::health::v1::Health::NewStub(grpc::CreateChannel(c.spec.listen, grpc::InsecureChannelCredentials()));
+      for (const std::string service : {"", "dynamiq.v1.Control"}) {
+        grpc::health::v1::HealthCheckRequest request;
+        request.set_service(service);
+        grpc::health::v1::HealthCheckResponse response;
+        grpc::ClientContext context;
+        context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+        ASSERT_TRUE(health->Check(&context, request, &response).ok()) << service;
+        EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING) << "'" << service << "'";
+      }
+    }
+    const absl::Time signalled = absl::Now();
+    d.child().Signal(c.signal);
+    const std::optional<int> status = d.child().Wait(absl::Seconds(10));
+    ASSERT_TRUE(status.has_value()) << "still running 10 s after the signal: " << Tail(d.log());
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << Tail(d.log());
+    EXPECT_LT(absl::Now() - signalled, absl::Seconds(3));
+    EXPECT_THAT(d.log(), HasSubstr("stopped before the cluster formed"));
+  }
+}
+
+// Issue 22.7: after the coordinator restarted, the workers that stayed registered on the other
+// nodes belong to a job whose state died with it. Their next all-reduce fails at once saying so
+// (and what to do), rather than at --timeout (30 s here) with no hint.
+TEST(NodeFaultTest, WorkersLeftOverFromBeforeACoordinatorRestartAreToldWhyTheirJobCannotGoOn) {
+  constexpr double kLongTimeoutSeconds = 30;
+  ScratchDir dir;
+  LoopbackCluster cluster(DQ_DYNAMIQD, dir.path(), 2, kLongTimeoutSeconds);
+  ASSERT_TRUE(cluster.Start().ok());
+  JobWorkers a(DQ_FAULT_WORKER, dir.path(), "a", cluster.sockets(), 1, 4096);
+  ASSERT_TRUE(a.Start().ok());
+  EXPECT_EQ(NotAllOk(AllReduceAll(a.all())), "");
+  cluster.node(0).Kill(SIGKILL);
+  ASSERT_TRUE(cluster.Start({0}).ok()) << Tail(cluster.node(1).log());  // node 1 re-joins
+  const absl::Time start = absl::Now();
+  const std::string reply = a.at(1, 0).AllReduce("", absl::Seconds(2 * kLongTimeoutSeconds));
+  std::cout << "left-over worker on node 1 after " << absl::FormatDuration(absl::Now() - start) << ": " << reply
+            << std::endl;
+  EXPECT_EQ(ReplyCode(reply), "UNAVAILABLE") << reply;
+  EXPECT_THAT(reply, HasSubstr("the coordinator (node 0) restarted"));
+  EXPECT_THAT(reply, HasSubstr("restart the job's workers"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // Once the job's workers are restarted everywhere, it runs again.
+  a.QuitAll();
+  ASSERT_TRUE(WaitJobRetired(cluster.node(1), "a"));
+  JobWorkers again(DQ_FAULT_WORKER, dir.path(), "a", cluster.sockets(), 1, 4096);
+  ASSERT_TRUE(again.Start().ok());
+  EXPECT_EQ(NotAllOk(AllReduceAll(again.all())), "");
+  again.QuitAll();
+  EXPECT_TRUE(cluster.node(1).Stop());
+  EXPECT_TRUE(cluster.node(0).Stop());
+}
 
 }  // namespace
 }  // namespace dynamiq::faults

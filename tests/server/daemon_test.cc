@@ -143,6 +143,22 @@ TEST(DaemonTest, SingleNodeSumsLocalWorkersExactly) {
   EXPECT_EQ(CountShm(absl::StrCat("dynamiq-", getpid())), 0);
 }
 
+// Issue 23.2: gRPC sets SO_REUSEPORT by default, so a second daemon on the same --listen port used
+// to start and take every other operator call. It fails at start now.
+TEST(DaemonTest, ASecondDaemonOnTheSameListenPortFailsToStart) {
+  TempDir temp;
+  const std::string dir = temp;
+  Daemon first(Options(dir, 0, 1, ""));
+  ASSERT_THAT(first.Start(), IsOk());
+  DaemonOptions o = Options(dir, 0, 1, "");
+  o.listen = first.listen_address();
+  o.worker_socket = dir + "/second.sock";
+  Daemon second(o);
+  const absl::Status started = second.Start();
+  EXPECT_EQ(started.code(), absl::StatusCode::kUnavailable) << started;
+  EXPECT_THAT(std::string(started.message()), HasSubstr("address in use"));
+}
+
 TEST(DaemonTest, BadRequestsGetClearCodesAndTheDaemonKeepsServing) {
   TempDir temp;
   const std::string dir = temp;
