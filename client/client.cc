@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <utility>
@@ -46,8 +47,23 @@ absl::Status CheckOptions(const ClientOptions& options) {
 // gRPC's own message for a missing socket is generic; say which path and what to check.
 absl::Status CheckSocketExists(const std::string& path) {
   struct stat st;
-  if (::stat(path.c_str(), &st) == 0) return absl::OkStatus();
+  if (::stat(path.c_str(), &st) == 0) {
+    // dynamiqd serves only its own user (the socket is 0600 and every connection's uid is checked):
+    // say so, rather than let the dropped connection read as "Broken pipe". root may try anyway.
+    if (st.st_uid != geteuid() && geteuid() != 0) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "dynamiqd's worker socket ", path, " belongs to uid ", st.st_uid, " and this process runs as uid ", geteuid(),
+          ": dynamiqd serves only workers of its own user (run the worker as uid ", st.st_uid,
+          ", or start a dynamiqd of your own)"));
+    }
+    return absl::OkStatus();
+  }
   const int err = errno;
+  if (err == EACCES) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot reach dynamiqd's worker socket ", path, ": ", ::strerror(err),
+                     " (its folder belongs to another user? dynamiqd serves only workers of its own user)"));
+  }
   if (err != ENOENT && err != ENOTDIR) return absl::OkStatus();  // let the connection attempt report it
   return absl::UnavailableError(absl::StrCat(
       "no dynamiqd worker socket at ", path, ": ", ::strerror(err), " (is dynamiqd running with --worker_socket=", path,

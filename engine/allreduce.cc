@@ -79,8 +79,11 @@ class Runner {
     Incoming& in = it->second;
     in.peer = peer;
     in.max_bytes = max_bytes;
+    // A peer that already reset the connection fails the post itself: name it as every other failure
+    // of this peer is named ("from rank <peer>: ").
     DQ_ASSIGN_OR_RETURN(
-        in.header, t_.PostRecv(peer, Tag(o_.sequence, phase, step, block, kHeader), absl::MakeSpan(in.header_bytes)));
+        in.header,
+        Peer(t_.PostRecv(peer, Tag(o_.sequence, phase, step, block, kHeader), absl::MakeSpan(in.header_bytes)), peer));
     in.tag = Tag(o_.sequence, phase, step, block, kPayload);
     if (trusted_.count(peer)) DQ_RETURN_IF_ERROR(PostPayload(in, max_bytes));
     return absl::OkStatus();
@@ -135,8 +138,10 @@ class Runner {
       h.checksum = PayloadChecksum(payload);
       out.header_bytes = EncodeStepHeader(h);
     }
-    DQ_ASSIGN_OR_RETURN(out.header, t_.PostSend(peer, Tag(o_.sequence, phase, step, block, kHeader), out.header_bytes));
-    DQ_ASSIGN_OR_RETURN(out.body, t_.PostSend(peer, Tag(o_.sequence, phase, step, block, kPayload), payload));
+    DQ_ASSIGN_OR_RETURN(out.header,
+                        Peer(t_.PostSend(peer, Tag(o_.sequence, phase, step, block, kHeader), out.header_bytes), peer));
+    DQ_ASSIGN_OR_RETURN(out.body,
+                        Peer(t_.PostSend(peer, Tag(o_.sequence, phase, step, block, kPayload), payload), peer));
     out.peer = peer;
     result_.bytes_sent += kStepHeaderBytes + payload.size();
     if (phase == Phase::kStats) result_.stats_bytes_sent += kStepHeaderBytes + payload.size();
@@ -244,7 +249,7 @@ class Runner {
   absl::Status PostPayload(Incoming& in, size_t bytes) {
     in.payload = pool_.Take(bytes);
     in.payload.resize(bytes);
-    DQ_ASSIGN_OR_RETURN(in.body, t_.PostRecv(in.peer, in.tag, absl::MakeSpan(in.payload)));
+    DQ_ASSIGN_OR_RETURN(in.body, Peer(t_.PostRecv(in.peer, in.tag, absl::MakeSpan(in.payload)), in.peer));
     in.payload_posted = true;
     return absl::OkStatus();
   }

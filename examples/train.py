@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Data-parallel training through dynamiq (or torch's own Gloo all-reduce, for comparison).
 
 Launcher (default): starts one dynamiqd per node on loopback (free ports, sockets in a temporary
@@ -673,8 +673,22 @@ def launch(args):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def require_torch():
+    """Exits with a clear message when this interpreter has no PyTorch (a python3 earlier in PATH
+    than Debian's, say), naming the one that has it."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        debian = "/usr/bin/python3"
+        hint = (f"run it with Debian's {debian}: {debian} {' '.join(sys.argv)}"
+                if os.path.exists(debian) and os.path.realpath(sys.executable) != os.path.realpath(debian)
+                else "install Debian's python3-torch (apt-get install python3-torch)")
+        sys.exit(f"examples/train.py needs PyTorch, which {sys.executable} does not have; {hint}")
+
+
 def main():
     args = parse_args()
+    require_torch()
     if args.worker:
         run_worker(args)
     else:

@@ -12,9 +12,10 @@
 namespace dynamiq::server {
 namespace {
 
-// Every error a handler returns (but a collective's own failure) is a refused request.
-grpc::Status Refuse(Daemon& daemon, const absl::Status& status) {
-  daemon.RecordRejected(status);
+// Every error a handler returns is a refused request: counted and logged (rate-limited) with the
+// caller's address.
+grpc::Status Refuse(Daemon& daemon, const grpc::ServerContext& context, const absl::Status& status) {
+  if (!status.ok()) daemon.RecordRejected(status, absl::StrCat("an operator call from ", context.peer()));
   return ToGrpcStatus(status);
 }
 
@@ -23,7 +24,7 @@ grpc::Status Refuse(Daemon& daemon, const absl::Status& status) {
 grpc::Status ControlService::Authorize(const grpc::ServerContext& context) {
   if (auth_ == nullptr) return grpc::Status::OK;
   absl::Status s = auth_->Check(context);
-  return s.ok() ? grpc::Status::OK : Refuse(daemon_, s);
+  return s.ok() ? grpc::Status::OK : Refuse(daemon_, context, s);
 }
 
 grpc::Status ControlService::GetStatus(grpc::ServerContext* context, const dynamiq::v1::GetStatusRequest*,
@@ -79,15 +80,15 @@ grpc::Status ControlService::SetCompression(grpc::ServerContext* context,
                                             dynamiq::v1::SetCompressionResponse* response) {
   if (grpc::Status s = Authorize(*context); !s.ok()) return s;
   if (absl::Status bad = CheckRequestName("job id", request->job_id(), kMaxJobIdBytes); !bad.ok()) {
-    return Refuse(daemon_, bad);
+    return Refuse(daemon_, *context, bad);
   }
   auto config = FromProto(request->config());
-  if (!config.ok()) return Refuse(daemon_, config.status());
+  if (!config.ok()) return Refuse(daemon_, *context, config.status());
   // proto3 cannot tell "expect epoch 0" from unset: 0 means any.
   std::optional<uint64_t> expected;
   if (request->expected_epoch() != 0) expected = request->expected_epoch();
   auto epoch = daemon_.SetCompression(request->job_id(), *config, expected);
-  if (!epoch.ok()) return Refuse(daemon_, epoch.status());
+  if (!epoch.ok()) return Refuse(daemon_, *context, epoch.status());
   response->set_epoch(*epoch);
   return grpc::Status::OK;
 }
@@ -98,7 +99,7 @@ grpc::Status ControlService::GetFlightRecorder(grpc::ServerContext* context,
   if (grpc::Status s = Authorize(*context); !s.ok()) return s;
   if (absl::Status bad = CheckRequestName("job id", request->job_id(), kMaxJobIdBytes, /*allow_empty=*/true);
       !bad.ok()) {
-    return Refuse(daemon_, bad);
+    return Refuse(daemon_, *context, bad);
   }
   std::vector<std::string> jobs;
   if (request->job_id().empty()) {
@@ -108,7 +109,7 @@ grpc::Status ControlService::GetFlightRecorder(grpc::ServerContext* context,
   }
   for (const std::string& id : jobs) {
     auto records = daemon_.FlightRecorder(id, request->limit());
-    if (!records.ok()) return Refuse(daemon_, records.status());
+    if (!records.ok()) return Refuse(daemon_, *context, records.status());
     for (const CollectiveRecord& r : *records) {
       dynamiq::v1::CollectiveRecord* out = response->add_records();
       out->set_sequence(r.sequence);

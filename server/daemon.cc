@@ -95,6 +95,9 @@ constexpr absl::Duration kLookupRoundTrip = absl::Milliseconds(100);
 // Start-up waits (the coordinator, the other nodes, node 0's settings) go in slices this long, so a
 // signal stops them promptly, and report what they wait for this often.
 constexpr absl::Duration kStartSlice = absl::Seconds(1);
+// Refused requests are logged at most this many lines per window.
+constexpr int kRejectLogLines = 20;
+constexpr absl::Duration kRejectLogWindow = absl::Seconds(10);
 constexpr absl::Duration kStartProgressInterval = absl::Seconds(5);
 // How often a node waiting in a job's rendezvous checks whether another node failed the collective.
 constexpr absl::Duration kRendezvousPoll = absl::Milliseconds(250);
@@ -189,8 +192,8 @@ absl::Status Daemon::Start() {
   op.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   op.RegisterService(control_service_.get());
   if (coordinator_here) {
-    rendezvous_ = std::make_unique<RendezvousService>(security_.rendezvous_auth.get(),
-                                                      [this](const absl::Status& s) { RecordRejected(s); });
+    rendezvous_ = std::make_unique<RendezvousService>(
+        security_.rendezvous_auth.get(), [this](const absl::Status& s) { RecordRejected(s, "a rendezvous call"); });
     op.RegisterService(rendezvous_.get());
   }
   operator_server_ = op.BuildAndStart();
@@ -236,7 +239,9 @@ absl::Status Daemon::Start() {
   if (!worker_server_) return absl::UnavailableError("cannot start the worker gRPC server");
   // A refused connection (another uid) counts as a rejected request.
   DQ_ASSIGN_OR_RETURN(worker_listener_, WorkerListener::Start(options_.worker_socket, worker_server_.get(),
-                                                              [this](const absl::Status& s) { RecordRejected(s); }));
+                                                              [this](const absl::Status& s) {
+                                                                RecordRejected(s, "a connection to the worker socket");
+                                                              }));
 
   // Metrics: state gauges are read at every scrape.
   metrics_->SetGaugeSource([this] {
@@ -476,8 +481,27 @@ double Daemon::error_sample_rate() const {
   return error_sample_rate_;
 }
 
-void Daemon::RecordRejected(const absl::Status& status) {
-  if (!status.ok()) metrics_->OnRejected(status.code());
+void Daemon::RecordRejected(const absl::Status& status, absl::string_view who) {
+  if (status.ok()) return;
+  metrics_->OnRejected(status.code());
+  uint64_t left_out = 0;
+  {
+    absl::MutexLock lock(&reject_log_mu_);
+    const absl::Time now = absl::Now();
+    if (now - reject_window_start_ >= kRejectLogWindow) {
+      reject_window_start_ = now;
+      reject_lines_in_window_ = 0;
+    }
+    if (reject_lines_in_window_ >= kRejectLogLines) {
+      ++rejects_not_logged_;
+      return;
+    }
+    ++reject_lines_in_window_;
+    left_out = std::exchange(rejects_not_logged_, 0);
+  }
+  // The message quotes what the caller sent only in part and escaped (server/request_names.h).
+  std::fprintf(stderr, "dynamiqd: refused a request of %s: %s%s\n", std::string(who).c_str(), status.ToString().c_str(),
+               left_out > 0 ? absl::StrCat(" (and ", left_out, " more refusals not logged)").c_str() : "");
 }
 
 std::vector<std::string> Daemon::members() const {
@@ -804,7 +828,7 @@ absl::StatusOr<Job::Result> Daemon::AllReduce(const AllReduceCall& call) {
   std::shared_ptr<Job> job;
   absl::StatusOr<Job::Request> request = CheckAllReduce(call, &job);
   if (!request.ok()) {
-    RecordRejected(request.status());
+    RecordRejected(request.status(), absl::StrCat("worker ", call.worker_id));
     return request.status();
   }
   return job->Submit(*request);
@@ -860,7 +884,15 @@ absl::StatusOr<Job::Request> Daemon::CheckAllReduce(const AllReduceCall& call, s
 
 absl::StatusOr<uint64_t> Daemon::SetCompression(const std::string& job_id, const JobConfig& config,
                                                 std::optional<uint64_t> expected_epoch) {
-  DQ_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
+  absl::StatusOr<std::shared_ptr<Job>> found = FindJob(job_id);
+  if (!found.ok()) {
+    return absl::Status(found.status().code(),
+                        absl::StrCat(found.status().message(),
+                                     ": a job exists only while its workers are registered (from its first "
+                                     "worker's Register to its last one's leaving), and takes dynamiqd's --codec, "
+                                     "--bits and --topology when it starts"));
+  }
+  std::shared_ptr<Job> job = *std::move(found);
   // A GPU node runs only what its device all-reduce implements.
   DQ_RETURN_IF_ERROR(CheckConfigForDevice(config, options_.device));
   if (config.error_budget.has_value() && config.error_budget->sample_rate == 0 && error_sample_rate() == 0) {

@@ -136,8 +136,10 @@ class Daemon {
   double error_sample_rate() const;
   // The node's metrics (always recorded; served only with metrics_port >= 0).
   Metrics& metrics() { return *metrics_; }
-  // Counts a refused worker or operator request (dynamiq_rejected_requests_total); OK is ignored.
-  void RecordRejected(const absl::Status& status);
+  // Counts a refused worker or operator request (dynamiq_rejected_requests_total) and logs it with
+  // `who` sent it (at most 20 lines per 10 s; the next line says how many were left out). OK is
+  // ignored.
+  void RecordRejected(const absl::Status& status, absl::string_view who);
   const DaemonOptions& options() const { return options_; }
 
   // Worker API, called by the gRPC service.
@@ -267,6 +269,11 @@ class Daemon {
   std::vector<std::string> members_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> start_cancelled_{false};
+  // Rate limit of the refused-request log lines (RecordRejected).
+  absl::Mutex reject_log_mu_;
+  absl::Time reject_window_start_ ABSL_GUARDED_BY(reject_log_mu_);
+  int reject_lines_in_window_ ABSL_GUARDED_BY(reject_log_mu_) = 0;
+  uint64_t rejects_not_logged_ ABSL_GUARDED_BY(reject_log_mu_) = 0;
   // Nodes other than the coordinator's: polls the coordinator once a second and joins it again
   // when it has restarted (an empty rendezvous that does not know this node). Ends at Shutdown.
   void WatchCoordinator();

@@ -9,13 +9,22 @@
 namespace dynamiq::server {
 namespace {
 
-// Every error a handler returns (but a collective's own failure) is a refused request.
-grpc::Status Refuse(Daemon& daemon, const absl::Status& status) {
-  daemon.RecordRejected(status);
+// Every error a handler returns (but a collective's own failure) is a refused request: counted and
+// logged (rate-limited) with the worker's process.
+grpc::Status Refuse(Daemon& daemon, const grpc::ServerContext* context, const absl::Status& status) {
+  if (!status.ok()) daemon.RecordRejected(status, DescribeWorkerPeer(daemon, *context));
   return ToGrpcStatus(status);
 }
 
 }  // namespace
+
+std::string DescribeWorkerPeer(const Daemon& daemon, const grpc::ServerContext& context) {
+  const std::string peer = context.peer();
+  if (std::optional<PeerCredentials> c = daemon.WorkerPeer(peer)) {
+    return absl::StrCat("worker pid ", c->pid, " uid ", c->uid, " (", peer, ")");
+  }
+  return absl::StrCat("worker ", peer);
+}
 
 void ToProto(const JobConfig& c, dynamiq::v1::CompressionConfig* out) {
   out->set_codec(std::string(kernels::CodecName(c.codec.id)));
@@ -53,11 +62,11 @@ absl::StatusOr<JobConfig> FromProto(const dynamiq::v1::CompressionConfig& c) {
 grpc::Status WorkerService::Register(grpc::ServerContext* context, const dynamiq::v1::RegisterRequest* request,
                                      dynamiq::v1::RegisterResponse* response) {
   if (absl::Status bad = CheckRequestName("job id", request->job_id(), kMaxJobIdBytes); !bad.ok()) {
-    return Refuse(daemon_, bad);
+    return Refuse(daemon_, context, bad);
   }
   auto r = daemon_.Register(request->job_id(), request->local_rank(), request->local_world_size(),
                             daemon_.WorkerPeer(context->peer()));
-  if (!r.ok()) return Refuse(daemon_, r.status());
+  if (!r.ok()) return Refuse(daemon_, context, r.status());
   response->set_worker_id(absl::StrCat(r->worker_id));
   response->set_node_rank(daemon_.options().node_rank);
   response->set_num_nodes(daemon_.options().num_nodes);
@@ -73,14 +82,15 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const dynamiq
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::AllocateBuffer(grpc::ServerContext*, const dynamiq::v1::AllocateBufferRequest* request,
+grpc::Status WorkerService::AllocateBuffer(grpc::ServerContext* context,
+                                           const dynamiq::v1::AllocateBufferRequest* request,
                                            dynamiq::v1::AllocateBufferResponse* response) {
   auto worker = ParseWorkerId(request->worker_id());
-  if (!worker.ok()) return Refuse(daemon_, worker.status());
+  if (!worker.ok()) return Refuse(daemon_, context, worker.status());
   switch (request->memory_kind()) {
     case dynamiq::v1::MEMORY_KIND_HOST: {
       auto info = daemon_.Allocate(*worker, request->bytes());
-      if (!info.ok()) return Refuse(daemon_, info.status());
+      if (!info.ok()) return Refuse(daemon_, context, info.status());
       response->set_buffer_id(info->buffer_id);
       response->set_shm_name(info->shm_name);
       response->set_bytes(info->size);
@@ -89,7 +99,7 @@ grpc::Status WorkerService::AllocateBuffer(grpc::ServerContext*, const dynamiq::
     }
     case dynamiq::v1::MEMORY_KIND_CUDA_DEVICE: {
       auto info = daemon_.AllocateDevice(*worker, request->bytes());
-      if (!info.ok()) return Refuse(daemon_, info.status());
+      if (!info.ok()) return Refuse(daemon_, context, info.status());
       response->set_buffer_id(info->buffer_id);
       response->set_bytes(info->size);
       response->set_memory_kind(dynamiq::v1::MEMORY_KIND_CUDA_DEVICE);
@@ -99,32 +109,34 @@ grpc::Status WorkerService::AllocateBuffer(grpc::ServerContext*, const dynamiq::
       return grpc::Status::OK;
     }
     default:
-      return Refuse(daemon_, absl::InvalidArgumentError(
-                                 absl::StrCat("unknown memory kind ", static_cast<int>(request->memory_kind()))));
+      return Refuse(
+          daemon_, context,
+          absl::InvalidArgumentError(absl::StrCat("unknown memory kind ", static_cast<int>(request->memory_kind()))));
   }
 }
 
-grpc::Status WorkerService::Mapped(grpc::ServerContext*, const dynamiq::v1::MappedRequest* request,
+grpc::Status WorkerService::Mapped(grpc::ServerContext* context, const dynamiq::v1::MappedRequest* request,
                                    dynamiq::v1::MappedResponse*) {
   auto worker = ParseWorkerId(request->worker_id());
-  if (!worker.ok()) return Refuse(daemon_, worker.status());
-  return Refuse(daemon_, daemon_.Mapped(*worker, request->buffer_id()));
+  if (!worker.ok()) return Refuse(daemon_, context, worker.status());
+  return Refuse(daemon_, context, daemon_.Mapped(*worker, request->buffer_id()));
 }
 
-grpc::Status WorkerService::ReleaseBuffer(grpc::ServerContext*, const dynamiq::v1::ReleaseBufferRequest* request,
+grpc::Status WorkerService::ReleaseBuffer(grpc::ServerContext* context,
+                                          const dynamiq::v1::ReleaseBufferRequest* request,
                                           dynamiq::v1::ReleaseBufferResponse*) {
   auto worker = ParseWorkerId(request->worker_id());
-  if (!worker.ok()) return Refuse(daemon_, worker.status());
-  return Refuse(daemon_, daemon_.Release(*worker, request->buffer_id()));
+  if (!worker.ok()) return Refuse(daemon_, context, worker.status());
+  return Refuse(daemon_, context, daemon_.Release(*worker, request->buffer_id()));
 }
 
-grpc::Status WorkerService::AllReduce(grpc::ServerContext*, const dynamiq::v1::AllReduceRequest* request,
+grpc::Status WorkerService::AllReduce(grpc::ServerContext* context, const dynamiq::v1::AllReduceRequest* request,
                                       dynamiq::v1::AllReduceResponse* response) {
   auto worker = ParseWorkerId(request->worker_id());
-  if (!worker.ok()) return Refuse(daemon_, worker.status());
+  if (!worker.ok()) return Refuse(daemon_, context, worker.status());
   if (absl::Status bad = CheckRequestName("tensor name", request->tensor_name(), kMaxTensorNameBytes, true);
       !bad.ok()) {
-    return Refuse(daemon_, bad);
+    return Refuse(daemon_, context, bad);
   }
   Daemon::AllReduceCall call;
   call.worker_id = *worker;
@@ -142,7 +154,7 @@ grpc::Status WorkerService::AllReduce(grpc::ServerContext*, const dynamiq::v1::A
       call.dtype = kernels::DType::kBFloat16;
       break;
     default:
-      return Refuse(daemon_, absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", request->dtype())));
+      return Refuse(daemon_, context, absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", request->dtype())));
   }
   auto r = daemon_.AllReduce(call);
   if (!r.ok()) return ToGrpcStatus(r.status());
@@ -155,11 +167,11 @@ grpc::Status WorkerService::AllReduce(grpc::ServerContext*, const dynamiq::v1::A
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::Unregister(grpc::ServerContext*, const dynamiq::v1::UnregisterRequest* request,
+grpc::Status WorkerService::Unregister(grpc::ServerContext* context, const dynamiq::v1::UnregisterRequest* request,
                                        dynamiq::v1::UnregisterResponse*) {
   auto worker = ParseWorkerId(request->worker_id());
-  if (!worker.ok()) return Refuse(daemon_, worker.status());
-  return Refuse(daemon_, daemon_.Unregister(*worker));
+  if (!worker.ok()) return Refuse(daemon_, context, worker.status());
+  return Refuse(daemon_, context, daemon_.Unregister(*worker));
 }
 
 }  // namespace dynamiq::server

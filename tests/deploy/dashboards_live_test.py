@@ -247,8 +247,8 @@ def run(a, tmp, cluster, dynamiqd, ctl, worker, remaining):
     t_load = time.time()
     for n in (0, 1):
         env = dict(os.environ, DQ_SOCKET=sockets[n], DQ_JOB=JOB, DQ_LOCAL_RANK="0", DQ_LOCAL_WORLD_SIZE="1")
-        cluster.start(f"worker{n}", [worker, "--elements=65536", "--iterations=1000000", "--buckets=4",
-                                     "--tolerance=1e9"], env=env)
+        cluster.start(f"worker{n}", [worker, "--elements=65536", "--iterations=1000000", "--buckets=4"],
+                      env=env)
     wait_for("collectives of both nodes in prometheus", lambda: len(prom.query(
         f'sum by (instance) (dynamiq_collectives_total{{job="{JOB}", result="ok"}}) > 0')["result"]) == 2, 20)
 

@@ -4,12 +4,15 @@
 // (rank); another job on the same daemons keeps working throughout; the daemons neither crash nor
 // leak (fds, threads, shared-memory mappings); and a replacement worker (or the resumed one) gets
 // the job going again.
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <iostream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "dynamiq/v1/worker.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/faults/fault_harness.h"
@@ -144,6 +147,34 @@ TEST(WorkerFaultTest, KilledWorkerBeforeTheNodesConnectedFailsTheOtherNodeAtOnce
   EXPECT_EQ(NotAllOk(AllReduceAll(a.all())), "");
   a.QuitAll();
   EXPECT_TRUE(cluster.node(1).Stop());
+  EXPECT_TRUE(cluster.node(0).Stop());
+}
+
+// Issue 23.7: refused requests are logged with who sent them (the worker's pid and uid, from the
+// socket's credentials), rate-limited, so the DynamiqRequestsRejected runbook can find the client.
+TEST(WorkerFaultTest, RefusedRequestsAreLoggedWithTheWorkersPidAndUidAtABoundedRate) {
+  ScratchDir dir;
+  LoopbackCluster cluster(DQ_DYNAMIQD, dir.path(), 1, kTimeoutSeconds);
+  ASSERT_TRUE(cluster.Start().ok());
+  auto stub = dynamiq::v1::Worker::NewStub(
+      grpc::CreateChannel("unix:" + cluster.socket(0), grpc::InsecureChannelCredentials()));
+  for (int i = 0; i < 50; ++i) {
+    dynamiq::v1::RegisterRequest request;  // no job id
+    request.set_local_world_size(1);
+    dynamiq::v1::RegisterResponse response;
+    grpc::ClientContext context;
+    ASSERT_EQ(stub->Register(&context, request, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  const std::string log = cluster.node(0).log();
+  const std::string line = absl::StrCat("refused a request of worker pid ", getpid(), " uid ", geteuid(), " (fd:");
+  EXPECT_THAT(log, HasSubstr(line)) << Tail(log);
+  EXPECT_THAT(log, HasSubstr("INVALID_ARGUMENT: job id is empty"));
+  int lines = 0;
+  for (size_t at = log.find("refused a request"); at != std::string::npos; at = log.find("refused a request", at + 1)) {
+    ++lines;
+  }
+  EXPECT_GE(lines, 1);
+  EXPECT_LE(lines, 20) << "the log is not rate-limited";
   EXPECT_TRUE(cluster.node(0).Stop());
 }
 

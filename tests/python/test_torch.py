@@ -178,3 +178,21 @@ def test_short_ddp_run_converges(workdir):
     assert result["codec_reported"] == ["dynamiq"]
     assert result["steps_per_second"] > 0 and result["wire_bytes_per_step"] > 0
     assert 0 < max(result["vnmse"]) < 2e-2, result["vnmse"]
+
+
+def test_train_py_says_which_python_has_torch_when_run_without_it():
+    # Issue 23.3: run by an interpreter without torch (here Debian's with its site packages off, as a
+    # python3 earlier in PATH would be), the launcher says so and how to run it, instead of starting
+    # workers that each fail with ModuleNotFoundError.
+    out = subprocess.run(["/usr/bin/python3", "-S", os.path.join(REPO, "examples", "train.py"), "--steps=1"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "examples/train.py needs PyTorch" in out.stderr, out.stderr
+    assert "python3-torch" in out.stderr, out.stderr
+    assert "ModuleNotFoundError" not in out.stderr, out.stderr
+    # The README's command names Debian's interpreter, whatever python3 comes first in PATH.
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    assert "PYTHONPATH=build/python /usr/bin/python3 examples/train.py" in readme
+    with open(os.path.join(REPO, "examples", "train.py")) as f:
+        assert f.readline().strip() == "#!/usr/bin/python3"

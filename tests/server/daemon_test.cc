@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -223,6 +225,52 @@ TEST(DaemonTest, LocalWorkersThatDisagreeFailNamingBoth) {
   EXPECT_EQ(sa.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(sb.error_message(),
               HasSubstr("local rank 0 submitted 'x' (1000 x float32), local rank 1 submitted 'x' (999"));
+}
+
+// Issue 23.4: the example worker with its default flags passes a compressed two-node run (its
+// check follows the codec the daemon reports, not an exact match) and still catches an exact run
+// that is wrong.
+TEST(DaemonTest, ExampleWorkerChecksCompressedResultsByTheCodecsBound) {
+  TempDir temp;
+  const std::string dir = temp;
+  auto daemons = StartTestCluster(dir, 2, *MakeJobConfig("dynamiq", 4, "ring", 1024, "measured"));
+  ASSERT_THAT(daemons, IsOk());
+  auto run = [&](const std::vector<std::string>& extra) {
+    std::vector<pid_t> children;
+    for (int node = 0; node < 2; ++node) {
+      const pid_t child = fork();
+      if (child == 0) {
+        const std::string log = absl::StrCat(dir, "/worker", node, ".log");
+        freopen(log.c_str(), "w", stdout);
+        std::vector<std::string> args = {DQ_EXAMPLE_WORKER, absl::StrCat("--socket=", dir, "/node", node, ".sock"),
+                                         "--job=ex", "--elements=65536", "--iterations=4"};
+        args.insert(args.end(), extra.begin(), extra.end());
+        std::vector<char*> argv;
+        for (std::string& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        execv(DQ_EXAMPLE_WORKER, argv.data());
+        _exit(127);
+      }
+      children.push_back(child);
+    }
+    std::vector<int> codes;
+    for (pid_t c : children) {
+      int status = 0;
+      waitpid(c, &status, 0);
+      codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    }
+    return codes;
+  };
+  auto log = [&](int node) {
+    std::ifstream in(absl::StrCat(dir, "/worker", node, ".log"));
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_EQ(run({}), (std::vector<int>{0, 0})) << log(0);
+  EXPECT_THAT(log(0), HasSubstr("config dynamiq/4"));
+  EXPECT_THAT(log(0), HasSubstr("OK (vnmse <= "));
+  // A bound below what 4-bit DynamiQ achieves fails: the check is real.
+  EXPECT_EQ(run({"--max_vnmse=1e-9"}), (std::vector<int>{1, 1})) << log(0);
+  EXPECT_THAT(log(1), HasSubstr("MISMATCH"));
 }
 
 // A worker process that dies without unregistering (SIGKILL) is noticed through its pidfd: the

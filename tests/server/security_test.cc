@@ -27,6 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "dynamiq/client.h"
 #include "dynamiq/v1/control.grpc.pb.h"
 #include "engine/memory_transport.h"
 #include "engine/step_auth.h"
@@ -44,6 +45,8 @@
 namespace dynamiq::server {
 namespace {
 
+using ::dynamiq::Client;
+using ::dynamiq::ClientOptions;
 using ::dynamiq::testing::IsOk;
 using ::dynamiq::testing::StatusIs;
 using ::dynamiq::testing::TempDir;
@@ -589,6 +592,41 @@ TEST(WorkerSocketTest, AnotherUidIsRefusedAndCounted) {
   EXPECT_EQ(Rejected(daemon, "permission_denied"), before + 1);
   // The daemon's own uid still gets through.
   EXPECT_THAT(testing::ConnectTestWorker(o.worker_socket, "job", 0, 1, 16), IsOk());
+}
+
+// Issue 23.7: a worker of another uid used to see only "UNAVAILABLE: Broken pipe" (the daemon drops
+// its connection). The client now says why before it connects.
+TEST(WorkerSocketTest, AClientOfAnotherUidIsToldTheDaemonServesOnlyItsOwnUser) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another uid";
+  TempDir temp;
+  const std::string dir = temp.path();
+  chmod(dir.c_str(), 0755);  // let the child reach the socket's folder
+  DaemonOptions o = Options(dir);
+  Daemon daemon(o);
+  ASSERT_THAT(daemon.Start(), IsOk());
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    close(fds[0]);
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(10);
+    ClientOptions options;
+    options.socket_path = o.worker_socket;
+    options.job_id = "j";
+    const absl::StatusOr<Client> client = Client::Connect(options);
+    const std::string s = client.ok() ? "connected" : client.status().ToString();
+    (void)!write(fds[1], s.data(), s.size());
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string said;
+  char buf[1024];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof(buf))) > 0;) said.append(buf, n);
+  close(fds[0]);
+  waitpid(child, nullptr, 0);
+  EXPECT_THAT(said, HasSubstr("PERMISSION_DENIED"));
+  EXPECT_THAT(said, HasSubstr("belongs to uid 0 and this process runs as uid 65534"));
+  EXPECT_THAT(said, HasSubstr("serves only workers of its own user"));
 }
 
 // Issue 22.3: a socket folder another user can write lets them rename the socket and bind their

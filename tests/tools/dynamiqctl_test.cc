@@ -22,12 +22,14 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "dynamiq/v1/worker.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/daemon.h"
+#include "server/metrics.h"
 #include "server/shm_region.h"
 #include "tests/testing/status_matchers.h"
 
@@ -307,6 +309,36 @@ TEST_F(DynamiqctlTest, UnknownJobIsNotFound) {
   in.job = "nope";
   EXPECT_EQ(RunIt(in), kExitFailure);
   EXPECT_EQ(err_, "dynamiqctl: NOT_FOUND: no job 'nope' on this node\n");
+}
+
+// Issue 23.9: on an unknown job, set-compression still checks the settings (INVALID_ARGUMENT before
+// NOT_FOUND), says that a job exists only while its workers are registered, and the refusal counts.
+TEST_F(DynamiqctlTest, SetCompressionOnAnUnknownJobChecksTheSettingsAndSaysWhatAJobIs) {
+  CompressionChange change;
+  change.job_id = "nope";
+  change.bits = 99;
+  change.codec = "zstd";
+  EXPECT_THAT(ChangeCompression(*client_, change), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("zstd")));
+  change.codec.reset();
+  EXPECT_THAT(ChangeCompression(*client_, change),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bits must be between 3 and 8")));
+  change.bits = 4;
+  EXPECT_THAT(ChangeCompression(*client_, change),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("no job 'nope'"), HasSubstr("only while its workers are registered"),
+                             HasSubstr("--codec"))));
+  Invocation in = Command("set-compression");
+  in.job = "nope";
+  in.bits = 4;
+  EXPECT_EQ(RunIt(in), kExitFailure);
+  EXPECT_THAT(err_, HasSubstr("only while its workers are registered"));
+  double not_found = -1;
+  for (absl::string_view line : absl::StrSplit(daemon_->metrics().Render(), '\n')) {
+    if (absl::StartsWith(line, "dynamiq_rejected_requests_total{") && absl::StrContains(line, "\"not_found\"")) {
+      ASSERT_TRUE(absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &not_found)) << line;
+    }
+  }
+  EXPECT_EQ(not_found, 2);
 }
 
 TEST_F(DynamiqctlTest, StaleEpochsAreAbortedNotSilentlyUndone) {

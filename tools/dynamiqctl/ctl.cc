@@ -277,7 +277,26 @@ absl::StatusOr<CompressionChangeResult> ChangeCompression(const ControlClient& c
       if (j.job_id() == change.job_id) job = &j;
     }
     if (job == nullptr) {
-      return absl::NotFoundError(absl::StrCat("no job '", change.job_id, "' on dynamiqd at ", client.options().daemon));
+      // Let the daemon answer: it checks the settings given (INVALID_ARGUMENT first), then says the
+      // job does not exist and why (NOT_FOUND, counted as a refused request).
+      config->set_codec(change.codec.value_or("dynamiq"));
+      config->set_bits(change.bits.value_or(0));
+      config->set_topology(change.topology.value_or("ring"));
+      config->set_min_compress_elements(change.min_compress_elements.value_or(0));
+      config->set_allocator(change.allocator.value_or("measured"));
+      if (change.target_vnmse && *change.target_vnmse > 0) {
+        config->mutable_error_budget()->set_target_vnmse(*change.target_vnmse);
+        config->mutable_error_budget()->set_min_bits(change.min_bits.value_or(0));
+        config->mutable_error_budget()->set_max_bits(change.max_bits.value_or(0));
+        config->mutable_error_budget()->set_sample_rate(change.sample_rate.value_or(0));
+      }
+      absl::StatusOr<uint64_t> epoch = client.SetCompression(request);
+      if (epoch.ok()) {
+        return absl::InternalError(
+            absl::StrCat("job '", change.job_id, "' appeared while dynamiqctl changed it: retry"));
+      }
+      return absl::Status(epoch.status().code(),
+                          absl::StrCat(epoch.status().message(), " (dynamiqd at ", client.options().daemon, ")"));
     }
     const CompressionConfig& current = job->config();
     filled = true;
