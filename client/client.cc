@@ -121,6 +121,11 @@ absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view rpc, a
     case grpc::StatusCode::UNAVAILABLE:
       return absl::Status(code, absl::StrCat(rpc, " to dynamiqd at ", socket_path, ": ", status.error_message()));
     case grpc::StatusCode::DEADLINE_EXCEEDED:
+      // gRPC's own deadline (the client's DQ_TIMEOUT_SECONDS) says only "Deadline Exceeded"; any
+      // other message is the daemon's answer (its --timeout fired), which names what it waited for.
+      if (status.error_message() != "Deadline Exceeded") {
+        return absl::Status(code, absl::StrCat(rpc, " to dynamiqd at ", socket_path, ": ", status.error_message()));
+      }
       return absl::Status(
           code, absl::StrCat(rpc, " to dynamiqd at ", socket_path, " (deadline ", absl::FormatDuration(timeout),
                              ", DQ_TIMEOUT_SECONDS): ", status.error_message()));

@@ -103,7 +103,7 @@ grpc::Status ControlService::GetFlightRecorder(grpc::ServerContext* context,
   }
   std::vector<std::string> jobs;
   if (request->job_id().empty()) {
-    for (const auto& [id, s] : daemon_.JobStatuses()) jobs.push_back(id);
+    jobs = daemon_.RecordedJobs();  // retired jobs' records stay readable too
   } else {
     jobs.push_back(request->job_id());
   }

@@ -191,7 +191,8 @@ absl::Status Daemon::Start() {
   // operator calls with this one. Off, it fails at start like the worker socket and metrics port.
   op.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   op.RegisterService(control_service_.get());
-  if (coordinator_here) {
+  // The rendezvous of a cluster: a single node has none (a node pointed at it is told so).
+  if (coordinator_here && options_.num_nodes > 1) {
     rendezvous_ = std::make_unique<RendezvousService>(
         security_.rendezvous_auth.get(), [this](const absl::Status& s) { RecordRejected(s, "a rendezvous call"); });
     op.RegisterService(rendezvous_.get());
@@ -616,13 +617,23 @@ absl::StatusOr<uint64_t> Daemon::ClaimIncarnation(const std::string& job_id) {
 }
 
 std::string Daemon::IncarnationHint(const std::string& job_id, uint64_t incarnation) {
-  std::vector<std::string> others;
+  std::vector<std::string> others, absent;
   for (uint32_t r = 0; r < options_.num_nodes; ++r) {
     if (r == options_.node_rank) continue;
     absl::StatusOr<std::string> value = store_->Get(IncarnationsKey(job_id, r), absl::ZeroDuration());
     uint64_t count = 0;
+    if (!value.ok() && absl::StrContains(value.status().message(), "was not set")) {
+      absent.push_back(absl::StrCat(r));  // the coordinator answered: node r never created the job
+      continue;
+    }
     if (!value.ok() || !absl::SimpleAtoi(*value, &count)) continue;  // unknown: no hint rather than a wrong one
     if (count != incarnation) others.push_back(absl::StrCat("node ", r, " is at incarnation ", count));
+  }
+  if (!absent.empty()) {
+    return absl::StrCat(" (", absent.size() == 1 ? "node " : "nodes ", absl::StrJoin(absent, ", "),
+                        absent.size() == 1 ? " has" : " have", " no workers in job ", QuoteName(job_id),
+                        ": every node's workers must register the same job id (DQ_JOB), and every node of the "
+                        "cluster must have workers in it)");
   }
   if (others.empty()) return "";
   return absl::StrCat(" (", absl::StrJoin(others, ", "), " of job ", job_id, ", this node at ", incarnation,
@@ -993,6 +1004,16 @@ std::map<std::string, Job::Status> Daemon::JobStatuses() const {
   std::map<std::string, Job::Status> out;
   for (const auto& [id, job] : jobs_) out[id] = job->GetStatus();
   return out;
+}
+
+std::vector<std::string> Daemon::RecordedJobs() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> ids;
+  for (const auto& [id, job] : jobs_) ids.push_back(id);
+  for (auto r = retired_.rbegin(); r != retired_.rend(); ++r) {
+    if (!jobs_.count(r->job_id)) ids.push_back(r->job_id);
+  }
+  return ids;
 }
 
 absl::StatusOr<std::vector<CollectiveRecord>> Daemon::FlightRecorder(const std::string& job_id, size_t limit) const {

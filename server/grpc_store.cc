@@ -109,6 +109,13 @@ absl::StatusOr<std::vector<std::string>> GrpcStore::Join(uint32_t node_rank, uin
   context.set_wait_for_ready(true);
   absl::Status s =
       Annotate(stub_->Join(&context, request, &response), absl::StrCat("joining the cluster at ", address_));
+  if (absl::IsUnimplemented(s)) {
+    // A dynamiqd answers there, but it does not serve the rendezvous: it is not node 0.
+    return absl::FailedPreconditionError(
+        absl::StrCat(address_,
+                     " answers but is not the coordinator: --coordinator must be node 0's --listen address "
+                     "(node 0 serves the rendezvous)"));
+  }
   if (absl::IsDeadlineExceeded(s) && tls_) {
     // A failed TLS handshake looks like a coordinator that is not up yet to wait_for_ready.
     return absl::DeadlineExceededError(

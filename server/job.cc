@@ -269,15 +269,32 @@ absl::StatusOr<Job::Result> Job::Submit(const Request& request) {
         mu_.Await(absl::Condition(&done));
       } else {
         const std::string missing = MissingRanks(slot);  // the local workers that never submitted
+        // Every local rank submitted: it waited behind an earlier collective that never ran.
+        const std::string why = missing.empty()
+                                    ? absl::StrCat("every local rank submitted it, but it waited behind collective ",
+                                                   next_run_, ", which has not run")
+                                    : absl::StrCat("local ranks that did not submit: ", missing);
         // The collective can no longer complete here: fail it for every local worker and let the
         // job continue after it (other nodes see the failure as a timeout of the same collective).
         const absl::Status failed = absl::DeadlineExceededError(
             absl::StrCat("collective ", sequence, " of job ", options_.id, " timed out after ",
-                         absl::FormatDuration(options_.timeout), "; local ranks that did not submit: ", missing));
+                         absl::FormatDuration(options_.timeout), " (dynamiqd --timeout); ", why));
         for (auto& [r, e] : slot.entries) {
           e->status = failed;
           e->done = true;
         }
+        // The flight recorder keeps it like a collective that ran and failed.
+        CollectiveRecord record;
+        record.sequence = sequence;
+        record.tensor_name = request.tensor_name;
+        record.num_elements = request.num_elements;
+        record.config = config_;
+        record.config_epoch = config_epoch_;
+        record.state = "failed";
+        record.error = std::string(failed.message());
+        record.start = absl::Now() - options_.timeout;
+        record.seconds = absl::ToDoubleSeconds(options_.timeout);
+        Record(std::move(record));
         slots_.erase(sequence);
         if (sequence == next_run_) ++next_run_;
         CountFailure(request.num_elements, {CollectiveResult::kTimeout, FaultKind::kTimeout});

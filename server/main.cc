@@ -1,10 +1,12 @@
 // dynamiqd: the per-node dynamiq daemon. See docs/design.md and `dynamiqd --help`.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -12,6 +14,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/build_info.h"
 #include "server/daemon.h"
 
 ABSL_FLAG(uint32_t, node_rank, 0, "This node's rank in the cluster (0..num_nodes-1).");
@@ -103,9 +106,18 @@ int main(int argc, char** argv) {
   // --help lists the flags of this file (abseil matches on the program name otherwise).
   absl::FlagsUsageConfig usage_config;
   usage_config.contains_help_flags = [](absl::string_view path) { return absl::EndsWith(path, "server/main.cc"); };
+  // "Flags from server/main.cc", not the build machine's path.
+  usage_config.normalize_filename = [](absl::string_view path) {
+    const size_t at = path.rfind("server/main.cc");
+    return std::string(at == absl::string_view::npos ? path : path.substr(at));
+  };
+  usage_config.version_string = [] {
+    return absl::StrCat("dynamiqd ", dynamiq::server::BuildVersion(), " (commit ", dynamiq::server::BuildGitCommit(),
+                        ")\n");
+  };
   absl::SetFlagsUsageConfig(usage_config);
   absl::SetProgramUsageMessage(
-      "dynamiqd: per-node daemon for compressed gradient all-reduce. Local workers connect on "
+      "per-node daemon for compressed gradient all-reduce. Local workers connect on "
       "--worker_socket; operators on --listen (dynamiq.v1.Control, grpc.health.v1, reflection).\n"
       "Prometheus metrics are served on --metrics_port (default 9400) at /metrics (docs/metrics.md).\n"
       "Security (docs/security.md): --operator_token_file, --cluster_secret_file, --tls_cert/--tls_key/--tls_ca; "
@@ -114,7 +126,21 @@ int main(int argc, char** argv) {
       "With no flags it runs a single-node daemon on loopback.\n"
       "Two nodes: dynamiqd --num_nodes=2 --node_rank=0 --listen=10.0.0.1:7070\n"
       "           dynamiqd --num_nodes=2 --node_rank=1 --listen=10.0.0.2:7070 --coordinator=10.0.0.1:7070");
-  absl::ParseCommandLine(argc, argv);
+  // --metrics-port is --metrics_port: flag names may be spelled with dashes (as dynamiqctl's).
+  std::vector<std::string> normalized(argv, argv + argc);
+  for (int i = 1; i < argc && normalized[i] != "--"; ++i) {
+    std::string& arg = normalized[i];
+    if (!absl::StartsWith(arg, "--")) continue;
+    const size_t end = std::min(arg.find('='), arg.size());
+    std::replace(arg.begin() + 2, arg.begin() + static_cast<std::ptrdiff_t>(end), '-', '_');
+  }
+  std::vector<char*> args;
+  for (std::string& a : normalized) args.push_back(a.data());
+  const std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  if (positional.size() > 1) {
+    return Fail(absl::StrCat("unexpected argument '", positional[1],
+                             "': dynamiqd takes only flags (--name=value; see dynamiqd --help)"));
+  }
   auto device = dynamiq::server::ParseDeviceKind(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return Fail(absl::StrCat("--device: ", device.status().message()));
   if (absl::GetFlag(FLAGS_cuda_device) < 0) {

@@ -36,6 +36,7 @@ namespace {
 
 using ::dynamiq::testing::IsOk;
 using ::dynamiq::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -47,6 +48,10 @@ constexpr char kBadTensorMessage[] =
 constexpr char kHangTensor[] = "hang";
 // AllReduce of this tensor takes 300 ms.
 constexpr char kSlowTensor[] = "slow";
+// AllReduce of this tensor gets the daemon's own DEADLINE_EXCEEDED (its --timeout fired).
+constexpr char kDaemonTimeoutTensor[] = "daemon-timeout";
+constexpr char kDaemonTimeoutMessage[] =
+    "collective 3 of job j timed out after 5s (dynamiqd --timeout); local ranks that did not submit: 1";
 // AllReduce of tensors named "barrier.*" completes only once kBarrierSize of them are in the server
 // at the same time (so the client must have them outstanding concurrently); ABORTED after 10 s.
 constexpr char kBarrierPrefix[] = "barrier.";
@@ -130,6 +135,7 @@ class FakeWorkerService final : public dynamiq::v1::Worker::Service {
       return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
     }
     if (name == kSlowTensor) absl::SleepFor(absl::Milliseconds(300));
+    if (name == kDaemonTimeoutTensor) return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, kDaemonTimeoutMessage);
     if (absl::StartsWith(name, kBarrierPrefix)) {
       absl::MutexLock lock(&mu_);
       ++barrier_arrived_;
@@ -503,6 +509,17 @@ TEST_F(ClientTest, EveryCallHasADeadline) {
   Future f = client.AllReduceAsync(buffer, 0, 1, DType::kFloat32, kHangTensor);
   EXPECT_THAT(f.Wait(), StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("AllReduce")));
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_THAT(f.Wait(), StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("DQ_TIMEOUT_SECONDS")));
+}
+
+// Issue 23.5: the daemon's DEADLINE_EXCEEDED (its --timeout fired) is not blamed on the client's
+// deadline: no DQ_TIMEOUT_SECONDS hint, the daemon's message as it is.
+TEST_F(ClientTest, TheDaemonsOwnTimeoutIsNotBlamedOnTheClientsDeadline) {
+  Client client = MustConnect();
+  Buffer buffer = MustAllocate(client, 16);
+  const absl::Status s = client.AllReduce(buffer, 0, 1, DType::kFloat32, kDaemonTimeoutTensor);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kDeadlineExceeded,
+                          AllOf(HasSubstr(kDaemonTimeoutMessage), Not(HasSubstr("DQ_TIMEOUT_SECONDS")))));
 }
 
 TEST_F(ClientTest, BuffersAreReleasedOnDestructionAndRelease) {

@@ -373,5 +373,61 @@ TEST(DaemonJobsTest, NodesAtDifferentIncarnationsFailNamingBoth) {
   for (auto& d : *daemons) d->Shutdown();
 }
 
+// Issue 23.5: workers of the two nodes registered different job ids. The node waiting in the
+// rendezvous says which node has no workers in its job, not only which store key was missing.
+TEST(DaemonJobsTest, NodesWhoseWorkersUseDifferentJobIdsSayWhichNodeHasNone) {
+  TempDir temp;
+  auto daemons = StartTestCluster(temp.path(), 2, NoCompression(), absl::Seconds(3));
+  ASSERT_THAT(daemons, IsOk());
+  const size_t n = 1024;
+  const std::vector<std::string> sockets = Sockets(temp.path(), 2);
+  auto a = ConnectTestWorker(sockets[0], "jobA", 0, 1, n);
+  auto b = ConnectTestWorker(sockets[1], "jobB", 0, 1, n);
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
+  grpc::Status sa;
+  std::thread t([&] { sa = a->AllReduce("grad", n); });
+  const grpc::Status sb = b->AllReduce("grad", n);
+  t.join();
+  EXPECT_EQ(sa.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << sa.error_message();
+  EXPECT_THAT(sa.error_message(), HasSubstr("node 1 has no workers in job 'jobA'"));
+  EXPECT_THAT(sb.error_message(), HasSubstr("node 0 has no workers in job 'jobB'"));
+  EXPECT_THAT(sa.error_message(), HasSubstr("DQ_JOB"));
+  for (auto& d : *daemons) d->Shutdown();
+}
+
+// Issue 23.6: a collective failed by the local watchdog is in the flight recorder, and
+// GetFlightRecorder without a job id still shows a retired job's records.
+TEST(DaemonJobsTest, WatchdogTimeoutsAreRecordedAndRetiredJobsStayReadableWithoutAJobId) {
+  TempDir temp;
+  DaemonOptions o = TestDaemonOptions(temp.path(), 0, 1, NoCompression());
+  o.timeout = absl::Seconds(1);
+  Daemon daemon(o);
+  ASSERT_THAT(daemon.Start(), IsOk());
+  auto a = ConnectTestWorker(o.worker_socket, "job", 0, 2, 16);
+  auto b = ConnectTestWorker(o.worker_socket, "job", 1, 2, 16);
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
+  const grpc::Status s = a->AllReduce("lonely", 16);  // local rank 1 never submits
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  ASSERT_TRUE(Unregister(*a).ok());
+  ASSERT_TRUE(Unregister(*b).ok());  // the job retires
+  ASSERT_TRUE(WaitFor([&] { return daemon.JobStatuses().empty(); }));
+  auto control =
+      dynamiq::v1::Control::NewStub(grpc::CreateChannel(daemon.listen_address(), grpc::InsecureChannelCredentials()));
+  dynamiq::v1::GetFlightRecorderRequest request;  // no job id: every job with a record
+  dynamiq::v1::GetFlightRecorderResponse response;
+  grpc::ClientContext context;
+  ASSERT_TRUE(control->GetFlightRecorder(&context, request, &response).ok());
+  ASSERT_EQ(response.records_size(), 1);
+  const dynamiq::v1::CollectiveRecord& r = response.records(0);
+  EXPECT_EQ(r.job_id(), "job");
+  EXPECT_EQ(r.tensor_name(), "lonely");
+  EXPECT_EQ(r.state(), "failed");
+  EXPECT_THAT(r.error(), HasSubstr("timed out after 1s (dynamiqd --timeout); local ranks that did not submit: 1"));
+  EXPECT_NEAR(r.seconds(), 1.0, 1e-9);
+  daemon.Shutdown();
+}
+
 }  // namespace
 }  // namespace dynamiq::server

@@ -161,6 +161,33 @@ TEST(DaemonTest, ASecondDaemonOnTheSameListenPortFailsToStart) {
   EXPECT_THAT(std::string(started.message()), HasSubstr("address in use"));
 }
 
+// Issue 23.8: --coordinator pointing at a daemon that is not node 0 used to fail with
+// "UNIMPLEMENTED: joining the cluster at ...:" and nothing after it.
+TEST(DaemonTest, ACoordinatorAddressThatIsNotNodeZeroIsExplained) {
+  TempDir temp;
+  const std::string dir = temp;
+  auto cluster = StartTestCluster(dir, 2, *MakeJobConfig("none", 0, "ring", 0, "measured"));
+  ASSERT_THAT(cluster, IsOk());
+  for (const std::string& wrong : {(*cluster)[1]->listen_address(), std::string()}) {
+    std::string coordinator = wrong;
+    std::unique_ptr<Daemon> single;
+    if (coordinator.empty()) {  // a single-node daemon serves no rendezvous either
+      DaemonOptions so = Options(dir, 0, 1, "");
+      so.worker_socket = dir + "/single.sock";
+      single = std::make_unique<Daemon>(so);
+      ASSERT_THAT(single->Start(), IsOk());
+      coordinator = single->listen_address();
+    }
+    DaemonOptions o = Options(dir, 1, 2, coordinator);
+    o.worker_socket = dir + "/lost.sock";
+    Daemon lost(o);
+    const absl::Status started = lost.Start();
+    EXPECT_EQ(started.code(), absl::StatusCode::kFailedPrecondition) << started;
+    EXPECT_THAT(std::string(started.message()), HasSubstr(coordinator + " answers but is not the coordinator"));
+    EXPECT_THAT(std::string(started.message()), HasSubstr("node 0's --listen address"));
+  }
+}
+
 TEST(DaemonTest, BadRequestsGetClearCodesAndTheDaemonKeepsServing) {
   TempDir temp;
   const std::string dir = temp;

@@ -109,13 +109,15 @@ inline server::DaemonOptions TestDaemonOptions(const std::string& dir, uint32_t 
   return o;
 }
 
-// Starts `nodes` daemons that form one cluster (node 0 coordinates). Start() returns only once
-// every node has joined, so the nodes start on their own threads.
-inline absl::StatusOr<std::vector<std::unique_ptr<server::Daemon>>> StartTestCluster(const std::string& dir,
-                                                                                     uint32_t nodes,
-                                                                                     const server::JobConfig& config) {
+// Starts `nodes` daemons that form one cluster (node 0 coordinates), with --timeout `timeout`.
+// Start() returns only once every node has joined, so the nodes start on their own threads.
+inline absl::StatusOr<std::vector<std::unique_ptr<server::Daemon>>> StartTestCluster(
+    const std::string& dir, uint32_t nodes, const server::JobConfig& config,
+    absl::Duration timeout = absl::Seconds(20)) {
   std::vector<std::unique_ptr<server::Daemon>> daemons;
-  daemons.push_back(std::make_unique<server::Daemon>(TestDaemonOptions(dir, 0, nodes, config)));
+  server::DaemonOptions first = TestDaemonOptions(dir, 0, nodes, config);
+  first.timeout = timeout;
+  daemons.push_back(std::make_unique<server::Daemon>(first));
   std::vector<absl::Status> status(nodes);
   std::vector<std::thread> threads;
   threads.emplace_back([&] { status[0] = daemons[0]->Start(); });
@@ -124,6 +126,7 @@ inline absl::StatusOr<std::vector<std::unique_ptr<server::Daemon>>> StartTestClu
   for (uint32_t r = 1; r < nodes; ++r) {
     server::DaemonOptions o = TestDaemonOptions(dir, r, nodes, config);
     o.coordinator = coordinator;
+    o.timeout = timeout;
     daemons.push_back(std::make_unique<server::Daemon>(o));
   }
   for (uint32_t r = 1; r < nodes; ++r) threads.emplace_back([&, r] { status[r] = daemons[r]->Start(); });

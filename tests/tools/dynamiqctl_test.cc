@@ -311,6 +311,17 @@ TEST_F(DynamiqctlTest, UnknownJobIsNotFound) {
   EXPECT_EQ(err_, "dynamiqctl: NOT_FOUND: no job 'nope' on this node\n");
 }
 
+// Issue 23.8: pointed at the worker socket instead of --listen, dynamiqctl said only
+// "UNIMPLEMENTED: ". It says what --daemon must be.
+TEST_F(DynamiqctlTest, AWorkerSocketGivenAsTheDaemonIsExplained) {
+  ctl::ConnectOptions c = connect_;
+  c.daemon = "unix:" + dir_ + "/dynamiqd.sock";
+  ControlClient wrong(c);
+  EXPECT_THAT(wrong.GetStatus(), StatusIs(absl::StatusCode::kUnimplemented,
+                                          AllOf(HasSubstr("does not serve dynamiq.v1.Control"),
+                                                HasSubstr("--listen address, host:port, not its worker socket"))));
+}
+
 // Issue 23.9: on an unknown job, set-compression still checks the settings (INVALID_ARGUMENT before
 // NOT_FOUND), says that a job exists only while its workers are registered, and the refusal counts.
 TEST_F(DynamiqctlTest, SetCompressionOnAnUnknownJobChecksTheSettingsAndSaysWhatAJobIs) {
@@ -567,7 +578,8 @@ TEST(DynamiqctlNoDaemonTest, UnreachableDaemonIsUnavailableAndNamed) {
   std::ostringstream out, err;
   EXPECT_EQ(ctl::Run(in, out, err), kExitFailure);
   EXPECT_THAT(err.str(), HasSubstr("dynamiqctl: UNAVAILABLE: "));
-  EXPECT_THAT(err.str(), HasSubstr(absl::StrCat("(dynamiqd at ", in.connect.daemon, ")")));
+  EXPECT_THAT(err.str(), HasSubstr(absl::StrCat("(dynamiqd at ", in.connect.daemon,
+                                                "; if it runs with --tls_cert, give its CA with --tls_ca)")));
   in.args = {"health"};
   std::ostringstream out2, err2;
   EXPECT_EQ(ctl::Run(in, out2, err2), kExitFailure);

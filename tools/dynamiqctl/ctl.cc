@@ -195,7 +195,14 @@ absl::Status ControlClient::FromGrpc(const grpc::Status& status) const {
   std::string message = status.error_message();
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
     absl::StrAppend(&message, " (dynamiqd at ", options_.daemon,
-                    options_.tls_ca_pem.empty() ? "" : "; TLS: does --tls_ca verify its certificate?", ")");
+                    options_.tls_ca_pem.empty() ? "; if it runs with --tls_cert, give its CA with --tls_ca"
+                                                : "; TLS: does --tls_ca verify its certificate?",
+                    ")");
+  } else if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+    // Something answers gRPC there, but not dynamiq.v1.Control: the worker socket, say.
+    absl::StrAppend(&message, message.empty() ? "" : " ", "(", options_.daemon,
+                    " does not serve dynamiq.v1.Control: --daemon is dynamiqd's --listen address, host:port, not its "
+                    "worker socket)");
   } else if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     absl::StrAppend(&message, " (dynamiqd at ", options_.daemon, " did not answer within ",
                     absl::FormatDuration(options_.timeout), "; see --timeout)");
