@@ -65,9 +65,9 @@ absl::Status CheckSocketExists(const std::string& path) {
                      " (its folder belongs to another user? dynamiqd serves only workers of its own user)"));
   }
   if (err != ENOENT && err != ENOTDIR) return absl::OkStatus();  // let the connection attempt report it
-  return absl::UnavailableError(absl::StrCat(
-      "no dynamiqd worker socket at ", path, ": ", ::strerror(err), " (is dynamiqd running with --worker_socket=", path,
-      "? the client takes the path from DQ_SOCKET or ClientOptions::socket_path)"));
+  return absl::UnavailableError(absl::StrCat("no dynamiqd worker socket at ", path, ": ", ::strerror(err),
+                                             " (is dynamiqd running with --worker_socket=", path,
+                                             "? the client takes the path from DQ_SOCKET or its options)"));
 }
 
 // Call only after Client::CheckAllReduce() accepted the arguments.

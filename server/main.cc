@@ -151,6 +151,11 @@ int main(int argc, char** argv) {
                                                absl::GetFlag(FLAGS_min_compress_elements), "measured");
   if (!config.ok()) return Fail(std::string(config.status().message()));
   if (absl::GetFlag(FLAGS_target_vnmse) != 0) {
+    if (absl::GetFlag(FLAGS_num_nodes) <= 1) {
+      return Fail(
+          "--target_vnmse needs the compression error measured between nodes, and one node sums locally without "
+          "compressing: drop it, or run it with --num_nodes > 1");
+    }
     dynamiq::server::ErrorBudgetPolicy budget;
     budget.target_vnmse = absl::GetFlag(FLAGS_target_vnmse);
     budget.min_bits = absl::GetFlag(FLAGS_min_bits);

@@ -28,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "dynamiq/client.h"
@@ -271,6 +272,19 @@ class PyFuture {
 // ---------------------------------------------------------------------------------------------
 // Client
 
+// The C++ client names its settings as C++ does (ClientOptions::socket_path); a Python caller gave
+// them as dynamiq.Client's arguments.
+absl::Status PythonNames(const absl::Status& status) {
+  if (status.ok()) return status;
+  const std::string message =
+      absl::StrReplaceAll(status.message(), {{"ClientOptions::socket_path", "socket"},
+                                             {"ClientOptions::job_id", "job"},
+                                             {"ClientOptions::local_rank", "local_rank"},
+                                             {"ClientOptions::local_world_size", "local_world_size"},
+                                             {"ClientOptions::timeout", "timeout"}});
+  return absl::Status(status.code(), message);
+}
+
 class PyClient {
  public:
   PyClient(std::optional<std::string> socket, std::optional<std::string> job, std::optional<uint32_t> local_rank,
@@ -286,7 +300,7 @@ class PyClient {
       py::gil_scoped_release release;
       client = Client::Connect(options);
     }
-    Check(client.status());
+    Check(PythonNames(client.status()));
     client_ = std::shared_ptr<Client>(new Client(*std::move(client)), [](Client* c) { WithoutGil([c] { delete c; }); });
   }
 
@@ -452,8 +466,12 @@ class PyControl {
                                      std::optional<std::string> token_file, std::optional<std::string> tls_ca) {
     ctl::ConnectOptions o{address, absl::Seconds(timeout)};
     std::string file = token_file.value_or("");
-    if (const char* env = std::getenv("DQ_TOKEN_FILE"); file.empty() && !token && env != nullptr) file = env;
-    Check(ctl::LoadCredentials(token ? "" : file, tls_ca.value_or(""), o));
+    const char* file_name = "token_file";  // errors name the argument (or variable) it came from
+    if (const char* env = std::getenv("DQ_TOKEN_FILE"); file.empty() && !token && env != nullptr) {
+      file = env;
+      file_name = "DQ_TOKEN_FILE";
+    }
+    Check(ctl::LoadCredentials(token ? "" : file, tls_ca.value_or(""), o, file_name, "tls_ca"));
     if (token) o.token = *std::move(token);
     return o;
   }

@@ -149,6 +149,15 @@ def test_client_side_errors(node):
     with pytest.raises(dynamiq.Error) as missing:
         dynamiq.Client(socket="/nonexistent/dq.sock", job="x")
     assert missing.value.code == "UNAVAILABLE" and "/nonexistent/dq.sock" in missing.value.message
+    assert "ClientOptions" not in missing.value.message, missing.value.message
+    # Issue 23.10: errors name the Python arguments, not the C++ fields or dynamiqctl's flags.
+    with pytest.raises(dynamiq.Error) as empty:
+        dynamiq.Client(socket="/tmp/x.sock", job="")
+    assert empty.value.code == "INVALID_ARGUMENT" and "job is empty" in empty.value.message, empty.value.message
+    with pytest.raises(dynamiq.Error) as no_token:
+        dynamiq.Control("127.0.0.1:1", token_file="/nonexistent/token")
+    assert "token_file" in no_token.value.message and "--token_file" not in no_token.value.message, \
+        no_token.value.message
 
     c = node
     client = dynamiq.Client(socket=c.socket, job="args", timeout=CLIENT_TIMEOUT_SECONDS)

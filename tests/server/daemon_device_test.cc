@@ -452,9 +452,10 @@ std::pair<int, std::string> RunCommand(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
 }
 
+// A dynamiqd that is expected to refuse its flags; `timeout` ends one that starts instead (status 124).
 std::string Dynamiqd(const TempDir& temp, const std::string& flags) {
-  return absl::StrCat(DQ_DYNAMIQD, " --listen=127.0.0.1:0 --metrics_port=-1 --worker_socket=", temp.path(), "/d.sock ",
-                      flags);
+  return absl::StrCat("timeout 20 ", DQ_DYNAMIQD,
+                      " --listen=127.0.0.1:0 --metrics_port=-1 --worker_socket=", temp.path(), "/d.sock ", flags);
 }
 
 TEST(DynamiqdDeviceFlagsTest, BadDeviceValuesAreRejected) {
@@ -483,6 +484,29 @@ TEST(DynamiqdDeviceFlagsTest, HelpDocumentsTheDeviceFlags) {
   EXPECT_THAT(output, HasSubstr("--device"));
   EXPECT_THAT(output, HasSubstr("--cuda_device"));
   EXPECT_THAT(output, HasSubstr("CUDA IPC"));
+}
+
+// Issue 23.10: --version says which version, --help does not repeat the program name or show the
+// build machine's path, flag names may use dashes, stray words and a budget on one node are errors.
+TEST(DynamiqdFlagsTest, VersionHelpDashesStrayWordsAndABudgetOnOneNode) {
+  TempDir temp;
+  auto [code, output] = RunCommand(absl::StrCat(DQ_DYNAMIQD, " --version"));
+  EXPECT_EQ(code, 0) << output;
+  EXPECT_THAT(output, HasSubstr("dynamiqd 0."));
+  EXPECT_THAT(output, HasSubstr("(commit "));
+  std::tie(code, output) = RunCommand(absl::StrCat(DQ_DYNAMIQD, " --help"));
+  EXPECT_THAT(output, Not(HasSubstr("dynamiqd: dynamiqd:")));
+  EXPECT_THAT(output, HasSubstr("Flags from server/main.cc:"));
+  std::tie(code, output) = RunCommand(Dynamiqd(temp, "stray"));
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_THAT(output, HasSubstr("unexpected argument 'stray'"));
+  // Dashes: parsed (the bad --device value is what stops it, not an unknown flag).
+  std::tie(code, output) = RunCommand(Dynamiqd(temp, "--metrics-port=-1 --error-sample-rate=0 --device=gpu"));
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_THAT(output, HasSubstr("unknown device 'gpu'"));
+  std::tie(code, output) = RunCommand(Dynamiqd(temp, "--target_vnmse=1e-3"));
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_THAT(output, HasSubstr("--target_vnmse needs the compression error measured between nodes"));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -102,6 +102,13 @@ std::string JsonString(absl::string_view s) {
 }
 
 std::string Bits(double bits) { return absl::StrFormat("%g", bits); }
+// `top` cuts longer job ids (ending them with '~') so that its table fits 80 columns.
+constexpr size_t kTopJobWidth = 12;
+// A job's bits as the status table shows them: "-" for codecs that have no bit setting.
+std::string CodecBits(const CompressionConfig& c) {
+  const bool has_bits = c.codec() == "dynamiq" || c.codec() == "uniform" || c.codec() == "thc";
+  return has_bits ? Bits(c.bits()) : "-";
+}
 
 std::string DescribeConfig(const CompressionConfig& c) {
   std::string s = absl::StrCat("codec=", c.codec(), " bits=", c.bits() == 0 ? "default" : Bits(c.bits()),
@@ -156,17 +163,18 @@ int Failure(std::ostream& err, const absl::Status& status) {
 
 }  // namespace
 
-absl::Status LoadCredentials(const std::string& token_file, const std::string& tls_ca_file, ConnectOptions& options) {
+absl::Status LoadCredentials(const std::string& token_file, const std::string& tls_ca_file, ConnectOptions& options,
+                             absl::string_view token_file_name, absl::string_view tls_ca_name) {
   if (!token_file.empty()) {
-    absl::StatusOr<std::vector<std::string>> tokens = common::ReadTokens(token_file, "--token_file");
+    absl::StatusOr<std::vector<std::string>> tokens = common::ReadTokens(token_file, token_file_name);
     if (!tokens.ok()) return tokens.status();
     options.token = tokens->front();
   }
   if (!tls_ca_file.empty()) {
-    absl::StatusOr<std::string> ca = common::ReadPublicFile(tls_ca_file, "--tls_ca");
+    absl::StatusOr<std::string> ca = common::ReadPublicFile(tls_ca_file, tls_ca_name);
     if (!ca.ok()) return ca.status();
     if (ca->find("-----BEGIN CERTIFICATE-----") == std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("--tls_ca: ", tls_ca_file, " holds no PEM certificate"));
+      return absl::InvalidArgumentError(absl::StrCat(tls_ca_name, ": ", tls_ca_file, " holds no PEM certificate"));
     }
     options.tls_ca_pem = *std::move(ca);
   }
@@ -401,7 +409,9 @@ std::string FormatStatus(const dynamiq::v1::GetStatusResponse& status, bool json
   for (const auto& j : status.jobs()) {
     const dynamiq::v1::ErrorBudget& budget = j.config().error_budget();
     table.AddRow({OneLine(j.job_id()), absl::StrCat(j.incarnation()), absl::StrCat(j.workers()),
-                  absl::StrCat(j.config_epoch()), j.config().codec(), Bits(j.config().bits()), j.config().topology(),
+                  // One node sums locally: no topology (as the metrics' topology="local").
+                  absl::StrCat(j.config_epoch()), j.config().codec(), CodecBits(j.config()),
+                  status.num_nodes() <= 1 ? std::string("local") : j.config().topology(),
                   absl::StrCat(j.config().min_compress_elements()), absl::StrCat(j.inflight()),
                   absl::StrCat(j.completed()),
                   budget.target_vnmse() > 0 ? absl::StrFormat("%g", budget.target_vnmse()) : "-"});
@@ -551,24 +561,24 @@ std::string FormatTop(const dynamiq::v1::GetStatusResponse& status, const std::v
   std::string out = terminal ? "\x1b[H\x1b[2J" : "";
   absl::StrAppend(&out, "dynamiqctl top  node ", status.node_rank(), " of ", status.num_nodes(), "  ", time);
   if (rows.empty()) return out + "\nno jobs\n";
-  absl::StrAppend(&out, absl::StrFormat("  (rates over %.1f s)\n", rows[0].seconds));
+  absl::StrAppend(&out, absl::StrFormat("  (%.1f s, MB/s)\n", rows[0].seconds));
+  // Fits an 80-column terminal: epochs and workers are in `status`, wire bytes in the ratio, every
+  // figure in --json.
   Table table({{"JOB"},
-               {"CODEC/BITS"},
-               {"EPOCH", true},
-               {"WORKERS", true},
-               {"INFLIGHT", true},
+               {"CODEC"},
+               {"INFL", true},
                {"COLL/S", true},
-               {"FAILED", true},
-               {"ALGBW MB/S", true},
-               {"BUSBW MB/S", true},
-               {"WIRE MB/S", true},
+               {"FAIL", true},
+               {"ALGBW", true},
+               {"BUSBW", true},
                {"RATIO", true},
                {"VNMSE", true}});
   for (const TopRow& r : rows) {
-    table.AddRow({OneLine(r.job_id), absl::StrCat(r.codec, "/", Bits(r.bits)), absl::StrCat(r.config_epoch),
-                  absl::StrCat(r.workers), absl::StrCat(r.inflight), absl::StrFormat("%.1f", r.collectives_per_second),
-                  absl::StrCat(r.failed), MegabytesPerSecond(r.algbw), MegabytesPerSecond(r.busbw),
-                  MegabytesPerSecond(r.wire_bytes_per_second),
+    std::string job = OneLine(r.job_id);
+    if (job.size() > kTopJobWidth) job = absl::StrCat(job.substr(0, kTopJobWidth - 1), "~");
+    table.AddRow({job, absl::StrCat(r.codec, "/", Bits(r.bits)), absl::StrCat(r.inflight),
+                  absl::StrFormat("%.1f", r.collectives_per_second), absl::StrCat(r.failed),
+                  MegabytesPerSecond(r.algbw), MegabytesPerSecond(r.busbw),
                   r.compression_ratio ? absl::StrFormat("%.2fx", *r.compression_ratio) : "-",
                   r.last_vnmse ? absl::StrFormat("%.2e", *r.last_vnmse) : "-"});
   }

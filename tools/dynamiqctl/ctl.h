@@ -48,8 +48,11 @@ struct ConnectOptions {
 
 // Fills `options`' token from `token_file` (its first token; the file must be owner-only, as for
 // dynamiqd, see common/secret_file.h) and its CA from `tls_ca_file`; an empty path leaves the field
-// alone. Errors name the flag ("--token_file", "--tls_ca"), the path and the fix.
-absl::Status LoadCredentials(const std::string& token_file, const std::string& tls_ca_file, ConnectOptions& options);
+// alone. Errors name the setting (`token_file_name`, `tls_ca_name`: dynamiqctl's flags by default;
+// the Python API passes its argument names), the path and the fix.
+absl::Status LoadCredentials(const std::string& token_file, const std::string& tls_ca_file, ConnectOptions& options,
+                             absl::string_view token_file_name = "--token_file",
+                             absl::string_view tls_ca_name = "--tls_ca");
 
 // Calls dynamiqd's operator API. A failed call returns an absl::Status with the RPC's code and
 // message; transport failures (UNAVAILABLE, DEADLINE_EXCEEDED) also name the daemon address.
