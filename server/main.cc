@@ -14,6 +14,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/flag_names.h"
 #include "server/build_info.h"
 #include "server/daemon.h"
 
@@ -126,14 +127,8 @@ int main(int argc, char** argv) {
       "With no flags it runs a single-node daemon on loopback.\n"
       "Two nodes: dynamiqd --num_nodes=2 --node_rank=0 --listen=10.0.0.1:7070\n"
       "           dynamiqd --num_nodes=2 --node_rank=1 --listen=10.0.0.2:7070 --coordinator=10.0.0.1:7070");
-  // --metrics-port is --metrics_port: flag names may be spelled with dashes (as dynamiqctl's).
-  std::vector<std::string> normalized(argv, argv + argc);
-  for (int i = 1; i < argc && normalized[i] != "--"; ++i) {
-    std::string& arg = normalized[i];
-    if (!absl::StartsWith(arg, "--")) continue;
-    const size_t end = std::min(arg.find('='), arg.size());
-    std::replace(arg.begin() + 2, arg.begin() + static_cast<std::ptrdiff_t>(end), '-', '_');
-  }
+  // --metrics-port is --metrics_port: flag names may be spelled with dashes.
+  std::vector<std::string> normalized = dynamiq::common::FlagNamesWithUnderscores(argc, argv);
   std::vector<char*> args;
   for (std::string& a : normalized) args.push_back(a.data());
   const std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());

@@ -32,6 +32,7 @@ namespace {
 using ::dynamiq::testing::ConnectTestWorker;
 using ::dynamiq::testing::DaemonTestWorker;
 using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::RejectedRequests;
 using ::dynamiq::testing::TempDir;
 using ::dynamiq::testing::TestDaemonOptions;
 
@@ -137,19 +138,6 @@ TEST(HostileWorkerTest, ReleaseRacingAnAllReduceOnTheSameBufferNeverCrashesTheDa
   daemon.Shutdown();
 }
 
-// dynamiq_rejected_requests_total{reason=...} from the daemon's exposition.
-double Rejected(Daemon& daemon, const std::string& reason) {
-  for (absl::string_view line : absl::StrSplit(daemon.metrics().Render(), '\n')) {
-    if (!absl::StartsWith(line, "dynamiq_rejected_requests_total{") ||
-        !absl::StrContains(line, absl::StrCat("reason=\"", reason, "\""))) {
-      continue;
-    }
-    double value = 0;
-    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) return value;
-  }
-  return -1;
-}
-
 grpc::Status Register(dynamiq::v1::Worker::Stub& stub, const std::string& job, dynamiq::v1::RegisterResponse* out,
                       uint32_t rank = 0, uint32_t size = 1) {
   dynamiq::v1::RegisterRequest request;
@@ -209,7 +197,7 @@ TEST(HostileWorkerTest, MalformedNamesAndWorkerIdsAreRefusedClearlyAndCounted) {
   ASSERT_THAT(daemon.Start(), IsOk());
   auto stub =
       dynamiq::v1::Worker::NewStub(grpc::CreateChannel("unix:" + o.worker_socket, grpc::InsecureChannelCredentials()));
-  const double before = Rejected(daemon, "invalid_argument");
+  const double before = RejectedRequests(daemon, "invalid_argument");
   struct Case {
     std::string job, expect;
   };
@@ -251,7 +239,7 @@ TEST(HostileWorkerTest, MalformedNamesAndWorkerIdsAreRefusedClearlyAndCounted) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
     EXPECT_THAT(s.error_message(), ::testing::HasSubstr("tensor name"));
   }
-  EXPECT_EQ(Rejected(daemon, "invalid_argument"), before + cases.size() + 7 + 1);
+  EXPECT_EQ(RejectedRequests(daemon, "invalid_argument"), before + cases.size() + 7 + 1);
   daemon.Shutdown();
 }
 

@@ -48,6 +48,7 @@ namespace {
 using ::dynamiq::Client;
 using ::dynamiq::ClientOptions;
 using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::RejectedRequests;
 using ::dynamiq::testing::StatusIs;
 using ::dynamiq::testing::TempDir;
 using ::testing::AllOf;
@@ -61,19 +62,6 @@ std::string WriteFile(const std::string& path, const std::string& contents, mode
   std::ofstream(path, std::ios::trunc) << contents;
   chmod(path.c_str(), mode);
   return path;
-}
-
-// dynamiq_rejected_requests_total{reason=...} from the daemon's exposition.
-double Rejected(Daemon& daemon, const std::string& reason) {
-  for (absl::string_view line : absl::StrSplit(daemon.metrics().Render(), '\n')) {
-    if (!absl::StartsWith(line, "dynamiq_rejected_requests_total{") ||
-        !absl::StrContains(line, absl::StrCat("reason=\"", reason, "\""))) {
-      continue;
-    }
-    double value = 0;
-    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) return value;
-  }
-  return -1;
 }
 
 DaemonOptions Options(const std::string& dir, uint32_t rank = 0, uint32_t nodes = 1) {
@@ -127,7 +115,7 @@ TEST(OperatorTokenTest, EveryControlMethodNeedsTheTokenAndRefusalsAreCounted) {
   o.security.operator_token_file = WriteFile(dir + "/token", absl::StrCat(kToken, "\n"));
   Daemon daemon(o);
   ASSERT_THAT(daemon.Start(), IsOk());
-  EXPECT_EQ(Rejected(daemon, "unauthenticated"), 0);
+  EXPECT_EQ(RejectedRequests(daemon, "unauthenticated"), 0);
 
   auto missing = CallEveryControlMethod(daemon.listen_address(), "");
   ASSERT_GE(missing.size(), 3u);
@@ -142,7 +130,7 @@ TEST(OperatorTokenTest, EveryControlMethodNeedsTheTokenAndRefusalsAreCounted) {
   }
   auto not_bearer = CallEveryControlMethod(daemon.listen_address(), absl::StrCat("Basic ", kToken));
   for (const auto& [method, s] : not_bearer) EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << method;
-  EXPECT_EQ(Rejected(daemon, "unauthenticated"), 3.0 * missing.size());
+  EXPECT_EQ(RejectedRequests(daemon, "unauthenticated"), 3.0 * missing.size());
 
   // The right token (any case of the scheme): the handlers run (and judge the empty requests).
   for (const auto& [method, s] : CallEveryControlMethod(daemon.listen_address(), absl::StrCat("bearer ", kToken))) {
@@ -155,7 +143,7 @@ TEST(OperatorTokenTest, EveryControlMethodNeedsTheTokenAndRefusalsAreCounted) {
   EXPECT_THAT(ctl::ControlClient(Connect(daemon)).CheckHealth(""), IsOk());
   EXPECT_EQ(*ctl::ControlClient(Connect(daemon)).CheckHealth("dynamiq.v1.Control"),
             grpc::health::v1::HealthCheckResponse::SERVING);
-  EXPECT_EQ(Rejected(daemon, "unauthenticated"), 3.0 * missing.size() + 1);
+  EXPECT_EQ(RejectedRequests(daemon, "unauthenticated"), 3.0 * missing.size() + 1);
 }
 
 TEST(OperatorTokenTest, WithoutAFileControlStaysOpen) {
@@ -382,7 +370,7 @@ TEST(ClusterSecretTest, ANodeWithAnotherSecretCannotJoin) {
   EXPECT_THAT(status[1], StatusIs(absl::StatusCode::kUnauthenticated,
                                   AllOf(HasSubstr("joining the cluster"), HasSubstr("does not match"))));
   EXPECT_FALSE(status[0].ok());
-  EXPECT_GE(Rejected(*daemons[0], "unauthenticated"), 1);
+  EXPECT_GE(RejectedRequests(*daemons[0], "unauthenticated"), 1);
 
   // No secret at all: refused too, with a message that says what is missing.
   daemons.clear();
@@ -580,16 +568,16 @@ TEST(WorkerSocketTest, AnotherUidIsRefusedAndCounted) {
   // The socket is 0600: the kernel refuses the connection.
   EXPECT_EQ(try_as_nobody(), 0);
   // Were it opened up (a careless chmod), the uid check still drops the connection, and counts it.
-  const double before = Rejected(daemon, "permission_denied");
+  const double before = RejectedRequests(daemon, "permission_denied");
   ASSERT_EQ(chmod(o.worker_socket.c_str(), 0777), 0);
   EXPECT_EQ(try_as_nobody(), 1);
   // The listener counts the refusal on its own thread, which may run after the child has seen the
   // connection close: poll (bounded) instead of reading the counter once.
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (Rejected(daemon, "permission_denied") < before + 1 && absl::Now() < deadline) {
+  while (RejectedRequests(daemon, "permission_denied") < before + 1 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(5));
   }
-  EXPECT_EQ(Rejected(daemon, "permission_denied"), before + 1);
+  EXPECT_EQ(RejectedRequests(daemon, "permission_denied"), before + 1);
   // The daemon's own uid still gets through.
   EXPECT_THAT(testing::ConnectTestWorker(o.worker_socket, "job", 0, 1, 16), IsOk());
 }

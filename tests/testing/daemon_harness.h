@@ -14,10 +14,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "dynamiq/v1/worker.grpc.pb.h"
 #include "server/daemon.h"
+#include "server/metrics.h"
 #include "server/shm_region.h"
 
 namespace dynamiq::testing {
@@ -94,6 +98,19 @@ inline absl::StatusOr<DaemonTestWorker> ConnectTestWorker(const std::string& soc
   grpc::ClientContext c3;
   if (grpc::Status s = w.stub->Mapped(&c3, mapped, &mapped_resp); !s.ok()) return fail("Mapped", s);
   return w;
+}
+
+// dynamiq_rejected_requests_total{reason=`reason`} of `daemon` (-1 when the series is missing).
+inline double RejectedRequests(server::Daemon& daemon, const std::string& reason) {
+  for (absl::string_view line : absl::StrSplit(daemon.metrics().Render(), '\n')) {
+    if (!absl::StartsWith(line, "dynamiq_rejected_requests_total{") ||
+        !absl::StrContains(line, absl::StrCat("reason=\"", reason, "\""))) {
+      continue;
+    }
+    double value = 0;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) return value;
+  }
+  return -1;
 }
 
 // Daemon options for node `rank` of `nodes` on loopback (port 0, socket <dir>/node<rank>.sock).

@@ -31,6 +31,7 @@
 #include "server/daemon.h"
 #include "server/metrics.h"
 #include "server/shm_region.h"
+#include "tests/testing/daemon_harness.h"
 #include "tests/testing/status_matchers.h"
 
 namespace dynamiq::ctl {
@@ -352,13 +353,7 @@ TEST_F(DynamiqctlTest, SetCompressionOnAnUnknownJobChecksTheSettingsAndSaysWhatA
   in.bits = 4;
   EXPECT_EQ(RunIt(in), kExitFailure);
   EXPECT_THAT(err_, HasSubstr("only while its workers are registered"));
-  double not_found = -1;
-  for (absl::string_view line : absl::StrSplit(daemon_->metrics().Render(), '\n')) {
-    if (absl::StartsWith(line, "dynamiq_rejected_requests_total{") && absl::StrContains(line, "\"not_found\"")) {
-      ASSERT_TRUE(absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &not_found)) << line;
-    }
-  }
-  EXPECT_EQ(not_found, 2);
+  EXPECT_EQ(::dynamiq::testing::RejectedRequests(*daemon_, "not_found"), 2);
 }
 
 TEST_F(DynamiqctlTest, StaleEpochsAreAbortedNotSilentlyUndone) {

@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/flag_names.h"
 #include "tools/dynamiqctl/ctl.h"
 
 // Global flags.
@@ -156,14 +157,8 @@ int main(int argc, char** argv) {
     }
     abseil_usage |= IsAbseilUsageFlag(arg);
   }
-  // --target-vnmse is --target_vnmse: flag names may be spelled with dashes.
-  std::vector<std::string> normalized(argv, argv + argc);
-  for (int i = 1; i < argc && normalized[i] != "--"; ++i) {
-    std::string& arg = normalized[i];
-    if (!absl::StartsWith(arg, "--")) continue;
-    const size_t end = std::min(arg.find('='), arg.size());
-    std::replace(arg.begin() + 2, arg.begin() + static_cast<std::ptrdiff_t>(end), '-', '_');
-  }
+  // --metrics-port is --metrics_port: flag names may be spelled with dashes.
+  std::vector<std::string> normalized = dynamiq::common::FlagNamesWithUnderscores(argc, argv);
   std::vector<char*> args;
   for (std::string& a : normalized) args.push_back(a.data());
   argc = static_cast<int>(args.size());
