@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -21,6 +22,10 @@ absl::StatusOr<bool> InMemoryStore::CompareAndSet(absl::string_view key, std::op
   if (!matches) return false;
   values_[std::string(key)] = std::string(desired);
   return true;
+}
+
+bool IsKeyNotSet(const absl::Status& status) {
+  return absl::IsDeadlineExceeded(status) && absl::StrContains(status.message(), "was not set within");
 }
 
 absl::StatusOr<std::string> InMemoryStore::Get(absl::string_view key, absl::Duration timeout) {

@@ -43,6 +43,12 @@ class Store {
   }
 };
 
+// Whether `status` is a store's own answer that a key is not set (yet): the DEADLINE_EXCEEDED of a
+// Get or Wait, which says "store key '<key>' was not set within <timeout>" (InMemoryStore,
+// TcpStoreServer, and the coordinator's store behind GrpcStore). A store that cannot be reached
+// (UNAVAILABLE, or an RPC's own deadline) is not.
+bool IsKeyNotSet(const absl::Status& status);
+
 // Store for ranks that are threads of one process.
 class InMemoryStore final : public Store {
  public:

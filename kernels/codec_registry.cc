@@ -34,6 +34,12 @@ absl::Status ValidateCodecConfig(const CodecConfig& config) {
     case CodecId::kMxfp8:
     case CodecId::kMxfp6:
     case CodecId::kMxfp4:
+      // No bit setting: the value is carried unused, but a non-finite or absurd one is refused all
+      // the same, so that it never reaches a status or a metric label.
+      if (!(b >= 0 && b <= 32)) {
+        return absl::InvalidArgumentError(absl::StrCat("bits must be a number between 0 and 32, got ", b, " (codec ",
+                                                       CodecName(config.id), " does not use it)"));
+      }
       return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown codec id ", static_cast<int>(config.id)));

@@ -95,10 +95,10 @@ constexpr absl::Duration kLookupRoundTrip = absl::Milliseconds(100);
 // Start-up waits (the coordinator, the other nodes, node 0's settings) go in slices this long, so a
 // signal stops them promptly, and report what they wait for this often.
 constexpr absl::Duration kStartSlice = absl::Seconds(1);
+constexpr absl::Duration kStartProgressInterval = absl::Seconds(5);
 // Refused requests are logged at most this many lines per window.
 constexpr int kRejectLogLines = 20;
 constexpr absl::Duration kRejectLogWindow = absl::Seconds(10);
-constexpr absl::Duration kStartProgressInterval = absl::Seconds(5);
 // How often a node waiting in a job's rendezvous checks whether another node failed the collective.
 constexpr absl::Duration kRendezvousPoll = absl::Milliseconds(250);
 
@@ -301,7 +301,7 @@ std::string Daemon::DescribeJoinWait(GrpcStore& store, const absl::Status& last)
   for (uint32_t r = 0; r < options_.num_nodes; ++r) {
     absl::StatusOr<std::string> member = store.Get(absl::StrCat("member/", r), absl::ZeroDuration());
     if (member.ok()) continue;
-    if (!absl::StrContains(member.status().message(), "was not set")) {
+    if (!engine::IsKeyNotSet(member.status())) {
       // The coordinator does not answer at all.
       return absl::StrCat("the coordinator at ", options_.coordinator.empty() ? listen_address() : options_.coordinator,
                           " does not answer (", last.message(), ")");
@@ -315,13 +315,14 @@ std::string Daemon::DescribeJoinWait(GrpcStore& store, const absl::Status& last)
 }
 
 absl::StatusOr<std::string> Daemon::WaitForStartKey(const std::string& key) {
-  const absl::Time deadline = absl::Now() + options_.timeout;
-  while (true) {
-    absl::StatusOr<std::string> value =
-        store_->Get(key, std::min(kStartSlice, std::max(absl::ZeroDuration(), deadline - absl::Now())));
-    if (value.ok() || !absl::IsDeadlineExceeded(value.status()) || absl::Now() >= deadline) return value;
-    if (start_cancelled_) return absl::CancelledError("stopped while waiting for node 0's settings");
-  }
+  engine::InterruptibleStore store(
+      *store_,
+      [this] {
+        return start_cancelled_ ? absl::CancelledError("stopped while waiting for node 0's settings")
+                                : absl::OkStatus();
+      },
+      kStartSlice);
+  return store.Get(key, options_.timeout);
 }
 
 void Daemon::WatchCoordinator() {
@@ -335,9 +336,9 @@ void Daemon::WatchCoordinator() {
     }
     // Known to the coordinator, or the coordinator is down (then try again later).
     absl::StatusOr<std::string> known = store->Get(key, absl::ZeroDuration());
-    // A missing key is the coordinator's own answer (engine::InMemoryStore: "... was not set
-    // within 0"); an unreachable one (UNAVAILABLE, or a call that timed out on a cut link) is not.
-    if (known.ok() || !absl::StrContains(known.status().message(), "was not set")) continue;
+    // A missing key is the coordinator's own answer (engine::IsKeyNotSet); an unreachable one
+    // (UNAVAILABLE, or a call that timed out on a cut link) is not.
+    if (known.ok() || !engine::IsKeyNotSet(known.status())) continue;
     // It answers but does not know this node: it restarted with an empty rendezvous. Join again;
     // the coordinator records this node at once and its own start completes once all have.
     std::fprintf(stderr, "dynamiqd: the coordinator does not know this node (restarted?): joining again\n");
@@ -622,7 +623,7 @@ std::string Daemon::IncarnationHint(const std::string& job_id, uint64_t incarnat
     if (r == options_.node_rank) continue;
     absl::StatusOr<std::string> value = store_->Get(IncarnationsKey(job_id, r), absl::ZeroDuration());
     uint64_t count = 0;
-    if (!value.ok() && absl::StrContains(value.status().message(), "was not set")) {
+    if (engine::IsKeyNotSet(value.status())) {
       absent.push_back(absl::StrCat(r));  // the coordinator answered: node r never created the job
       continue;
     }
@@ -858,7 +859,7 @@ absl::StatusOr<Job::Request> Daemon::CheckAllReduce(const AllReduceCall& call, s
   if (call.num_elements == 0 || call.num_elements > (uint64_t{1} << 34)) {
     return absl::InvalidArgumentError(absl::StrCat("element count ", call.num_elements, " is out of range"));
   }
-  if (call.tensor_name.size() > 1024) return absl::InvalidArgumentError("tensor name longer than 1024 bytes");
+  DQ_RETURN_IF_ERROR(CheckRequestName("tensor name", call.tensor_name, kMaxTensorNameBytes, /*allow_empty=*/true));
   const size_t bytes = call.num_elements * kernels::DTypeSize(call.dtype);
   const bool device_memory = IsDeviceBufferId(call.buffer_id);
   // Taken before the memory is touched and held until the request is done: Release refuses the

@@ -183,9 +183,9 @@ class Daemon {
   ErrorBudgetService* error_budget() { return error_budget_.get(); }
   // The live jobs (a retired job is not listed).
   std::map<std::string, Job::Status> JobStatuses() const;
-  // The live job's records, else those of the job's last retired incarnation while kept.
   // The jobs whose flight recorder can be read: the live ones, then the retired ones still kept.
   std::vector<std::string> RecordedJobs() const;
+  // The live job's records, else those of the job's last retired incarnation while kept.
   absl::StatusOr<std::vector<CollectiveRecord>> FlightRecorder(const std::string& job_id, size_t limit) const;
   std::vector<std::string> members() const;
 

@@ -226,12 +226,12 @@ absl::StatusOr<Job::Result> Job::Submit(const Request& request) {
     if (request.submission.has_value()) {
       // The worker's own numbering: asynchronous requests may arrive out of order.
       const uint64_t base = base_[request.worker_id];
-      if (*request.submission >= kMaxCollectivesAhead + (next_run_ - std::min(next_run_, base))) {
+      const uint64_t next = next_run_ - std::min(next_run_, base);  // the worker's submission that runs next
+      if (*request.submission >= next + kMaxCollectivesAhead) {
         return reject(absl::InvalidArgumentError(absl::StrCat(
             "submission ", *request.submission, " of worker ", request.worker_id, " is too far ahead: job ",
-            options_.id, " runs its collective ", next_run_ - std::min(next_run_, base),
-            " of this worker next and accepts at most ", kMaxCollectivesAhead,
-            " ahead of it (number a worker's all-reduces 0, 1, 2, ... from its registration)")));
+            options_.id, " runs its collective ", next, " of this worker next and accepts at most ",
+            kMaxCollectivesAhead, " ahead of it (number a worker's all-reduces 0, 1, 2, ... from its registration)")));
       }
       sequence = base + *request.submission;
       if (sequence < next_run_) {

@@ -11,18 +11,10 @@ absl::StatusOr<JobConfig> MakeJobConfig(absl::string_view codec, double bits, ab
                                         uint64_t min_compress_elements, absl::string_view allocator) {
   JobConfig c;
   DQ_ASSIGN_OR_RETURN(c.codec.id, kernels::ParseCodecId(codec));
-  const bool has_bits = c.codec.id == kernels::CodecId::kDynamiq || c.codec.id == kernels::CodecId::kUniform ||
-                        c.codec.id == kernels::CodecId::kThc;
-  if (!has_bits) {
-    // none, bf16 and the MX formats have no bit setting (the value is carried, unused): refuse a
-    // non-finite or absurd one all the same, so that it never reaches a status or a metric label.
-    // ValidateCodecConfig checks the codecs that use bits.
-    if (!(bits >= 0 && bits <= 32)) {
-      return absl::InvalidArgumentError(absl::StrCat("bits must be a number between 0 and 32, got ", bits, " (codec ",
-                                                     kernels::CodecName(c.codec.id), " does not use it)"));
-    }
-  } else if (bits == 0) {  // the codec's default
-    bits = c.codec.id == kernels::CodecId::kDynamiq ? 5.0 : 4.0;
+  if (bits == 0) {  // the codec's default; codecs without a bit setting keep 0
+    bits = c.codec.id == kernels::CodecId::kDynamiq                                             ? 5.0
+           : (c.codec.id == kernels::CodecId::kUniform || c.codec.id == kernels::CodecId::kThc) ? 4.0
+                                                                                                : 0.0;
   }
   c.codec.bits = bits;
   if (allocator.empty() || allocator == "measured") {

@@ -1,7 +1,6 @@
 // dynamiqd: the per-node dynamiq daemon. See docs/design.md and `dynamiqd --help`.
 #include <signal.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <string>
@@ -193,7 +192,7 @@ int main(int argc, char** argv) {
   dynamiq::server::Daemon daemon(o);
   g_daemon = &daemon;
   // Signals are watched from the start: a daemon still waiting for its cluster stops within about a
-  // second (CancelStart), a running one shuts down. `done` ends the watcher when Start fails.
+  // second (CancelStart), a running one shuts down. Phase kDone ends the watcher.
   enum class Phase { kStarting, kRunning, kDone };
   std::atomic<Phase> phase{Phase::kStarting};
   std::atomic<bool> stopping{false};

@@ -29,11 +29,11 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   // A message travels as metadata (grpc-message, percent-encoded); gRPC's limit is 8 KiB in all.
   constexpr size_t kMaxMessageBytes = 2048;
-  absl::string_view message = s.message();
-  if (message.size() <= kMaxMessageBytes)
-    return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(message));
+  const absl::string_view message = s.message();
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                      absl::StrCat(message.substr(0, kMaxMessageBytes), "... (", message.size(), " bytes)"));
+                      message.size() <= kMaxMessageBytes
+                          ? std::string(message)
+                          : absl::StrCat(message.substr(0, kMaxMessageBytes), "... (", message.size(), " bytes)"));
 }
 
 absl::Status FromGrpcStatus(const grpc::Status& s) {

@@ -9,6 +9,16 @@
 namespace dynamiq::server {
 namespace {
 
+// How a log line names the worker on the other end of `context`: its pid and uid when the daemon
+// accepted its connection itself (the worker socket), else gRPC's peer name.
+std::string DescribeWorkerPeer(const Daemon& daemon, const grpc::ServerContext& context) {
+  const std::string peer = context.peer();
+  if (std::optional<PeerCredentials> c = daemon.WorkerPeer(peer)) {
+    return absl::StrCat("worker pid ", c->pid, " uid ", c->uid, " (", peer, ")");
+  }
+  return absl::StrCat("worker ", peer);
+}
+
 // Every error a handler returns (but a collective's own failure) is a refused request: counted and
 // logged (rate-limited) with the worker's process.
 grpc::Status Refuse(Daemon& daemon, const grpc::ServerContext* context, const absl::Status& status) {
@@ -17,14 +27,6 @@ grpc::Status Refuse(Daemon& daemon, const grpc::ServerContext* context, const ab
 }
 
 }  // namespace
-
-std::string DescribeWorkerPeer(const Daemon& daemon, const grpc::ServerContext& context) {
-  const std::string peer = context.peer();
-  if (std::optional<PeerCredentials> c = daemon.WorkerPeer(peer)) {
-    return absl::StrCat("worker pid ", c->pid, " uid ", c->uid, " (", peer, ")");
-  }
-  return absl::StrCat("worker ", peer);
-}
 
 void ToProto(const JobConfig& c, dynamiq::v1::CompressionConfig* out) {
   out->set_codec(std::string(kernels::CodecName(c.codec.id)));
@@ -134,10 +136,6 @@ grpc::Status WorkerService::AllReduce(grpc::ServerContext* context, const dynami
                                       dynamiq::v1::AllReduceResponse* response) {
   auto worker = ParseWorkerId(request->worker_id());
   if (!worker.ok()) return Refuse(daemon_, context, worker.status());
-  if (absl::Status bad = CheckRequestName("tensor name", request->tensor_name(), kMaxTensorNameBytes, true);
-      !bad.ok()) {
-    return Refuse(daemon_, context, bad);
-  }
   Daemon::AllReduceCall call;
   call.worker_id = *worker;
   call.tensor_name = request->tensor_name();

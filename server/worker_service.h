@@ -31,10 +31,6 @@ class WorkerService final : public dynamiq::v1::Worker::Service {
 
 // The proto form of a job configuration.
 void ToProto(const JobConfig& config, dynamiq::v1::CompressionConfig* out);
-
-// How a log line names the worker on the other end of `context`: its pid and uid when the daemon
-// accepted its connection itself (the worker socket), else gRPC's peer name.
-std::string DescribeWorkerPeer(const Daemon& daemon, const grpc::ServerContext& context);
 // Validates a requested configuration (INVALID_ARGUMENT with a message); an error budget with
 // min_bits/max_bits 0 means the full range 3..8, and a zero target_vnmse no budget.
 absl::StatusOr<JobConfig> FromProto(const dynamiq::v1::CompressionConfig& config);

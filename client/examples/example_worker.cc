@@ -200,6 +200,7 @@ int main(int argc, char** argv) {
   if (!buffer.ok()) return Fail("allocate", buffer.status());
   float* data = static_cast<float*>(buffer->data());
 
+  const bool lossy_possible = client->num_nodes() > 1;  // one node sums exactly, whatever the codec
   bool mismatch = false;
   for (int32_t t = 0; t < iterations; ++t) {
     if (pause_every > 0 && t > 0 && t % pause_every == 0) {
@@ -215,7 +216,6 @@ int main(int argc, char** argv) {
     // What the daemon ran, and the vNMSE that allows (0: the result must be exact).
     std::string ran_with = "-";
     double allowed_vnmse = 0;
-    const bool lossy_possible = client->num_nodes() > 1;  // one node sums exactly, whatever the codec
     auto ran = [&](const dynamiq::AllReduceResult& r, size_t count) {
       ran_with = absl::StrCat(r.codec, "/", r.bits);
       if (lossy_possible && count >= client->config().min_compress_elements) {

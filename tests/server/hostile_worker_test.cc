@@ -160,17 +160,7 @@ TEST(HostileWorkerTest, ASubmissionIndexFarAheadIsRefusedAndTheWorkerGoesOn) {
   absl::StatusOr<DaemonTestWorker> w = ConnectTestWorker(o.worker_socket, "j", 0, 1, 256);
   ASSERT_THAT(w, IsOk());
   auto submit = [&](std::optional<uint64_t> submission) {
-    dynamiq::v1::AllReduceRequest request;
-    request.set_worker_id(w->id);
-    request.set_tensor_name("g");
-    request.set_buffer_id(w->buffer_id);
-    request.set_num_elements(256);
-    request.set_dtype(dynamiq::v1::DTYPE_FLOAT32);
-    if (submission.has_value()) request.set_submission(*submission);
-    dynamiq::v1::AllReduceResponse response;
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-    return w->stub->AllReduce(&context, request, &response);
+    return w->AllReduce("g", 256, /*average=*/false, /*response=*/nullptr, submission);
   };
   for (uint64_t bad : {uint64_t{1} << 39, uint64_t{1} << 16, std::numeric_limits<uint64_t>::max()}) {
     const grpc::Status s = submit(bad);

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,9 +50,12 @@ struct DaemonTestWorker {
 
   float* data() { return reinterpret_cast<float*>(region->data()); }
 
+  // `submission`: the worker's own index of the request (unset: the daemon numbers it).
   grpc::Status AllReduce(const std::string& name, uint64_t n, bool average = false,
-                         dynamiq::v1::AllReduceResponse* response = nullptr) {
+                         dynamiq::v1::AllReduceResponse* response = nullptr,
+                         std::optional<uint64_t> submission = std::nullopt) {
     dynamiq::v1::AllReduceRequest req;
+    if (submission.has_value()) req.set_submission(*submission);
     req.set_worker_id(id);
     req.set_tensor_name(name);
     req.set_buffer_id(buffer_id);
