@@ -907,6 +907,12 @@ absl::StatusOr<uint64_t> Daemon::SetCompression(const std::string& job_id, const
   std::shared_ptr<Job> job = *std::move(found);
   // A GPU node runs only what its device all-reduce implements.
   DQ_RETURN_IF_ERROR(CheckConfigForDevice(config, options_.device));
+  if (config.error_budget.has_value() && options_.num_nodes <= 1) {
+    // The same refusal as dynamiqd's --target_vnmse on one node: no error is ever measured here.
+    return absl::FailedPreconditionError(
+        "an error budget (target_vnmse) needs the compression error measured between nodes, and a one-node cluster "
+        "sums locally without compressing: set fixed bits, or run the job on two or more nodes");
+  }
   if (config.error_budget.has_value() && config.error_budget->sample_rate == 0 && error_sample_rate() == 0) {
     return absl::FailedPreconditionError(
         "an error budget needs error samples, but --error_sample_rate is 0: give the budget its own sample rate");

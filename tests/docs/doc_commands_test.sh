@@ -2,6 +2,7 @@
 # Runs command blocks of README.md and docs/operations.md as they are written (issue 23: the
 # documented commands must work), from the repository root with the build's binaries:
 #   README.md          "## An all-reduce between processes"   (two dynamiq-bench ranks)
+#   README.md          "## Python / PyTorch"                  (examples/train.py, 2 nodes x 2 workers, dynamiq and gloo)
 #   docs/operations.md "### Single node"                      (daemon, worker, status, metrics, flight recorder)
 # Each block runs under bash -e with a time limit; background processes are killed afterwards.
 # Usage: doc_commands_test.sh <repo root> <build dir>
@@ -28,13 +29,15 @@ run() {
   if [[ -z "$text" ]]; then echo "FAIL $name: no \`\`\`sh block after '$3' in $2"; return 1; fi
   mkdir -p "$WORK/$name/build"
   ln -s "$BUILD/bin" "$WORK/$name/build/bin"
+  ln -s "$BUILD/python" "$WORK/$name/build/python"
+  ln -s "$REPO/examples" "$WORK/$name/examples"
   if [[ $5 == wait ]]; then end='wait'; else end='kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true'; fi
   printf 'set -e\n%s\n%s\n' "$text" "$end" >"$WORK/$name/block.sh"
   echo "== $name ($2, '$3'):"
   sed 's/^/   | /' <<<"$text"
   if (cd "$WORK/$name" && timeout "$4" bash "$WORK/$name/block.sh") >"$WORK/$name/out" 2>&1; then
     echo "ok $name"
-    sed "s/^/   > /" "$WORK/$name/out" | grep -v "^   > iteration" | head -30
+    sed "s/^/   > /" "$WORK/$name/out" | grep -v "^   > iteration" | sed -n 1,30p  # reads all: no SIGPIPE
   else
     echo "FAIL $name (exit $?):"
     sed 's/^/   > /' "$WORK/$name/out" | tail -40
@@ -45,6 +48,12 @@ run() {
 status=0
 run readme_allreduce "$REPO/README.md" "## An all-reduce between processes" 120 wait || status=1
 grep -q '"method"' "$WORK/readme_allreduce/out" || { echo "FAIL readme_allreduce: no JSON line"; status=1; }
+if [[ -d "$BUILD/python" ]]; then
+  run readme_python "$REPO/README.md" "## Python / PyTorch" 300 wait || status=1
+  for want in "comm=dynamiq codec=dynamiq bits=5 world=4" "comm=gloo" "final test accuracy"; do
+    grep -q "$want" "$WORK/readme_python/out" || { echo "FAIL readme_python: no '$want'"; status=1; }
+  done
+fi
 run operations_single_node "$REPO/docs/operations.md" "### Single node" 120 kill || status=1
 for want in "JOB" "myjob" "dynamiq_collectives_total" "SEQ"; do
   grep -q "$want" "$WORK/operations_single_node/out" || { echo "FAIL operations_single_node: no '$want'"; status=1; }

@@ -122,27 +122,54 @@ std::vector<std::string> Lines(const std::string& text) {
 
 class DynamiqctlTest : public ::testing::Test {
  protected:
+  // Nodes in the cluster under test; one unless a fixture needs what only a cluster has.
+  virtual uint32_t Nodes() const { return 1; }
+
   void SetUp() override {
     dir_ = TempDir();
-    server::DaemonOptions o;
-    o.listen = "127.0.0.1:0";
-    o.worker_socket = dir_ + "/dynamiqd.sock";
-    o.default_config = *server::MakeJobConfig("dynamiq", 5, "ring", 1024, "measured");
-    o.timeout = absl::Seconds(20);
-    daemon_ = std::make_unique<server::Daemon>(o);
-    ASSERT_THAT(daemon_->Start(), IsOk());
+    const server::JobConfig config = *server::MakeJobConfig("dynamiq", 5, "ring", 1024, "measured");
+    if (Nodes() == 1) {
+      server::DaemonOptions o;
+      o.listen = "127.0.0.1:0";
+      o.worker_socket = dir_ + "/dynamiqd.sock";
+      o.default_config = config;
+      o.timeout = absl::Seconds(20);
+      daemon_ = std::make_unique<server::Daemon>(o);
+      ASSERT_THAT(daemon_->Start(), IsOk());
+    } else {
+      auto daemons = testing::StartTestCluster(dir_, Nodes(), config);
+      ASSERT_THAT(daemons, IsOk());
+      daemon_ = std::move((*daemons)[0]);
+      for (size_t r = 1; r < daemons->size(); ++r) peer_daemons_.push_back(std::move((*daemons)[r]));
+    }
     connect_.daemon = daemon_->listen_address();
     connect_.timeout = absl::Seconds(10);
     client_ = std::make_unique<ControlClient>(connect_);
-    worker_ = std::make_unique<TestWorker>(o.worker_socket);
+    // TestDaemonOptions' socket names.
+    worker_ = std::make_unique<TestWorker>(Nodes() == 1 ? dir_ + "/dynamiqd.sock" : dir_ + "/node0.sock");
     worker_->Connect("job");
+    for (uint32_t r = 1; r < Nodes(); ++r) {
+      peer_workers_.push_back(std::make_unique<TestWorker>(absl::StrCat(dir_, "/node", r, ".sock")));
+      peer_workers_.back()->Connect("job");
+    }
   }
 
   void TearDown() override {
     worker_.reset();
+    peer_workers_.clear();
+    for (auto& peer : peer_daemons_) peer->Shutdown();
+    peer_daemons_.clear();
     if (daemon_) daemon_->Shutdown();
     daemon_.reset();
     std::filesystem::remove_all(dir_);
+  }
+
+  // One collective named `tensor` by job "job"'s worker on every node.
+  void AllReduce(const std::string& tensor) {
+    std::vector<std::thread> peers;
+    for (auto& w : peer_workers_) peers.emplace_back([&w, &tensor] { w->AllReduce(tensor); });
+    worker_->AllReduce(tensor);
+    for (auto& t : peers) t.join();
   }
 
   Invocation Command(const std::string& command) {
@@ -169,10 +196,12 @@ class DynamiqctlTest : public ::testing::Test {
   }
 
   std::string dir_;
-  std::unique_ptr<server::Daemon> daemon_;
+  std::unique_ptr<server::Daemon> daemon_;  // node 0
+  std::vector<std::unique_ptr<server::Daemon>> peer_daemons_;
   ConnectOptions connect_;
   std::unique_ptr<ControlClient> client_;
-  std::unique_ptr<TestWorker> worker_;
+  std::unique_ptr<TestWorker> worker_;  // on node 0
+  std::vector<std::unique_ptr<TestWorker>> peer_workers_;
   std::string out_, err_;
 };
 
@@ -782,7 +811,23 @@ TEST_F(DynamiqctlTest, TopPollsTheLiveDaemon) {
   EXPECT_THAT(err_, HasSubstr("--iterations does not apply to 'status' (it is for top)"));
 }
 
-TEST_F(DynamiqctlTest, SetCompressionPutsTheJobUnderAnErrorBudgetAndBack) {
+// An error budget needs errors measured between nodes, so its tests run on a two-node cluster.
+class DynamiqctlClusterTest : public DynamiqctlTest {
+ protected:
+  uint32_t Nodes() const override { return 2; }
+};
+
+TEST_F(DynamiqctlTest, AnErrorBudgetOnOneNodeIsRefused) {
+  Invocation in = Command("set-compression");
+  in.job = "job";
+  in.target_vnmse = 1e-3;
+  EXPECT_EQ(RunIt(in), kExitFailure);
+  EXPECT_THAT(err_, HasSubstr("FAILED_PRECONDITION: an error budget (target_vnmse) needs the compression error "
+                              "measured between nodes"));
+  EXPECT_FALSE(JobStatus().config().has_error_budget());
+}
+
+TEST_F(DynamiqctlClusterTest, SetCompressionPutsTheJobUnderAnErrorBudgetAndBack) {
   // Budget fields without a budget or a target: refused before anything changes.
   Invocation in = Command("set-compression");
   in.job = "job";
@@ -805,7 +850,7 @@ TEST_F(DynamiqctlTest, SetCompressionPutsTheJobUnderAnErrorBudgetAndBack) {
   to_mx.job_id = "job";
   to_mx.codec = "mxfp8";
   ASSERT_THAT(ChangeCompression(*client_, to_mx), IsOk());
-  for (const char* t : {"a", "b", "c"}) worker_->AllReduce(t);
+  for (const char* t : {"a", "b", "c"}) AllReduce(t);
   in.min_bits = 4;
   in.max_bits = 7;
   in.sample_rate = 0.5;
@@ -813,7 +858,7 @@ TEST_F(DynamiqctlTest, SetCompressionPutsTheJobUnderAnErrorBudgetAndBack) {
   // bits=default: DynamiQ's default, 5.
   EXPECT_THAT(out_, HasSubstr("codec=dynamiq bits=default topology=ring min_compress_elements=1024 allocator=measured "
                               "target_vnmse=0.001 bits_range=[4,7] sample_rate=0.5\n"));
-  for (const char* t : {"d", "e", "f"}) worker_->AllReduce(t);
+  for (const char* t : {"d", "e", "f"}) AllReduce(t);
   dynamiq::v1::JobStatus job = JobStatus();
   EXPECT_EQ(job.config().codec(), "dynamiq");
   EXPECT_EQ(job.config().error_budget().target_vnmse(), 1e-3);
@@ -830,14 +875,14 @@ TEST_F(DynamiqctlTest, SetCompressionPutsTheJobUnderAnErrorBudgetAndBack) {
   ASSERT_EQ(RunIt(in), kExitOk) << err_;
   EXPECT_THAT(out_, HasSubstr("min_compress_elements=2048 allocator=measured target_vnmse=0.001 bits_range=[4,8] "
                               "sample_rate=0.5\n"));
-  for (const char* t : {"g", "h", "i"}) worker_->AllReduce(t);
+  for (const char* t : {"g", "h", "i"}) AllReduce(t);
   // --bits alone returns to fixed bits.
   in = Command("set-compression");
   in.job = "job";
   in.bits = 6;
   ASSERT_EQ(RunIt(in), kExitOk) << err_;
   EXPECT_THAT(out_, HasSubstr("codec=dynamiq bits=6 topology=ring min_compress_elements=2048 allocator=measured\n"));
-  for (const char* t : {"j", "k", "l"}) worker_->AllReduce(t);
+  for (const char* t : {"j", "k", "l"}) AllReduce(t);
   job = JobStatus();
   EXPECT_FALSE(job.config().has_error_budget());
   EXPECT_EQ(job.config().bits(), 6);
