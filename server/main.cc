@@ -3,11 +3,15 @@
 
 #include <atomic>
 #include <cstdio>
+#include <iostream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/program_name.h"
+#include "absl/flags/internal/usage.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
@@ -126,6 +130,16 @@ int main(int argc, char** argv) {
       "With no flags it runs a single-node daemon on loopback.\n"
       "Two nodes: dynamiqd --num_nodes=2 --node_rank=0 --listen=10.0.0.1:7070\n"
       "           dynamiqd --num_nodes=2 --node_rank=1 --listen=10.0.0.2:7070 --coordinator=10.0.0.1:7070");
+  // --help is an answer, not an error: exit 0 (abseil's own --help exits 1), like dynamiqctl.
+  for (int i = 1; i < argc && std::string_view(argv[i]) != "--"; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-help" || arg == "-h") {
+      absl::flags_internal::SetProgramInvocationName(argv[0]);
+      absl::flags_internal::FlagsHelp(std::cout, "server/main.cc", absl::flags_internal::HelpFormat::kHumanReadable,
+                                      absl::ProgramUsageMessage());
+      return 0;
+    }
+  }
   // --metrics-port is --metrics_port: flag names may be spelled with dashes.
   std::vector<std::string> normalized = dynamiq::common::FlagNamesWithUnderscores(argc, argv);
   std::vector<char*> args;

@@ -487,7 +487,7 @@ TEST(DynamiqdDeviceFlagsTest, HelpDocumentsTheDeviceFlags) {
 }
 
 // Issue 23.10: --version says which version, --help does not repeat the program name or show the
-// build machine's path, flag names may use dashes, stray words and a budget on one node are errors.
+// build machine's path and exits 0, flag names may use dashes, stray words and a budget on one node are errors.
 TEST(DynamiqdFlagsTest, VersionHelpDashesStrayWordsAndABudgetOnOneNode) {
   TempDir temp;
   auto [code, output] = RunCommand(absl::StrCat(DQ_DYNAMIQD, " --version"));
@@ -495,6 +495,8 @@ TEST(DynamiqdFlagsTest, VersionHelpDashesStrayWordsAndABudgetOnOneNode) {
   EXPECT_THAT(output, HasSubstr("dynamiqd 0."));
   EXPECT_THAT(output, HasSubstr("(commit "));
   std::tie(code, output) = RunCommand(absl::StrCat(DQ_DYNAMIQD, " --help"));
+  EXPECT_EQ(code, 0) << "--help is an answer, not an error (issue 18)";
+  EXPECT_THAT(output, HasSubstr("dynamiqd: per-node daemon"));
   EXPECT_THAT(output, Not(HasSubstr("dynamiqd: dynamiqd:")));
   EXPECT_THAT(output, HasSubstr("Flags from server/main.cc:"));
   std::tie(code, output) = RunCommand(Dynamiqd(temp, "stray"));
