@@ -8,13 +8,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bench/synthetic_gradients.h"
+#include "bench/tcp_store.h"
 #include "common/status_macros.h"
 #include "engine/allreduce.h"
 #include "engine/gloo_transport.h"
 #include "engine/step_auth.h"
 #include "engine/step_header.h"
 #include "engine/store.h"
-#include "engine/tcp_store.h"
 #include "kernels/codec_registry.h"
 
 namespace dynamiq::bench {
@@ -28,12 +28,11 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
   DQ_ASSIGN_OR_RETURN(engine::Topology topology, engine::ParseTopology(o.topology));
   DQ_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Codec> codec, kernels::CreateCodec(o.codec));
 
-  std::unique_ptr<engine::TcpStoreServer> server;
+  std::unique_ptr<TcpStoreServer> server;
   if (o.serve_store) {
-    DQ_ASSIGN_OR_RETURN(server, engine::TcpStoreServer::Start(o.store));
+    DQ_ASSIGN_OR_RETURN(server, TcpStoreServer::Start(o.store));
   }
-  DQ_ASSIGN_OR_RETURN(std::unique_ptr<engine::TcpStoreClient> store,
-                      engine::TcpStoreClient::Connect(o.store, o.timeout));
+  DQ_ASSIGN_OR_RETURN(std::unique_ptr<TcpStoreClient> store, TcpStoreClient::Connect(o.store, o.timeout));
   engine::PrefixStore scoped(absl::StrCat("bench/", o.world_size), *store);
   engine::GlooTransportOptions transport_options;
   transport_options.hostname = o.hostname;

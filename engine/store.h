@@ -2,9 +2,9 @@
 // ids, anything a group must agree on before it can talk). Keys are written once and read by
 // everyone; Get waits until the key exists or the timeout passes.
 //
-// Implementations: InMemoryStore (threads of one process, tests), TcpStoreServer/TcpStoreClient
-// (processes; engine/tcp_store.h). The daemon's coordinator will serve the same interface over
-// gRPC. Thread-safe: every method may be called from any thread.
+// Implementations: InMemoryStore (threads of one process, tests), GrpcStore (dynamiqd: the
+// coordinator's store over gRPC, server/grpc_store.h), TcpStoreServer/TcpStoreClient
+// (dynamiq-bench's processes, bench/tcp_store.h). Thread-safe: every method may be called from any thread.
 #ifndef DQ_ENGINE_STORE_H_
 #define DQ_ENGINE_STORE_H_
 

@@ -15,9 +15,9 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/tcp_store.h"
 #include "common/status_macros.h"
 #include "engine/store.h"
-#include "engine/tcp_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -409,8 +409,9 @@ TEST(GlooTransportTest, ConnectTimesOutWhenAPeerNeverShowsUp) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
+// dynamiq-bench allreduce's set-up: separate ranks rendezvous through bench/tcp_store.h.
 TEST(GlooTransportTest, RendezvousThroughTcpStore) {
-  auto server = TcpStoreServer::Start("127.0.0.1:0");
+  auto server = bench::TcpStoreServer::Start("127.0.0.1:0");
   ASSERT_THAT(server, IsOk());
   constexpr int kSize = 3;
   std::vector<absl::Status> results(kSize);
@@ -418,7 +419,7 @@ TEST(GlooTransportTest, RendezvousThroughTcpStore) {
   for (int r = 0; r < kSize; ++r) {
     threads.emplace_back([&, r] {
       results[r] = [&]() -> absl::Status {
-        DQ_ASSIGN_OR_RETURN(auto client, TcpStoreClient::Connect((*server)->address(), absl::Seconds(5)));
+        DQ_ASSIGN_OR_RETURN(auto client, bench::TcpStoreClient::Connect((*server)->address(), absl::Seconds(5)));
         PrefixStore store("job7/epoch0", *client);
         DQ_ASSIGN_OR_RETURN(auto t, ConnectGlooTransport(store, r, kSize, TestOptions()));
         std::vector<uint8_t> out = Pattern(r, 1, 1000), in(1000);

@@ -27,8 +27,8 @@
 //
 // Thread-safety: both classes are thread-safe. TcpStoreClient keeps a small pool of connections,
 // so a Get blocked on one thread never delays a Set on another.
-#ifndef DQ_ENGINE_TCP_STORE_H_
-#define DQ_ENGINE_TCP_STORE_H_
+#ifndef DQ_BENCH_TCP_STORE_H_
+#define DQ_BENCH_TCP_STORE_H_
 
 #include <stddef.h>
 #include <stdint.h>
@@ -47,7 +47,7 @@
 #include "absl/types/span.h"
 #include "engine/store.h"
 
-namespace dynamiq::engine {
+namespace dynamiq::bench {
 
 inline constexpr size_t kMaxKeyBytes = 4 << 10;
 inline constexpr size_t kMaxValueBytes = 64 << 20;
@@ -90,7 +90,7 @@ class TcpStoreServer {
   std::thread accept_thread_;
 };
 
-class TcpStoreClient final : public Store {
+class TcpStoreClient final : public engine::Store {
  public:
   // Connects to a TcpStoreServer at "host:port", retrying until `timeout` passes (the server may
   // start after the client). UNAVAILABLE (with the last connect error) when it never answers.
@@ -126,6 +126,6 @@ class TcpStoreClient final : public Store {
   std::vector<int> idle_fds_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace dynamiq::engine
+}  // namespace dynamiq::bench
 
-#endif  // DQ_ENGINE_TCP_STORE_H_
+#endif  // DQ_BENCH_TCP_STORE_H_

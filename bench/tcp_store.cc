@@ -1,4 +1,4 @@
-#include "engine/tcp_store.h"
+#include "bench/tcp_store.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -24,7 +24,7 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 
-namespace dynamiq::engine {
+namespace dynamiq::bench {
 namespace {
 
 enum class Op : uint8_t { kSet = 1, kGet = 2, kWait = 3 };
@@ -767,4 +767,4 @@ absl::Status TcpStoreClient::Wait(absl::Span<const std::string> keys, absl::Dura
   return Call(Frame(payload), std::max(timeout, absl::ZeroDuration())).status();
 }
 
-}  // namespace dynamiq::engine
+}  // namespace dynamiq::bench

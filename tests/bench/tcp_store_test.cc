@@ -1,4 +1,4 @@
-#include "engine/tcp_store.h"
+#include "bench/tcp_store.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -21,7 +21,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 
-namespace dynamiq::engine {
+namespace dynamiq::bench {
 namespace {
 
 using ::dynamiq::testing::IsOk;
@@ -422,7 +422,7 @@ TEST(TcpStoreTest, PrefixStoreOverTcp) {
   ASSERT_NE(server, nullptr);
   auto client = ConnectClient(*server);
   ASSERT_NE(client, nullptr);
-  PrefixStore job1("job1", *client), job2("job2", *client);
+  engine::PrefixStore job1("job1", *client), job2("job2", *client);
   DQ_ASSERT_OK(job1.Set("k", "one"));
   DQ_ASSERT_OK(job2.Set("k", "two"));
   EXPECT_EQ(*job1.Get("k", absl::Seconds(1)), "one");
@@ -430,4 +430,4 @@ TEST(TcpStoreTest, PrefixStoreOverTcp) {
 }
 
 }  // namespace
-}  // namespace dynamiq::engine
+}  // namespace dynamiq::bench
