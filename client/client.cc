@@ -12,7 +12,7 @@
 #include "client/connection.h"
 #include "common/env.h"
 #include "common/status_macros.h"
-#include "server/device_buffers.h"
+#include "ipc/device_buffers.h"
 
 namespace dynamiq {
 namespace {
@@ -237,9 +237,9 @@ absl::StatusOr<Buffer> Client::Allocate(size_t bytes, MemoryKind kind) {
   if (kind != MemoryKind::kHost) {
     return absl::InvalidArgumentError(absl::StrCat("unknown memory kind ", static_cast<int>(kind)));
   }
-  if (bytes == 0 || bytes > server::kMaxShmRegionBytes) {
+  if (bytes == 0 || bytes > ipc::kMaxShmRegionBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cannot allocate a buffer of ", bytes, " bytes (must be 1..", server::kMaxShmRegionBytes, ")"));
+        absl::StrCat("cannot allocate a buffer of ", bytes, " bytes (must be 1..", ipc::kMaxShmRegionBytes, ")"));
   }
   const absl::Duration timeout = connection_->options().timeout;
   DQ_ASSIGN_OR_RETURN(const dynamiq::v1::AllocateBufferResponse allocated,
@@ -254,7 +254,7 @@ absl::StatusOr<Buffer> Client::Allocate(size_t bytes, MemoryKind kind) {
     return fail(absl::InternalError(absl::StrCat("dynamiqd allocated buffer ", id, " of ", allocated.bytes(),
                                                  " bytes when ", bytes, " were asked for")));
   }
-  absl::StatusOr<server::ShmRegion> region = server::ShmRegion::Open(allocated.shm_name(), allocated.bytes());
+  absl::StatusOr<ipc::ShmRegion> region = ipc::ShmRegion::Open(allocated.shm_name(), allocated.bytes());
   if (!region.ok()) {
     return fail(
         absl::Status(region.status().code(),
@@ -293,9 +293,9 @@ absl::StatusOr<Buffer> Client::AllocateDevice(size_t bytes) {
                      " runs with --device=cpu and hands out host (shared-memory) buffers only; allocate "
                      "MemoryKind::kHost, or run dynamiqd --device=cuda on this GPU node"));
   }
-  if (bytes == 0 || bytes > server::kMaxDeviceBufferBytes) {
+  if (bytes == 0 || bytes > ipc::kMaxDeviceBufferBytes) {
     return absl::InvalidArgumentError(absl::StrCat("cannot allocate a device buffer of ", bytes, " bytes (must be 1..",
-                                                   server::kMaxDeviceBufferBytes, ")"));
+                                                   ipc::kMaxDeviceBufferBytes, ")"));
   }
   const absl::Duration timeout = connection_->options().timeout;
   DQ_ASSIGN_OR_RETURN(const dynamiq::v1::AllocateBufferResponse allocated,

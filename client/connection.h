@@ -25,7 +25,7 @@
 #include "client/cuda_ipc.h"
 #include "dynamiq/client.h"
 #include "dynamiq/v1/worker.grpc.pb.h"
-#include "server/shm_region.h"
+#include "ipc/shm_region.h"
 
 namespace dynamiq::client::internal {
 
@@ -160,7 +160,7 @@ struct BufferImpl {
   // All-reduces on the buffer that have not returned yet: releasing the buffer waits for them (each
   // has a deadline), so the daemon never sees a release racing an all-reduce of the same buffer.
   std::shared_ptr<OpTracker> uses = std::make_shared<OpTracker>();
-  server::ShmRegion region;
+  ipc::ShmRegion region;
   CudaIpcMapping device_mapping;
   uint64_t id = 0;
   size_t size = 0;

@@ -28,7 +28,7 @@ absl::Status LaunchStatus(int error, const char* what) {
   return common::CudaErrorStatus(static_cast<cudaError_t>(error), what, __FILE__, __LINE__);
 }
 
-class CudaDeviceMemory final : public DeviceMemory {
+class CudaDeviceMemory final : public ipc::DeviceMemory {
  public:
   CudaDeviceMemory(int device, std::string uuid) : device_(device), uuid_(std::move(uuid)) {}
 
@@ -222,10 +222,10 @@ absl::StatusOr<std::string> CudaDeviceUuid(int device) {
   return std::string(properties.uuid.bytes, sizeof(properties.uuid.bytes));
 }
 
-absl::StatusOr<std::unique_ptr<DeviceMemory>> CreateCudaDeviceMemory(int device) {
+absl::StatusOr<std::unique_ptr<ipc::DeviceMemory>> CreateCudaDeviceMemory(int device) {
   DQ_RETURN_IF_ERROR(CheckCudaDevice(device));
   DQ_ASSIGN_OR_RETURN(std::string uuid, CudaDeviceUuid(device));
-  return std::unique_ptr<DeviceMemory>(std::make_unique<CudaDeviceMemory>(device, std::move(uuid)));
+  return std::unique_ptr<ipc::DeviceMemory>(std::make_unique<CudaDeviceMemory>(device, std::move(uuid)));
 }
 
 absl::StatusOr<std::unique_ptr<DeviceCollective>> CreateCudaCollective(int device) {

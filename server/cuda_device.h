@@ -14,7 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "server/device_buffers.h"
+#include "ipc/device_buffers.h"
 #include "server/device_collective.h"
 
 namespace dynamiq::server {
@@ -28,7 +28,7 @@ absl::StatusOr<std::string> CudaDeviceUuid(int device);
 
 // Device memory of `device` for DeviceBufferRegistry: zeroed cudaMalloc allocations exported with
 // cudaIpcGetMemHandle.
-absl::StatusOr<std::unique_ptr<DeviceMemory>> CreateCudaDeviceMemory(int device);
+absl::StatusOr<std::unique_ptr<ipc::DeviceMemory>> CreateCudaDeviceMemory(int device);
 
 // A job's DeviceCollective on `device`: a non-blocking stream of its own, an fp32 sum buffer and a
 // staging buffer for host regions (both grown as needed and kept across collectives, freed with

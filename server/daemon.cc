@@ -26,14 +26,14 @@
 #include "engine/nccl_transport.h"
 #include "server/cuda_device.h"
 #endif
+#include "ipc/process_watcher.h"
+#include "ipc/shm_region.h"
+#include "ipc/worker_listener.h"
 #include "server/error_budget_service.h"
 #include "server/grpc_store.h"
 #include "server/metrics.h"
-#include "server/process_watcher.h"
 #include "server/rendezvous_service.h"
 #include "server/request_names.h"
-#include "server/shm_region.h"
-#include "server/worker_listener.h"
 #include "server/worker_service.h"
 
 namespace dynamiq::server {
@@ -126,10 +126,10 @@ bool DaemonHasCudaSupport() {
 }
 
 Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {
-  ShmRegistry::Options shm;
+  ipc::ShmRegistry::Options shm;
   shm.max_total_bytes = options_.max_shm_bytes;
   shm.max_total_buffers = options_.max_buffers;
-  registry_ = std::make_unique<ShmRegistry>(shm);
+  registry_ = std::make_unique<ipc::ShmRegistry>(shm);
   metrics_ = std::make_unique<Metrics>(options_.node_rank, options_.num_nodes);
   std::vector<JobObserver*> observers = {metrics_.get()};
   if (options_.node_rank == 0) {
@@ -153,7 +153,7 @@ Daemon::~Daemon() { Shutdown(absl::Seconds(1)); }
 
 absl::Status Daemon::Start() {
   // Buffers a crashed daemon created but never unlinked (their worker never reported mapping them).
-  if (const size_t orphans = ShmRegion::UnlinkOrphans(); orphans > 0) {
+  if (const size_t orphans = ipc::ShmRegion::UnlinkOrphans(); orphans > 0) {
     std::fprintf(
         stderr,
         "dynamiqd: removed %zu shared-memory objects left in /dev/shm by dynamiqd processes that no longer run\n",
@@ -232,17 +232,18 @@ absl::Status Daemon::Start() {
 
   // Worker server on a Unix socket only the owner can reach: mode 0600, and every connection's
   // SO_PEERCRED uid checked before gRPC sees it (WorkerListener hands accepted sockets to gRPC).
-  process_watcher_ = std::make_unique<ProcessWatcher>();
+  process_watcher_ = std::make_unique<ipc::ProcessWatcher>();
   worker_service_ = std::make_unique<WorkerService>(*this);
   grpc::ServerBuilder wb;
   wb.RegisterService(worker_service_.get());
   worker_server_ = wb.BuildAndStart();
   if (!worker_server_) return absl::UnavailableError("cannot start the worker gRPC server");
   // A refused connection (another uid) counts as a rejected request.
-  DQ_ASSIGN_OR_RETURN(worker_listener_, WorkerListener::Start(options_.worker_socket, worker_server_.get(),
-                                                              [this](const absl::Status& s) {
-                                                                RecordRejected(s, "a connection to the worker socket");
-                                                              }));
+  DQ_ASSIGN_OR_RETURN(
+      worker_listener_,
+      ipc::WorkerListener::Start(options_.worker_socket, worker_server_.get(), [this](const absl::Status& s) {
+        RecordRejected(s, "a connection to the worker socket");
+      }));
 
   // Metrics: state gauges are read at every scrape.
   metrics_->SetGaugeSource([this] {
@@ -409,12 +410,12 @@ absl::Status Daemon::CheckDevice() {
   }
 #ifdef DQ_HAVE_NCCL
   DQ_RETURN_IF_ERROR(CheckCudaDevice(options_.cuda_device));
-  DQ_ASSIGN_OR_RETURN(std::unique_ptr<DeviceMemory> memory, CreateCudaDeviceMemory(options_.cuda_device));
+  DQ_ASSIGN_OR_RETURN(std::unique_ptr<ipc::DeviceMemory> memory, CreateCudaDeviceMemory(options_.cuda_device));
   device_uuid_ = memory->uuid();
-  DeviceBufferRegistry::Options limits;
+  ipc::DeviceBufferRegistry::Options limits;
   limits.max_total_bytes = options_.max_device_bytes;
   limits.max_total_buffers = options_.max_buffers;
-  device_registry_ = std::make_unique<DeviceBufferRegistry>(std::move(memory), limits);
+  device_registry_ = std::make_unique<ipc::DeviceBufferRegistry>(std::move(memory), limits);
 #endif
   return absl::OkStatus();
 }
@@ -651,7 +652,7 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::FindJob(const std::string& job_id) 
 
 absl::StatusOr<Daemon::Registration> Daemon::AddWorker(Job& job, const std::string& job_id, uint32_t local_rank,
                                                        uint32_t local_world_size,
-                                                       const std::optional<PeerCredentials>& peer) {
+                                                       const std::optional<ipc::PeerCredentials>& peer) {
   const uint64_t id = next_worker_id_++;
   DQ_RETURN_IF_ERROR(job.AddWorker(id, local_rank, local_world_size, peer.has_value() ? peer->pid : 0));
   worker_jobs_[id] = job_id;
@@ -668,7 +669,8 @@ absl::StatusOr<Daemon::Registration> Daemon::AddWorker(Job& job, const std::stri
 }
 
 absl::StatusOr<Daemon::Registration> Daemon::Register(const std::string& job_id, uint32_t local_rank,
-                                                      uint32_t local_world_size, std::optional<PeerCredentials> peer) {
+                                                      uint32_t local_world_size,
+                                                      std::optional<ipc::PeerCredentials> peer) {
   if (local_world_size == 0 || local_world_size > 1024) {
     return absl::InvalidArgumentError(absl::StrCat("local world size must be 1..1024, got ", local_world_size));
   }
@@ -726,7 +728,7 @@ absl::StatusOr<Daemon::Registration> Daemon::Register(const std::string& job_id,
   return registered;
 }
 
-absl::StatusOr<ShmBufferInfo> Daemon::Allocate(uint64_t worker_id, size_t bytes) {
+absl::StatusOr<ipc::ShmBufferInfo> Daemon::Allocate(uint64_t worker_id, size_t bytes) {
   {
     absl::MutexLock lock(&mu_);
     if (!worker_jobs_.count(worker_id)) {
@@ -736,7 +738,7 @@ absl::StatusOr<ShmBufferInfo> Daemon::Allocate(uint64_t worker_id, size_t bytes)
   return registry_->Allocate(worker_id, bytes);
 }
 
-absl::StatusOr<DeviceBufferInfo> Daemon::AllocateDevice(uint64_t worker_id, size_t bytes) {
+absl::StatusOr<ipc::DeviceBufferInfo> Daemon::AllocateDevice(uint64_t worker_id, size_t bytes) {
   {
     absl::MutexLock lock(&mu_);
     if (!worker_jobs_.count(worker_id)) {
@@ -752,7 +754,7 @@ absl::StatusOr<DeviceBufferInfo> Daemon::AllocateDevice(uint64_t worker_id, size
 }
 
 absl::Status Daemon::Mapped(uint64_t worker_id, uint64_t buffer_id) {
-  if (IsDeviceBufferId(buffer_id)) {
+  if (ipc::IsDeviceBufferId(buffer_id)) {
     // Nothing to unlink: a device buffer has no name.
     if (device_registry_ == nullptr) {
       return absl::NotFoundError(absl::StrCat("device buffer ", buffer_id, " is not allocated to worker ", worker_id));
@@ -764,7 +766,7 @@ absl::Status Daemon::Mapped(uint64_t worker_id, uint64_t buffer_id) {
 
 absl::Status Daemon::Release(uint64_t worker_id, uint64_t buffer_id) {
   // The registries refuse a buffer that an all-reduce request holds (BufferUse).
-  if (IsDeviceBufferId(buffer_id)) {
+  if (ipc::IsDeviceBufferId(buffer_id)) {
     if (device_registry_ == nullptr) {
       return absl::NotFoundError(absl::StrCat("device buffer ", buffer_id, " is not allocated to worker ", worker_id));
     }
@@ -832,7 +834,7 @@ void Daemon::RetireJob(std::shared_ptr<Job> job, const std::string& reason) {
   std::fprintf(stderr, "dynamiqd: %s\n", reason.c_str());
 }
 
-std::optional<PeerCredentials> Daemon::WorkerPeer(const std::string& grpc_peer) const {
+std::optional<ipc::PeerCredentials> Daemon::WorkerPeer(const std::string& grpc_peer) const {
   return worker_listener_ ? worker_listener_->CredentialsOf(grpc_peer) : std::nullopt;
 }
 
@@ -861,10 +863,10 @@ absl::StatusOr<Job::Request> Daemon::CheckAllReduce(const AllReduceCall& call, s
   }
   DQ_RETURN_IF_ERROR(CheckRequestName("tensor name", call.tensor_name, kMaxTensorNameBytes, /*allow_empty=*/true));
   const size_t bytes = call.num_elements * kernels::DTypeSize(call.dtype);
-  const bool device_memory = IsDeviceBufferId(call.buffer_id);
+  const bool device_memory = ipc::IsDeviceBufferId(call.buffer_id);
   // Taken before the memory is touched and held until the request is done: Release refuses the
   // buffer meanwhile, and a worker that goes away leaves it mapped until then.
-  absl::StatusOr<BufferUse> found;
+  absl::StatusOr<ipc::BufferUse> found;
   if (!device_memory) {
     found = registry_->Use(call.worker_id, call.buffer_id, call.offset_bytes, bytes);
   } else if (device_registry_ != nullptr) {
@@ -873,7 +875,7 @@ absl::StatusOr<Job::Request> Daemon::CheckAllReduce(const AllReduceCall& call, s
     found = absl::NotFoundError(
         absl::StrCat("device buffer ", call.buffer_id, " is not allocated to worker ", call.worker_id));
   }
-  DQ_ASSIGN_OR_RETURN(BufferUse use, std::move(found));
+  DQ_ASSIGN_OR_RETURN(ipc::BufferUse use, std::move(found));
   if (reinterpret_cast<uintptr_t>(use.region.data()) % kernels::DTypeSize(call.dtype) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("offset ", call.offset_bytes, " is not aligned to ", kernels::DTypeName(call.dtype)));

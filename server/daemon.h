@@ -50,16 +50,21 @@
 #include "absl/time/time.h"
 #include "common/env.h"
 #include "engine/store.h"
-#include "server/device_buffers.h"
+#include "ipc/device_buffers.h"
+#include "ipc/peer_credentials.h"
+#include "ipc/shm_registry.h"
 #include "server/job.h"
 #include "server/job_config.h"
-#include "server/peer_credentials.h"
 #include "server/security.h"
-#include "server/shm_registry.h"
 
 namespace grpc {
 class Server;
 }
+
+namespace dynamiq::ipc {
+class ProcessWatcher;
+class WorkerListener;
+}  // namespace dynamiq::ipc
 
 namespace dynamiq::server {
 
@@ -68,8 +73,6 @@ class ErrorBudgetService;
 class GrpcStore;
 class JobObserverList;
 class Metrics;
-class ProcessWatcher;
-class WorkerListener;
 class RendezvousService;
 class WorkerService;
 
@@ -151,17 +154,17 @@ class Daemon {
   // `peer`: the worker's process (from SO_PEERCRED); when given, the daemon unregisters the worker
   // as soon as that process exits.
   absl::StatusOr<Registration> Register(const std::string& job_id, uint32_t local_rank, uint32_t local_world_size,
-                                        std::optional<PeerCredentials> peer = std::nullopt);
-  absl::StatusOr<ShmBufferInfo> Allocate(uint64_t worker_id, size_t bytes);
+                                        std::optional<ipc::PeerCredentials> peer = std::nullopt);
+  absl::StatusOr<ipc::ShmBufferInfo> Allocate(uint64_t worker_id, size_t bytes);
   // A device buffer (GPU nodes only: FAILED_PRECONDITION on a --device=cpu daemon).
-  absl::StatusOr<DeviceBufferInfo> AllocateDevice(uint64_t worker_id, size_t bytes);
+  absl::StatusOr<ipc::DeviceBufferInfo> AllocateDevice(uint64_t worker_id, size_t bytes);
   // The UUID of the daemon's CUDA device (empty on a CPU daemon).
   const std::string& device_uuid() const { return device_uuid_; }
   absl::Status Mapped(uint64_t worker_id, uint64_t buffer_id);
   absl::Status Release(uint64_t worker_id, uint64_t buffer_id);
   absl::Status Unregister(uint64_t worker_id);
   // The credentials of the worker connection gRPC calls `grpc_peer` (ServerContext::peer()).
-  std::optional<PeerCredentials> WorkerPeer(const std::string& grpc_peer) const;
+  std::optional<ipc::PeerCredentials> WorkerPeer(const std::string& grpc_peer) const;
   struct AllReduceCall {
     uint64_t worker_id = 0;
     std::string tensor_name;
@@ -196,7 +199,7 @@ class Daemon {
   absl::Status RemoveWorker(uint64_t worker_id, const std::string& reason);
   // Adds a worker to a live job (registered in jobs_).
   absl::StatusOr<Registration> AddWorker(Job& job, const std::string& job_id, uint32_t local_rank,
-                                         uint32_t local_world_size, const std::optional<PeerCredentials>& peer)
+                                         uint32_t local_world_size, const std::optional<ipc::PeerCredentials>& peer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new Job for incarnation `incarnation` of `job_id` (its reducer starts at once).
   absl::StatusOr<std::shared_ptr<Job>> CreateJob(const std::string& job_id, uint64_t incarnation,
@@ -233,18 +236,18 @@ class Daemon {
 
   const DaemonOptions options_;
   ServerSecurity security_;  // loaded by Start; outlives the services that use it
-  std::unique_ptr<ShmRegistry> registry_;
-  std::unique_ptr<DeviceBufferRegistry> device_registry_;  // GPU nodes; created by Start
-  std::string device_uuid_;                                // set by Start on GPU nodes
-  std::unique_ptr<Metrics> metrics_;                       // outlives the jobs, which report into it
-  std::unique_ptr<ErrorBudgetService> error_budget_;       // node 0 only; outlives the jobs too
-  std::unique_ptr<JobObserverList> observers_;             // what jobs report to: metrics (+ error budget)
-  std::unique_ptr<RendezvousService> rendezvous_;          // coordinator node only
-  std::unique_ptr<engine::Store> store_;                   // the coordinator's store (local when single-node)
+  std::unique_ptr<ipc::ShmRegistry> registry_;
+  std::unique_ptr<ipc::DeviceBufferRegistry> device_registry_;  // GPU nodes; created by Start
+  std::string device_uuid_;                                     // set by Start on GPU nodes
+  std::unique_ptr<Metrics> metrics_;                            // outlives the jobs, which report into it
+  std::unique_ptr<ErrorBudgetService> error_budget_;            // node 0 only; outlives the jobs too
+  std::unique_ptr<JobObserverList> observers_;                  // what jobs report to: metrics (+ error budget)
+  std::unique_ptr<RendezvousService> rendezvous_;               // coordinator node only
+  std::unique_ptr<engine::Store> store_;                        // the coordinator's store (local when single-node)
   std::unique_ptr<grpc::Server> operator_server_;
   std::unique_ptr<grpc::Server> worker_server_;
-  std::unique_ptr<WorkerListener> worker_listener_;
-  std::unique_ptr<ProcessWatcher> process_watcher_;
+  std::unique_ptr<ipc::WorkerListener> worker_listener_;
+  std::unique_ptr<ipc::ProcessWatcher> process_watcher_;
   std::unique_ptr<WorkerService> worker_service_;
   std::unique_ptr<ControlService> control_service_;
   std::string peer_host_;

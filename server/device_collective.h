@@ -5,7 +5,7 @@
 // worker's region. server/cuda_device.h implements it with CUDA; this header is CUDA-free, so the
 // Job (and its tests, with a host implementation) need no CUDA.
 //
-// Regions are device memory (the workers' device buffers, server/device_buffers.h) or host memory
+// Regions are device memory (the workers' device buffers, ipc/device_buffers.h) or host memory
 // (shared-memory buffers of workers that asked for host memory); an implementation stages host
 // regions through the device.
 //

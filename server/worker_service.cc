@@ -13,7 +13,7 @@ namespace {
 // accepted its connection itself (the worker socket), else gRPC's peer name.
 std::string DescribeWorkerPeer(const Daemon& daemon, const grpc::ServerContext& context) {
   const std::string peer = context.peer();
-  if (std::optional<PeerCredentials> c = daemon.WorkerPeer(peer)) {
+  if (std::optional<ipc::PeerCredentials> c = daemon.WorkerPeer(peer)) {
     return absl::StrCat("worker pid ", c->pid, " uid ", c->uid, " (", peer, ")");
   }
   return absl::StrCat("worker ", peer);

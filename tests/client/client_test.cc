@@ -28,7 +28,7 @@
 #include "common/env.h"
 #include "dynamiq/v1/worker.grpc.pb.h"
 #include "gtest/gtest.h"
-#include "server/shm_region.h"
+#include "ipc/shm_region.h"
 #include "tests/testing/status_matchers.h"
 
 namespace dynamiq {
@@ -81,7 +81,7 @@ class FakeWorkerService final : public dynamiq::v1::Worker::Service {
                               dynamiq::v1::AllocateBufferResponse* response) override {
     absl::MutexLock lock(&mu_);
     if (grpc::Status s = CheckWorker(request->worker_id()); !s.ok()) return s;
-    absl::StatusOr<server::ShmRegion> region = server::ShmRegion::Create(request->bytes(), "client_test");
+    absl::StatusOr<ipc::ShmRegion> region = ipc::ShmRegion::Create(request->bytes(), "client_test");
     if (!region.ok()) {
       return grpc::Status(static_cast<grpc::StatusCode>(region.status().code()),
                           std::string(region.status().message()));
@@ -90,7 +90,7 @@ class FakeWorkerService final : public dynamiq::v1::Worker::Service {
     response->set_buffer_id(id);
     response->set_shm_name(region->name());
     response->set_bytes(region->size());
-    buffers_[id] = std::make_unique<server::ShmRegion>(*std::move(region));
+    buffers_[id] = std::make_unique<ipc::ShmRegion>(*std::move(region));
     return grpc::Status::OK;
   }
 
@@ -222,7 +222,7 @@ class FakeWorkerService final : public dynamiq::v1::Worker::Service {
   uint64_t next_buffer_ ABSL_GUARDED_BY(mu_) = 0;
   int barrier_arrived_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<std::string> workers_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, std::unique_ptr<server::ShmRegion>> buffers_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::unique_ptr<ipc::ShmRegion>> buffers_ ABSL_GUARDED_BY(mu_);
   std::vector<dynamiq::v1::RegisterRequest> registers_ ABSL_GUARDED_BY(mu_);
   std::vector<dynamiq::v1::AllReduceRequest> all_reduces_ ABSL_GUARDED_BY(mu_);
   std::set<uint64_t> mapped_ ABSL_GUARDED_BY(mu_);

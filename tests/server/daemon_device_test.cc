@@ -30,9 +30,9 @@
 #include "dynamiq/v1/worker.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "ipc/device_buffers.h"
 #include "kernels/bf16_math.h"
 #include "server/daemon.h"
-#include "server/device_buffers.h"
 #include "server/device_collective.h"
 #include "server/job.h"
 #include "server/job_config.h"
@@ -178,7 +178,7 @@ TEST(JobDeviceTest, LocalReduceAndWriteBackRunThroughTheDeviceCollective) {
   auto request = [&](uint64_t worker, void* data, kernels::DType dtype, bool average) {
     Job::Request r;
     r.worker_id = worker;
-    r.buffer_id = kDeviceBufferIdBase + worker;
+    r.buffer_id = ipc::kDeviceBufferIdBase + worker;
     r.tensor_name = "grad";
     r.num_elements = n;
     r.dtype = dtype;
@@ -362,7 +362,7 @@ TEST(DaemonDeviceTest, CpuDaemonReportsItsDeviceAndRefusesDeviceBuffersClearly) 
   EXPECT_THAT(s.error_message(), HasSubstr("unknown memory kind 7"));
 
   // Device buffer ids are unknown here, whatever the call.
-  const uint64_t device_id = kDeviceBufferIdBase + 1;
+  const uint64_t device_id = ipc::kDeviceBufferIdBase + 1;
   {
     dynamiq::v1::AllReduceRequest request;
     request.set_worker_id(registered.worker_id());
@@ -397,7 +397,7 @@ TEST(DaemonDeviceTest, CpuDaemonReportsItsDeviceAndRefusesDeviceBuffersClearly) 
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(response.memory_kind(), dynamiq::v1::MEMORY_KIND_HOST);
   EXPECT_FALSE(response.shm_name().empty());
-  EXPECT_FALSE(IsDeviceBufferId(response.buffer_id()));
+  EXPECT_FALSE(ipc::IsDeviceBufferId(response.buffer_id()));
   daemon.Shutdown();
 }
 

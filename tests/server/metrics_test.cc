@@ -30,8 +30,8 @@
 #include "dynamiq/v1/worker.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "ipc/shm_region.h"
 #include "server/daemon.h"
-#include "server/shm_region.h"
 #include "tests/testing/status_matchers.h"
 
 namespace dynamiq::server {
@@ -447,7 +447,7 @@ struct TestWorker {
   std::unique_ptr<dynamiq::v1::Worker::Stub> stub;
   std::string id;
   uint64_t buffer_id = 0;
-  std::unique_ptr<ShmRegion> region;
+  std::unique_ptr<ipc::ShmRegion> region;
   size_t floats = 0;
 
   float* data() { return reinterpret_cast<float*>(region->data()); }
@@ -485,9 +485,9 @@ TestWorker Connect(const std::string& socket, const std::string& job, size_t flo
   grpc::ClientContext c2;
   EXPECT_TRUE(w.stub->AllocateBuffer(&c2, alloc, &alloc_resp).ok());
   w.buffer_id = alloc_resp.buffer_id();
-  auto region = ShmRegion::Open(alloc_resp.shm_name(), floats * 4);
+  auto region = ipc::ShmRegion::Open(alloc_resp.shm_name(), floats * 4);
   EXPECT_THAT(region, IsOk());
-  if (region.ok()) w.region = std::make_unique<ShmRegion>(std::move(region).value());
+  if (region.ok()) w.region = std::make_unique<ipc::ShmRegion>(std::move(region).value());
   dynamiq::v1::MappedRequest mapped;
   mapped.set_worker_id(w.id);
   mapped.set_buffer_id(w.buffer_id);

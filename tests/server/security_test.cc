@@ -32,12 +32,12 @@
 #include "engine/memory_transport.h"
 #include "engine/step_auth.h"
 #include "gtest/gtest.h"
+#include "ipc/shm_region.h"
 #include "server/daemon.h"
 #include "server/job.h"
 #include "server/metrics.h"
 #include "server/rendezvous_service.h"
 #include "server/security.h"
-#include "server/shm_region.h"
 #include "tests/testing/daemon_harness.h"
 #include "tests/testing/status_matchers.h"
 #include "tools/dynamiqctl/ctl.h"
@@ -703,7 +703,7 @@ TEST(SharedMemoryTest, BuffersAreOwnerOnlyAndUnlinkedOnceMapped) {
   ASSERT_EQ(stat(path.c_str(), &st), 0) << path;
   EXPECT_EQ(st.st_mode & 07777, 0600u);
   EXPECT_EQ(st.st_uid, geteuid());
-  auto region = ShmRegion::Open(alloc_resp.shm_name(), 4096);
+  auto region = ipc::ShmRegion::Open(alloc_resp.shm_name(), 4096);
   ASSERT_THAT(region, IsOk());
   dynamiq::v1::MappedRequest mapped;
   mapped.set_worker_id(reg_resp.worker_id());
@@ -729,7 +729,7 @@ TEST(SharedMemoryTest, ObjectsLeftByACrashedDaemonAreRemovedAtTheNextStart) {
     const pid_t child = fork();
     if (child == 0) {
       close(fds[0]);
-      auto region = ShmRegion::Create(4096, "orphan");
+      auto region = ipc::ShmRegion::Create(4096, "orphan");
       const std::string name = region.ok() ? region->name() : "";
       (void)!write(fds[1], name.data(), name.size());
       close(fds[1]);

@@ -21,9 +21,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "dynamiq/v1/worker.grpc.pb.h"
+#include "ipc/shm_region.h"
 #include "server/daemon.h"
 #include "server/metrics.h"
-#include "server/shm_region.h"
 
 namespace dynamiq::testing {
 
@@ -46,7 +46,7 @@ struct DaemonTestWorker {
   std::unique_ptr<dynamiq::v1::Worker::Stub> stub;
   std::string id;
   uint64_t buffer_id = 0;
-  std::unique_ptr<server::ShmRegion> region;
+  std::unique_ptr<ipc::ShmRegion> region;
 
   float* data() { return reinterpret_cast<float*>(region->data()); }
 
@@ -92,9 +92,9 @@ inline absl::StatusOr<DaemonTestWorker> ConnectTestWorker(const std::string& soc
   grpc::ClientContext c2;
   if (grpc::Status s = w.stub->AllocateBuffer(&c2, alloc, &alloc_resp); !s.ok()) return fail("AllocateBuffer", s);
   w.buffer_id = alloc_resp.buffer_id();
-  auto region = server::ShmRegion::Open(alloc_resp.shm_name(), floats * 4);
+  auto region = ipc::ShmRegion::Open(alloc_resp.shm_name(), floats * 4);
   if (!region.ok()) return region.status();
-  w.region = std::make_unique<server::ShmRegion>(std::move(region).value());
+  w.region = std::make_unique<ipc::ShmRegion>(std::move(region).value());
   dynamiq::v1::MappedRequest mapped;
   mapped.set_worker_id(w.id);
   mapped.set_buffer_id(w.buffer_id);

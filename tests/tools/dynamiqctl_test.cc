@@ -28,9 +28,9 @@
 #include "dynamiq/v1/worker.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "ipc/shm_region.h"
 #include "server/daemon.h"
 #include "server/metrics.h"
-#include "server/shm_region.h"
 #include "tests/testing/daemon_harness.h"
 #include "tests/testing/status_matchers.h"
 
@@ -74,9 +74,9 @@ class TestWorker {
     grpc::ClientContext c2;
     ASSERT_TRUE(stub_->AllocateBuffer(&c2, alloc, &alloc_resp).ok());
     buffer_id_ = alloc_resp.buffer_id();
-    auto region = server::ShmRegion::Open(alloc_resp.shm_name(), kFloats * 4);
+    auto region = ipc::ShmRegion::Open(alloc_resp.shm_name(), kFloats * 4);
     ASSERT_THAT(region, IsOk());
-    region_ = std::make_unique<server::ShmRegion>(std::move(region).value());
+    region_ = std::make_unique<ipc::ShmRegion>(std::move(region).value());
     dynamiq::v1::MappedRequest mapped;
     mapped.set_worker_id(id_);
     mapped.set_buffer_id(buffer_id_);
@@ -104,7 +104,7 @@ class TestWorker {
   std::unique_ptr<dynamiq::v1::Worker::Stub> stub_;
   std::string id_;
   uint64_t buffer_id_ = 0;
-  std::unique_ptr<server::ShmRegion> region_;
+  std::unique_ptr<ipc::ShmRegion> region_;
 };
 
 // Parses one line of JSON into a protobuf Struct (a generic JSON object).

@@ -7,7 +7,7 @@
 //      ("/dynamiq-<pid>-<hint>-<128 random bits in hex>"), created with O_CREAT|O_EXCL and mode
 //      exactly 0600 (whatever the umask), sized and mapped.
 //   2. It sends the name and size to the worker over the 0600 worker socket (after an SO_PEERCRED
-//      same-user check, server/peer_credentials.h); the worker calls Open(), which maps the object
+//      same-user check, ipc/peer_credentials.h); the worker calls Open(), which maps the object
 //      only if it is owned by the worker's effective uid, has no group/other permission bits and is
 //      at least as large as announced.
 //   3. Once the worker reports that it has mapped the object, the daemon calls Unlink(): the name
@@ -27,8 +27,8 @@
 // Thread-safety: const methods (the accessors) may be called concurrently; Unlink(), moves and
 // destruction need external synchronisation. The bytes behind data() are shared with another
 // process: ordering reads and writes across processes is the caller's protocol (the worker socket).
-#ifndef DQ_SERVER_SHM_REGION_H_
-#define DQ_SERVER_SHM_REGION_H_
+#ifndef DQ_IPC_SHM_REGION_H_
+#define DQ_IPC_SHM_REGION_H_
 
 #include <stddef.h>
 #include <stdint.h>
@@ -40,7 +40,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
-namespace dynamiq::server {
+namespace dynamiq::ipc {
 
 // Every object Create() makes is named "/dynamiq-<creator pid>-...": operators can find (and
 // tests can scan /dev/shm for) the objects of one daemon.
@@ -107,6 +107,6 @@ class ShmRegion {
   bool linked_ = false;
 };
 
-}  // namespace dynamiq::server
+}  // namespace dynamiq::ipc
 
-#endif  // DQ_SERVER_SHM_REGION_H_
+#endif  // DQ_IPC_SHM_REGION_H_

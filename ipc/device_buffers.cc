@@ -1,4 +1,4 @@
-#include "server/device_buffers.h"
+#include "ipc/device_buffers.h"
 
 #include <utility>
 
@@ -6,7 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
-namespace dynamiq::server {
+namespace dynamiq::ipc {
 
 DeviceBufferRegistry::DeviceBufferRegistry(std::unique_ptr<DeviceMemory> memory, Options options)
     : memory_(std::move(memory)),
@@ -54,4 +54,4 @@ size_t DeviceBufferRegistry::TotalBytes() const { return buffers_.TotalBytes(); 
 
 size_t DeviceBufferRegistry::NumBuffers() const { return buffers_.NumBuffers(); }
 
-}  // namespace dynamiq::server
+}  // namespace dynamiq::ipc

@@ -1,4 +1,4 @@
-#include "server/shm_region.h"
+#include "ipc/shm_region.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -21,7 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
-namespace dynamiq::server {
+namespace dynamiq::ipc {
 namespace {
 
 // A fresh name collides only if 128 random bits repeat; a few retries cover a broken RNG seed.
@@ -265,4 +265,4 @@ size_t ShmRegion::UnlinkOrphans() {
   return unlinked;
 }
 
-}  // namespace dynamiq::server
+}  // namespace dynamiq::ipc

@@ -1,6 +1,6 @@
 // WorkerBuffers: the bookkeeping both of the daemon's buffer registries share (shared memory,
-// server/shm_registry.h; device memory, server/device_buffers.h): buffers keyed by (worker id,
-// buffer id), the limits of server/buffer_limits.h, and the reserve-allocate-commit protocol that
+// ipc/shm_registry.h; device memory, ipc/device_buffers.h): buffers keyed by (worker id,
+// buffer id), the limits of ipc/buffer_limits.h, and the reserve-allocate-commit protocol that
 // lets a registry create a buffer's memory outside its lock.
 //
 //   1. Reserve admits a new buffer against the limits and reserves its bytes and id;
@@ -18,8 +18,8 @@
 // and `size_t size() const`. Buffers are destroyed outside the lock. Ids are never reused, so a
 // stale id is NOT_FOUND rather than someone else's memory. Thread-safe (one absl::Mutex). The
 // registry must outlive every BufferUse it handed out.
-#ifndef DQ_SERVER_WORKER_BUFFERS_H_
-#define DQ_SERVER_WORKER_BUFFERS_H_
+#ifndef DQ_IPC_WORKER_BUFFERS_H_
+#define DQ_IPC_WORKER_BUFFERS_H_
 
 #include <stddef.h>
 #include <stdint.h>
@@ -38,9 +38,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "server/buffer_limits.h"
+#include "ipc/buffer_limits.h"
 
-namespace dynamiq::server {
+namespace dynamiq::ipc {
 
 // Bytes of a worker's buffer, held in use (see WorkerBuffers::Use). Copyable; the use ends when
 // the last copy is gone.
@@ -274,6 +274,6 @@ class WorkerBuffers {
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
-}  // namespace dynamiq::server
+}  // namespace dynamiq::ipc
 
-#endif  // DQ_SERVER_WORKER_BUFFERS_H_
+#endif  // DQ_IPC_WORKER_BUFFERS_H_

@@ -1,7 +1,7 @@
 // DeviceBufferRegistry's bookkeeping (ids, regions, limits, release) over a host-memory
 // DeviceMemory, so it runs without a GPU. The CUDA DeviceMemory is exercised by the GPU tests in
 // daemon_device_test.cc.
-#include "server/device_buffers.h"
+#include "ipc/device_buffers.h"
 
 #include <cstdlib>
 #include <memory>
@@ -14,7 +14,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 
-namespace dynamiq::server {
+namespace dynamiq::ipc {
 namespace {
 
 using ::dynamiq::testing::IsOk;
@@ -200,4 +200,4 @@ TEST(DeviceBufferRegistryTest, ReleaseWorkerAndDestructionFreeEverything) {
 }
 
 }  // namespace
-}  // namespace dynamiq::server
+}  // namespace dynamiq::ipc

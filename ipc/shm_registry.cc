@@ -1,4 +1,4 @@
-#include "server/shm_registry.h"
+#include "ipc/shm_registry.h"
 
 #include <utility>
 
@@ -6,7 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
-namespace dynamiq::server {
+namespace dynamiq::ipc {
 
 ShmRegistry::ShmRegistry(Options options) : buffers_(options, {"shared-memory", "shared memory", "created"}, 1) {}
 
@@ -49,4 +49,4 @@ size_t ShmRegistry::WorkerMappedBytes(uint64_t worker_id) const { return buffers
 
 size_t ShmRegistry::NumBuffers() const { return buffers_.NumBuffers(); }
 
-}  // namespace dynamiq::server
+}  // namespace dynamiq::ipc

@@ -9,8 +9,8 @@
 //
 // Thread-safety: every function here is thread-safe (no shared state; ListenUnixSocket() does not
 // touch the process umask).
-#ifndef DQ_SERVER_PEER_CREDENTIALS_H_
-#define DQ_SERVER_PEER_CREDENTIALS_H_
+#ifndef DQ_IPC_PEER_CREDENTIALS_H_
+#define DQ_IPC_PEER_CREDENTIALS_H_
 
 #include <sys/types.h>
 
@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace dynamiq::server {
+namespace dynamiq::ipc {
 
 struct PeerCredentials {
   pid_t pid = 0;
@@ -54,6 +54,6 @@ absl::Status CheckPrivateDirectory(const std::string& dir);
 // The caller owns the returned descriptor: it closes it and unlinks `path` on shutdown.
 absl::StatusOr<int> ListenUnixSocket(const std::string& path);
 
-}  // namespace dynamiq::server
+}  // namespace dynamiq::ipc
 
-#endif  // DQ_SERVER_PEER_CREDENTIALS_H_
+#endif  // DQ_IPC_PEER_CREDENTIALS_H_

@@ -1,4 +1,4 @@
-#include "server/shm_region.h"
+#include "ipc/shm_region.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -25,7 +25,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 
-namespace dynamiq::server {
+namespace dynamiq::ipc {
 namespace {
 
 using ::dynamiq::testing::IsOk;
@@ -381,4 +381,4 @@ TEST_F(ShmRegionTest, FullShmIsResourceExhaustedWithDockerHint) {
 }
 
 }  // namespace
-}  // namespace dynamiq::server
+}  // namespace dynamiq::ipc

@@ -1,6 +1,6 @@
 // DeviceBufferRegistry: the daemon's table of CUDA device buffers handed out to local worker
 // processes on a GPU node (dynamiqd --device=cuda), keyed by (worker id, buffer id): the device
-// counterpart of ShmRegistry (server/shm_registry.h), with the same role and limits. The daemon
+// counterpart of ShmRegistry (ipc/shm_registry.h), with the same role and limits. The daemon
 // allocates a buffer when a worker asks for one and sends it the DeviceBufferInfo (a CUDA IPC
 // memory handle the worker opens with cudaIpcOpenMemHandle), resolves the (buffer, offset, length)
 // regions named by all-reduce requests with Use(), and frees everything a worker had when it
@@ -17,14 +17,14 @@
 // Limits: a per-worker and a global byte limit, and a per-worker buffer count limit. Allocations
 // beyond them fail with RESOURCE_EXHAUSTED and change nothing.
 //
-// The bookkeeping is server/worker_buffers.h, shared with ShmRegistry.
+// The bookkeeping is ipc/worker_buffers.h, shared with ShmRegistry.
 //
 // Thread-safety: every method is thread-safe (one absl::Mutex). Allocating and freeing device
 // memory run outside the lock. A region returned by Use() stays allocated while the BufferUse
 // lives: Release() refuses the buffer meanwhile and ReleaseWorker() frees it only when the use
 // ends. The registry outlives the uses.
-#ifndef DQ_SERVER_DEVICE_BUFFERS_H_
-#define DQ_SERVER_DEVICE_BUFFERS_H_
+#ifndef DQ_IPC_DEVICE_BUFFERS_H_
+#define DQ_IPC_DEVICE_BUFFERS_H_
 
 #include <stddef.h>
 #include <stdint.h>
@@ -36,10 +36,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "server/buffer_limits.h"
-#include "server/worker_buffers.h"
+#include "ipc/buffer_limits.h"
+#include "ipc/worker_buffers.h"
 
-namespace dynamiq::server {
+namespace dynamiq::ipc {
 
 // The first device buffer id; shared-memory buffer ids stay below it.
 inline constexpr uint64_t kDeviceBufferIdBase = uint64_t{1} << 48;
@@ -140,6 +140,6 @@ class DeviceBufferRegistry {
   WorkerBuffers<Buffer> buffers_;
 };
 
-}  // namespace dynamiq::server
+}  // namespace dynamiq::ipc
 
-#endif  // DQ_SERVER_DEVICE_BUFFERS_H_
+#endif  // DQ_IPC_DEVICE_BUFFERS_H_

@@ -1,4 +1,4 @@
-// ShmRegistry: the daemon's table of shared-memory buffers (server/shm_region.h) handed out to
+// ShmRegistry: the daemon's table of shared-memory buffers (ipc/shm_region.h) handed out to
 // local worker processes, keyed by (worker id, buffer id). The daemon allocates a buffer when a
 // worker asks for one, sends it the ShmBufferInfo, unlinks the name once the worker has mapped it,
 // resolves the (buffer, offset, length) regions named by all-reduce requests with Use(), and frees
@@ -9,14 +9,14 @@
 // RESOURCE_EXHAUSTED and change nothing. Buffer ids are unique for the registry's lifetime (never
 // reused), so a stale id from a released buffer is NOT_FOUND rather than someone else's memory.
 //
-// The bookkeeping is server/worker_buffers.h, shared with the device registry.
+// The bookkeeping is ipc/worker_buffers.h, shared with the device registry.
 //
 // Thread-safety: every method is thread-safe (one absl::Mutex). Creating a region (which reserves
 // its memory) and unmapping one run outside the lock, so a large allocation does not stall Use().
 // A region returned by Use() stays mapped while the BufferUse lives: Release() refuses the buffer
 // meanwhile and ReleaseWorker() unmaps it only when the use ends. The registry outlives the uses.
-#ifndef DQ_SERVER_SHM_REGISTRY_H_
-#define DQ_SERVER_SHM_REGISTRY_H_
+#ifndef DQ_IPC_SHM_REGISTRY_H_
+#define DQ_IPC_SHM_REGISTRY_H_
 
 #include <stddef.h>
 #include <stdint.h>
@@ -26,11 +26,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "server/buffer_limits.h"
-#include "server/shm_region.h"
-#include "server/worker_buffers.h"
+#include "ipc/buffer_limits.h"
+#include "ipc/shm_region.h"
+#include "ipc/worker_buffers.h"
 
-namespace dynamiq::server {
+namespace dynamiq::ipc {
 
 // What a worker needs to map a buffer: ShmRegion::Open(shm_name, size).
 struct ShmBufferInfo {
@@ -80,6 +80,6 @@ class ShmRegistry {
   WorkerBuffers<ShmRegion> buffers_;
 };
 
-}  // namespace dynamiq::server
+}  // namespace dynamiq::ipc
 
-#endif  // DQ_SERVER_SHM_REGISTRY_H_
+#endif  // DQ_IPC_SHM_REGISTRY_H_

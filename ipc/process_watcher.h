@@ -8,8 +8,8 @@
 //
 // Thread-safe. Callbacks run on the watcher's own thread, one at a time, without internal locks
 // held; they may call Watch/Unwatch. The destructor stops the thread without running callbacks.
-#ifndef DQ_SERVER_PROCESS_WATCHER_H_
-#define DQ_SERVER_PROCESS_WATCHER_H_
+#ifndef DQ_IPC_PROCESS_WATCHER_H_
+#define DQ_IPC_PROCESS_WATCHER_H_
 
 #include <sys/types.h>
 
@@ -22,7 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
-namespace dynamiq::server {
+namespace dynamiq::ipc {
 
 class ProcessWatcher {
  public:
@@ -55,6 +55,6 @@ class ProcessWatcher {
   std::thread thread_;
 };
 
-}  // namespace dynamiq::server
+}  // namespace dynamiq::ipc
 
-#endif  // DQ_SERVER_PROCESS_WATCHER_H_
+#endif  // DQ_IPC_PROCESS_WATCHER_H_

@@ -1,4 +1,4 @@
-#include "server/process_watcher.h"
+#include "ipc/process_watcher.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace dynamiq::server {
+namespace dynamiq::ipc {
 namespace {
 
 int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
@@ -109,4 +109,4 @@ void ProcessWatcher::Loop() {
   }
 }
 
-}  // namespace dynamiq::server
+}  // namespace dynamiq::ipc

@@ -1,4 +1,4 @@
-#include "server/shm_registry.h"
+#include "ipc/shm_registry.h"
 
 #include <dirent.h>
 #include <unistd.h>
@@ -16,10 +16,10 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/shm_region.h"
+#include "ipc/shm_region.h"
 #include "tests/testing/status_matchers.h"
 
-namespace dynamiq::server {
+namespace dynamiq::ipc {
 namespace {
 
 using ::dynamiq::testing::IsOk;
@@ -392,4 +392,4 @@ TEST_F(ShmRegistryTest, ReleaseWorkerDuringAllocateLeaksNothing) {
 }
 
 }  // namespace
-}  // namespace dynamiq::server
+}  // namespace dynamiq::ipc

@@ -1,4 +1,4 @@
-#include "server/worker_listener.h"
+#include "ipc/worker_listener.h"
 
 #include <fcntl.h>
 #include <grpcpp/server.h>
@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
-namespace dynamiq::server {
+namespace dynamiq::ipc {
 
 absl::StatusOr<std::unique_ptr<WorkerListener>> WorkerListener::Start(const std::string& path, grpc::Server* server,
                                                                       RejectFn on_reject) {
@@ -95,4 +95,4 @@ void WorkerListener::AcceptLoop() {
   }
 }
 
-}  // namespace dynamiq::server
+}  // namespace dynamiq::ipc

@@ -15,8 +15,8 @@
 // Thread-safe. The destructor stops accepting, closes the listening socket and unlinks its path if
 // it is still the socket this listener created (same inode); connections already handed to gRPC
 // belong to the server.
-#ifndef DQ_SERVER_WORKER_LISTENER_H_
-#define DQ_SERVER_WORKER_LISTENER_H_
+#ifndef DQ_IPC_WORKER_LISTENER_H_
+#define DQ_IPC_WORKER_LISTENER_H_
 
 #include <sys/types.h>
 
@@ -31,13 +31,13 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/peer_credentials.h"
+#include "ipc/peer_credentials.h"
 
 namespace grpc {
 class Server;
 }
 
-namespace dynamiq::server {
+namespace dynamiq::ipc {
 
 class WorkerListener {
  public:
@@ -77,6 +77,6 @@ class WorkerListener {
   std::thread thread_;
 };
 
-}  // namespace dynamiq::server
+}  // namespace dynamiq::ipc
 
-#endif  // DQ_SERVER_WORKER_LISTENER_H_
+#endif  // DQ_IPC_WORKER_LISTENER_H_

@@ -1,4 +1,4 @@
-#include "server/peer_credentials.h"
+#include "ipc/peer_credentials.h"
 
 #include <errno.h>
 #include <string.h>
@@ -12,7 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
-namespace dynamiq::server {
+namespace dynamiq::ipc {
 namespace {
 
 constexpr mode_t kSocketMode = S_IRUSR | S_IWUSR;  // 0600
@@ -166,4 +166,4 @@ absl::StatusOr<int> ListenUnixSocket(const std::string& path) {
   return fd;
 }
 
-}  // namespace dynamiq::server
+}  // namespace dynamiq::ipc

@@ -1,4 +1,4 @@
-#include "server/process_watcher.h"
+#include "ipc/process_watcher.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 
-namespace dynamiq::server {
+namespace dynamiq::ipc {
 namespace {
 
 using ::dynamiq::testing::IsOk;
@@ -88,4 +88,4 @@ TEST(ProcessWatcherTest, MissingProcessIsNotFound) {
 }
 
 }  // namespace
-}  // namespace dynamiq::server
+}  // namespace dynamiq::ipc

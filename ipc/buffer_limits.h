@@ -1,8 +1,8 @@
 // BufferLimits: how much memory workers may hold in the buffers the daemon allocates for them
-// (shared memory, server/shm_registry.h; device memory, server/device_buffers.h), and the
+// (shared memory, ipc/shm_registry.h; device memory, ipc/device_buffers.h), and the
 // admission check both registries apply to a new buffer.
-#ifndef DQ_SERVER_BUFFER_LIMITS_H_
-#define DQ_SERVER_BUFFER_LIMITS_H_
+#ifndef DQ_IPC_BUFFER_LIMITS_H_
+#define DQ_IPC_BUFFER_LIMITS_H_
 
 #include <stddef.h>
 #include <stdint.h>
@@ -13,7 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 
-namespace dynamiq::server {
+namespace dynamiq::ipc {
 
 struct BufferLimits {
   // Bytes one worker may have allocated at once.
@@ -61,6 +61,6 @@ inline absl::Status AdmitBuffer(const BufferLimits& limits, absl::string_view ki
   return absl::OkStatus();
 }
 
-}  // namespace dynamiq::server
+}  // namespace dynamiq::ipc
 
-#endif  // DQ_SERVER_BUFFER_LIMITS_H_
+#endif  // DQ_IPC_BUFFER_LIMITS_H_

@@ -1,4 +1,4 @@
-#include "server/peer_credentials.h"
+#include "ipc/peer_credentials.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -24,7 +24,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 
-namespace dynamiq::server {
+namespace dynamiq::ipc {
 namespace {
 
 using ::dynamiq::testing::IsOk;
@@ -345,4 +345,4 @@ TEST_F(PeerCredentialsTest, OtherUserIsDeniedByTheUidCheck) {
 }
 
 }  // namespace
-}  // namespace dynamiq::server
+}  // namespace dynamiq::ipc
