@@ -82,14 +82,15 @@ grpc::Status ControlService::SetCompression(grpc::ServerContext* context,
   if (absl::Status bad = CheckRequestName("job id", request->job_id(), kMaxJobIdBytes); !bad.ok()) {
     return Refuse(daemon_, *context, bad);
   }
-  auto config = FromProto(request->config());
-  if (!config.ok()) return Refuse(daemon_, *context, config.status());
-  // proto3 cannot tell "expect epoch 0" from unset: 0 means any.
   std::optional<uint64_t> expected;
-  if (request->expected_epoch() != 0) expected = request->expected_epoch();
-  auto epoch = daemon_.SetCompression(request->job_id(), *config, expected);
-  if (!epoch.ok()) return Refuse(daemon_, *context, epoch.status());
-  response->set_epoch(*epoch);
+  if (request->has_expected_epoch()) expected = request->expected_epoch();
+  const std::string& job_id = request->job_id();
+  const dynamiq::v1::CompressionConfig& change = request->config();
+  auto published = daemon_.SetCompression(
+      job_id, [&](const JobConfig& newest) { return ApplyCompressionChange(newest, change, job_id); }, expected);
+  if (!published.ok()) return Refuse(daemon_, *context, published.status());
+  response->set_epoch(published->epoch);
+  ToProto(published->config, response->mutable_config());
   return grpc::Status::OK;
 }
 

@@ -26,6 +26,7 @@
 #include "engine/nccl_transport.h"
 #include "server/cuda_device.h"
 #endif
+#include "dynamiq/v1/rendezvous.pb.h"
 #include "ipc/process_watcher.h"
 #include "ipc/shm_region.h"
 #include "ipc/worker_listener.h"
@@ -39,42 +40,22 @@
 namespace dynamiq::server {
 namespace {
 
-// "job/<id>/config/<epoch>" holds "<codec>|<bits>|<topology>|<min>|<allocator>|<apply_at>", then
-// "|<target_vnmse>|<min_bits>|<max_bits>|<sample_rate>" under an error budget. Doubles are written
-// with 17 digits so every node decodes exactly the b̄ and policy that were published.
+// "job/<id>/inc<k>/config/<epoch>" holds a serialized dynamiq.v1.PublishedConfig: the complete
+// configuration (doubles exact, so every node decodes the b̄ and policy that were published) and the
+// collective it applies at.
 std::string EncodeConfig(const JobConfig& c, uint64_t apply_at) {
-  std::string s =
-      absl::StrCat(kernels::CodecName(c.codec.id), "|", absl::StrFormat("%.17g", c.codec.bits), "|",
-                   engine::TopologyName(c.topology), "|", c.min_compress_elements, "|",
-                   c.codec.allocator == kernels::BitAllocator::kMeasured ? "measured" : "paper", "|", apply_at);
-  if (c.error_budget.has_value()) {
-    absl::StrAppendFormat(&s, "|%.17g|%.17g|%.17g|%.17g", c.error_budget->target_vnmse, c.error_budget->min_bits,
-                          c.error_budget->max_bits, c.error_budget->sample_rate);
-  }
-  return s;
+  dynamiq::v1::PublishedConfig published;
+  ToProto(c, published.mutable_config());
+  published.set_apply_at(apply_at);
+  return published.SerializeAsString();
 }
 
 absl::StatusOr<std::pair<JobConfig, uint64_t>> DecodeConfig(const std::string& s) {
-  std::vector<std::string> f = absl::StrSplit(s, '|');
-  double bits;
-  uint64_t min, apply_at;
-  ErrorBudgetPolicy budget;
-  const auto malformed = [&] {
-    return absl::DataLossError(absl::StrCat("malformed published configuration '", s, "'"));
-  };
-  if ((f.size() != 6 && f.size() != 10) || !absl::SimpleAtod(f[1], &bits) || !absl::SimpleAtoi(f[3], &min) ||
-      !absl::SimpleAtoi(f[5], &apply_at)) {
-    return malformed();
-  }
-  if (f.size() == 10 && (!absl::SimpleAtod(f[6], &budget.target_vnmse) || !absl::SimpleAtod(f[7], &budget.min_bits) ||
-                         !absl::SimpleAtod(f[8], &budget.max_bits) || !absl::SimpleAtod(f[9], &budget.sample_rate))) {
-    return malformed();
-  }
-  DQ_ASSIGN_OR_RETURN(JobConfig c, MakeJobConfig(f[0], bits, f[2], min, f[4]));
-  if (f.size() == 10) {
-    DQ_RETURN_IF_ERROR(SetErrorBudget(budget, c));
-  }
-  return std::make_pair(c, apply_at);
+  dynamiq::v1::PublishedConfig published;
+  if (!published.ParseFromString(s)) return absl::DataLossError("malformed published configuration");
+  absl::StatusOr<JobConfig> c = FromProto(published.config());
+  if (!c.ok()) return absl::DataLossError(absl::StrCat("invalid published configuration: ", c.status().message()));
+  return std::make_pair(*std::move(c), published.apply_at());
 }
 
 // Where incarnation `incarnation` of a job keeps its keys in the coordinator's store: the Gloo
@@ -136,8 +117,11 @@ Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {
     // Every node measures the same error samples: node 0 runs the controllers and publishes their
     // decisions like an operator's change, conditional on the epoch they were based on.
     error_budget_ = std::make_unique<ErrorBudgetService>(
-        [this](const std::string& job, const JobConfig& config, uint64_t expected_epoch) {
-          return SetCompression(job, config, expected_epoch);
+        [this](const std::string& job, const JobConfig& config, uint64_t expected_epoch) -> absl::StatusOr<uint64_t> {
+          DQ_ASSIGN_OR_RETURN(PublishedChange published,
+                              SetCompression(
+                                  job, [&config](const JobConfig&) { return config; }, expected_epoch));
+          return published.epoch;
         },
         [this](const ErrorBudgetService::Event& e) {
           metrics_->OnErrorBudgetEvent(e.job, e.kind);
@@ -896,10 +880,13 @@ absl::StatusOr<Job::Request> Daemon::CheckAllReduce(const AllReduceCall& call, s
   return r;
 }
 
-absl::StatusOr<uint64_t> Daemon::SetCompression(const std::string& job_id, const JobConfig& config,
-                                                std::optional<uint64_t> expected_epoch) {
+absl::StatusOr<Daemon::PublishedChange> Daemon::SetCompression(const std::string& job_id,
+                                                               const CompressionChange& change,
+                                                               std::optional<uint64_t> expected_epoch) {
   absl::StatusOr<std::shared_ptr<Job>> found = FindJob(job_id);
   if (!found.ok()) {
+    // Settings that could never apply are the better answer (INVALID_ARGUMENT before NOT_FOUND).
+    DQ_RETURN_IF_ERROR(change(options_.default_config).status());
     return absl::Status(found.status().code(),
                         absl::StrCat(found.status().message(),
                                      ": a job exists only while its workers are registered (from its first "
@@ -907,18 +894,6 @@ absl::StatusOr<uint64_t> Daemon::SetCompression(const std::string& job_id, const
                                      "--bits and --topology when it starts"));
   }
   std::shared_ptr<Job> job = *std::move(found);
-  // A GPU node runs only what its device all-reduce implements.
-  DQ_RETURN_IF_ERROR(CheckConfigForDevice(config, options_.device));
-  if (config.error_budget.has_value() && options_.num_nodes <= 1) {
-    // The same refusal as dynamiqd's --target_vnmse on one node: no error is ever measured here.
-    return absl::FailedPreconditionError(
-        "an error budget (target_vnmse) needs the compression error measured between nodes, and a one-node cluster "
-        "sums locally without compressing: set fixed bits, or run the job on two or more nodes");
-  }
-  if (config.error_budget.has_value() && config.error_budget->sample_rate == 0 && error_sample_rate() == 0) {
-    return absl::FailedPreconditionError(
-        "an error budget needs error samples, but --error_sample_rate is 0: give the budget its own sample rate");
-  }
   absl::MutexLock lock(&config_mu_);
   // The live incarnation's keys: a change staged for an earlier one never applies to this one.
   const std::string prefix = JobKey(job_id, job->incarnation());
@@ -941,6 +916,27 @@ absl::StatusOr<uint64_t> Daemon::SetCompression(const std::string& job_id, const
       return absl::AbortedError(
           absl::StrCat("job ", job_id, " is at config epoch ", current, ", not ", *expected_epoch));
     }
+    // The change builds on the newest epoch, staged or applied (its key is written right after
+    // its epoch is claimed), or on the configuration the job started with.
+    JobConfig newest = job->initial_config();
+    if (current > 0) {
+      DQ_ASSIGN_OR_RETURN(std::string value, store_->Get(absl::StrCat(prefix, "/config/", current), absl::Seconds(5)));
+      DQ_ASSIGN_OR_RETURN(auto decoded, DecodeConfig(value));
+      newest = std::move(decoded.first);
+    }
+    DQ_ASSIGN_OR_RETURN(JobConfig config, change(newest));
+    // A GPU node runs only what its device all-reduce implements.
+    DQ_RETURN_IF_ERROR(CheckConfigForDevice(config, options_.device));
+    if (config.error_budget.has_value() && options_.num_nodes <= 1) {
+      // The same refusal as dynamiqd's --target_vnmse on one node: no error is ever measured here.
+      return absl::FailedPreconditionError(
+          "an error budget (target_vnmse) needs the compression error measured between nodes, and a one-node "
+          "cluster sums locally without compressing: set fixed bits, or run the job on two or more nodes");
+    }
+    if (config.error_budget.has_value() && config.error_budget->sample_rate == 0 && error_sample_rate() == 0) {
+      return absl::FailedPreconditionError(
+          "an error budget needs error samples, but --error_sample_rate is 0: give the budget its own sample rate");
+    }
     const uint64_t epoch = current + 1;
     // Nodes run collectives in lockstep: another node can be at most one collective ahead of this
     // one, so none can have started (next + 2) before the configuration is visible.
@@ -951,7 +947,7 @@ absl::StatusOr<uint64_t> Daemon::SetCompression(const std::string& job_id, const
     if (!claimed) continue;  // another node claimed it first: read the new epoch and try again
     // Nodes that see the claimed epoch wait (PollConfig) for this key, written right away.
     DQ_RETURN_IF_ERROR(store_->Set(absl::StrCat(prefix, "/config/", epoch), EncodeConfig(config, apply_at)));
-    return epoch;
+    return PublishedChange{epoch, std::move(config)};
   }
   return absl::AbortedError(absl::StrCat("job ", job_id, ": configuration changed concurrently too often; retry"));
 }

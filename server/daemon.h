@@ -177,11 +177,20 @@ class Daemon {
   };
   absl::StatusOr<Job::Result> AllReduce(const AllReduceCall& call);
 
-  // Operator API. A config with an error budget puts the job under the coordinator's controller
-  // (FAILED_PRECONDITION when no error samples would be taken: rate 0); one without ends it.
-  // `expected_epoch`: ABORTED unless the job is at that epoch (unset: any).
-  absl::StatusOr<uint64_t> SetCompression(const std::string& job_id, const JobConfig& config,
-                                          std::optional<uint64_t> expected_epoch);
+  // Operator API. A compression change maps the job's newest configuration (the newest published
+  // epoch, staged or applied) to the new one; it runs on this node while the change claims the next
+  // epoch, so changes made at once through different nodes each build on the one before.
+  using CompressionChange = std::function<absl::StatusOr<JobConfig>(const JobConfig& newest)>;
+  struct PublishedChange {
+    uint64_t epoch = 0;  // every node applies `config` from this epoch's collective on
+    JobConfig config;
+  };
+  // A config with an error budget puts the job under the coordinator's controller
+  // (FAILED_PRECONDITION when no error samples would be taken, or on a one-node cluster); one
+  // without ends it. `expected_epoch`: ABORTED unless the job's newest epoch is that (unset: any).
+  // An unknown job is NOT_FOUND, after `change` was checked against the daemon's defaults.
+  absl::StatusOr<PublishedChange> SetCompression(const std::string& job_id, const CompressionChange& change,
+                                                 std::optional<uint64_t> expected_epoch);
   // The coordinator's error-budget controllers (server/error_budget_service.h); null on other nodes.
   ErrorBudgetService* error_budget() { return error_budget_.get(); }
   // The live jobs (a retired job is not listed).

@@ -148,6 +148,8 @@ class Job {
 
   const std::string& id() const { return options_.id; }
   uint64_t incarnation() const { return options_.incarnation; }
+  // The configuration of epoch 0, before any change.
+  const JobConfig& initial_config() const { return options_.config; }
 
   // Adds a local worker; INVALID_ARGUMENT for a rank outside the job's local world size or a
   // different local world size than earlier workers said, ALREADY_EXISTS for a taken rank. `pid`

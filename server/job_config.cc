@@ -4,6 +4,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kernels/codec_registry.h"
+#include "server/request_names.h"
 
 namespace dynamiq::server {
 
@@ -40,6 +41,93 @@ absl::Status SetErrorBudget(const ErrorBudgetPolicy& policy, JobConfig& config) 
   config.codec.bits = CompressionController::InitialBits(policy, config.codec.bits);
   config.error_budget = policy;
   return absl::OkStatus();
+}
+
+void ToProto(const JobConfig& c, dynamiq::v1::CompressionConfig* out) {
+  out->set_codec(std::string(kernels::CodecName(c.codec.id)));
+  out->set_bits(c.codec.bits);
+  out->set_topology(std::string(engine::TopologyName(c.topology)));
+  out->set_min_compress_elements(c.min_compress_elements);
+  out->set_allocator(c.codec.allocator == kernels::BitAllocator::kMeasured ? "measured" : "paper");
+  if (c.error_budget.has_value()) {
+    dynamiq::v1::ErrorBudget* b = out->mutable_error_budget();
+    b->set_target_vnmse(c.error_budget->target_vnmse);
+    b->set_min_bits(c.error_budget->min_bits);
+    b->set_max_bits(c.error_budget->max_bits);
+    b->set_sample_rate(c.error_budget->sample_rate);
+  }
+}
+
+absl::StatusOr<JobConfig> FromProto(const dynamiq::v1::CompressionConfig& c) {
+  DQ_RETURN_IF_ERROR(CheckRequestName("codec", c.codec(), kMaxConfigNameBytes, /*allow_empty=*/true));
+  DQ_RETURN_IF_ERROR(CheckRequestName("topology", c.topology(), kMaxConfigNameBytes, /*allow_empty=*/true));
+  DQ_RETURN_IF_ERROR(CheckRequestName("allocator", c.allocator(), kMaxConfigNameBytes, /*allow_empty=*/true));
+  DQ_ASSIGN_OR_RETURN(JobConfig config,
+                      MakeJobConfig(c.codec(), c.bits(), c.topology(), c.min_compress_elements(), c.allocator()));
+  if (c.has_error_budget() && c.error_budget().target_vnmse() != 0) {  // a zero target is no budget
+    const dynamiq::v1::ErrorBudget& b = c.error_budget();
+    ErrorBudgetPolicy policy;
+    policy.target_vnmse = b.target_vnmse();
+    policy.min_bits = b.min_bits() == 0 ? kMinDynamiqBits : b.min_bits();
+    policy.max_bits = b.max_bits() == 0 ? kMaxDynamiqBits : b.max_bits();
+    policy.sample_rate = b.sample_rate();
+    DQ_RETURN_IF_ERROR(SetErrorBudget(policy, config));
+  }
+  return config;
+}
+
+absl::StatusOr<JobConfig> ApplyCompressionChange(const JobConfig& newest, const dynamiq::v1::CompressionConfig& change,
+                                                 absl::string_view job_id) {
+  const dynamiq::v1::ErrorBudget& asked = change.error_budget();
+  const bool new_target = change.has_error_budget() && asked.has_target_vnmse();
+  const bool budget_fields =
+      change.has_error_budget() && (asked.has_min_bits() || asked.has_max_bits() || asked.has_sample_rate());
+  if (new_target && asked.target_vnmse() == 0 && budget_fields) {
+    return absl::InvalidArgumentError("target_vnmse 0 (fixed bits) takes no min_bits, max_bits or sample_rate");
+  }
+  dynamiq::v1::CompressionConfig current;
+  ToProto(newest, &current);
+  dynamiq::v1::CompressionConfig next = current;
+  next.clear_error_budget();
+  if (change.has_codec()) {
+    next.set_codec(change.codec());
+  } else if (new_target && asked.target_vnmse() != 0) {
+    next.set_codec("dynamiq");  // the codec with a fractional b̄ for the controller to adjust
+  }
+  if (change.has_bits()) {
+    next.set_bits(change.bits());
+  } else if (next.codec() != current.codec()) {
+    next.set_bits(0);  // bits mean something else per codec: the new codec's default
+  }
+  if (change.has_topology()) next.set_topology(change.topology());
+  if (change.has_min_compress_elements()) next.set_min_compress_elements(change.min_compress_elements());
+  if (change.has_allocator()) next.set_allocator(change.allocator());
+  // The budget: a new target (on the current budget's fields, if any); the current one with
+  // changed fields; kept when neither codec nor bits were given (e.g. a topology change); otherwise
+  // none (fixed bits).
+  const bool has_budget = newest.error_budget.has_value();
+  std::optional<dynamiq::v1::ErrorBudget> budget;
+  if (new_target) {
+    if (asked.target_vnmse() != 0) {
+      budget = has_budget ? current.error_budget() : dynamiq::v1::ErrorBudget();
+      budget->set_target_vnmse(asked.target_vnmse());
+    }
+  } else if (budget_fields) {
+    if (!has_budget) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job ", job_id, " has no error budget: min_bits, max_bits and sample_rate need a target_vnmse"));
+    }
+    budget = current.error_budget();
+  } else if (has_budget && !change.has_codec() && !change.has_bits()) {
+    budget = current.error_budget();
+  }
+  if (budget.has_value()) {
+    if (asked.has_min_bits()) budget->set_min_bits(asked.min_bits());
+    if (asked.has_max_bits()) budget->set_max_bits(asked.max_bits());
+    if (asked.has_sample_rate()) budget->set_sample_rate(asked.sample_rate());
+    *next.mutable_error_budget() = *std::move(budget);
+  }
+  return FromProto(next);
 }
 
 std::string DescribeJobConfig(const JobConfig& c) {

@@ -2,6 +2,11 @@
 // validated): the codec, the topology, the size under which tensors go uncompressed and, optionally,
 // an error budget under which the coordinator's controller picks DynamiQ's b̄ itself
 // (server/error_budget_service.h, docs/error_budget.md).
+//
+// The one form of a compression setting between the wire and the kernels: dynamiqctl and the
+// Python API send a partial dynamiq.v1.CompressionConfig, ApplyCompressionChange merges it into the
+// job's newest JobConfig, the coordinator's store holds it as that proto (serialized), and
+// JobConfig::codec is the kernels' CodecConfig.
 #ifndef DQ_SERVER_JOB_CONFIG_H_
 #define DQ_SERVER_JOB_CONFIG_H_
 
@@ -12,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "dynamiq/v1/common.pb.h"
 #include "engine/schedule.h"
 #include "kernels/codec.h"
 #include "server/compression_controller.h"
@@ -32,6 +38,20 @@ absl::StatusOr<JobConfig> MakeJobConfig(absl::string_view codec, double bits, ab
 // Puts `config` under an error budget: INVALID_ARGUMENT for an invalid policy or a codec other than
 // DynamiQ; the starting b̄ is the configured one clamped to the policy's range.
 absl::Status SetErrorBudget(const ErrorBudgetPolicy& policy, JobConfig& config);
+// The proto form of a job configuration: every field set.
+void ToProto(const JobConfig& config, dynamiq::v1::CompressionConfig* out);
+// Validates a complete configuration (INVALID_ARGUMENT with a message): bits 0 is the codec's
+// default, an empty topology or allocator ring or measured; an error budget with min_bits/max_bits
+// 0 means the full range 3..8, and a zero target_vnmse no budget.
+absl::StatusOr<JobConfig> FromProto(const dynamiq::v1::CompressionConfig& config);
+// Merges an operator's change into `newest` (the job's newest configuration, staged or applied;
+// `job_id` names it in errors). Set fields replace, unset ones keep; a new codec without bits gets
+// its default bits; a budget on a job of another codec switches it to DynamiQ unless the change
+// names a codec; a change of codec or bits without a budget returns to fixed bits; budget fields
+// without a target change the current budget (INVALID_ARGUMENT when there is none). The result is
+// validated as FromProto does.
+absl::StatusOr<JobConfig> ApplyCompressionChange(const JobConfig& newest, const dynamiq::v1::CompressionConfig& change,
+                                                 absl::string_view job_id);
 // "dynamiq bits=5 ring min_compress=4096" (+ " target_vnmse=0.001 bits=[3,8]" under a budget).
 std::string DescribeJobConfig(const JobConfig& config);
 

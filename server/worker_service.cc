@@ -28,39 +28,6 @@ grpc::Status Refuse(Daemon& daemon, const grpc::ServerContext* context, const ab
 
 }  // namespace
 
-void ToProto(const JobConfig& c, dynamiq::v1::CompressionConfig* out) {
-  out->set_codec(std::string(kernels::CodecName(c.codec.id)));
-  out->set_bits(c.codec.bits);
-  out->set_topology(std::string(engine::TopologyName(c.topology)));
-  out->set_min_compress_elements(c.min_compress_elements);
-  out->set_allocator(c.codec.allocator == kernels::BitAllocator::kMeasured ? "measured" : "paper");
-  if (c.error_budget.has_value()) {
-    dynamiq::v1::ErrorBudget* b = out->mutable_error_budget();
-    b->set_target_vnmse(c.error_budget->target_vnmse);
-    b->set_min_bits(c.error_budget->min_bits);
-    b->set_max_bits(c.error_budget->max_bits);
-    b->set_sample_rate(c.error_budget->sample_rate);
-  }
-}
-
-absl::StatusOr<JobConfig> FromProto(const dynamiq::v1::CompressionConfig& c) {
-  DQ_RETURN_IF_ERROR(CheckRequestName("codec", c.codec(), kMaxConfigNameBytes, /*allow_empty=*/true));
-  DQ_RETURN_IF_ERROR(CheckRequestName("topology", c.topology(), kMaxConfigNameBytes, /*allow_empty=*/true));
-  DQ_RETURN_IF_ERROR(CheckRequestName("allocator", c.allocator(), kMaxConfigNameBytes, /*allow_empty=*/true));
-  DQ_ASSIGN_OR_RETURN(JobConfig config,
-                      MakeJobConfig(c.codec(), c.bits(), c.topology(), c.min_compress_elements(), c.allocator()));
-  if (c.has_error_budget() && c.error_budget().target_vnmse() != 0) {  // proto3: a zero target is no budget
-    const dynamiq::v1::ErrorBudget& b = c.error_budget();
-    ErrorBudgetPolicy policy;
-    policy.target_vnmse = b.target_vnmse();
-    policy.min_bits = b.min_bits() == 0 ? kMinDynamiqBits : b.min_bits();
-    policy.max_bits = b.max_bits() == 0 ? kMaxDynamiqBits : b.max_bits();
-    policy.sample_rate = b.sample_rate();
-    DQ_RETURN_IF_ERROR(SetErrorBudget(policy, config));
-  }
-  return config;
-}
-
 grpc::Status WorkerService::Register(grpc::ServerContext* context, const dynamiq::v1::RegisterRequest* request,
                                      dynamiq::v1::RegisterResponse* response) {
   if (absl::Status bad = CheckRequestName("job id", request->job_id(), kMaxJobIdBytes); !bad.ok()) {

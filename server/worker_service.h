@@ -29,12 +29,6 @@ class WorkerService final : public dynamiq::v1::Worker::Service {
   Daemon& daemon_;
 };
 
-// The proto form of a job configuration.
-void ToProto(const JobConfig& config, dynamiq::v1::CompressionConfig* out);
-// Validates a requested configuration (INVALID_ARGUMENT with a message); an error budget with
-// min_bits/max_bits 0 means the full range 3..8, and a zero target_vnmse no budget.
-absl::StatusOr<JobConfig> FromProto(const dynamiq::v1::CompressionConfig& config);
-
 }  // namespace dynamiq::server
 
 #endif  // DQ_SERVER_WORKER_SERVICE_H_

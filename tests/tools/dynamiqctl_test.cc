@@ -242,7 +242,6 @@ TEST_F(DynamiqctlTest, SetCompressionChangesTheEpochAndKeepsUnsetFields) {
   auto result = ChangeCompression(*client_, change);
   ASSERT_THAT(result, IsOk());
   EXPECT_EQ(result->epoch, 1u);
-  EXPECT_FALSE(result->based_on_stale_config);
   EXPECT_EQ(result->config.codec(), "dynamiq");
   EXPECT_EQ(result->config.bits(), 4);
   EXPECT_EQ(result->config.topology(), "ring");
@@ -294,7 +293,7 @@ TEST_F(DynamiqctlTest, NewCodecWithoutBitsGetsThatCodecsDefault) {
   change.codec = "uniform";  // dynamiq's 5 bits kept would still be valid, thc's would not
   auto result = ChangeCompression(*client_, change);
   ASSERT_THAT(result, IsOk());
-  EXPECT_EQ(result->config.bits(), 0);
+  EXPECT_EQ(result->config.bits(), 4);  // the daemon answers with the configuration that applies
   change.codec = "thc";
   ASSERT_THAT(ChangeCompression(*client_, change), IsOk());
   worker_->AllReduce("a");
@@ -392,35 +391,39 @@ TEST_F(DynamiqctlTest, StaleEpochsAreAbortedNotSilentlyUndone) {
   change.expected_epoch = 7;
   EXPECT_THAT(ChangeCompression(*client_, change),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("is at config epoch 0, not 7")));
-
-  // From epoch 0 the proto cannot express "expect 0": a second change on top of a staged one is
-  // made, but flagged.
-  change.expected_epoch.reset();
+  // "Expect epoch 0" is expressible (the field has presence).
+  change.expected_epoch = 0;
   ASSERT_THAT(ChangeCompression(*client_, change), IsOk());  // epoch 1, staged
-  CompressionChange topology;
-  topology.job_id = "job";
-  topology.min_compress_elements = 10;
-  auto stale = ChangeCompression(*client_, topology);
-  ASSERT_THAT(stale, IsOk());
-  EXPECT_EQ(stale->epoch, 2u);
-  EXPECT_TRUE(stale->based_on_stale_config);
-  EXPECT_EQ(stale->base_epoch, 0u);
-  worker_->AllReduce("a");
-  worker_->AllReduce("b");
-  worker_->AllReduce("c");
-  ASSERT_EQ(JobStatus().config_epoch(), 2u);
+  EXPECT_THAT(ChangeCompression(*client_, change),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("is at config epoch 1, not 0")));
 
-  // Past epoch 0 the applied epoch is sent as the expectation: a staged change is not undone.
-  change.bits = 6;
-  ASSERT_THAT(ChangeCompression(*client_, change), IsOk());  // epoch 3, staged
+  // A change on top of a staged one builds on it: the staged bits stay, not the applied ones.
+  CompressionChange threshold;
+  threshold.job_id = "job";
+  threshold.min_compress_elements = 10;
+  auto merged = ChangeCompression(*client_, threshold);
+  ASSERT_THAT(merged, IsOk());
+  EXPECT_EQ(merged->epoch, 2u);
+  EXPECT_EQ(merged->config.bits(), 4);
+  EXPECT_EQ(merged->config.min_compress_elements(), 10u);
+  for (const char* t : {"a", "b", "c"}) worker_->AllReduce(t);
+  dynamiq::v1::JobStatus job = JobStatus();
+  ASSERT_EQ(job.config_epoch(), 2u);
+  EXPECT_EQ(job.config().bits(), 4);
+  EXPECT_EQ(job.config().min_compress_elements(), 10u);
+
+  // Through the CLI: a stale --expected_epoch is refused, with the epoch the job is at.
   Invocation in = Command("set-compression");
   in.job = "job";
   in.topology = "ring";
+  in.expected_epoch = 1;
   EXPECT_EQ(RunIt(in), kExitFailure);
-  EXPECT_THAT(err_, HasSubstr("dynamiqctl: ABORTED: job job is at config epoch 3, not 2 (dynamiqctl read"));
+  EXPECT_THAT(err_, HasSubstr("dynamiqctl: ABORTED: job job is at config epoch 2, not 1"));
 }
 
-TEST_F(DynamiqctlTest, StaleBaseIsAWarningOnStderr) {
+// Partial changes merge on the daemon onto the newest configuration, staged or applied: nothing is
+// read first, so nothing staged is undone and no warning is needed.
+TEST_F(DynamiqctlTest, ChangesMergeOntoTheStagedConfiguration) {
   Invocation in = Command("set-compression");
   in.job = "job";
   in.bits = 4;
@@ -428,9 +431,9 @@ TEST_F(DynamiqctlTest, StaleBaseIsAWarningOnStderr) {
   in.bits.reset();
   in.allocator = "paper";
   ASSERT_EQ(RunIt(in), kExitOk) << err_;
+  EXPECT_EQ(err_, "");
+  EXPECT_THAT(out_, HasSubstr("codec=dynamiq bits=4 topology=ring min_compress_elements=1024 allocator=paper\n"));
   EXPECT_THAT(out_, HasSubstr("applies at config epoch 2"));
-  EXPECT_THAT(err_, HasSubstr("dynamiqctl: warning: the fields not given were read from the applied configuration at "
-                              "epoch 0"));
 }
 
 TEST_F(DynamiqctlTest, FlightRecorderTable) {
@@ -855,8 +858,8 @@ TEST_F(DynamiqctlClusterTest, SetCompressionPutsTheJobUnderAnErrorBudgetAndBack)
   in.max_bits = 7;
   in.sample_rate = 0.5;
   ASSERT_EQ(RunIt(in), kExitOk) << err_;
-  // bits=default: DynamiQ's default, 5.
-  EXPECT_THAT(out_, HasSubstr("codec=dynamiq bits=default topology=ring min_compress_elements=1024 allocator=measured "
+  // DynamiQ's default bits, 5: the daemon answers with the configuration that applies.
+  EXPECT_THAT(out_, HasSubstr("codec=dynamiq bits=5 topology=ring min_compress_elements=1024 allocator=measured "
                               "target_vnmse=0.001 bits_range=[4,7] sample_rate=0.5\n"));
   for (const char* t : {"d", "e", "f"}) AllReduce(t);
   dynamiq::v1::JobStatus job = JobStatus();

@@ -228,13 +228,14 @@ absl::StatusOr<dynamiq::v1::GetStatusResponse> ControlClient::GetStatus() const 
   return response;
 }
 
-absl::StatusOr<uint64_t> ControlClient::SetCompression(const dynamiq::v1::SetCompressionRequest& request) const {
+absl::StatusOr<dynamiq::v1::SetCompressionResponse> ControlClient::SetCompression(
+    const dynamiq::v1::SetCompressionRequest& request) const {
   grpc::ClientContext context;
   Prepare(context);
   dynamiq::v1::SetCompressionResponse response;
   grpc::Status status = control_->SetCompression(&context, request, &response);
   if (!status.ok()) return FromGrpc(status);
-  return response.epoch();
+  return response;
 }
 
 absl::StatusOr<dynamiq::v1::GetFlightRecorderResponse> ControlClient::GetFlightRecorder(const std::string& job_id,
@@ -264,119 +265,39 @@ absl::StatusOr<HealthCheckResponse::ServingStatus> ControlClient::CheckHealth(co
 absl::StatusOr<CompressionChangeResult> ChangeCompression(const ControlClient& client,
                                                           const CompressionChange& change) {
   if (change.job_id.empty()) return absl::InvalidArgumentError("set-compression needs --job");
-  dynamiq::v1::SetCompressionRequest request;
-  request.set_job_id(change.job_id);
-  CompressionConfig* config = request.mutable_config();
   const bool budget_fields = change.min_bits || change.max_bits || change.sample_rate;
   if (change.target_vnmse && *change.target_vnmse == 0 && budget_fields) {
     return absl::InvalidArgumentError("--target_vnmse=0 (fixed bits) takes no --min_bits, --max_bits or --sample_rate");
   }
-  // Budget fields without a new target change the current budget: the current config is needed.
-  const bool complete = change.codec && change.bits && change.topology && change.min_compress_elements &&
-                        change.allocator && (change.target_vnmse || !budget_fields);
+  // Only what was given: the daemon merges it into the job's newest configuration.
+  dynamiq::v1::SetCompressionRequest request;
+  request.set_job_id(change.job_id);
+  CompressionConfig* config = request.mutable_config();
+  if (change.codec) config->set_codec(*change.codec);
+  if (change.bits) config->set_bits(*change.bits);
+  if (change.topology) config->set_topology(*change.topology);
+  if (change.min_compress_elements) config->set_min_compress_elements(*change.min_compress_elements);
+  if (change.allocator) config->set_allocator(*change.allocator);
+  if (change.target_vnmse || budget_fields) {
+    dynamiq::v1::ErrorBudget* budget = config->mutable_error_budget();
+    if (change.target_vnmse) budget->set_target_vnmse(*change.target_vnmse);
+    if (change.min_bits) budget->set_min_bits(*change.min_bits);
+    if (change.max_bits) budget->set_max_bits(*change.max_bits);
+    if (change.sample_rate) budget->set_sample_rate(*change.sample_rate);
+  }
+  if (change.expected_epoch) request.set_expected_epoch(*change.expected_epoch);
+  absl::StatusOr<dynamiq::v1::SetCompressionResponse> response = client.SetCompression(request);
+  if (!response.ok()) {
+    if (absl::IsNotFound(response.status())) {
+      return absl::Status(response.status().code(),
+                          absl::StrCat(response.status().message(), " (dynamiqd at ", client.options().daemon, ")"));
+    }
+    return response.status();
+  }
   CompressionChangeResult result;
   result.job_id = change.job_id;
-  bool filled = false;
-  dynamiq::v1::ErrorBudget current_budget;  // the job's, when it has one (read below)
-  if (complete) {
-    config->set_codec(*change.codec);
-    config->set_bits(*change.bits);
-    config->set_topology(*change.topology);
-    config->set_min_compress_elements(*change.min_compress_elements);
-    config->set_allocator(*change.allocator);
-  } else {
-    absl::StatusOr<dynamiq::v1::GetStatusResponse> status = client.GetStatus();
-    if (!status.ok()) return status.status();
-    const dynamiq::v1::JobStatus* job = nullptr;
-    for (const auto& j : status->jobs()) {
-      if (j.job_id() == change.job_id) job = &j;
-    }
-    if (job == nullptr) {
-      // Let the daemon answer: it checks the settings given (INVALID_ARGUMENT first), then says the
-      // job does not exist and why (NOT_FOUND, counted as a refused request).
-      config->set_codec(change.codec.value_or("dynamiq"));
-      config->set_bits(change.bits.value_or(0));
-      config->set_topology(change.topology.value_or("ring"));
-      config->set_min_compress_elements(change.min_compress_elements.value_or(0));
-      config->set_allocator(change.allocator.value_or("measured"));
-      if (change.target_vnmse && *change.target_vnmse > 0) {
-        config->mutable_error_budget()->set_target_vnmse(*change.target_vnmse);
-        config->mutable_error_budget()->set_min_bits(change.min_bits.value_or(0));
-        config->mutable_error_budget()->set_max_bits(change.max_bits.value_or(0));
-        config->mutable_error_budget()->set_sample_rate(change.sample_rate.value_or(0));
-      }
-      absl::StatusOr<uint64_t> epoch = client.SetCompression(request);
-      if (epoch.ok()) {
-        return absl::InternalError(
-            absl::StrCat("job '", change.job_id, "' appeared while dynamiqctl changed it: retry"));
-      }
-      return absl::Status(epoch.status().code(),
-                          absl::StrCat(epoch.status().message(), " (dynamiqd at ", client.options().daemon, ")"));
-    }
-    const CompressionConfig& current = job->config();
-    filled = true;
-    result.base_epoch = job->config_epoch();
-    current_budget = current.error_budget();
-    // A new budget on a job that uses another codec switches it to DynamiQ, the codec with a b̄.
-    const bool to_dynamiq = change.target_vnmse && *change.target_vnmse > 0 && !change.codec;
-    config->set_codec(to_dynamiq ? "dynamiq" : change.codec.value_or(current.codec()));
-    if (change.bits) {
-      config->set_bits(*change.bits);
-    } else if (config->codec() == current.codec()) {
-      config->set_bits(current.bits());
-    } else {
-      config->set_bits(0);  // the new codec's default
-    }
-    config->set_topology(change.topology.value_or(current.topology()));
-    config->set_min_compress_elements(change.min_compress_elements.value_or(current.min_compress_elements()));
-    config->set_allocator(change.allocator.value_or(current.allocator()));
-  }
-  // The budget: a new target; or the current one with changed fields; kept when neither bits nor
-  // codec were set explicitly (e.g. a topology change); otherwise none (fixed bits).
-  const bool has_budget = current_budget.target_vnmse() > 0;
-  dynamiq::v1::ErrorBudget budget;
-  if (change.target_vnmse) {
-    if (*change.target_vnmse != 0) {
-      budget = current_budget;
-      budget.set_target_vnmse(*change.target_vnmse);
-    }
-  } else if (budget_fields) {
-    if (!has_budget) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "job ", change.job_id, " has no error budget: --min_bits, --max_bits and --sample_rate need --target_vnmse"));
-    }
-    budget = current_budget;
-  } else if (has_budget && !change.bits && !change.codec) {
-    budget = current_budget;
-  }
-  if (budget.target_vnmse() != 0) {
-    if (change.min_bits) budget.set_min_bits(*change.min_bits);
-    if (change.max_bits) budget.set_max_bits(*change.max_bits);
-    if (change.sample_rate) budget.set_sample_rate(*change.sample_rate);
-    *config->mutable_error_budget() = budget;
-  }
-  bool implicit_expectation = false;
-  if (change.expected_epoch) {
-    request.set_expected_epoch(*change.expected_epoch);
-  } else if (filled && result.base_epoch > 0) {
-    request.set_expected_epoch(result.base_epoch);
-    implicit_expectation = true;
-  }
-  absl::StatusOr<uint64_t> epoch = client.SetCompression(request);
-  if (!epoch.ok()) {
-    if (implicit_expectation && epoch.status().code() == absl::StatusCode::kAborted) {
-      return absl::AbortedError(
-          absl::StrCat(epoch.status().message(), " (dynamiqctl read the unset fields at epoch ", result.base_epoch,
-                       ", the job's applied configuration; a newer change is staged for a later collective or was made "
-                       "concurrently. Give every field, or --expected_epoch to override)"));
-    }
-    return epoch.status();
-  }
-  result.epoch = *epoch;
-  result.config = *config;
-  // The daemon reports the newest published epoch, which is one past the base unless another change
-  // was staged on top of the applied configuration.
-  result.based_on_stale_config = filled && result.epoch > result.base_epoch + 1;
+  result.epoch = response->epoch();
+  result.config = response->config();
   return result;
 }
 
@@ -688,11 +609,6 @@ int Run(const Invocation& in, std::ostream& out, std::ostream& err) {
     change.expected_epoch = in.expected_epoch;
     absl::StatusOr<CompressionChangeResult> result = ChangeCompression(client, change);
     if (!result.ok()) return Failure(err, result.status());
-    if (result->based_on_stale_config) {
-      err << "dynamiqctl: warning: the fields not given were read from the applied configuration at epoch "
-          << result->base_epoch << ", but the daemon had a newer change staged (now at epoch " << result->epoch
-          << "); this change may undo parts of it. Check 'dynamiqctl status' once it applies.\n";
-    }
     out << FormatCompressionChange(*result, in.json);
     return kExitOk;
   }

@@ -1,6 +1,6 @@
 // dynamiqctl's logic, kept out of main.cc so tests can drive it against an in-process daemon:
 // ControlClient (dynamiq.v1.Control and grpc.health.v1 calls, each with a deadline, failures as
-// absl::Status carrying the daemon's gRPC code), the read-modify-write behind `set-compression`,
+// absl::Status carrying the daemon's gRPC code), the partial change `set-compression` sends,
 // the human-readable tables and JSON lines each command prints, and Run(), which validates an
 // Invocation, runs its command and returns the process exit code.
 //
@@ -61,8 +61,9 @@ class ControlClient {
   explicit ControlClient(ConnectOptions options);
 
   absl::StatusOr<dynamiq::v1::GetStatusResponse> GetStatus() const;
-  // Returns the epoch at which the configuration applies.
-  absl::StatusOr<uint64_t> SetCompression(const dynamiq::v1::SetCompressionRequest& request) const;
+  // The epoch at which the change applies and the job's complete configuration from then on.
+  absl::StatusOr<dynamiq::v1::SetCompressionResponse> SetCompression(
+      const dynamiq::v1::SetCompressionRequest& request) const;
   absl::StatusOr<dynamiq::v1::GetFlightRecorderResponse> GetFlightRecorder(const std::string& job_id,
                                                                            uint32_t limit) const;
   // grpc.health.v1.Health/Check; `service` empty asks about the whole server. An unknown service is
@@ -81,10 +82,11 @@ class ControlClient {
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;
 };
 
-// set-compression: the fields left unset keep the job's current values, read with GetStatus first
-// (the applied configuration: a change that is staged but has not reached its collective boundary
-// yet is not visible there). Exception: when `codec` changes the codec and `bits` is unset, bits go
-// to the new codec's default (dynamiq 5, others 4), since bits mean different things per codec.
+// set-compression: only the fields given are sent; the daemon merges them into the job's newest
+// configuration (staged or applied) as it claims the next epoch (server/job_config.h,
+// ApplyCompressionChange), so nothing is read first and no concurrent or staged change is undone.
+// A new codec without bits gets that codec's default bits (dynamiq 5, others 4), since bits mean
+// different things per codec.
 struct CompressionChange {
   std::string job_id;
   std::optional<std::string> codec;
@@ -101,20 +103,14 @@ struct CompressionChange {
   std::optional<double> min_bits;
   std::optional<double> max_bits;
   std::optional<double> sample_rate;
-  // Fail with ABORTED unless the job is at this epoch. When unset and some field was filled from
-  // GetStatus at epoch E > 0, E is sent, so a concurrent or still-staged change is never silently
-  // undone (the daemon's proto cannot express "expect epoch 0").
+  // Fail with ABORTED unless the job's newest epoch (staged or applied) is this one.
   std::optional<uint64_t> expected_epoch;
 };
 
 struct CompressionChangeResult {
   std::string job_id;
   uint64_t epoch = 0;                     // the epoch at which `config` applies on every node
-  dynamiq::v1::CompressionConfig config;  // the complete configuration sent
-  // Some fields were filled from the job's applied configuration at `base_epoch`, and the daemon
-  // has other changes past it (epoch > base_epoch + 1): those fields may undo a staged change.
-  bool based_on_stale_config = false;
-  uint64_t base_epoch = 0;
+  dynamiq::v1::CompressionConfig config;  // the job's complete configuration from `epoch` on
 };
 
 absl::StatusOr<CompressionChangeResult> ChangeCompression(const ControlClient& client, const CompressionChange& change);

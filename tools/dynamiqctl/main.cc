@@ -55,7 +55,8 @@ ABSL_FLAG(std::optional<double>, sample_rate, std::nullopt,
           "Error budget: fraction of the job's compressed collectives whose error is measured (0: the daemon's "
           "--error_sample_rate).");
 ABSL_FLAG(std::optional<uint64_t>, expected_epoch, std::nullopt,
-          "Fail with ABORTED unless the job's config epoch is this one (optimistic concurrency).");
+          "Fail with ABORTED unless the job's newest config epoch (staged or applied) is this one (optimistic "
+          "concurrency).");
 ABSL_FLAG(std::optional<uint32_t>, limit, std::nullopt, "Show the most recent N collectives (default: all kept).");
 ABSL_FLAG(std::optional<std::string>, service, std::nullopt,
           "Service to check, e.g. dynamiq.v1.Control (default: the whole server).");

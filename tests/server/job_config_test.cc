@@ -1,0 +1,148 @@
+// JobConfig's proto forms and the merge of a partial compression change (server/job_config.h).
+#include "server/job_config.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace dynamiq::server {
+namespace {
+
+using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::StatusIs;
+using ::testing::HasSubstr;
+
+JobConfig Dynamiq5() { return *MakeJobConfig("dynamiq", 5, "ring", 1024, "measured"); }
+
+JobConfig WithBudget(double target, double min_bits, double max_bits) {
+  JobConfig c = Dynamiq5();
+  ErrorBudgetPolicy policy;
+  policy.target_vnmse = target;
+  policy.min_bits = min_bits;
+  policy.max_bits = max_bits;
+  EXPECT_THAT(SetErrorBudget(policy, c), IsOk());
+  return c;
+}
+
+absl::StatusOr<JobConfig> Apply(const JobConfig& newest, const dynamiq::v1::CompressionConfig& change) {
+  return ApplyCompressionChange(newest, change, "j");
+}
+
+TEST(JobConfigTest, ProtoRoundTripIsExact) {
+  JobConfig c = WithBudget(1e-3, 4, 7);
+  c.codec.bits = 5.123456789012345;
+  c.topology = engine::Topology::kButterfly;
+  dynamiq::v1::CompressionConfig proto;
+  ToProto(c, &proto);
+  EXPECT_TRUE(proto.has_codec() && proto.has_bits() && proto.has_topology() && proto.has_min_compress_elements() &&
+              proto.has_allocator());
+  absl::StatusOr<JobConfig> back = FromProto(proto);
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(back->codec.bits, c.codec.bits);
+  EXPECT_EQ(back->topology, engine::Topology::kButterfly);
+  EXPECT_EQ(back->min_compress_elements, 1024u);
+  ASSERT_TRUE(back->error_budget.has_value());
+  EXPECT_EQ(back->error_budget->target_vnmse, 1e-3);
+  EXPECT_EQ(back->error_budget->max_bits, 7);
+}
+
+TEST(JobConfigTest, UnsetFieldsKeepTheNewestValues) {
+  dynamiq::v1::CompressionConfig change;
+  change.set_topology("butterfly");
+  absl::StatusOr<JobConfig> c = Apply(Dynamiq5(), change);
+  ASSERT_THAT(c, IsOk());
+  EXPECT_EQ(c->codec.id, kernels::CodecId::kDynamiq);
+  EXPECT_EQ(c->codec.bits, 5);
+  EXPECT_EQ(c->topology, engine::Topology::kButterfly);
+  EXPECT_EQ(c->min_compress_elements, 1024u);
+}
+
+TEST(JobConfigTest, ANewCodecWithoutBitsGetsItsDefault) {
+  dynamiq::v1::CompressionConfig change;
+  change.set_codec("thc");  // bits mean something else per codec: thc's default, 4
+  absl::StatusOr<JobConfig> c = Apply(Dynamiq5(), change);
+  ASSERT_THAT(c, IsOk());
+  EXPECT_EQ(c->codec.id, kernels::CodecId::kThc);
+  EXPECT_EQ(c->codec.bits, 4);
+  change.set_codec("mxfp8");
+  c = Apply(Dynamiq5(), change);
+  ASSERT_THAT(c, IsOk());
+  EXPECT_EQ(c->codec.bits, 0);  // no bit setting
+  // The same codec named again keeps the bits.
+  change.set_codec("dynamiq");
+  c = Apply(Dynamiq5(), change);
+  ASSERT_THAT(c, IsOk());
+  EXPECT_EQ(c->codec.bits, 5);
+}
+
+TEST(JobConfigTest, ABudgetSwitchesToDynamiqAndStartsInItsRange) {
+  JobConfig mx = *MakeJobConfig("mxfp8", 0, "ring", 0, "measured");
+  dynamiq::v1::CompressionConfig change;
+  change.mutable_error_budget()->set_target_vnmse(1e-3);
+  change.mutable_error_budget()->set_min_bits(6);
+  absl::StatusOr<JobConfig> c = Apply(mx, change);
+  ASSERT_THAT(c, IsOk());
+  EXPECT_EQ(c->codec.id, kernels::CodecId::kDynamiq);
+  EXPECT_EQ(c->codec.bits, 6);  // the default 5, clamped to [6, 8]
+  ASSERT_TRUE(c->error_budget.has_value());
+  EXPECT_EQ(c->error_budget->min_bits, 6);
+  EXPECT_EQ(c->error_budget->max_bits, 8);
+  // Naming another codec with a budget is refused.
+  change.set_codec("mxfp8");
+  EXPECT_THAT(Apply(mx, change), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs codec dynamiq")));
+}
+
+TEST(JobConfigTest, BudgetFieldsChangeTheCurrentBudgetOrNeedOne) {
+  dynamiq::v1::CompressionConfig change;
+  change.mutable_error_budget()->set_max_bits(6);
+  absl::StatusOr<JobConfig> c = Apply(WithBudget(1e-3, 4, 7), change);
+  ASSERT_THAT(c, IsOk());
+  ASSERT_TRUE(c->error_budget.has_value());
+  EXPECT_EQ(c->error_budget->target_vnmse, 1e-3);
+  EXPECT_EQ(c->error_budget->min_bits, 4);
+  EXPECT_EQ(c->error_budget->max_bits, 6);
+  EXPECT_THAT(Apply(Dynamiq5(), change),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job j has no error budget")));
+  // Target 0 ends the budget and takes no other budget field.
+  change.mutable_error_budget()->set_target_vnmse(0);
+  EXPECT_THAT(Apply(WithBudget(1e-3, 4, 7), change),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("takes no min_bits")));
+  change.mutable_error_budget()->clear_max_bits();
+  c = Apply(WithBudget(1e-3, 4, 7), change);
+  ASSERT_THAT(c, IsOk());
+  EXPECT_FALSE(c->error_budget.has_value());
+}
+
+TEST(JobConfigTest, BitsOrCodecAloneReturnToFixedBitsOtherChangesKeepTheBudget) {
+  dynamiq::v1::CompressionConfig change;
+  change.set_min_compress_elements(64);
+  absl::StatusOr<JobConfig> c = Apply(WithBudget(1e-3, 4, 7), change);
+  ASSERT_THAT(c, IsOk());
+  EXPECT_TRUE(c->error_budget.has_value());
+  change.set_bits(6);
+  c = Apply(WithBudget(1e-3, 4, 7), change);
+  ASSERT_THAT(c, IsOk());
+  EXPECT_FALSE(c->error_budget.has_value());
+  EXPECT_EQ(c->codec.bits, 6);
+}
+
+TEST(JobConfigTest, InvalidValuesAreInvalidArgument) {
+  dynamiq::v1::CompressionConfig change;
+  change.set_bits(99);
+  EXPECT_THAT(Apply(Dynamiq5(), change), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bits")));
+  change.Clear();
+  change.set_codec("zstd");
+  EXPECT_THAT(Apply(Dynamiq5(), change), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("zstd")));
+  change.Clear();
+  change.set_codec("");  // explicitly empty is not "unset"
+  EXPECT_THAT(Apply(Dynamiq5(), change), StatusIs(absl::StatusCode::kInvalidArgument));
+  change.Clear();
+  change.set_topology(std::string("ri\0ng", 5));
+  EXPECT_THAT(Apply(Dynamiq5(), change), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("topology")));
+  change.Clear();
+  change.mutable_error_budget()->set_target_vnmse(2);
+  EXPECT_THAT(Apply(Dynamiq5(), change), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("target_vnmse")));
+}
+
+}  // namespace
+}  // namespace dynamiq::server
