@@ -511,9 +511,8 @@ absl::StatusOr<AllReduceResult> NcclAllReduce(const Codec& codec, NcclTransport&
       }
       break;
     default:
-      return absl::UnimplementedError(absl::StrCat("rank ", transport.rank(),
-                                                   ": the NCCL all-reduce supports the none, bf16 and dynamiq "
-                                                   "codecs, not ",
+      return absl::UnimplementedError(absl::StrCat("rank ", transport.rank(), ": the NCCL all-reduce supports the ",
+                                                   kernels::CudaCodecNames(), " codecs, not ",
                                                    kernels::CodecName(codec.id())));
   }
   if (num_elements > 0 && (device_in == nullptr || device_out == nullptr)) {

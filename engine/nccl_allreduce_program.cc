@@ -29,11 +29,11 @@ using kernels::CodecId;
 
 constexpr uint16_t kMaxSummands = 0xffff;
 
-bool SupportedCodec(CodecId id) { return id == CodecId::kNone || id == CodecId::kBf16 || id == CodecId::kDynamiq; }
+bool SupportedCodec(CodecId id) { return kernels::GetCodecInfo(id).on_cuda; }
 
 absl::Status Unsupported(const Codec& codec) {
-  return absl::UnimplementedError(absl::StrCat("the NCCL all-reduce supports the none, bf16 and dynamiq codecs, not ",
-                                               kernels::CodecName(codec.id())));
+  return absl::UnimplementedError(absl::StrCat("the NCCL all-reduce supports the ", kernels::CudaCodecNames(),
+                                               " codecs, not ", kernels::CodecName(codec.id())));
 }
 
 absl::Status Annotate(const absl::Status& s, int rank) {

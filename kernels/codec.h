@@ -30,26 +30,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kernels/codec_info.h"
 #include "kernels/dtype.h"
 
 namespace dynamiq::kernels {
-
-// Codec ids are part of the wire format (ChunkHeader::codec): never renumber.
-enum class CodecId : uint8_t {
-  kNone = 0,     // fp32, lossless
-  kBf16 = 1,     // bf16, round to nearest even at every hop
-  kDynamiq = 2,  // DynamiQ: variable-width non-uniform groups, hierarchical scales
-  kMxfp8 = 3,    // OCP MX, E4M3 elements, E8M0 scale per 32
-  kMxfp6 = 4,    // OCP MX, E3M2
-  kMxfp4 = 5,    // OCP MX, E2M1
-  kThc = 6,      // THC: randomized Hadamard + lookup tables, integer-summable
-  kUniform = 7,  // uniform stochastic b-bit quantizer, bf16 scale per 32
-};
-inline constexpr int kNumCodecs = 8;
-
-absl::string_view CodecName(CodecId id);
-// Accepts the names CodecName returns ("none", "bf16", "dynamiq", "mxfp8", ...).
-absl::StatusOr<CodecId> ParseCodecId(absl::string_view name);
 
 // How DynamiQ spreads its bit budget over super-groups.
 enum class BitAllocator : uint8_t {

@@ -12,11 +12,7 @@ absl::StatusOr<JobConfig> MakeJobConfig(absl::string_view codec, double bits, ab
                                         uint64_t min_compress_elements, absl::string_view allocator) {
   JobConfig c;
   DQ_ASSIGN_OR_RETURN(c.codec.id, kernels::ParseCodecId(codec));
-  if (bits == 0) {  // the codec's default; codecs without a bit setting keep 0
-    bits = c.codec.id == kernels::CodecId::kDynamiq                                             ? 5.0
-           : (c.codec.id == kernels::CodecId::kUniform || c.codec.id == kernels::CodecId::kThc) ? 4.0
-                                                                                                : 0.0;
-  }
+  if (bits == 0) bits = kernels::GetCodecInfo(c.codec.id).default_bits;  // 0 without a bit setting
   c.codec.bits = bits;
   if (allocator.empty() || allocator == "measured") {
     c.codec.allocator = kernels::BitAllocator::kMeasured;
@@ -151,15 +147,11 @@ absl::string_view DeviceKindName(DeviceKind device) { return device == DeviceKin
 
 absl::Status CheckConfigForDevice(const JobConfig& config, DeviceKind device) {
   if (device == DeviceKind::kCpu) return absl::OkStatus();
-  switch (config.codec.id) {
-    case kernels::CodecId::kNone:
-    case kernels::CodecId::kBf16:
-    case kernels::CodecId::kDynamiq:
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "codec ", kernels::CodecName(config.codec.id),
-          " is not available on a --device=cuda node: its device all-reduce supports none, bf16 and dynamiq"));
+  if (!kernels::GetCodecInfo(config.codec.id).on_cuda) {
+    return absl::InvalidArgumentError(absl::StrCat("codec ", kernels::CodecName(config.codec.id),
+                                                   " is not available on a --device=cuda node: its device all-reduce "
+                                                   "supports ",
+                                                   kernels::CudaCodecNames()));
   }
   if (config.error_budget.has_value()) {
     return absl::InvalidArgumentError(

@@ -62,7 +62,7 @@ enum class DeviceKind { kCpu, kCuda };
 absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name);
 absl::string_view DeviceKindName(DeviceKind device);
 // Whether jobs of a daemon on `device` can run `config`: on kCuda only the codecs the device
-// all-reduce implements (none, bf16, dynamiq) and no error budget (the error probe, whose samples
+// all-reduce implements (kernels::CodecInfo::on_cuda) and no error budget (the error probe, whose samples
 // an error budget needs, runs on CPU nodes only). INVALID_ARGUMENT with a message otherwise.
 absl::Status CheckConfigForDevice(const JobConfig& config, DeviceKind device);
 

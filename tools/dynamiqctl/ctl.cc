@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "common/secret_file.h"
+#include "kernels/codec_info.h"
 
 namespace dynamiq::ctl {
 namespace {
@@ -106,8 +107,8 @@ std::string Bits(double bits) { return absl::StrFormat("%g", bits); }
 constexpr size_t kTopJobWidth = 12;
 // A job's bits as the status table shows them: "-" for codecs that have no bit setting.
 std::string CodecBits(const CompressionConfig& c) {
-  const bool has_bits = c.codec() == "dynamiq" || c.codec() == "uniform" || c.codec() == "thc";
-  return has_bits ? Bits(c.bits()) : "-";
+  absl::StatusOr<kernels::CodecId> id = kernels::ParseCodecId(c.codec());
+  return id.ok() && !kernels::GetCodecInfo(*id).has_bits ? "-" : Bits(c.bits());
 }
 
 std::string DescribeConfig(const CompressionConfig& c) {
