@@ -31,10 +31,10 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "client/control_client.h"
 #include "dynamiq/client.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
-#include "tools/dynamiqctl/ctl.h"
 
 namespace py = pybind11;
 
