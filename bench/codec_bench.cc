@@ -124,6 +124,7 @@ absl::StatusOr<std::vector<CodecBenchRow>> RunCodecBench(const CodecBenchOptions
     row.codec = std::string(kernels::CodecName(config.id));
     row.config = config;
     row.description = codec->Describe();
+    row.elements = d;
     if (topology == engine::Topology::kButterfly && !codec->SupportsButterfly()) {
       row.skipped = "codec does not support butterfly";
       rows.push_back(row);
@@ -163,13 +164,15 @@ std::string FormatRowJson(const CodecBenchRow& r, const CodecBenchOptions& o) {
       R"({"codec":"%s","bits_target":%.4g,"workers":%d,"topology":"%s","elements":%d,"wire_bits_per_coord":%.4f,)"
       R"("vnmse":%.6g,"compress_gbps":%.3f,"decompress_gbps":%.3f,"dar_gbps":%.3f,"identical_on_all_ranks":%s,)"
       R"("description":"%s"})",
-      r.codec, r.config.bits, o.workers, o.topology, o.elements, r.wire_bits_per_coord, r.vnmse, r.compress_gbps,
+      r.codec, r.config.bits, o.workers, o.topology, r.elements, r.wire_bits_per_coord, r.vnmse, r.compress_gbps,
       r.decompress_gbps, r.dar_gbps, r.identical ? "true" : "false", r.description);
 }
 
 std::string FormatTable(const std::vector<CodecBenchRow>& rows, const CodecBenchOptions& o) {
+  // The loaded files' length, not --size, when the data came from --input.
+  const size_t elements = rows.empty() ? o.elements : rows[0].elements;
   std::string s = absl::StrFormat("# %d workers, %s, %d elements per worker, %d trial(s)\n", o.workers, o.topology,
-                                  o.elements, o.trials);
+                                  elements, o.trials);
   absl::StrAppendFormat(&s, "%-9s %9s %10s %12s %10s %10s %10s %s\n", "codec", "bits", "wire_bits", "vnmse",
                         "comp_GB/s", "decomp_GB/s", "DAR_GB/s", "identical");
   for (const CodecBenchRow& r : rows) {

@@ -28,6 +28,7 @@ struct CodecBenchRow {
   kernels::CodecConfig config;
   std::string description;
   std::string skipped;  // non-empty: why this codec was not run
+  size_t elements = 0;  // per worker, as measured: --size's count or the --input files' length
   double wire_bits_per_coord = 0;
   double vnmse = 0;
   double compress_gbps = 0, decompress_gbps = 0, dar_gbps = 0;

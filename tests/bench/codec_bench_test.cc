@@ -1,0 +1,48 @@
+// dynamiq-bench codec on the user's own files (--input).
+#include "bench/codec_bench.h"
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dynamiq::bench {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string WriteFloats(const std::string& name, const std::vector<float>& v) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+  return path;
+}
+
+TEST(CodecBenchTest, TableAndJsonReportTheInputFilesLengthNotSize) {
+  std::vector<float> a(1000), b(1000);
+  for (int i = 0; i < 1000; ++i) a[i] = 0.01f * (i % 17) - 0.05f, b[i] = 0.02f * (i % 5) - 0.03f;
+  CodecBenchOptions o;
+  o.workers = 2;
+  o.elements = 4194304;  // --size's default: must not appear when files are given
+  o.inputs = {WriteFloats("codec_bench_r0.bin", a), WriteFloats("codec_bench_r1.bin", b)};
+  o.trials = 1;
+  o.min_seconds = 0;
+  kernels::CodecConfig c;
+  c.id = kernels::CodecId::kMxfp8;
+  o.configs = {c};
+  auto rows = RunCodecBench(o);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), 1u);
+  EXPECT_EQ((*rows)[0].elements, 1000u);
+  const std::string table = FormatTable(*rows, o);
+  EXPECT_THAT(table, HasSubstr("1000 elements per worker"));
+  EXPECT_THAT(table, Not(HasSubstr("4194304")));
+  EXPECT_THAT(FormatRowJson((*rows)[0], o), HasSubstr("\"elements\":1000,"));
+}
+
+}  // namespace
+}  // namespace dynamiq::bench
