@@ -148,6 +148,12 @@ absl::StatusOr<std::vector<CodecBenchRow>> RunCodecBench(const CodecBenchOptions
         if (std::memcmp(outputs[r].data(), outputs[0].data(), d * sizeof(float)) != 0) row.identical = false;
       }
     }
+    if (!o.output_prefix.empty()) {
+      const std::string path = absl::StrCat(o.output_prefix, ".", rows.size(), ".bin");
+      std::ofstream f(path, std::ios::binary);
+      f.write(reinterpret_cast<const char*>(outputs[0].data()), static_cast<std::streamsize>(d * sizeof(float)));
+      if (!f) return absl::InternalError(absl::StrCat("cannot write ", path));
+    }
     row.vnmse = vnmse_sum / o.trials;
     row.wire_bits_per_coord = bits_sum / o.trials;
     if (o.min_seconds > 0) DQ_RETURN_IF_ERROR(MeasureThroughput(*codec, inputs, o, row));

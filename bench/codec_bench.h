@@ -21,6 +21,9 @@ struct CodecBenchOptions {
   uint64_t seed = 1;
   int trials = 3;
   double min_seconds = 0.3;  // per throughput measurement; 0 skips throughput
+  // Non-empty: each row writes rank 0's all-reduced result of its last trial (raw float32) to
+  // <output_prefix>.<row index>.bin, for error breakdowns (bench/corpus_table.py --breakdown).
+  std::string output_prefix;
 };
 
 struct CodecBenchRow {

@@ -14,6 +14,8 @@ mkdir -p "$OUT"
 run() {  # model steps dump-steps
   echo "== $1: $2 steps, dumps at $3" >&2
   "$PY" bench/dump_gradients.py --model "$1" --workers 8 --steps "$2" --dump-steps "$3" --out "$OUT"
+  # The layout dynamiq.torch's DDP hook sends (super-group aligned): ..._aligned_r<rank>.bin.
+  "$PY" bench/dump_gradients.py --align "$OUT/$1_w8.json" > /dev/null
 }
 run mlp 300 5,300
 run cnn 300 5,300
