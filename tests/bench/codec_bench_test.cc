@@ -44,5 +44,38 @@ TEST(CodecBenchTest, TableAndJsonReportTheInputFilesLengthNotSize) {
   EXPECT_THAT(FormatRowJson((*rows)[0], o), HasSubstr("\"elements\":1000,"));
 }
 
+TEST(CodecBenchTest, OutputPrefixWritesEachRowsAllReducedResult) {
+  std::vector<float> a(600), b(600);
+  for (int i = 0; i < 600; ++i) a[i] = 0.25f * (i % 7), b[i] = -0.5f * (i % 3);
+  CodecBenchOptions o;
+  o.workers = 2;
+  o.inputs = {WriteFloats("codec_bench_out_r0.bin", a), WriteFloats("codec_bench_out_r1.bin", b)};
+  o.trials = 1;
+  o.min_seconds = 0;
+  o.output_prefix = ::testing::TempDir() + "/codec_bench_out";
+  kernels::CodecConfig none;  // lossless: the file must hold the exact sum
+  none.id = kernels::CodecId::kNone;
+  kernels::CodecConfig mx;
+  mx.id = kernels::CodecId::kMxfp8;
+  o.configs = {none, mx};
+  auto rows = RunCodecBench(o);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  for (int row = 0; row < 2; ++row) {
+    std::ifstream f(o.output_prefix + "." + std::to_string(row) + ".bin", std::ios::binary | std::ios::ate);
+    ASSERT_TRUE(f) << "row " << row;
+    EXPECT_EQ(f.tellg(), static_cast<std::streamoff>(600 * sizeof(float)));
+    std::vector<float> got(600);
+    f.seekg(0);
+    f.read(reinterpret_cast<char*>(got.data()), 600 * sizeof(float));
+    for (int i = 0; i < 600; ++i) {
+      if (row == 0) {
+        ASSERT_EQ(got[i], a[i] + b[i]) << i;
+      } else {
+        ASSERT_NEAR(got[i], a[i] + b[i], 0.1f) << i;  // MXFP8: 3 mantissa bits
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dynamiq::bench
