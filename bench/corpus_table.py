@@ -27,7 +27,6 @@ import glob
 import json
 import os
 import subprocess
-import sys
 
 import numpy as np
 
