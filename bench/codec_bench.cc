@@ -132,6 +132,7 @@ absl::StatusOr<std::vector<CodecBenchRow>> RunCodecBench(const CodecBenchOptions
     }
     double vnmse_sum = 0, bits_sum = 0;
     std::vector<std::vector<float>> outputs(o.workers, std::vector<float>(d));
+    std::vector<uint8_t> widths;
     for (int trial = 0; trial < o.trials; ++trial) {
       std::vector<kernels::Source> in;
       std::vector<kernels::Dest> out;
@@ -142,6 +143,7 @@ absl::StatusOr<std::vector<CodecBenchRow>> RunCodecBench(const CodecBenchOptions
       DQ_ASSIGN_OR_RETURN(engine::SimulationResult sim,
                           engine::SimulateAllReduce(*codec, schedule, d, 1000 + trial, in, out));
       if (exact.empty()) exact.push_back(ExactSum(inputs));
+      widths = sim.widths;
       vnmse_sum += Vnmse(outputs[0].data(), exact[0]);
       bits_sum += engine::WireBitsPerCoord(sim, d, o.workers);
       for (int r = 1; r < o.workers; ++r) {
@@ -153,6 +155,11 @@ absl::StatusOr<std::vector<CodecBenchRow>> RunCodecBench(const CodecBenchOptions
       std::ofstream f(path, std::ios::binary);
       f.write(reinterpret_cast<const char*>(outputs[0].data()), static_cast<std::streamsize>(d * sizeof(float)));
       if (!f) return absl::InternalError(absl::StrCat("cannot write ", path));
+      if (!widths.empty()) {  // DynamiQ: the code width of every super-group, one byte each
+        std::ofstream w(absl::StrCat(o.output_prefix, ".", rows.size(), ".widths"), std::ios::binary);
+        w.write(reinterpret_cast<const char*>(widths.data()), static_cast<std::streamsize>(widths.size()));
+        if (!w) return absl::InternalError(absl::StrCat("cannot write the widths next to ", path));
+      }
     }
     row.vnmse = vnmse_sum / o.trials;
     row.wire_bits_per_coord = bits_sum / o.trials;

@@ -22,7 +22,9 @@ struct CodecBenchOptions {
   int trials = 3;
   double min_seconds = 0.3;  // per throughput measurement; 0 skips throughput
   // Non-empty: each row writes rank 0's all-reduced result of its last trial (raw float32) to
-  // <output_prefix>.<row index>.bin, for error breakdowns (bench/corpus_table.py --breakdown).
+  // <output_prefix>.<row index>.bin and, for DynamiQ, rank 0's code width per super-group (one
+  // byte each) to <output_prefix>.<row index>.widths, for error breakdowns
+  // (bench/corpus_breakdown.py).
   std::string output_prefix;
 };
 

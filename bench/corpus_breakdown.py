@@ -8,8 +8,9 @@ all-reduced sum (rank 0, last trial) by tensor and by super-group class:
 
     bench/corpus_breakdown.py /work/corpus20 lm4 120 --bits 5
 
-Columns: share of the set's energy (squared exact sum), each codec's share of its own error, and
-its relative error (error / energy) within the group of coordinates.
+Columns: share of the set's energy (squared exact sum), DynamiQ's code width (rank 0's plan; mean
+over the coordinates and energy-weighted; 0 = super-group zero on every rank), each codec's share of
+its own error, and its relative error (error / energy) within the group of coordinates.
 """
 
 import argparse
@@ -82,6 +83,9 @@ def main():
                 cmd += [a for a in args.extra.split() if a]
                 subprocess.run(cmd, check=True, capture_output=True)
                 errs[label] = (np.fromfile(f"{tmp}/{codec}.0.bin", dtype="<f4").astype(np.float64) - exact) ** 2
+                if codec == "dynamiq":
+                    sg_width = np.fromfile(f"{tmp}/{codec}.0.widths", dtype=np.uint8).astype(np.float64)
+        width = np.repeat(sg_width, SG)[:len(exact)]  # each coordinate's code width
         sizes = [int(np.prod(p["shape"])) for p in d["parameters"]]
         offsets, _ = aligned_layout(sizes)
         energy = exact ** 2
@@ -93,6 +97,8 @@ def main():
             acc = per_kind.setdefault(k, {"elements": 0, "energy": 0.0})
             acc["elements"] += n
             acc["energy"] += energy[off:off + n].sum()
+            acc["width"] = acc.get("width", 0.0) + width[off:off + n].sum()
+            acc["width_e"] = acc.get("width_e", 0.0) + (width[off:off + n] * energy[off:off + n]).sum()
             for label in errs:
                 acc[label] = acc.get(label, 0.0) + errs[label][off:off + n].sum()
         # Super-group classes: by the share of coordinates that are exactly zero on every rank, and by
@@ -111,21 +117,26 @@ def main():
             acc = per_class.setdefault(cls, {"elements": 0, "energy": 0.0})
             acc["elements"] += SG
             acc["energy"] += sg_energy[j]
+            acc["width"] = acc.get("width", 0.0) + sg_width[j] * SG
+            acc["width_e"] = acc.get("width_e", 0.0) + sg_width[j] * sg_energy[j]
             for label in errs:
                 acc[label] = acc.get(label, 0.0) + np.pad(errs[label], (0, pad))[j * SG:(j + 1) * SG].sum()
     labels = [c[0] for c in codecs]
     print(f"{args.model} step {args.step}, {args.workers} ranks, ring; DynamiQ b̄ {args.bits:g}: vNMSE "
           + ", ".join(f"{lb} {total[lb] / total['energy']:.2e}" for lb in labels) + "\n")
     for title, table in (("tensors", per_kind), ("super-groups", per_class)):
-        print(f"| {title} | elements | energy share | " + " | ".join(f"{lb} error share | {lb} rel. error"
-                                                                     for lb in labels) + " |")
-        print("|---" * (3 + 2 * len(labels)) + "|")
+        print(f"| {title} | elements | energy share | DynamiQ width (mean, energy-weighted) | " +
+              " | ".join(f"{lb} error share | {lb} rel. error" for lb in labels) + " |")
+        print("|---" * (4 + 2 * len(labels)) + "|")
         for k, a in sorted(table.items(), key=lambda kv: -kv[1]["energy"]):
             cells = []
             for lb in labels:
                 rel = a[lb] / a["energy"] if a["energy"] > 0 else float("inf") if a[lb] > 0 else 0.0
                 cells.append(f"{a[lb] / total[lb]:.3f} | {rel:.2e}")
-            print(f"| {k} | {a['elements']:,} | {a['energy'] / total['energy']:.3f} | " + " | ".join(cells) + " |")
+            wmean = a["width"] / a["elements"]
+            wenergy = a["width_e"] / a["energy"] if a["energy"] > 0 else 0.0
+            print(f"| {k} | {a['elements']:,} | {a['energy'] / total['energy']:.3f} | {wmean:.2f}, {wenergy:.2f} | " +
+                  " | ".join(cells) + " |")
         print()
 
 

@@ -51,7 +51,8 @@ ABSL_FLAG(double, min_time, 0.3, "Seconds per throughput measurement (0 skips th
 ABSL_FLAG(bool, json, false, "Print one JSON object per line instead of a table.");
 ABSL_FLAG(std::string, dump_output, "",
           "codec: write each row's all-reduced result (rank 0, last trial; raw float32) to "
-          "<dump_output>.<row index>.bin, rows numbered from 0 in output order.");
+          "<dump_output>.<row index>.bin, rows numbered from 0 in output order; DynamiQ rows also write "
+          "rank 0's code width per super-group (one byte each) to <dump_output>.<row index>.widths.");
 // allreduce
 ABSL_FLAG(int, rank, 0, "allreduce: this process's rank.");
 ABSL_FLAG(int, world_size, 1, "allreduce: number of ranks.");

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -57,7 +58,10 @@ TEST(CodecBenchTest, OutputPrefixWritesEachRowsAllReducedResult) {
   none.id = kernels::CodecId::kNone;
   kernels::CodecConfig mx;
   mx.id = kernels::CodecId::kMxfp8;
-  o.configs = {none, mx};
+  kernels::CodecConfig dq;
+  dq.id = kernels::CodecId::kDynamiq;
+  dq.bits = 5;
+  o.configs = {none, mx, dq};
   auto rows = RunCodecBench(o);
   ASSERT_TRUE(rows.ok()) << rows.status();
   for (int row = 0; row < 2; ++row) {
@@ -75,6 +79,13 @@ TEST(CodecBenchTest, OutputPrefixWritesEachRowsAllReducedResult) {
       }
     }
   }
+  // Only DynamiQ has widths: one byte per 256-element super-group (600 elements: 3), each 0 or 2..8.
+  EXPECT_FALSE(std::ifstream(o.output_prefix + ".1.widths"));
+  std::ifstream w(o.output_prefix + ".2.widths", std::ios::binary);
+  ASSERT_TRUE(w);
+  const std::string widths((std::istreambuf_iterator<char>(w)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(widths.size(), 3u);
+  for (char c : widths) EXPECT_TRUE(c == 0 || (c >= 2 && c <= 8)) << static_cast<int>(c);
 }
 
 }  // namespace
