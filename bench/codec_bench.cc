@@ -124,6 +124,7 @@ absl::StatusOr<std::vector<CodecBenchRow>> RunCodecBench(const CodecBenchOptions
     row.codec = std::string(kernels::CodecName(config.id));
     row.config = config;
     row.description = codec->Describe();
+    row.elements = d;
     if (topology == engine::Topology::kButterfly && !codec->SupportsButterfly()) {
       row.skipped = "codec does not support butterfly";
       rows.push_back(row);
@@ -131,6 +132,7 @@ absl::StatusOr<std::vector<CodecBenchRow>> RunCodecBench(const CodecBenchOptions
     }
     double vnmse_sum = 0, bits_sum = 0;
     std::vector<std::vector<float>> outputs(o.workers, std::vector<float>(d));
+    std::vector<uint8_t> widths;
     for (int trial = 0; trial < o.trials; ++trial) {
       std::vector<kernels::Source> in;
       std::vector<kernels::Dest> out;
@@ -141,10 +143,22 @@ absl::StatusOr<std::vector<CodecBenchRow>> RunCodecBench(const CodecBenchOptions
       DQ_ASSIGN_OR_RETURN(engine::SimulationResult sim,
                           engine::SimulateAllReduce(*codec, schedule, d, 1000 + trial, in, out));
       if (exact.empty()) exact.push_back(ExactSum(inputs));
+      widths = sim.widths;
       vnmse_sum += Vnmse(outputs[0].data(), exact[0]);
       bits_sum += engine::WireBitsPerCoord(sim, d, o.workers);
       for (int r = 1; r < o.workers; ++r) {
         if (std::memcmp(outputs[r].data(), outputs[0].data(), d * sizeof(float)) != 0) row.identical = false;
+      }
+    }
+    if (!o.output_prefix.empty()) {
+      const std::string path = absl::StrCat(o.output_prefix, ".", rows.size(), ".bin");
+      std::ofstream f(path, std::ios::binary);
+      f.write(reinterpret_cast<const char*>(outputs[0].data()), static_cast<std::streamsize>(d * sizeof(float)));
+      if (!f) return absl::InternalError(absl::StrCat("cannot write ", path));
+      if (!widths.empty()) {  // DynamiQ: the code width of every super-group, one byte each
+        std::ofstream w(absl::StrCat(o.output_prefix, ".", rows.size(), ".widths"), std::ios::binary);
+        w.write(reinterpret_cast<const char*>(widths.data()), static_cast<std::streamsize>(widths.size()));
+        if (!w) return absl::InternalError(absl::StrCat("cannot write the widths next to ", path));
       }
     }
     row.vnmse = vnmse_sum / o.trials;
@@ -163,13 +177,15 @@ std::string FormatRowJson(const CodecBenchRow& r, const CodecBenchOptions& o) {
       R"({"codec":"%s","bits_target":%.4g,"workers":%d,"topology":"%s","elements":%d,"wire_bits_per_coord":%.4f,)"
       R"("vnmse":%.6g,"compress_gbps":%.3f,"decompress_gbps":%.3f,"dar_gbps":%.3f,"identical_on_all_ranks":%s,)"
       R"("description":"%s"})",
-      r.codec, r.config.bits, o.workers, o.topology, o.elements, r.wire_bits_per_coord, r.vnmse, r.compress_gbps,
+      r.codec, r.config.bits, o.workers, o.topology, r.elements, r.wire_bits_per_coord, r.vnmse, r.compress_gbps,
       r.decompress_gbps, r.dar_gbps, r.identical ? "true" : "false", r.description);
 }
 
 std::string FormatTable(const std::vector<CodecBenchRow>& rows, const CodecBenchOptions& o) {
+  // The loaded files' length, not --size, when the data came from --input.
+  const size_t elements = rows.empty() ? o.elements : rows[0].elements;
   std::string s = absl::StrFormat("# %d workers, %s, %d elements per worker, %d trial(s)\n", o.workers, o.topology,
-                                  o.elements, o.trials);
+                                  elements, o.trials);
   absl::StrAppendFormat(&s, "%-9s %9s %10s %12s %10s %10s %10s %s\n", "codec", "bits", "wire_bits", "vnmse",
                         "comp_GB/s", "decomp_GB/s", "DAR_GB/s", "identical");
   for (const CodecBenchRow& r : rows) {

@@ -21,6 +21,11 @@ struct CodecBenchOptions {
   uint64_t seed = 1;
   int trials = 3;
   double min_seconds = 0.3;  // per throughput measurement; 0 skips throughput
+  // Non-empty: each row writes rank 0's all-reduced result of its last trial (raw float32) to
+  // <output_prefix>.<row index>.bin and, for DynamiQ, rank 0's code width per super-group (one
+  // byte each) to <output_prefix>.<row index>.widths, for error breakdowns
+  // (bench/corpus_breakdown.py).
+  std::string output_prefix;
 };
 
 struct CodecBenchRow {
@@ -28,6 +33,7 @@ struct CodecBenchRow {
   kernels::CodecConfig config;
   std::string description;
   std::string skipped;  // non-empty: why this codec was not run
+  size_t elements = 0;  // per worker, as measured: --size's count or the --input files' length
   double wire_bits_per_coord = 0;
   double vnmse = 0;
   double compress_gbps = 0, decompress_gbps = 0, dar_gbps = 0;

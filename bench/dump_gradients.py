@@ -43,6 +43,14 @@ Models (all small enough for a laptop CPU):
        machine (/usr/lib/python3*/*.py): d_model 128, 2 pre-norm layers, 4 heads, FFN 512,
        context 64 (470,784 parameters; one bucket at step 1, two after the rebuild), AdamW lr 1e-3,
        global batch 32 sequences.
+  lm4  the same LM, 4 layers (d_model 128, FFN 512, context 64; 867,328 parameters, 9% in embeddings and head),
+       AdamW lr 1e-3, global batch 32 sequences.
+  lmemb  a wider 4-layer LM (d_model 160, FFN 640, context 64) whose input adds a hashed byte-bigram
+       embedding of 8192 rows to the byte embedding (2,640,576 parameters, 53% in embeddings and head): like a
+       large-vocabulary LLM, each step touches a few hundred of the 8192 rows, so most embedding rows
+       have an all-zero gradient on a rank and rare ones are non-zero on one rank only. AdamW lr 1e-3,
+       global batch 32 sequences.
+bench/make_corpus.sh builds the codec corpus of docs/codec_real_gradients.md from these models.
 Needs /usr/bin/python3 with torch (Debian python3-torch) and, for mlp/cnn, python3-sklearn.
 """
 
@@ -59,7 +67,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="mlp", choices=["mlp", "cnn", "lm", "testmlp"],
+    p.add_argument("--model", default="mlp", choices=["mlp", "cnn", "lm", "lm4", "lmemb", "testmlp"],
                    help="what to train (default mlp)")
     p.add_argument("--workers", type=int, default=2, help="data-parallel ranks, one process each (default 2)")
     p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
@@ -86,7 +94,7 @@ def parse_args(argv=None):
     if not args.dump or args.dump[0] < 1 or args.dump[-1] > args.steps:
         p.error("--dump-steps must lie in 1..--steps")
     if args.batch_size == 0:
-        args.batch_size = {"lm": 32, "testmlp": 16 * args.workers}.get(args.model, 128)
+        args.batch_size = {"lm": 32, "lm4": 32, "lmemb": 32, "testmlp": 16 * args.workers}.get(args.model, 128)
     if args.batch_size % args.workers != 0:
         p.error(f"--batch-size {args.batch_size} is not divisible by --workers {args.workers}")
     return args
@@ -106,13 +114,15 @@ class CausalLM:
     """Factory for the byte-level transformer (built lazily so torch is imported in the workers)."""
 
     @staticmethod
-    def build(vocab=256, d=128, layers=2, heads=4, ffn=512, context=64):
+    def build(vocab=256, d=128, layers=2, heads=4, ffn=512, context=64, bigram_rows=0):
         import torch
 
         class Model(torch.nn.Module):
             def __init__(self):
                 super().__init__()
                 self.tok = torch.nn.Embedding(vocab, d)
+                # Hashed (previous byte, byte) embedding: a large, sparsely updated table.
+                self.bigram = torch.nn.Embedding(bigram_rows, d) if bigram_rows else None
                 self.pos = torch.nn.Parameter(torch.zeros(context, d))
                 torch.nn.init.normal_(self.pos, std=0.02)
                 layer = torch.nn.TransformerEncoderLayer(d, heads, ffn, dropout=0.0, batch_first=True,
@@ -124,6 +134,9 @@ class CausalLM:
 
             def forward(self, x):
                 h = self.tok(x) + self.pos[:x.shape[1]]
+                if self.bigram is not None:
+                    prev = torch.nn.functional.pad(x[:, :-1], (1, 0))
+                    h = h + self.bigram((prev * 257 + x * 31) % bigram_rows)
                 h = self.blocks(h, mask=self.mask[:x.shape[1], :x.shape[1]])
                 return self.head(self.norm(h))
 
@@ -177,7 +190,9 @@ def make_task(args):
 
         return model, dict(kind="sgd", lr=0.05, momentum=0.9), loss_fn
     torch.manual_seed(args.seed)
-    model = CausalLM.build()
+    model = {"lm": lambda: CausalLM.build(),
+             "lm4": lambda: CausalLM.build(layers=4),
+             "lmemb": lambda: CausalLM.build(d=160, layers=4, heads=4, ffn=640, bigram_rows=8192)}[args.model]()
     corpus = torch.from_numpy(text_corpus().astype(np.int64))
     context = 64
     rng = np.random.default_rng(args.seed)
@@ -262,7 +277,11 @@ def worker(rank, args, init_method):
         for d in manifest["dumps"]:
             print(f"step {d['step']} bucket {d['bucket']}: {d['elements']} elements -> {d['files'][0]} ...")
     dist.barrier()  # rank 0 hosts the store: nobody may leave while others still use it
-    dist.destroy_process_group()
+    # destroy_process_group() sometimes spins forever in rank 0 at 8 ranks on a loaded machine;
+    # everything is written, so leave without tearing Gloo down.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def aligned_layout(sizes, quantum=256, min_aligned=4096):

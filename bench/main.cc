@@ -49,6 +49,10 @@ ABSL_FLAG(uint64_t, seed, 1, "Synthetic data seed.");
 ABSL_FLAG(int, trials, 3, "All-reduce trials averaged for vnmse and wire bits.");
 ABSL_FLAG(double, min_time, 0.3, "Seconds per throughput measurement (0 skips throughput).");
 ABSL_FLAG(bool, json, false, "Print one JSON object per line instead of a table.");
+ABSL_FLAG(std::string, dump_output, "",
+          "codec: write each row's all-reduced result (rank 0, last trial; raw float32) to "
+          "<dump_output>.<row index>.bin, rows numbered from 0 in output order; DynamiQ rows also write "
+          "rank 0's code width per super-group (one byte each) to <dump_output>.<row index>.widths.");
 // allreduce
 ABSL_FLAG(int, rank, 0, "allreduce: this process's rank.");
 ABSL_FLAG(int, world_size, 1, "allreduce: number of ranks.");
@@ -107,6 +111,7 @@ int RunCodec() {
   o.seed = absl::GetFlag(FLAGS_seed);
   o.trials = absl::GetFlag(FLAGS_trials);
   o.min_seconds = absl::GetFlag(FLAGS_min_time);
+  o.output_prefix = absl::GetFlag(FLAGS_dump_output);
   if (o.workers < 1 || o.trials < 1 || absl::GetFlag(FLAGS_size) < 1) {
     return Fail("--workers, --trials and --size must be positive");
   }

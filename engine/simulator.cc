@@ -127,6 +127,7 @@ absl::StatusOr<SimulationResult> SimulateAllReduce(const Codec& codec, const Sch
     if (!plans[r].local_means.empty()) in[r].subtract_per_group = plans[r].local_means.data();
     if (!plans[r].mean_sums.empty()) out[r].add_per_group = plans[r].mean_sums.data();
   }
+  if (!plans.empty()) result.widths = plans[0].widths;
   DQ_RETURN_IF_ERROR(RunSchedule(codec, schedule, plans, in, out, result));
   for (uint64_t b : result.bytes_sent) result.total_bytes_sent += b;
   return result;

@@ -20,6 +20,7 @@ struct SimulationResult {
   std::vector<uint64_t> bytes_sent;  // per rank: statistics exchange + reduce-scatter + all-gather
   uint64_t stats_bytes_sent = 0;     // all ranks, statistics exchange only
   uint64_t total_bytes_sent = 0;     // all ranks
+  std::vector<uint8_t> widths;       // DynamiQ: rank 0's code width per super-group (for analysis)
 };
 
 // All-reduces inputs[r] (num_elements values each) into outputs[r] for every rank r.

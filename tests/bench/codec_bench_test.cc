@@ -1,0 +1,92 @@
+// dynamiq-bench codec on the user's own files (--input).
+#include "bench/codec_bench.h"
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dynamiq::bench {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string WriteFloats(const std::string& name, const std::vector<float>& v) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+  return path;
+}
+
+TEST(CodecBenchTest, TableAndJsonReportTheInputFilesLengthNotSize) {
+  std::vector<float> a(1000), b(1000);
+  for (int i = 0; i < 1000; ++i) a[i] = 0.01f * (i % 17) - 0.05f, b[i] = 0.02f * (i % 5) - 0.03f;
+  CodecBenchOptions o;
+  o.workers = 2;
+  o.elements = 4194304;  // --size's default: must not appear when files are given
+  o.inputs = {WriteFloats("codec_bench_r0.bin", a), WriteFloats("codec_bench_r1.bin", b)};
+  o.trials = 1;
+  o.min_seconds = 0;
+  kernels::CodecConfig c;
+  c.id = kernels::CodecId::kMxfp8;
+  o.configs = {c};
+  auto rows = RunCodecBench(o);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), 1u);
+  EXPECT_EQ((*rows)[0].elements, 1000u);
+  const std::string table = FormatTable(*rows, o);
+  EXPECT_THAT(table, HasSubstr("1000 elements per worker"));
+  EXPECT_THAT(table, Not(HasSubstr("4194304")));
+  EXPECT_THAT(FormatRowJson((*rows)[0], o), HasSubstr("\"elements\":1000,"));
+}
+
+TEST(CodecBenchTest, OutputPrefixWritesEachRowsAllReducedResult) {
+  std::vector<float> a(600), b(600);
+  for (int i = 0; i < 600; ++i) a[i] = 0.25f * (i % 7), b[i] = -0.5f * (i % 3);
+  CodecBenchOptions o;
+  o.workers = 2;
+  o.inputs = {WriteFloats("codec_bench_out_r0.bin", a), WriteFloats("codec_bench_out_r1.bin", b)};
+  o.trials = 1;
+  o.min_seconds = 0;
+  o.output_prefix = ::testing::TempDir() + "/codec_bench_out";
+  kernels::CodecConfig none;  // lossless: the file must hold the exact sum
+  none.id = kernels::CodecId::kNone;
+  kernels::CodecConfig mx;
+  mx.id = kernels::CodecId::kMxfp8;
+  kernels::CodecConfig dq;
+  dq.id = kernels::CodecId::kDynamiq;
+  dq.bits = 5;
+  o.configs = {none, mx, dq};
+  auto rows = RunCodecBench(o);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  for (int row = 0; row < 2; ++row) {
+    std::ifstream f(o.output_prefix + "." + std::to_string(row) + ".bin", std::ios::binary | std::ios::ate);
+    ASSERT_TRUE(f) << "row " << row;
+    EXPECT_EQ(f.tellg(), static_cast<std::streamoff>(600 * sizeof(float)));
+    std::vector<float> got(600);
+    f.seekg(0);
+    f.read(reinterpret_cast<char*>(got.data()), 600 * sizeof(float));
+    for (int i = 0; i < 600; ++i) {
+      if (row == 0) {
+        ASSERT_EQ(got[i], a[i] + b[i]) << i;
+      } else {
+        ASSERT_NEAR(got[i], a[i] + b[i], 0.1f) << i;  // MXFP8: 3 mantissa bits
+      }
+    }
+  }
+  // Only DynamiQ has widths: one byte per 256-element super-group (600 elements: 3), each 0 or 2..8.
+  EXPECT_FALSE(std::ifstream(o.output_prefix + ".1.widths"));
+  std::ifstream w(o.output_prefix + ".2.widths", std::ios::binary);
+  ASSERT_TRUE(w);
+  const std::string widths((std::istreambuf_iterator<char>(w)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(widths.size(), 3u);
+  for (char c : widths) EXPECT_TRUE(c == 0 || (c >= 2 && c <= 8)) << static_cast<int>(c);
+}
+
+}  // namespace
+}  // namespace dynamiq::bench
