@@ -20,13 +20,13 @@
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "engine/gloo_transport.h"
+#include "server/cluster.h"
 #include "server/control_service.h"
 #include "server/counting_transport.h"
 #ifdef DQ_HAVE_NCCL
 #include "engine/nccl_transport.h"
 #include "server/cuda_device.h"
 #endif
-#include "dynamiq/v1/rendezvous.pb.h"
 #include "ipc/process_watcher.h"
 #include "ipc/shm_region.h"
 #include "ipc/worker_listener.h"
@@ -40,53 +40,13 @@
 namespace dynamiq::server {
 namespace {
 
-// "job/<id>/inc<k>/config/<epoch>" holds a serialized dynamiq.v1.PublishedConfig: the complete
-// configuration (doubles exact, so every node decodes the b̄ and policy that were published) and the
-// collective it applies at.
-std::string EncodeConfig(const JobConfig& c, uint64_t apply_at) {
-  dynamiq::v1::PublishedConfig published;
-  ToProto(c, published.mutable_config());
-  published.set_apply_at(apply_at);
-  return published.SerializeAsString();
-}
-
-absl::StatusOr<std::pair<JobConfig, uint64_t>> DecodeConfig(const std::string& s) {
-  dynamiq::v1::PublishedConfig published;
-  if (!published.ParseFromString(s)) return absl::DataLossError("malformed published configuration");
-  absl::StatusOr<JobConfig> c = FromProto(published.config());
-  if (!c.ok()) return absl::DataLossError(absl::StrCat("invalid published configuration: ", c.status().message()));
-  return std::make_pair(*std::move(c), published.apply_at());
-}
-
-// Where incarnation `incarnation` of a job keeps its keys in the coordinator's store: the Gloo
-// rendezvous ("<prefix>/gen<g>/...") and the published configurations.
-std::string JobKey(const std::string& job_id, uint64_t incarnation) {
-  return absl::StrCat("job/", job_id, "/inc", incarnation);
-}
-
-// Why a node failed collective `sequence` of the incarnation without its cross-node part.
-std::string FailureKey(const std::string& job_id, uint64_t incarnation, uint64_t sequence) {
-  return absl::StrCat(JobKey(job_id, incarnation), "/failed/", sequence);
-}
-
-// A published cause is cut to this (a watchdog's list of a thousand missing local ranks is long).
-constexpr size_t kMaxCauseBytes = 4096;
 // Of a lookup's time, what the coordinator's answer needs to come back after its wait for the key.
 constexpr absl::Duration kLookupRoundTrip = absl::Milliseconds(100);
-// Start-up waits (the coordinator, the other nodes, node 0's settings) go in slices this long, so a
-// signal stops them promptly, and report what they wait for this often.
-constexpr absl::Duration kStartSlice = absl::Seconds(1);
-constexpr absl::Duration kStartProgressInterval = absl::Seconds(5);
 // Refused requests are logged at most this many lines per window.
 constexpr int kRejectLogLines = 20;
 constexpr absl::Duration kRejectLogWindow = absl::Seconds(10);
 // How often a node waiting in a job's rendezvous checks whether another node failed the collective.
 constexpr absl::Duration kRendezvousPoll = absl::Milliseconds(250);
-
-// How many times node `rank` has created the job (its latest incarnation there).
-std::string IncarnationsKey(const std::string& job_id, uint32_t rank) {
-  return absl::StrCat("job/", job_id, "/node", rank, "/incarnations");
-}
 
 // The retired jobs whose flight recorders stay readable.
 constexpr size_t kRetiredRecorders = 8;
@@ -195,23 +155,30 @@ absl::Status Daemon::Start() {
   operator_server_->GetHealthCheckService()->SetServingStatus("dynamiq.v1.Control", false);
   operator_server_->GetHealthCheckService()->SetServingStatus(false);  // "" too
 
-  // The coordinator's store: in-process for a single node, else over gRPC.
+  // The coordinator protocol: an in-process store for a single node, else node 0's over gRPC.
+  Cluster::Options cluster;
+  cluster.node_rank = options_.node_rank;
+  cluster.num_nodes = options_.num_nodes;
+  const std::string me = listen_address();
+  cluster.coordinator = coordinator_here ? me : options_.coordinator;
+  cluster.timeout = options_.timeout;
+  cluster.cancelled = [this] { return start_cancelled_.load(); };
   if (options_.num_nodes == 1) {
-    store_ = std::make_unique<engine::InMemoryStore>();
+    cluster_ = Cluster::Local(std::move(cluster), me);
   } else {
-    const std::string me = listen_address();
-    auto grpc_store = std::make_unique<GrpcStore>(coordinator_here ? me : options_.coordinator,
-                                                  security_.channel_credentials, security_.rendezvous_token);
-    DQ_ASSIGN_OR_RETURN(std::vector<std::string> members, JoinCluster(*grpc_store, me));
-    absl::MutexLock lock(&mu_);
-    members_ = std::move(members);
-    store_ = std::move(grpc_store);
+    auto coordinator =
+        std::make_unique<GrpcStore>(cluster.coordinator, security_.channel_credentials, security_.rendezvous_token);
+    DQ_ASSIGN_OR_RETURN(cluster_, Cluster::Join(std::move(cluster), std::move(coordinator), me));
   }
-  DQ_RETURN_IF_ERROR(AgreeOnErrorSampleRate());
-  DQ_RETURN_IF_ERROR(AgreeOnDevice());
+  DQ_ASSIGN_OR_RETURN(const double rate, cluster_->AgreeOnErrorSampleRate(options_.error_sample_rate));
+  {
+    absl::MutexLock lock(&mu_);
+    error_sample_rate_ = rate;
+  }
+  DQ_RETURN_IF_ERROR(cluster_->AgreeOnDevice(DeviceKindName(options_.device)));
   if (options_.num_nodes > 1) {
-    DQ_RETURN_IF_ERROR(
-        AgreeOnClusterAuthentication(*store_, options_.node_rank, !security_.cluster_secret.empty(), options_.timeout));
+    DQ_RETURN_IF_ERROR(AgreeOnClusterAuthentication(cluster_->store(), options_.node_rank,
+                                                    !security_.cluster_secret.empty(), options_.timeout));
   }
 
   // Worker server on a Unix socket only the owner can reach: mode 0600, and every connection's
@@ -256,123 +223,32 @@ absl::Status Daemon::Start() {
 
 void Daemon::CancelStart() { start_cancelled_ = true; }
 
-absl::StatusOr<std::vector<std::string>> Daemon::JoinCluster(GrpcStore& store, const std::string& me) {
-  const absl::Time deadline = absl::Now() + options_.timeout;
-  absl::Time next_report = absl::Now() + kStartProgressInterval;
-  while (true) {
-    // Short joins, so that a signal (CancelStart) and the progress report are never far away. A
-    // join is idempotent: the coordinator keeps this node's address from the first one.
-    const absl::Duration slice = std::min(kStartSlice, std::max(absl::Milliseconds(1), deadline - absl::Now()));
-    absl::StatusOr<std::vector<std::string>> members = store.Join(options_.node_rank, options_.num_nodes, me, slice);
-    if (members.ok()) return members;
-    // UNAVAILABLE / DEADLINE_EXCEEDED: the coordinator is not up, or not every node has joined yet.
-    if (!absl::IsDeadlineExceeded(members.status()) && !absl::IsUnavailable(members.status())) return members;
-    if (start_cancelled_) return absl::CancelledError("stopped while waiting for the cluster to form");
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("the cluster did not form within --timeout=", absl::FormatDuration(options_.timeout), ": ",
-                       DescribeJoinWait(store, members.status())));
-    }
-    if (absl::Now() >= next_report) {
-      std::fprintf(stderr, "dynamiqd: waiting for the cluster to form: %s\n",
-                   DescribeJoinWait(store, members.status()).c_str());
-      next_report = absl::Now() + kStartProgressInterval;
-    }
-  }
-}
-
-std::string Daemon::DescribeJoinWait(GrpcStore& store, const absl::Status& last) {
-  std::vector<std::string> missing;
-  for (uint32_t r = 0; r < options_.num_nodes; ++r) {
-    absl::StatusOr<std::string> member = store.Get(absl::StrCat("member/", r), absl::ZeroDuration());
-    if (member.ok()) continue;
-    if (!engine::IsKeyNotSet(member.status())) {
-      // The coordinator does not answer at all.
-      return absl::StrCat("the coordinator at ", options_.coordinator.empty() ? listen_address() : options_.coordinator,
-                          " does not answer (", last.message(), ")");
-    }
-    missing.push_back(absl::StrCat(r));
-  }
-  return absl::StrCat(missing.size() == 1 ? "node rank " : "node ranks ", absl::StrJoin(missing, ", "), " of ",
-                      options_.num_nodes, missing.size() == 1 ? " has" : " have",
-                      " not joined yet (each node runs dynamiqd with --num_nodes=", options_.num_nodes,
-                      " and --coordinator pointing at node 0)");
-}
-
-absl::StatusOr<std::string> Daemon::WaitForStartKey(const std::string& key) {
-  engine::InterruptibleStore store(
-      *store_,
-      [this] {
-        return start_cancelled_ ? absl::CancelledError("stopped while waiting for node 0's settings")
-                                : absl::OkStatus();
-      },
-      kStartSlice);
-  return store.Get(key, options_.timeout);
-}
-
 void Daemon::WatchCoordinator() {
-  auto* store = static_cast<GrpcStore*>(store_.get());
-  const std::string key = absl::StrCat("member/", options_.node_rank);
   while (true) {
     {
       absl::MutexLock lock(&mu_);
       auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shut_down_; };
       if (mu_.AwaitWithTimeout(absl::Condition(&stopped), absl::Seconds(1))) return;
     }
-    // Known to the coordinator, or the coordinator is down (then try again later).
-    absl::StatusOr<std::string> known = store->Get(key, absl::ZeroDuration());
-    // A missing key is the coordinator's own answer (engine::IsKeyNotSet); an unreachable one
-    // (UNAVAILABLE, or a call that timed out on a cut link) is not.
-    if (known.ok() || !engine::IsKeyNotSet(known.status())) continue;
-    // It answers but does not know this node: it restarted with an empty rendezvous. Join again;
-    // the coordinator records this node at once and its own start completes once all have.
-    std::fprintf(stderr, "dynamiqd: the coordinator does not know this node (restarted?): joining again\n");
-    absl::StatusOr<std::vector<std::string>> members =
-        store->Join(options_.node_rank, options_.num_nodes, listen_address(), absl::Seconds(2));
-    if (members.ok()) {
-      std::fprintf(stderr, "dynamiqd: re-joined the cluster\n");
-      std::vector<std::shared_ptr<Job>> stale;
-      {
-        absl::MutexLock lock(&mu_);
-        members_ = *std::move(members);
-        for (const auto& [id, job] : jobs_) stale.push_back(job);
-      }
-      // The restarted coordinator lost these jobs' rendezvous, incarnations and failure causes:
-      // none of their collectives can complete any more. Say so at once to the workers that stayed
-      // registered, instead of letting them time out.
-      for (const std::shared_ptr<Job>& job : stale) {
-        const std::string reason = absl::StrCat(
-            "job ", job->id(), " (incarnation ", job->incarnation(),
-            ") cannot go on: the coordinator (node 0) restarted and lost its state; restart the job's workers on "
-            "every node (they register a new incarnation)");
-        std::fprintf(stderr, "dynamiqd: %s\n", reason.c_str());
-        job->Stop(reason);
-      }
+    absl::StatusOr<bool> rejoined = cluster_->RejoinIfForgotten();
+    if (!rejoined.ok() || !*rejoined) continue;
+    std::vector<std::shared_ptr<Job>> stale;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, job] : jobs_) stale.push_back(job);
+    }
+    // The restarted coordinator lost these jobs' rendezvous, incarnations and failure causes: none
+    // of their collectives can complete any more. Say so at once to the workers that stayed
+    // registered, instead of letting them time out.
+    for (const std::shared_ptr<Job>& job : stale) {
+      const std::string reason = absl::StrCat(
+          "job ", job->id(), " (incarnation ", job->incarnation(),
+          ") cannot go on: the coordinator (node 0) restarted and lost its state; restart the job's workers on "
+          "every node (they register a new incarnation)");
+      std::fprintf(stderr, "dynamiqd: %s\n", reason.c_str());
+      job->Stop(reason);
     }
   }
-}
-
-absl::Status Daemon::AgreeOnErrorSampleRate() {
-  double rate = options_.error_sample_rate;
-  if (options_.num_nodes > 1) {
-    // Every node must run the same side all-reduces (server/error_probe.h): node 0's rate applies.
-    const std::string key = "cluster/error_sample_rate";
-    if (options_.node_rank == 0) {
-      DQ_RETURN_IF_ERROR(store_->Set(key, absl::StrFormat("%.17g", rate)));
-    } else {
-      DQ_ASSIGN_OR_RETURN(std::string value, WaitForStartKey(key));
-      if (!absl::SimpleAtod(value, &rate) || !(rate >= 0 && rate <= 1)) {
-        return absl::DataLossError(absl::StrCat("malformed error sample rate '", value, "' from node 0"));
-      }
-      if (rate != options_.error_sample_rate) {
-        std::fprintf(stderr, "dynamiqd: using node 0's --error_sample_rate=%g instead of %g\n", rate,
-                     options_.error_sample_rate);
-      }
-    }
-  }
-  absl::MutexLock lock(&mu_);
-  error_sample_rate_ = rate;
-  return absl::OkStatus();
 }
 
 absl::Status Daemon::CheckDevice() {
@@ -401,20 +277,6 @@ absl::Status Daemon::CheckDevice() {
   limits.max_total_buffers = options_.max_buffers;
   device_registry_ = std::make_unique<ipc::DeviceBufferRegistry>(std::move(memory), limits);
 #endif
-  return absl::OkStatus();
-}
-
-absl::Status Daemon::AgreeOnDevice() {
-  if (options_.num_nodes <= 1) return absl::OkStatus();
-  // A CPU node runs Gloo, a GPU node NCCL: they would never meet. Say so at startup.
-  const std::string key = "cluster/device";
-  const std::string mine(DeviceKindName(options_.device));
-  if (options_.node_rank == 0) return store_->Set(key, mine);
-  DQ_ASSIGN_OR_RETURN(std::string theirs, WaitForStartKey(key));
-  if (theirs != mine) {
-    return absl::FailedPreconditionError(absl::StrCat("node 0 runs --device=", theirs, " but this node --device=", mine,
-                                                      ": every node of a cluster must run the same --device"));
-  }
   return absl::OkStatus();
 }
 
@@ -493,7 +355,7 @@ void Daemon::RecordRejected(const absl::Status& status, absl::string_view who) {
 
 std::vector<std::string> Daemon::members() const {
   absl::MutexLock lock(&mu_);
-  return members_.empty() ? std::vector<std::string>{listen_address_} : members_;
+  return cluster_ != nullptr ? cluster_->members() : std::vector<std::string>{listen_address_};
 }
 
 absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id, uint64_t incarnation,
@@ -524,13 +386,13 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id
 #endif
   o.connect = [this, job_id, incarnation](uint64_t generation,
                                           uint64_t sequence) -> absl::StatusOr<std::unique_ptr<engine::Transport>> {
-    engine::PrefixStore prefixed(absl::StrCat(JobKey(job_id, incarnation), "/gen", generation), *store_);
+    engine::PrefixStore prefixed(Cluster::RendezvousPrefix(job_id, incarnation, generation), cluster_->store());
     // A node that fails this collective instead of joining publishes why: stop waiting for it then.
     engine::InterruptibleStore scoped(
         prefixed,
         [this, job_id, incarnation, sequence]() -> absl::Status {
-          if (std::optional<Job::FailureCause> cause =
-                  LookupFailure(job_id, incarnation, sequence, absl::Now() + kLookupRoundTrip)) {
+          if (std::optional<Cluster::Failure> cause =
+                  cluster_->LookupFailure(job_id, incarnation, sequence, absl::Now() + kLookupRoundTrip)) {
             return absl::UnavailableError(
                 absl::StrCat("node ", cause->node, " failed the collective instead of joining it"));
           }
@@ -545,7 +407,7 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id
                                        static_cast<int>(options_.num_nodes), options_.cuda_device, options_.timeout);
       if (!nccl.ok()) {
         return absl::Status(nccl.status().code(),
-                            absl::StrCat(nccl.status().message(), IncarnationHint(job_id, incarnation)));
+                            absl::StrCat(nccl.status().message(), cluster_->IncarnationHint(job_id, incarnation)));
       }
       return nccl;
     }
@@ -558,73 +420,26 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id
     if (!gloo.ok()) {
       // Nodes at different incarnations never meet: say so rather than only which key was missing.
       return absl::Status(gloo.status().code(),
-                          absl::StrCat(gloo.status().message(), IncarnationHint(job_id, incarnation)));
+                          absl::StrCat(gloo.status().message(), cluster_->IncarnationHint(job_id, incarnation)));
     }
     // Counts bytes per peer node (dynamiq_peer_bytes_total).
     return std::unique_ptr<engine::Transport>(std::make_unique<CountingTransport>(*std::move(gloo), metrics_.get()));
   };
   o.poll_config = [this, job_id, incarnation](uint64_t sequence, uint64_t* epoch, JobConfig* config) {
-    return PollConfig(job_id, incarnation, sequence, epoch, config);
+    return cluster_->PollConfig(job_id, incarnation, sequence, epoch, config);
   };
   if (options_.num_nodes > 1) {
     o.report_failure = [this, job_id, incarnation](uint64_t sequence, const absl::Status& cause, absl::Time deadline) {
-      return ReportFailure(job_id, incarnation, sequence, cause, deadline);
+      return cluster_->ReportFailure(job_id, incarnation, sequence, cause, deadline);
     };
-    o.lookup_failure = [this, job_id, incarnation](uint64_t sequence, absl::Time deadline) {
-      return LookupFailure(job_id, incarnation, sequence, deadline);
+    o.lookup_failure = [this, job_id, incarnation](uint64_t sequence,
+                                                   absl::Time deadline) -> std::optional<Job::FailureCause> {
+      std::optional<Cluster::Failure> failure = cluster_->LookupFailure(job_id, incarnation, sequence, deadline);
+      if (!failure.has_value()) return std::nullopt;
+      return Job::FailureCause{failure->node, failure->status};
     };
   }
   return std::make_shared<Job>(std::move(o));
-}
-
-absl::StatusOr<uint64_t> Daemon::ClaimIncarnation(const std::string& job_id) {
-  const std::string key = IncarnationsKey(job_id, options_.node_rank);
-  // Only this node writes its count; compare-and-set still keeps a misconfigured twin (two daemons
-  // with one rank) from handing out one incarnation twice.
-  for (int attempt = 0; attempt < 16; ++attempt) {
-    absl::StatusOr<std::string> value = store_->Get(key, absl::ZeroDuration());
-    std::optional<std::string> seen;
-    uint64_t count = 0;
-    if (value.ok()) {
-      if (!absl::SimpleAtoi(*value, &count)) {
-        return absl::DataLossError(absl::StrCat("malformed ", key, " '", *value, "'"));
-      }
-      seen = *value;
-    } else if (!absl::IsDeadlineExceeded(value.status()) && !absl::IsNotFound(value.status())) {
-      return absl::Status(value.status().code(),
-                          absl::StrCat("cannot create job ", job_id, ": ", value.status().message()));
-    }
-    std::optional<absl::string_view> expected;
-    if (seen.has_value()) expected = *seen;
-    DQ_ASSIGN_OR_RETURN(bool claimed, store_->CompareAndSet(key, expected, absl::StrCat(count + 1)));
-    if (claimed) return count + 1;
-  }
-  return absl::AbortedError(absl::StrCat("job ", job_id, ": ", key, " changed concurrently too often; retry"));
-}
-
-std::string Daemon::IncarnationHint(const std::string& job_id, uint64_t incarnation) {
-  std::vector<std::string> others, absent;
-  for (uint32_t r = 0; r < options_.num_nodes; ++r) {
-    if (r == options_.node_rank) continue;
-    absl::StatusOr<std::string> value = store_->Get(IncarnationsKey(job_id, r), absl::ZeroDuration());
-    uint64_t count = 0;
-    if (engine::IsKeyNotSet(value.status())) {
-      absent.push_back(absl::StrCat(r));  // the coordinator answered: node r never created the job
-      continue;
-    }
-    if (!value.ok() || !absl::SimpleAtoi(*value, &count)) continue;  // unknown: no hint rather than a wrong one
-    if (count != incarnation) others.push_back(absl::StrCat("node ", r, " is at incarnation ", count));
-  }
-  if (!absent.empty()) {
-    return absl::StrCat(" (", absent.size() == 1 ? "node " : "nodes ", absl::StrJoin(absent, ", "),
-                        absent.size() == 1 ? " has" : " have", " no workers in job ", QuoteName(job_id),
-                        ": every node's workers must register the same job id (DQ_JOB), and every node of the "
-                        "cluster must have workers in it)");
-  }
-  if (others.empty()) return "";
-  return absl::StrCat(" (", absl::StrJoin(others, ", "), " of job ", job_id, ", this node at ", incarnation,
-                      ": a job id is reused by restarting all its workers on every node; use a new job id, or "
-                      "restart all of them again)");
 }
 
 absl::StatusOr<std::shared_ptr<Job>> Daemon::FindJob(const std::string& job_id) const {
@@ -691,7 +506,7 @@ absl::StatusOr<Daemon::Registration> Daemon::Register(const std::string& job_id,
                                                        " can start when one of them ends"));
     }
   }
-  DQ_ASSIGN_OR_RETURN(uint64_t incarnation, ClaimIncarnation(job_id));
+  DQ_ASSIGN_OR_RETURN(uint64_t incarnation, cluster_->ClaimIncarnation(job_id));
   DQ_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, CreateJob(job_id, incarnation, local_world_size));
   absl::StatusOr<Registration> registered;
   {
@@ -895,35 +710,7 @@ absl::StatusOr<Daemon::PublishedChange> Daemon::SetCompression(const std::string
   }
   std::shared_ptr<Job> job = *std::move(found);
   absl::MutexLock lock(&config_mu_);
-  // The live incarnation's keys: a change staged for an earlier one never applies to this one.
-  const std::string prefix = JobKey(job_id, job->incarnation());
-  const std::string latest_key = absl::StrCat(prefix, "/latest_epoch");
-  // Claim the next epoch with a compare-and-set on the coordinator's store: changes made at the
-  // same time through different nodes get distinct epochs, and a stale expected epoch is refused.
-  for (int attempt = 0; attempt < 64; ++attempt) {
-    absl::StatusOr<std::string> latest = store_->Get(latest_key, absl::ZeroDuration());
-    std::optional<std::string> seen;
-    uint64_t current = 0;
-    if (latest.ok()) {
-      if (!absl::SimpleAtoi(*latest, &current)) {
-        return absl::DataLossError(absl::StrCat("malformed ", latest_key, " '", *latest, "'"));
-      }
-      seen = *latest;
-    } else if (!absl::IsDeadlineExceeded(latest.status()) && !absl::IsNotFound(latest.status())) {
-      return latest.status();  // the coordinator is unreachable: nothing was changed
-    }
-    if (expected_epoch.has_value() && *expected_epoch != current) {
-      return absl::AbortedError(
-          absl::StrCat("job ", job_id, " is at config epoch ", current, ", not ", *expected_epoch));
-    }
-    // The change builds on the newest epoch, staged or applied (its key is written right after
-    // its epoch is claimed), or on the configuration the job started with.
-    JobConfig newest = job->initial_config();
-    if (current > 0) {
-      DQ_ASSIGN_OR_RETURN(std::string value, store_->Get(absl::StrCat(prefix, "/config/", current), absl::Seconds(5)));
-      DQ_ASSIGN_OR_RETURN(auto decoded, DecodeConfig(value));
-      newest = std::move(decoded.first);
-    }
+  auto checked = [&](const JobConfig& newest) -> absl::StatusOr<JobConfig> {
     DQ_ASSIGN_OR_RETURN(JobConfig config, change(newest));
     // A GPU node runs only what its device all-reduce implements.
     DQ_RETURN_IF_ERROR(CheckConfigForDevice(config, options_.device));
@@ -937,71 +724,15 @@ absl::StatusOr<Daemon::PublishedChange> Daemon::SetCompression(const std::string
       return absl::FailedPreconditionError(
           "an error budget needs error samples, but --error_sample_rate is 0: give the budget its own sample rate");
     }
-    const uint64_t epoch = current + 1;
-    // Nodes run collectives in lockstep: another node can be at most one collective ahead of this
-    // one, so none can have started (next + 2) before the configuration is visible.
-    const uint64_t apply_at = job->NextSequence() + 2;
-    std::optional<absl::string_view> expected;
-    if (seen.has_value()) expected = *seen;
-    DQ_ASSIGN_OR_RETURN(bool claimed, store_->CompareAndSet(latest_key, expected, absl::StrCat(epoch)));
-    if (!claimed) continue;  // another node claimed it first: read the new epoch and try again
-    // Nodes that see the claimed epoch wait (PollConfig) for this key, written right away.
-    DQ_RETURN_IF_ERROR(store_->Set(absl::StrCat(prefix, "/config/", epoch), EncodeConfig(config, apply_at)));
-    return PublishedChange{epoch, std::move(config)};
-  }
-  return absl::AbortedError(absl::StrCat("job ", job_id, ": configuration changed concurrently too often; retry"));
-}
-
-absl::StatusOr<bool> Daemon::PollConfig(const std::string& job_id, uint64_t incarnation, uint64_t sequence,
-                                        uint64_t* epoch, JobConfig* config) {
-  const std::string prefix = JobKey(job_id, incarnation);
-  auto latest = store_->Get(absl::StrCat(prefix, "/latest_epoch"), absl::ZeroDuration());
-  uint64_t newest = 0;
-  if (!latest.ok() || !absl::SimpleAtoi(*latest, &newest) || newest <= *epoch) return false;
-  // Apply the newest epoch whose boundary has been reached.
-  for (uint64_t e = newest; e > *epoch; --e) {
-    auto value = store_->Get(absl::StrCat(prefix, "/config/", e), absl::Seconds(5));
-    if (!value.ok()) return value.status();
-    DQ_ASSIGN_OR_RETURN(auto decoded, DecodeConfig(*value));
-    if (decoded.second <= sequence) {
-      *epoch = e;
-      *config = decoded.first;
-      return true;
-    }
-  }
-  return false;
-}
-
-absl::Status Daemon::ReportFailure(const std::string& job_id, uint64_t incarnation, uint64_t sequence,
-                                   const absl::Status& cause, absl::Time deadline) {
-  absl::string_view message = cause.message();
-  std::string value = absl::StrCat(static_cast<int>(cause.code()), "|", options_.node_rank, "|",
-                                   message.substr(0, kMaxCauseBytes), message.size() > kMaxCauseBytes ? "..." : "");
-  // Multi-node only (Job::Options): the store is the coordinator's, over gRPC.
-  absl::Status s =
-      static_cast<GrpcStore*>(store_.get())->SetBefore(FailureKey(job_id, incarnation, sequence), value, deadline);
-  if (!s.ok()) {
-    std::fprintf(stderr, "dynamiqd: job %s: cannot tell the other nodes why collective %llu failed here: %s\n",
-                 job_id.c_str(), static_cast<unsigned long long>(sequence), std::string(s.message()).c_str());
-  }
-  return s;
-}
-
-std::optional<Job::FailureCause> Daemon::LookupFailure(const std::string& job_id, uint64_t incarnation,
-                                                       uint64_t sequence, absl::Time deadline) {
-  const std::string key = FailureKey(job_id, incarnation, sequence);
-  const absl::Duration wait = std::max(absl::ZeroDuration(), deadline - absl::Now() - kLookupRoundTrip);
-  absl::StatusOr<std::string> value = static_cast<GrpcStore*>(store_.get())->GetBefore(key, wait, deadline);
-  if (!value.ok()) return std::nullopt;  // no node reported a cause (or the coordinator is out of reach)
-  std::vector<absl::string_view> f = absl::StrSplit(*value, absl::MaxSplits('|', 2));
-  int code = 0;
-  uint32_t node = 0;
-  if (f.size() != 3 || !absl::SimpleAtoi(f[0], &code) || code <= 0 || code > 16 || !absl::SimpleAtoi(f[1], &node) ||
-      node >= options_.num_nodes || node == options_.node_rank) {
-    std::fprintf(stderr, "dynamiqd: job %s: ignoring malformed %s\n", job_id.c_str(), key.c_str());
-    return std::nullopt;
-  }
-  return Job::FailureCause{node, absl::Status(static_cast<absl::StatusCode>(code), f[2])};
+    return config;
+  };
+  // Nodes run collectives in lockstep: another node can be at most one collective ahead of this
+  // one, so none can have started (next + 2) before the configuration is visible.
+  DQ_ASSIGN_OR_RETURN(Cluster::PublishedChange published,
+                      cluster_->PublishConfig(
+                          job_id, job->incarnation(), job->initial_config(), checked,
+                          [&job] { return job->NextSequence() + 2; }, expected_epoch));
+  return PublishedChange{published.epoch, std::move(published.config)};
 }
 
 std::map<std::string, Job::Status> Daemon::JobStatuses() const {

@@ -68,9 +68,9 @@ class WorkerListener;
 
 namespace dynamiq::server {
 
+class Cluster;
 class ControlService;
 class ErrorBudgetService;
-class GrpcStore;
 class JobObserverList;
 class Metrics;
 class RendezvousService;
@@ -213,36 +213,12 @@ class Daemon {
   // A new Job for incarnation `incarnation` of `job_id` (its reducer starts at once).
   absl::StatusOr<std::shared_ptr<Job>> CreateJob(const std::string& job_id, uint64_t incarnation,
                                                  uint32_t local_world_size);
-  // Counts one more creation of `job_id` on this node in the coordinator's store; returns the count
-  // (the new incarnation).
-  absl::StatusOr<uint64_t> ClaimIncarnation(const std::string& job_id);
   // Closes a job already taken out of jobs_ (no worker left) and drops its per-job state.
   void RetireJob(std::shared_ptr<Job> job, const std::string& reason);
-  // " (node 1 is at incarnation 3 of job j, this node at 2: ...)" when the nodes' counts differ.
-  std::string IncarnationHint(const std::string& job_id, uint64_t incarnation);
-  absl::StatusOr<bool> PollConfig(const std::string& job_id, uint64_t incarnation, uint64_t sequence, uint64_t* epoch,
-                                  JobConfig* config);
-  // Why a node failed a collective of a job without its cross-node part (Job::Options::report_failure,
-  // lookup_failure), in the coordinator's store: "job/<id>/inc<k>/failed/<sequence>" holds
-  // "<code>|<node>|<message>". Multi-node only. Failing to report is logged, not returned to workers.
-  absl::Status ReportFailure(const std::string& job_id, uint64_t incarnation, uint64_t sequence,
-                             const absl::Status& cause, absl::Time deadline);
-  std::optional<Job::FailureCause> LookupFailure(const std::string& job_id, uint64_t incarnation, uint64_t sequence,
-                                                 absl::Time deadline);
-  // Multi-node: node 0 publishes its error sample rate in the coordinator's store, the others adopt it.
-  absl::Status AgreeOnErrorSampleRate();
   // Device checks of Start (GPU nodes): the build, the configuration, the device itself.
   absl::Status CheckDevice();
-  // Multi-node: node 0 publishes its --device in the coordinator's store, the others must match it.
-  absl::Status AgreeOnDevice();
   // Validates an all-reduce call and turns it into the job's request (errors are rejections).
   absl::StatusOr<Job::Request> CheckAllReduce(const AllReduceCall& call, std::shared_ptr<Job>* job);
-  // Start's waits: joining the cluster through `store` (as `me`), a line saying what it still waits
-  // for (after `last`, the latest join's error), and a key node 0 sets at start.
-  absl::StatusOr<std::vector<std::string>> JoinCluster(GrpcStore& store, const std::string& me);
-  std::string DescribeJoinWait(GrpcStore& store, const absl::Status& last);
-  absl::StatusOr<std::string> WaitForStartKey(const std::string& key);
-
   const DaemonOptions options_;
   ServerSecurity security_;  // loaded by Start; outlives the services that use it
   std::unique_ptr<ipc::ShmRegistry> registry_;
@@ -252,7 +228,7 @@ class Daemon {
   std::unique_ptr<ErrorBudgetService> error_budget_;            // node 0 only; outlives the jobs too
   std::unique_ptr<JobObserverList> observers_;                  // what jobs report to: metrics (+ error budget)
   std::unique_ptr<RendezvousService> rendezvous_;               // coordinator node only
-  std::unique_ptr<engine::Store> store_;                        // the coordinator's store (local when single-node)
+  std::unique_ptr<Cluster> cluster_;                            // the coordinator protocol; created by Start
   std::unique_ptr<grpc::Server> operator_server_;
   std::unique_ptr<grpc::Server> worker_server_;
   std::unique_ptr<ipc::WorkerListener> worker_listener_;
@@ -280,7 +256,6 @@ class Daemon {
   // Serialises this node's SetCompression calls without blocking the worker API while they talk
   // to the coordinator.
   absl::Mutex config_mu_;
-  std::vector<std::string> members_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> start_cancelled_{false};
   // Rate limit of the refused-request log lines (RecordRejected).

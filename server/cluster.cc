@@ -1,0 +1,346 @@
+#include "server/cluster.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "dynamiq/v1/rendezvous.pb.h"
+#include "server/request_names.h"
+
+namespace dynamiq::server {
+namespace {
+
+// Start-up waits (the coordinator, the other nodes, node 0's settings) go in slices this long, so a
+// signal stops them promptly, and report what they wait for this often.
+constexpr absl::Duration kStartSlice = absl::Seconds(1);
+constexpr absl::Duration kStartProgressInterval = absl::Seconds(5);
+// A published cause is cut to this (a watchdog's list of a thousand missing local ranks is long).
+constexpr size_t kMaxCauseBytes = 4096;
+// Of a lookup's time, what the coordinator's answer needs to come back after its wait for the key.
+constexpr absl::Duration kLookupRoundTrip = absl::Milliseconds(100);
+
+std::string MemberKey(uint32_t rank) { return absl::StrCat("member/", rank); }
+
+// Where incarnation `incarnation` of a job keeps its keys.
+std::string JobKey(const std::string& job_id, uint64_t incarnation) {
+  return absl::StrCat("job/", job_id, "/inc", incarnation);
+}
+
+std::string FailureKey(const std::string& job_id, uint64_t incarnation, uint64_t sequence) {
+  return absl::StrCat(JobKey(job_id, incarnation), "/failed/", sequence);
+}
+
+std::string IncarnationsKey(const std::string& job_id, uint32_t rank) {
+  return absl::StrCat("job/", job_id, "/node", rank, "/incarnations");
+}
+
+// Doubles are exact in the proto, so every node decodes the b̄ and policy that were published.
+std::string EncodeConfig(const JobConfig& c, uint64_t apply_at) {
+  dynamiq::v1::PublishedConfig published;
+  ToProto(c, published.mutable_config());
+  published.set_apply_at(apply_at);
+  return published.SerializeAsString();
+}
+
+absl::StatusOr<std::pair<JobConfig, uint64_t>> DecodeConfig(const std::string& s) {
+  dynamiq::v1::PublishedConfig published;
+  if (!published.ParseFromString(s)) return absl::DataLossError("malformed published configuration");
+  absl::StatusOr<JobConfig> c = FromProto(published.config());
+  if (!c.ok()) return absl::DataLossError(absl::StrCat("invalid published configuration: ", c.status().message()));
+  return std::make_pair(*std::move(c), published.apply_at());
+}
+
+// Reads a counter key for a compare-and-set: its value (0 when unset) and the text to expect.
+absl::StatusOr<std::pair<uint64_t, std::optional<std::string>>> ReadCounter(engine::Store& store,
+                                                                            const std::string& key) {
+  absl::StatusOr<std::string> value = store.Get(key, absl::ZeroDuration());
+  if (value.ok()) {
+    uint64_t count = 0;
+    if (!absl::SimpleAtoi(*value, &count)) {
+      return absl::DataLossError(absl::StrCat("malformed ", key, " '", *value, "'"));
+    }
+    return std::make_pair(count, std::optional<std::string>(*value));
+  }
+  if (!absl::IsDeadlineExceeded(value.status()) && !absl::IsNotFound(value.status())) return value.status();
+  return std::make_pair(uint64_t{0}, std::optional<std::string>());
+}
+
+}  // namespace
+
+Cluster::Cluster(Options options, std::unique_ptr<engine::Store> store, GrpcStore* coordinator, std::string me,
+                 std::vector<std::string> members)
+    : options_(std::move(options)),
+      store_(std::move(store)),
+      coordinator_(coordinator),
+      me_(std::move(me)),
+      members_(std::move(members)) {}
+
+std::unique_ptr<Cluster> Cluster::Local(Options options, const std::string& me) {
+  return std::unique_ptr<Cluster>(
+      new Cluster(std::move(options), std::make_unique<engine::InMemoryStore>(), nullptr, me, {me}));
+}
+
+absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Join(Options options, std::unique_ptr<GrpcStore> coordinator,
+                                                       const std::string& me) {
+  const absl::Time deadline = absl::Now() + options.timeout;
+  absl::Time next_report = absl::Now() + kStartProgressInterval;
+  while (true) {
+    // Short joins, so that a signal and the progress report are never far away. A join is
+    // idempotent: the coordinator keeps this node's address from the first one.
+    const absl::Duration slice = std::min(kStartSlice, std::max(absl::Milliseconds(1), deadline - absl::Now()));
+    absl::StatusOr<std::vector<std::string>> members =
+        coordinator->Join(options.node_rank, options.num_nodes, me, slice);
+    if (members.ok()) {
+      GrpcStore* raw = coordinator.get();
+      return std::unique_ptr<Cluster>(
+          new Cluster(std::move(options), std::move(coordinator), raw, me, *std::move(members)));
+    }
+    // UNAVAILABLE / DEADLINE_EXCEEDED: the coordinator is not up, or not every node has joined yet.
+    if (!absl::IsDeadlineExceeded(members.status()) && !absl::IsUnavailable(members.status())) {
+      return members.status();
+    }
+    if (options.cancelled && options.cancelled()) {
+      return absl::CancelledError("stopped while waiting for the cluster to form");
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the cluster did not form within --timeout=", absl::FormatDuration(options.timeout), ": ",
+                       DescribeJoinWait(options, *coordinator, members.status())));
+    }
+    if (absl::Now() >= next_report) {
+      std::fprintf(stderr, "dynamiqd: waiting for the cluster to form: %s\n",
+                   DescribeJoinWait(options, *coordinator, members.status()).c_str());
+      next_report = absl::Now() + kStartProgressInterval;
+    }
+  }
+}
+
+std::string Cluster::DescribeJoinWait(const Options& options, GrpcStore& store, const absl::Status& last) {
+  std::vector<std::string> missing;
+  for (uint32_t r = 0; r < options.num_nodes; ++r) {
+    absl::StatusOr<std::string> member = store.Get(MemberKey(r), absl::ZeroDuration());
+    if (member.ok()) continue;
+    if (!engine::IsKeyNotSet(member.status())) {
+      return absl::StrCat("the coordinator at ", options.coordinator, " does not answer (", last.message(), ")");
+    }
+    missing.push_back(absl::StrCat(r));
+  }
+  return absl::StrCat(missing.size() == 1 ? "node rank " : "node ranks ", absl::StrJoin(missing, ", "), " of ",
+                      options.num_nodes, missing.size() == 1 ? " has" : " have",
+                      " not joined yet (each node runs dynamiqd with --num_nodes=", options.num_nodes,
+                      " and --coordinator pointing at node 0)");
+}
+
+std::vector<std::string> Cluster::members() const {
+  absl::MutexLock lock(&mu_);
+  return members_;
+}
+
+absl::StatusOr<std::string> Cluster::WaitForStartKey(const std::string& key) {
+  engine::InterruptibleStore store(
+      *store_,
+      [this] {
+        return options_.cancelled && options_.cancelled()
+                   ? absl::CancelledError("stopped while waiting for node 0's settings")
+                   : absl::OkStatus();
+      },
+      kStartSlice);
+  return store.Get(key, options_.timeout);
+}
+
+absl::StatusOr<double> Cluster::AgreeOnErrorSampleRate(double mine) {
+  if (options_.num_nodes <= 1) return mine;
+  // Every node must run the same side all-reduces (server/error_probe.h): node 0's rate applies.
+  const std::string key = "cluster/error_sample_rate";
+  if (options_.node_rank == 0) {
+    DQ_RETURN_IF_ERROR(store_->Set(key, absl::StrFormat("%.17g", mine)));
+    return mine;
+  }
+  DQ_ASSIGN_OR_RETURN(std::string value, WaitForStartKey(key));
+  double rate = 0;
+  if (!absl::SimpleAtod(value, &rate) || !(rate >= 0 && rate <= 1)) {
+    return absl::DataLossError(absl::StrCat("malformed error sample rate '", value, "' from node 0"));
+  }
+  if (rate != mine) {
+    std::fprintf(stderr, "dynamiqd: using node 0's --error_sample_rate=%g instead of %g\n", rate, mine);
+  }
+  return rate;
+}
+
+absl::Status Cluster::AgreeOnDevice(absl::string_view mine) {
+  if (options_.num_nodes <= 1) return absl::OkStatus();
+  // A CPU node runs Gloo, a GPU node NCCL: they would never meet. Say so at startup.
+  const std::string key = "cluster/device";
+  if (options_.node_rank == 0) return store_->Set(key, mine);
+  DQ_ASSIGN_OR_RETURN(std::string theirs, WaitForStartKey(key));
+  if (theirs != mine) {
+    return absl::FailedPreconditionError(absl::StrCat("node 0 runs --device=", theirs, " but this node --device=", mine,
+                                                      ": every node of a cluster must run the same --device"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Cluster::RejoinIfForgotten() {
+  if (coordinator_ == nullptr) return false;
+  // Known to the coordinator, or the coordinator is down (then try again later). A missing key is
+  // the coordinator's own answer (engine::IsKeyNotSet); an unreachable one (UNAVAILABLE, or a call
+  // that timed out on a cut link) is not.
+  absl::StatusOr<std::string> known = coordinator_->Get(MemberKey(options_.node_rank), absl::ZeroDuration());
+  if (known.ok() || !engine::IsKeyNotSet(known.status())) return false;
+  // It answers but does not know this node: it restarted with an empty rendezvous. Join again; the
+  // coordinator records this node at once and its own start completes once all have.
+  std::fprintf(stderr, "dynamiqd: the coordinator does not know this node (restarted?): joining again\n");
+  DQ_ASSIGN_OR_RETURN(std::vector<std::string> members,
+                      coordinator_->Join(options_.node_rank, options_.num_nodes, me_, absl::Seconds(2)));
+  std::fprintf(stderr, "dynamiqd: re-joined the cluster\n");
+  absl::MutexLock lock(&mu_);
+  members_ = std::move(members);
+  return true;
+}
+
+absl::StatusOr<uint64_t> Cluster::ClaimIncarnation(const std::string& job_id) {
+  const std::string key = IncarnationsKey(job_id, options_.node_rank);
+  // Only this node writes its count; compare-and-set still keeps a misconfigured twin (two daemons
+  // with one rank) from handing out one incarnation twice.
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    auto counter = ReadCounter(*store_, key);
+    if (!counter.ok()) {
+      return absl::Status(counter.status().code(),
+                          absl::StrCat("cannot create job ", job_id, ": ", counter.status().message()));
+    }
+    const auto& [count, seen] = *counter;
+    std::optional<absl::string_view> expected;
+    if (seen.has_value()) expected = *seen;
+    DQ_ASSIGN_OR_RETURN(bool claimed, store_->CompareAndSet(key, expected, absl::StrCat(count + 1)));
+    if (claimed) return count + 1;
+  }
+  return absl::AbortedError(absl::StrCat("job ", job_id, ": ", key, " changed concurrently too often; retry"));
+}
+
+std::string Cluster::IncarnationHint(const std::string& job_id, uint64_t incarnation) {
+  std::vector<std::string> others, absent;
+  for (uint32_t r = 0; r < options_.num_nodes; ++r) {
+    if (r == options_.node_rank) continue;
+    absl::StatusOr<std::string> value = store_->Get(IncarnationsKey(job_id, r), absl::ZeroDuration());
+    uint64_t count = 0;
+    if (engine::IsKeyNotSet(value.status())) {
+      absent.push_back(absl::StrCat(r));  // the coordinator answered: node r never created the job
+      continue;
+    }
+    if (!value.ok() || !absl::SimpleAtoi(*value, &count)) continue;  // unknown: no hint rather than a wrong one
+    if (count != incarnation) others.push_back(absl::StrCat("node ", r, " is at incarnation ", count));
+  }
+  if (!absent.empty()) {
+    return absl::StrCat(" (", absent.size() == 1 ? "node " : "nodes ", absl::StrJoin(absent, ", "),
+                        absent.size() == 1 ? " has" : " have", " no workers in job ", QuoteName(job_id),
+                        ": every node's workers must register the same job id (DQ_JOB), and every node of the "
+                        "cluster must have workers in it)");
+  }
+  if (others.empty()) return "";
+  return absl::StrCat(" (", absl::StrJoin(others, ", "), " of job ", job_id, ", this node at ", incarnation,
+                      ": a job id is reused by restarting all its workers on every node; use a new job id, or "
+                      "restart all of them again)");
+}
+
+std::string Cluster::RendezvousPrefix(const std::string& job_id, uint64_t incarnation, uint64_t generation) {
+  return absl::StrCat(JobKey(job_id, incarnation), "/gen", generation);
+}
+
+absl::StatusOr<Cluster::PublishedChange> Cluster::PublishConfig(
+    const std::string& job_id, uint64_t incarnation, const JobConfig& initial,
+    absl::FunctionRef<absl::StatusOr<JobConfig>(const JobConfig& newest)> change,
+    absl::FunctionRef<uint64_t()> apply_at, std::optional<uint64_t> expected_epoch) {
+  // The live incarnation's keys: a change staged for an earlier one never applies to this one.
+  const std::string prefix = JobKey(job_id, incarnation);
+  const std::string latest_key = absl::StrCat(prefix, "/latest_epoch");
+  // Claim the next epoch with a compare-and-set on the coordinator's store: changes made at the
+  // same time through different nodes get distinct epochs, and a stale expected epoch is refused.
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    // An unreachable coordinator fails the change here: nothing was changed.
+    DQ_ASSIGN_OR_RETURN(auto counter, ReadCounter(*store_, latest_key));
+    const auto& [current, seen] = counter;
+    if (expected_epoch.has_value() && *expected_epoch != current) {
+      return absl::AbortedError(
+          absl::StrCat("job ", job_id, " is at config epoch ", current, ", not ", *expected_epoch));
+    }
+    // The change builds on the newest epoch, staged or applied (its key is written right after
+    // its epoch is claimed), or on the configuration the job started with.
+    JobConfig newest = initial;
+    if (current > 0) {
+      DQ_ASSIGN_OR_RETURN(std::string value, store_->Get(absl::StrCat(prefix, "/config/", current), absl::Seconds(5)));
+      DQ_ASSIGN_OR_RETURN(auto decoded, DecodeConfig(value));
+      newest = std::move(decoded.first);
+    }
+    DQ_ASSIGN_OR_RETURN(JobConfig config, change(newest));
+    const uint64_t epoch = current + 1;
+    const uint64_t at = apply_at();
+    std::optional<absl::string_view> expected;
+    if (seen.has_value()) expected = *seen;
+    DQ_ASSIGN_OR_RETURN(bool claimed, store_->CompareAndSet(latest_key, expected, absl::StrCat(epoch)));
+    if (!claimed) continue;  // another node claimed it first: read the new epoch and try again
+    // Nodes that see the claimed epoch wait (PollConfig) for this key, written right away.
+    DQ_RETURN_IF_ERROR(store_->Set(absl::StrCat(prefix, "/config/", epoch), EncodeConfig(config, at)));
+    return PublishedChange{epoch, std::move(config)};
+  }
+  return absl::AbortedError(absl::StrCat("job ", job_id, ": configuration changed concurrently too often; retry"));
+}
+
+absl::StatusOr<bool> Cluster::PollConfig(const std::string& job_id, uint64_t incarnation, uint64_t sequence,
+                                         uint64_t* epoch, JobConfig* config) {
+  const std::string prefix = JobKey(job_id, incarnation);
+  auto latest = store_->Get(absl::StrCat(prefix, "/latest_epoch"), absl::ZeroDuration());
+  uint64_t newest = 0;
+  if (!latest.ok() || !absl::SimpleAtoi(*latest, &newest) || newest <= *epoch) return false;
+  // Apply the newest epoch whose boundary has been reached.
+  for (uint64_t e = newest; e > *epoch; --e) {
+    auto value = store_->Get(absl::StrCat(prefix, "/config/", e), absl::Seconds(5));
+    if (!value.ok()) return value.status();
+    DQ_ASSIGN_OR_RETURN(auto decoded, DecodeConfig(*value));
+    if (decoded.second <= sequence) {
+      *epoch = e;
+      *config = decoded.first;
+      return true;
+    }
+  }
+  return false;
+}
+
+absl::Status Cluster::ReportFailure(const std::string& job_id, uint64_t incarnation, uint64_t sequence,
+                                    const absl::Status& cause, absl::Time deadline) {
+  absl::string_view message = cause.message();
+  std::string value = absl::StrCat(static_cast<int>(cause.code()), "|", options_.node_rank, "|",
+                                   message.substr(0, kMaxCauseBytes), message.size() > kMaxCauseBytes ? "..." : "");
+  const std::string key = FailureKey(job_id, incarnation, sequence);
+  absl::Status s = coordinator_ != nullptr ? coordinator_->SetBefore(key, value, deadline) : store_->Set(key, value);
+  if (!s.ok()) {
+    std::fprintf(stderr, "dynamiqd: job %s: cannot tell the other nodes why collective %llu failed here: %s\n",
+                 job_id.c_str(), static_cast<unsigned long long>(sequence), std::string(s.message()).c_str());
+  }
+  return s;
+}
+
+std::optional<Cluster::Failure> Cluster::LookupFailure(const std::string& job_id, uint64_t incarnation,
+                                                       uint64_t sequence, absl::Time deadline) {
+  const std::string key = FailureKey(job_id, incarnation, sequence);
+  const absl::Duration wait = std::max(absl::ZeroDuration(), deadline - absl::Now() - kLookupRoundTrip);
+  absl::StatusOr<std::string> value =
+      coordinator_ != nullptr ? coordinator_->GetBefore(key, wait, deadline) : store_->Get(key, wait);
+  if (!value.ok()) return std::nullopt;  // no node reported a cause (or the coordinator is out of reach)
+  std::vector<absl::string_view> f = absl::StrSplit(*value, absl::MaxSplits('|', 2));
+  int code = 0;
+  uint32_t node = 0;
+  if (f.size() != 3 || !absl::SimpleAtoi(f[0], &code) || code <= 0 || code > 16 || !absl::SimpleAtoi(f[1], &node) ||
+      node >= options_.num_nodes || node == options_.node_rank) {
+    std::fprintf(stderr, "dynamiqd: job %s: ignoring malformed %s\n", job_id.c_str(), key.c_str());
+    return std::nullopt;
+  }
+  return Failure{node, absl::Status(static_cast<absl::StatusCode>(code), f[2])};
+}
+
+}  // namespace dynamiq::server

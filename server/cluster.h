@@ -1,0 +1,127 @@
+// Cluster: this node's side of the coordinator protocol, over the coordinator's store (in-process
+// on a single node; node 0's Rendezvous service over gRPC otherwise). Whatever the nodes of a
+// cluster agree on goes through here, under one key layout:
+//
+//   member/<r>                          node r's peer address (RendezvousService's Join)
+//   cluster/error_sample_rate           node 0's --error_sample_rate, adopted by every node
+//   cluster/device                      node 0's --device, which every node must match
+//   job/<id>/node<r>/incarnations       how many times node r has created job <id>
+//   job/<id>/inc<k>/gen<g>/...          incarnation k's transport rendezvous, generation g
+//   job/<id>/inc<k>/latest_epoch        its newest compression change (claimed by compare-and-set)
+//   job/<id>/inc<k>/config/<E>          epoch E: a serialized dynamiq.v1.PublishedConfig
+//   job/<id>/inc<k>/failed/<seq>        why a node failed collective seq: "<code>|<node>|<message>"
+//
+// (server/security.h adds the cluster-authentication agreement under cluster/.) Start-up waits
+// (Join, the agreements) give up after options.timeout, report what they wait for every 5 s on
+// stderr, and end with CANCELLED as soon as `cancelled` says so. Thread-safe.
+#ifndef DQ_SERVER_CLUSTER_H_
+#define DQ_SERVER_CLUSTER_H_
+
+#include <stdint.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "engine/store.h"
+#include "server/grpc_store.h"
+#include "server/job_config.h"
+
+namespace dynamiq::server {
+
+class Cluster {
+ public:
+  struct Options {
+    uint32_t node_rank = 0;
+    uint32_t num_nodes = 1;
+    std::string coordinator;  // its address, for messages
+    absl::Duration timeout = absl::Seconds(300);
+    std::function<bool()> cancelled;  // start-up waits stop once it returns true (unset: never)
+  };
+
+  // A single node: an in-process store, no waiting.
+  static std::unique_ptr<Cluster> Local(Options options, const std::string& me);
+  // Joins the cluster through the coordinator's store as `me` (this node's peer address) and waits
+  // until every node has: DEADLINE_EXCEEDED naming the missing ranks (or the silent coordinator)
+  // after options.timeout, CANCELLED when cancelled.
+  static absl::StatusOr<std::unique_ptr<Cluster>> Join(Options options, std::unique_ptr<GrpcStore> coordinator,
+                                                       const std::string& me);
+
+  engine::Store& store() { return *store_; }
+  // Peer addresses by node rank.
+  std::vector<std::string> members() const;
+
+  // Start-up agreements: node 0 publishes its value, the others adopt it (the sample rate, with a
+  // log line when theirs differed) or must match it (the device: FAILED_PRECONDITION otherwise).
+  absl::StatusOr<double> AgreeOnErrorSampleRate(double mine);
+  absl::Status AgreeOnDevice(absl::string_view mine);
+
+  // A coordinator that answers but no longer knows this node restarted with an empty store: join it
+  // again and return true (the jobs' keys are lost with it). False when it knows this node or does
+  // not answer.
+  absl::StatusOr<bool> RejoinIfForgotten();
+
+  // Counts one more creation of `job_id` on this node; returns the count (the new incarnation).
+  absl::StatusOr<uint64_t> ClaimIncarnation(const std::string& job_id);
+  // " (node 1 is at incarnation 3 of job j, this node at 2: ...)" when the nodes' counts differ, or
+  // the nodes that never created the job; "" when nothing is known to be wrong.
+  std::string IncarnationHint(const std::string& job_id, uint64_t incarnation);
+  // Where generation `generation` of the job's transport rendezvouses.
+  static std::string RendezvousPrefix(const std::string& job_id, uint64_t incarnation, uint64_t generation);
+
+  // Publishes a compression change of the job's incarnation: claims the next epoch by
+  // compare-and-set, `change` maps the newest configuration (the newest epoch's, or `initial`) to
+  // the new one, which applies from collective `apply_at()` on. ABORTED unless the newest epoch is
+  // `expected_epoch` (when set).
+  struct PublishedChange {
+    uint64_t epoch = 0;
+    JobConfig config;
+  };
+  absl::StatusOr<PublishedChange> PublishConfig(
+      const std::string& job_id, uint64_t incarnation, const JobConfig& initial,
+      absl::FunctionRef<absl::StatusOr<JobConfig>(const JobConfig& newest)> change,
+      absl::FunctionRef<uint64_t()> apply_at, std::optional<uint64_t> expected_epoch);
+  // The newest epoch past `*epoch` whose collective `sequence` has reached: true and `*epoch`,
+  // `*config` set; false when there is none.
+  absl::StatusOr<bool> PollConfig(const std::string& job_id, uint64_t incarnation, uint64_t sequence, uint64_t* epoch,
+                                  JobConfig* config);
+
+  // Why a node failed a collective without its cross-node part. Report gives up at `deadline` and
+  // logs a failure to report; Lookup waits until `deadline` for another node's cause (none: nullopt).
+  struct Failure {
+    uint32_t node = 0;
+    absl::Status status;  // what that node's workers got
+  };
+  absl::Status ReportFailure(const std::string& job_id, uint64_t incarnation, uint64_t sequence,
+                             const absl::Status& cause, absl::Time deadline);
+  std::optional<Failure> LookupFailure(const std::string& job_id, uint64_t incarnation, uint64_t sequence,
+                                       absl::Time deadline);
+
+ private:
+  Cluster(Options options, std::unique_ptr<engine::Store> store, GrpcStore* coordinator, std::string me,
+          std::vector<std::string> members);
+  // What Join still waits for, after `last` (the latest join's error).
+  static std::string DescribeJoinWait(const Options& options, GrpcStore& store, const absl::Status& last);
+  // A key node 0 sets at start, waited for in cancellable slices.
+  absl::StatusOr<std::string> WaitForStartKey(const std::string& key);
+
+  const Options options_;
+  const std::unique_ptr<engine::Store> store_;
+  GrpcStore* const coordinator_;  // store_, when it is the coordinator's over gRPC; else null
+  const std::string me_;
+  mutable absl::Mutex mu_;
+  std::vector<std::string> members_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dynamiq::server
+
+#endif  // DQ_SERVER_CLUSTER_H_
