@@ -115,10 +115,10 @@ class ScratchBuffer {
   size_t bytes_ = 0;
 };
 
-class CudaCollective final : public DeviceCollective {
+class CudaDataPath final : public DataPath {
  public:
-  CudaCollective(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
-  ~CudaCollective() override {
+  CudaDataPath(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
+  ~CudaDataPath() override {
     ScopedDevice scoped(device_);
     (void)cudaStreamSynchronize(stream_);
     sum_.Reset();
@@ -147,8 +147,12 @@ class CudaCollective final : public DeviceCollective {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<engine::AllReduceResult> CrossNode(const kernels::Codec& codec, engine::Transport& transport,
-                                                    const engine::AllReduceOptions& options, size_t n) override {
+  bool on_device() const override { return true; }
+
+  // No error probe on GPU nodes: error_sample_rate is not used.
+  absl::StatusOr<CrossNodeResult> CrossNode(const kernels::Codec& codec, engine::Transport& transport,
+                                            const engine::AllReduceOptions& options, size_t n,
+                                            double /*error_sample_rate*/) override {
     auto* nccl = dynamic_cast<engine::NcclTransport*>(&transport);
     if (nccl == nullptr || nccl->device() != device_) {
       return absl::InvalidArgumentError(absl::StrCat("the device all-reduce needs an NCCL transport on device ",
@@ -156,7 +160,11 @@ class CudaCollective final : public DeviceCollective {
     }
     if (sum_data_ == nullptr) return absl::FailedPreconditionError("CrossNode before LocalReduce");
     // In place on the sum; NcclAllReduce orders its work after the local reduce queued on stream_.
-    return engine::NcclAllReduce(codec, *nccl, options, sum_data_, sum_data_, n, stream_);
+    DQ_ASSIGN_OR_RETURN(engine::AllReduceResult result,
+                        engine::NcclAllReduce(codec, *nccl, options, sum_data_, sum_data_, n, stream_));
+    CrossNodeResult out;
+    out.bytes_sent = result.bytes_sent;
+    return out;
   }
 
   absl::Status WriteBack(absl::Span<const Output> outputs, size_t n, float scale) override {
@@ -228,12 +236,12 @@ absl::StatusOr<std::unique_ptr<ipc::DeviceMemory>> CreateCudaDeviceMemory(int de
   return std::unique_ptr<ipc::DeviceMemory>(std::make_unique<CudaDeviceMemory>(device, std::move(uuid)));
 }
 
-absl::StatusOr<std::unique_ptr<DeviceCollective>> CreateCudaCollective(int device) {
+absl::StatusOr<std::unique_ptr<DataPath>> CreateCudaDataPath(int device) {
   ScopedDevice scoped(device);
   DQ_RETURN_IF_ERROR(MakeCurrent(scoped, device));
   cudaStream_t stream = nullptr;
   DQ_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  return std::unique_ptr<DeviceCollective>(std::make_unique<CudaCollective>(device, stream));
+  return std::unique_ptr<DataPath>(std::make_unique<CudaDataPath>(device, stream));
 }
 
 }  // namespace dynamiq::server

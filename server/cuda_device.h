@@ -1,6 +1,6 @@
 // The CUDA side of a GPU node (dynamiqd --device=cuda): checking the device at startup, the
 // device memory workers' buffers live in (DeviceMemory over cudaMalloc + cudaIpcGetMemHandle), and
-// jobs' DeviceCollective (local reduce kernels, engine::NcclAllReduce, write-back) on a stream of
+// jobs' CudaDataPath (local reduce kernels, engine::NcclAllReduce, write-back) on a stream of
 // their own. Built (target dynamiq_server_cuda, compile definition DQ_HAVE_NCCL) only when CUDA
 // and NCCL are found; this header includes no CUDA header.
 //
@@ -15,7 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "ipc/device_buffers.h"
-#include "server/device_collective.h"
+#include "server/data_path.h"
 
 namespace dynamiq::server {
 
@@ -30,11 +30,11 @@ absl::StatusOr<std::string> CudaDeviceUuid(int device);
 // cudaIpcGetMemHandle.
 absl::StatusOr<std::unique_ptr<ipc::DeviceMemory>> CreateCudaDeviceMemory(int device);
 
-// A job's DeviceCollective on `device`: a non-blocking stream of its own, an fp32 sum buffer and a
+// A job's CudaDataPath (server/data_path.h) on `device`: a non-blocking stream of its own, an fp32 sum buffer and a
 // staging buffer for host regions (both grown as needed and kept across collectives, freed with
 // it). CrossNode drives engine::NcclAllReduce and needs the transport to be an engine::NcclTransport
 // on the same device.
-absl::StatusOr<std::unique_ptr<DeviceCollective>> CreateCudaCollective(int device);
+absl::StatusOr<std::unique_ptr<DataPath>> CreateCudaDataPath(int device);
 
 }  // namespace dynamiq::server
 

@@ -375,13 +375,13 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id
   }
 #ifdef DQ_HAVE_NCCL
   if (options_.device == DeviceKind::kCuda) {
-    absl::StatusOr<std::unique_ptr<DeviceCollective>> device = CreateCudaCollective(options_.cuda_device);
+    absl::StatusOr<std::unique_ptr<DataPath>> device = CreateCudaDataPath(options_.cuda_device);
     if (!device.ok()) {
       return absl::Status(
           device.status().code(),
           absl::StrCat("job ", job_id, ": cannot set up its device collective: ", device.status().message()));
     }
-    o.device = *std::move(device);
+    o.data_path = *std::move(device);
   }
 #endif
   o.connect = [this, job_id, incarnation](uint64_t generation,

@@ -28,7 +28,7 @@
 //
 // GPU nodes (DaemonOptions::device = kCuda, dynamiqd --device=cuda; built with CUDA and NCCL only):
 // workers may also ask for buffers in the daemon's device memory (DeviceBufferRegistry, shared
-// through CUDA IPC handles), every job reduces on the device (server/device_collective.h) and its
+// through CUDA IPC handles), every job reduces on the device (a CudaDataPath, server/data_path.h) and its
 // cross-node transport is an engine::NcclTransport rendezvousing under the same keys as Gloo's.
 // Every node of a cluster must run the same --device (checked at Start through the coordinator).
 //

@@ -15,6 +15,7 @@
 #include "kernels/bf16_math.h"
 #include "kernels/codec_registry.h"
 #include "server/error_probe.h"
+#include "server/host_data_path.h"
 
 namespace dynamiq::server {
 namespace {
@@ -63,7 +64,10 @@ absl::string_view WithoutCollectivePrefix(absl::string_view message, absl::strin
 
 }  // namespace
 
-Job::Job(Options options) : options_(std::move(options)) {
+Job::Job(Options options)
+    : options_(std::move(options)),
+      path_(options_.data_path != nullptr ? options_.data_path
+                                          : std::make_shared<HostDataPath>(options_.id, options_.timeout)) {
   {
     absl::MutexLock lock(&mu_);
     config_ = options_.config;
@@ -476,86 +480,60 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
     }
   }
   const size_t n = entries[0]->request.num_elements;
-  uint64_t wire_bytes = 0;
-  ProbeResult probe;
-  // The fp32 sum lives in local rank 0's own buffer when that is fp32 (no scratch allocation and
-  // no extra copy: the cross-node all-reduce runs in place in shared memory), else in scratch.
-  const bool in_place = entries[0]->request.dtype == kernels::DType::kFloat32;
-  // A GPU node runs the local reduce, the cross-node all-reduce and the write-back on its device.
-  const bool on_device = options_.device != nullptr;
-  std::vector<float> scratch;
-  float* sum = nullptr;
-  if (status.ok() && !on_device) {
-    if (in_place) {
-      sum = reinterpret_cast<float*>(entries[0]->request.region.data());
-    } else {
-      try {
-        scratch.resize(n);
-        sum = scratch.data();
-        const uint16_t* h = reinterpret_cast<const uint16_t*>(entries[0]->request.region.data());
-        for (size_t i = 0; i < n; ++i) scratch[i] = kernels::Bf16ToFloat(h[i]);
-      } catch (const std::bad_alloc&) {
-        status = absl::ResourceExhaustedError(
-            absl::StrCat("collective ", sequence, " of job ", options_.id, ": no memory for a ", n, "-element sum"));
-      }
+  const std::string name = absl::StrCat("collective ", sequence, " of job ", options_.id);
+  // The three steps of the data path: local reduce, across nodes, write-back.
+  std::vector<DataPath::Region> inputs;
+  std::vector<DataPath::Output> outputs;
+  for (const Entry* e : entries) {
+    const DataPath::Region region{e->request.region.data(), e->request.dtype, e->request.device_memory};
+    inputs.push_back(region);
+    outputs.push_back(DataPath::Output{region, e->request.average});
+  }
+  if (status.ok()) {
+    status = path_->LocalReduce(inputs, n);
+    if (!status.ok()) {
+      status = absl::Status(
+          status.code(),
+          absl::StrCat(name, path_->on_device() ? ": local reduce on the device: " : ": ", status.message()));
     }
   }
-  // The local workers disagree (or no memory): this node skips the cross-node step.
+  // The local workers disagree, or the local reduce failed: this node skips the cross-node step.
   if (!status.ok()) AnnounceBreak(BreakGroup({{sequence, status}}));
-  if (status.ok() && on_device) {
-    status = RunOnDevice(sequence, config, epoch, entries, &wire_bytes);
-  } else if (status.ok()) {
-    // Local reduce in fp32, in local-rank order (deterministic).
-    for (size_t k = 1; k < entries.size(); ++k) {
-      const uint8_t* p = entries[k]->request.region.data();
-      if (entries[k]->request.dtype == kernels::DType::kFloat32) {
-        const float* f = reinterpret_cast<const float*>(p);
-        for (size_t i = 0; i < n; ++i) sum[i] += f[i];
-      } else {
-        const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
-        for (size_t i = 0; i < n; ++i) sum[i] += kernels::Bf16ToFloat(h[i]);
-      }
-    }
-    if (options_.num_nodes > 1) {
-      status = CrossNode(sequence, config, epoch, entries[0]->request.tensor_name, entries[0]->request.dtype, sum, n,
-                         &wire_bytes, &probe);
-      if (!status.ok()) status = WithRemoteCause(sequence, std::move(status));
+  DataPath::CrossNodeResult cross;
+  if (status.ok() && options_.num_nodes > 1) {
+    absl::StatusOr<DataPath::CrossNodeResult> r =
+        CrossNode(sequence, config, epoch, entries[0]->request.tensor_name, entries[0]->request.dtype, n);
+    if (r.ok()) {
+      cross = *std::move(r);
+    } else {
+      status = WithRemoteCause(sequence, r.status());
     }
   }
-  if (status.ok() && !on_device) {
+  if (status.ok()) {
     const float scale = 1.0f / static_cast<float>(options_.num_nodes * options_.local_world_size);
-    // Worker buffers other than the one holding the sum first, then that one (scaled in place).
-    for (size_t k = entries.size(); k-- > 0;) {
-      Entry* e = entries[k];
-      uint8_t* p = e->request.region.data();
-      if (e->request.dtype == kernels::DType::kFloat32) {
-        float* f = reinterpret_cast<float*>(p);
-        if (f == sum) {
-          if (e->request.average) {
-            for (size_t i = 0; i < n; ++i) f[i] = sum[i] * scale;
-          }
-        } else {
-          for (size_t i = 0; i < n; ++i) f[i] = e->request.average ? sum[i] * scale : sum[i];
-        }
-      } else {
-        uint16_t* h = reinterpret_cast<uint16_t*>(p);
-        for (size_t i = 0; i < n; ++i) h[i] = kernels::FloatToBf16(e->request.average ? sum[i] * scale : sum[i]);
-      }
+    status = path_->WriteBack(outputs, n, scale);
+    if (!status.ok()) {
+      status = absl::Status(status.code(),
+                            absl::StrCat(name, path_->on_device() ? ": writing the result back on the device: " : ": ",
+                                         status.message()));
     }
   }
+  const uint64_t wire_bytes = cross.bytes_sent;
   record.seconds = absl::ToDoubleSeconds(absl::Now() - record.start);
   record.wire_bytes = wire_bytes;
   record.state = status.ok() ? "ok" : "failed";
   record.error = std::string(status.message());
-  if (status.ok() && !probe.status.ok()) record.error = absl::StrCat("error probe: ", probe.status.message());
+  if (status.ok() && !cross.probe_status.ok()) {
+    record.error = absl::StrCat("error probe: ", cross.probe_status.message());
+  }
   // Metrics count the collective, not the measurement on the side.
-  const double seconds = std::max(0.0, record.seconds - probe.seconds);
+  const double seconds = std::max(0.0, record.seconds - cross.probe_seconds);
   // Advance the job in the same critical section that releases the submitters: once any worker
   // sees its result, NextSequence() (which SetCompression's boundary is computed from) is current.
   absl::MutexLock lock(&mu_);
   for (Entry* e : entries) {
     e->status = status;
-    e->result = Result{sequence, epoch, config, wire_bytes, probe.vnmse};
+    e->result = Result{sequence, epoch, config, wire_bytes, cross.vnmse};
     e->done = true;
   }
   Record(std::move(record));
@@ -576,14 +554,14 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   totals_.bus_bytes += BusBytes(n * sizeof(float), options_.num_nodes);
   totals_.wire_bytes += wire_bytes;
   totals_.duration_seconds += seconds;
-  if (probe.vnmse.has_value()) {
+  if (cross.vnmse.has_value()) {
     ++totals_.error_samples;
-    totals_.last_vnmse = *probe.vnmse;
+    totals_.last_vnmse = *cross.vnmse;
   }
   if (options_.observer != nullptr) {
     options_.observer->OnCollective(options_.id, outcome);
-    if (probe.vnmse.has_value()) {
-      options_.observer->OnErrorSample(options_.id, SampledError{config, epoch, outcome.codec, *probe.vnmse});
+    if (cross.vnmse.has_value()) {
+      options_.observer->OnErrorSample(options_.id, SampledError{config, epoch, outcome.codec, *cross.vnmse});
     }
   }
 }
@@ -645,74 +623,11 @@ absl::StatusOr<engine::Transport*> Job::ConnectedTransport(uint64_t sequence) {
   return transport_.get();
 }
 
-absl::Status Job::RunOnDevice(uint64_t sequence, const JobConfig& config, uint64_t epoch,
-                              const std::vector<Entry*>& entries, uint64_t* wire_bytes) {
-  const Request& first = entries[0]->request;
-  const size_t n = first.num_elements;
-  const std::string prefix = absl::StrCat("collective ", sequence, " of job ", options_.id);
-  // Local reduce in fp32, in local-rank order (deterministic), into the device's sum.
-  std::vector<DeviceCollective::Region> inputs;
-  std::vector<DeviceCollective::Output> outputs;
-  for (const Entry* e : entries) {
-    const DeviceCollective::Region region{e->request.region.data(), e->request.dtype, e->request.device_memory};
-    inputs.push_back(region);
-    outputs.push_back(DeviceCollective::Output{region, e->request.average});
-  }
-  absl::Status status = options_.device->LocalReduce(inputs, n);
-  if (!status.ok()) {
-    // This node skips the cross-node step: the other nodes must learn it.
-    status = absl::Status(status.code(), absl::StrCat(prefix, ": local reduce on the device: ", status.message()));
-    AnnounceBreak(BreakGroup({{sequence, status}}));
-    return status;
-  }
-  if (options_.num_nodes > 1) {
-    absl::StatusOr<engine::Transport*> transport = ConnectedTransport(sequence);
-    if (!transport.ok()) return WithRemoteCause(sequence, transport.status());
-    DQ_ASSIGN_OR_RETURN(kernels::Codec * codec, CachedCodec(EffectiveCodec(config, n)));
-    engine::AllReduceOptions o;
-    o.topology = config.topology;
-    o.job_id = CollectiveId(options_.id, options_.incarnation, first.tensor_name, n, first.dtype);
-    o.config_epoch = epoch;
-    o.sequence = sequence;
-    o.timeout = std::max(absl::Milliseconds(1), deadline_ - absl::Now());
-    auto result = options_.device->CrossNode(*codec, **transport, o, n);
-    if (!result.ok()) {
-      DropGroup(/*abort=*/false);
-      return WithRemoteCause(
-          sequence, absl::Status(result.status().code(), absl::StrCat(prefix, ": ", result.status().message())));
-    }
-    *wire_bytes = result->bytes_sent;
-  }
-  const float scale = 1.0f / static_cast<float>(options_.num_nodes * options_.local_world_size);
-  status = options_.device->WriteBack(outputs, n, scale);
-  if (!status.ok()) {
-    return absl::Status(status.code(),
-                        absl::StrCat(prefix, ": writing the result back on the device: ", status.message()));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch, absl::string_view tensor_name,
-                            kernels::DType dtype, float* sum, size_t n, uint64_t* wire_bytes, ProbeResult* probe) {
+absl::StatusOr<DataPath::CrossNodeResult> Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch,
+                                                         absl::string_view tensor_name, kernels::DType dtype,
+                                                         size_t n) {
   DQ_ASSIGN_OR_RETURN(engine::Transport * transport, ConnectedTransport(sequence));
-  const kernels::CodecConfig codec_config = EffectiveCodec(config, n);
-  DQ_ASSIGN_OR_RETURN(kernels::Codec * codec, CachedCodec(codec_config));
-  // Error probe: keep this node's exact local sum of a sampled compressed collective. Every node
-  // decides the same way (SampleForError is a function of job, sequence and the shared rate).
-  std::vector<float> exact;
-  // A job under an error budget may sample more often than the daemon's default rate.
-  const double rate = config.error_budget.has_value() && config.error_budget->sample_rate > 0
-                          ? config.error_budget->sample_rate
-                          : options_.error_sample_rate;
-  const bool sampled = codec_config.id != kernels::CodecId::kNone && SampleForError(options_.id, sequence, rate);
-  bool no_memory_for_probe = false;
-  if (sampled) {
-    try {
-      exact.assign(sum, sum + n);
-    } catch (const std::bad_alloc&) {
-      no_memory_for_probe = true;  // the collective itself is unaffected; its probe is skipped below
-    }
-  }
+  DQ_ASSIGN_OR_RETURN(kernels::Codec * codec, CachedCodec(EffectiveCodec(config, n)));
   engine::AllReduceOptions o;
   o.topology = config.topology;
   o.job_id = CollectiveId(options_.id, options_.incarnation, tensor_name, n, dtype);
@@ -720,9 +635,11 @@ absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t
   o.sequence = sequence;
   o.timeout = std::max(absl::Milliseconds(1), deadline_ - absl::Now());
   o.authenticator = options_.authenticator.get();
-  o.buffers = &buffers_;
-  auto result = engine::AllReduce(*codec, *transport, o, {sum, kernels::DType::kFloat32, 0, nullptr},
-                                  {sum, kernels::DType::kFloat32, 0, nullptr}, n);
+  // A job under an error budget may sample more often than the daemon's default rate.
+  const double rate = config.error_budget.has_value() && config.error_budget->sample_rate > 0
+                          ? config.error_budget->sample_rate
+                          : options_.error_sample_rate;
+  absl::StatusOr<DataPath::CrossNodeResult> result = path_->CrossNode(*codec, *transport, o, n, rate);
   if (!result.ok()) {
     DropGroup(/*abort=*/false);
     std::string hint;
@@ -737,34 +654,8 @@ absl::Status Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t
     return absl::Status(result.status().code(),
                         absl::StrCat("collective ", sequence, " of job ", options_.id, ": ", message, hint));
   }
-  *wire_bytes = result->bytes_sent;
-  if (!sampled) return absl::OkStatus();
-  if (no_memory_for_probe) {
-    // The peers are about to run the side all-reduce: make it fail now rather than at their
-    // deadline, and re-form the group as they will (one generation per failed exchange).
-    DropGroup(/*abort=*/true);
-    probe->status = absl::ResourceExhaustedError(absl::StrCat("no memory for a ", n, "-element exact sum"));
-    return absl::OkStatus();
-  }
-  // The exact side all-reduce (codec none) of the copy, over the same transport and step-header
-  // validation, under a sequence number no real collective uses.
-  const absl::Time start = absl::Now();
-  DQ_ASSIGN_OR_RETURN(auto none, kernels::CreateCodec(kernels::CodecConfig{kernels::CodecId::kNone}));
-  engine::AllReduceOptions exact_options = o;
-  exact_options.sequence = ErrorProbeSequence(sequence);
-  exact_options.timeout = options_.timeout;  // a measurement on the side, with its own deadline
-  auto exact_result =
-      engine::AllReduce(*none, *transport, exact_options, {exact.data(), kernels::DType::kFloat32, 0, nullptr},
-                        {exact.data(), kernels::DType::kFloat32, 0, nullptr}, n);
-  probe->seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  if (!exact_result.ok()) {
-    // The result is fine but the group is broken: re-form it, as after a failed collective.
-    DropGroup(/*abort=*/false);
-    probe->status = exact_result.status();
-    return absl::OkStatus();
-  }
-  probe->vnmse = Vnmse(sum, exact.data(), n);
-  return absl::OkStatus();
+  if (result->regroup) DropGroup(/*abort=*/false);  // the measurement on the side broke the group
+  return result;
 }
 
 }  // namespace dynamiq::server

@@ -2,15 +2,12 @@
 // reducer thread that runs its collectives one at a time, in sequence order.
 //
 // Every worker's k-th AllReduce belongs to collective k of the job. When all local workers have
-// submitted collective k, the reducer checks that they agree (tensor name, size, dtype), sums their
-// buffers locally in fp32, runs the compressed all-reduce across nodes (engine::AllReduce over the
-// job's transport, whose step headers make every node check the same job, sequence and config
-// epoch), and writes the result back into every worker's buffer. Submit blocks until then.
-//
-// On a GPU node (Options::device set) the same steps run on the device: the local reduce and the
-// write-back are CUDA kernels over the workers' device buffers (host buffers are staged through the
-// device), and the cross-node all-reduce is engine::NcclAllReduce over the job's NCCL transport
-// (server/device_collective.h). The error probe does not run there.
+// submitted collective k, the reducer checks that they agree (tensor name, size, dtype), then runs
+// it through the job's DataPath (server/data_path.h): the local fp32 sum of their buffers, the
+// compressed all-reduce across nodes over the job's transport (whose step headers make every node
+// check the same job, sequence and config epoch), and the write-back into every worker's buffer.
+// Submit blocks until then. CPU nodes use HostDataPath (shared memory, Gloo, the error probe); GPU
+// nodes pass a CudaDataPath (CUDA kernels, NCCL).
 //
 // Configuration changes (SetCompression) are staged with the sequence at which they apply; the
 // coordinator's store carries them to every node (see Daemon), so all nodes switch at the same
@@ -42,12 +39,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "engine/buffer_pool.h"
 #include "engine/schedule.h"
 #include "engine/step_auth.h"
 #include "engine/transport.h"
 #include "kernels/codec.h"
-#include "server/device_collective.h"
+#include "server/data_path.h"
 #include "server/job_config.h"
 #include "server/job_observer.h"
 
@@ -116,9 +112,9 @@ class Job {
     double error_sample_rate = 0;
     // Authenticates the cross-node engine messages (engine/step_auth.h); null: checksums only.
     std::shared_ptr<const engine::StepAuthenticator> authenticator;
-    // Set on a GPU node: every collective runs through it (and `connect` returns transports it can
-    // drive). Null: the CPU path.
-    std::shared_ptr<DeviceCollective> device;
+    // Where collectives run (and `connect` must return transports it can drive). Null: a
+    // HostDataPath (CPU node).
+    std::shared_ptr<DataPath> data_path;
   };
 
   struct Request {
@@ -130,7 +126,7 @@ class Job {
     bool average = false;
     absl::Span<uint8_t> region;              // the worker's bytes (shared memory, or device memory if device_memory)
     std::shared_ptr<const void> buffer_use;  // keeps `region` from being released (BufferUse::hold)
-    bool device_memory = false;              // region is a device buffer (only with Options::device)
+    bool device_memory = false;              // region is a device buffer (only with a device data path)
     // The worker's own index of this request (0, 1, ... since it registered); unset: arrival order.
     std::optional<uint64_t> submission;
   };
@@ -206,22 +202,13 @@ class Job {
   void ReducerLoop();
   // Runs collective `sequence` over the complete slot; fills every entry's status/result.
   void RunCollective(uint64_t sequence, Slot& slot);
-  // What the error probe of a sampled collective measured (server/error_probe.h).
-  struct ProbeResult {
-    double seconds = 0;
-    std::optional<double> vnmse;  // unset when undefined (zero or non-finite sum)
-    absl::Status status;          // a failed probe re-forms the group but does not fail the collective
-  };
-  // All-reduces sum[0, n) across nodes in place; for a sampled collective also measures its error.
-  // The tensor's name and the workers' dtype identify the collective on the wire.
-  absl::Status CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch, absl::string_view tensor_name,
-                         kernels::DType dtype, float* sum, size_t n, uint64_t* wire_bytes, ProbeResult* probe);
+  // The cross-node step of a collective whose local sum is ready: the job's transport and codec,
+  // then the data path's all-reduce (and error probe). The tensor's name and the workers' dtype
+  // identify the collective on the wire. A failure drops the group (re-formed at the next one).
+  absl::StatusOr<DataPath::CrossNodeResult> CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch,
+                                                      absl::string_view tensor_name, kernels::DType dtype, size_t n);
   // The job's transport, connected (at generation_ plus the pending breaks) if there is none.
   absl::StatusOr<engine::Transport*> ConnectedTransport(uint64_t sequence);
-  // RunCollective on a GPU node, once the local workers agree: local reduce, cross-node all-reduce
-  // and write-back through options_.device. A failure of the local reduce breaks the group.
-  absl::Status RunOnDevice(uint64_t sequence, const JobConfig& config, uint64_t epoch,
-                           const std::vector<Entry*>& entries, uint64_t* wire_bytes);
   // The codec collectives of `num_elements` use across nodes (none below min_compress_elements).
   static kernels::CodecConfig EffectiveCodec(const JobConfig& config, uint64_t num_elements);
   // The codec for `config`, created once: building one (DynamiQ's level and error tables) costs
@@ -258,6 +245,7 @@ class Job {
   std::string MissingRanks(const Slot& slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
+  const std::shared_ptr<DataPath> path_;  // options_.data_path, or a HostDataPath
   mutable absl::Mutex mu_;
   std::map<uint64_t, uint32_t> workers_ ABSL_GUARDED_BY(mu_);      // worker id -> local rank
   std::map<uint64_t, int64_t> pids_ ABSL_GUARDED_BY(mu_);          // worker id -> process id (if known)
@@ -279,7 +267,6 @@ class Job {
   uint64_t generation_ = 0;
   absl::Time deadline_;  // of the collective the reducer runs (reducer thread only)
   // Message buffers the engine reuses across this job's collectives (reducer thread only).
-  engine::BufferPool buffers_;
   std::vector<std::pair<kernels::CodecConfig, std::unique_ptr<kernels::Codec>>> codecs_;  // CachedCodec
   uint64_t pending_generations_ ABSL_GUARDED_BY(transport_mu_) = 0;                       // from BreakGroup
   uint64_t transport_serial_ ABSL_GUARDED_BY(transport_mu_) = 0;  // counts the transports connected

@@ -2,7 +2,7 @@
 //
 // Runs everywhere (no GPU needed):
 //   - DeviceConfigTest: --device parsing and which configurations a GPU node accepts.
-//   - JobDeviceTest: a Job with a DeviceCollective runs its collectives through it (a host-memory
+//   - JobDeviceTest: a Job with a device DataPath runs its collectives through it (a host-memory
 //     implementation stands in for the CUDA one): local-rank order, dtypes, averaging, failures.
 //   - DaemonDeviceTest: a --device=cuda daemon refuses to start without NCCL support or a GPU, or
 //     with settings the device path lacks; a --device=cpu daemon reports its device kind and
@@ -33,7 +33,7 @@
 #include "ipc/device_buffers.h"
 #include "kernels/bf16_math.h"
 #include "server/daemon.h"
-#include "server/device_collective.h"
+#include "server/data_path.h"
 #include "server/job.h"
 #include "server/job_config.h"
 #include "tests/testing/daemon_harness.h"
@@ -95,10 +95,11 @@ TEST(DeviceConfigTest, GpuNodesAcceptOnlyTheCodecsOfTheDeviceAllReduce) {
 // ---------------------------------------------------------------------------------------------
 // Job: the device path's plumbing, with host memory standing in for the device.
 
-// DeviceCollective over host memory ("device" regions are host pointers here), with the CPU
+// A device DataPath over host memory ("device" regions are host pointers here), with the CPU
 // path's arithmetic. Records what it was asked to do.
-class HostCollective final : public DeviceCollective {
+class HostCollective final : public DataPath {
  public:
+  bool on_device() const override { return true; }
   absl::Status LocalReduce(absl::Span<const Region> inputs, size_t n) override {
     absl::MutexLock lock(&mu_);
     ++local_reduces_;
@@ -112,8 +113,8 @@ class HostCollective final : public DeviceCollective {
     }
     return absl::OkStatus();
   }
-  absl::StatusOr<engine::AllReduceResult> CrossNode(const kernels::Codec&, engine::Transport&,
-                                                    const engine::AllReduceOptions&, size_t) override {
+  absl::StatusOr<CrossNodeResult> CrossNode(const kernels::Codec&, engine::Transport&, const engine::AllReduceOptions&,
+                                            size_t, double) override {
     return absl::InternalError("a single-node job must not run a cross-node step");
   }
   absl::Status WriteBack(absl::Span<const Output> outputs, size_t n, float scale) override {
@@ -158,18 +159,18 @@ class HostCollective final : public DeviceCollective {
   int write_backs_ = 0;
 };
 
-Job::Options DeviceJobOptions(std::shared_ptr<DeviceCollective> device) {
+Job::Options DeviceJobOptions(std::shared_ptr<DataPath> device) {
   Job::Options o;
   o.id = "gpu-job";
   o.local_world_size = 2;
   o.num_nodes = 1;
   o.config = Config("none");
   o.timeout = absl::Seconds(10);
-  o.device = std::move(device);
+  o.data_path = std::move(device);
   return o;
 }
 
-TEST(JobDeviceTest, LocalReduceAndWriteBackRunThroughTheDeviceCollective) {
+TEST(JobDeviceTest, LocalReduceAndWriteBackRunThroughTheDeviceDataPath) {
   auto device = std::make_shared<HostCollective>();
   Job job(DeviceJobOptions(device));
   ASSERT_THAT(job.AddWorker(1, 0, 2), IsOk());

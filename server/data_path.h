@@ -1,0 +1,72 @@
+// DataPath: where a job's collectives run, after its local workers have agreed on one (Job): the
+// local reduce of their regions into an fp32 sum, the all-reduce of that sum across nodes, and the
+// write-back of the result into every region. Job runs every collective as these three calls; the
+// implementations are
+//   HostDataPath (server/host_data_path.h): CPU nodes; shared-memory regions, the sum in place in
+//     local rank 0's buffer, the engine's all-reduce over Gloo, and the sampled error probe;
+//   CudaDataPath (server/cuda_device.h): GPU nodes; device (or staged host) regions, CUDA reduce
+//     kernels, engine::NcclAllReduce.
+// This header is CUDA-free, so Job and its tests (with fake paths) need no CUDA.
+//
+// Thread-safety: one collective at a time (the job's reducer thread), its calls in order.
+#ifndef DQ_SERVER_DATA_PATH_H_
+#define DQ_SERVER_DATA_PATH_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/allreduce.h"
+#include "engine/transport.h"
+#include "kernels/codec.h"
+#include "kernels/dtype.h"
+
+namespace dynamiq::server {
+
+class DataPath {
+ public:
+  // One worker's region of `n` elements.
+  struct Region {
+    uint8_t* data = nullptr;
+    kernels::DType dtype = kernels::DType::kFloat32;
+    bool device = false;  // device memory of the path's device (else host memory)
+  };
+  struct Output {
+    Region region;
+    bool average = false;  // write sum * scale instead of the sum
+  };
+  // What the cross-node step did: bytes this node sent, and, for a collective sampled for its
+  // compression error (paths that can measure it), the vNMSE against an exact all-reduce on the side.
+  struct CrossNodeResult {
+    uint64_t bytes_sent = 0;
+    std::optional<double> vnmse;  // unset: not sampled, or undefined (zero or non-finite sum)
+    double probe_seconds = 0;     // time the measurement took (not the collective's)
+    absl::Status probe_status;    // a failed measurement does not fail the collective
+    bool regroup = false;         // the measurement left the transport unusable: re-form the group
+  };
+
+  virtual ~DataPath() = default;
+  // The sum lives in device memory (GPU nodes): Job's messages say so ("local reduce on the device").
+  virtual bool on_device() const { return false; }
+  // The sum of `inputs` (in their order, accumulated in fp32) becomes the collective's sum of `n`
+  // elements. Errors: RESOURCE_EXHAUSTED (no memory for the sum), INTERNAL (device errors);
+  // messages without the collective's name (Job adds it).
+  virtual absl::Status LocalReduce(absl::Span<const Region> inputs, size_t n) = 0;
+  // All-reduces the sum across the ranks of `transport` in place with `codec`; measures the error
+  // with probability `error_sample_rate` where the path can. Errors as the engine's;
+  // INVALID_ARGUMENT for a transport the implementation cannot drive.
+  virtual absl::StatusOr<CrossNodeResult> CrossNode(const kernels::Codec& codec, engine::Transport& transport,
+                                                    const engine::AllReduceOptions& options, size_t n,
+                                                    double error_sample_rate) = 0;
+  // Writes the sum (times `scale` for outputs that average), converted to each output's dtype, into
+  // every output; returns once all of them hold it.
+  virtual absl::Status WriteBack(absl::Span<const Output> outputs, size_t n, float scale) = 0;
+};
+
+}  // namespace dynamiq::server
+
+#endif  // DQ_SERVER_DATA_PATH_H_

@@ -1,0 +1,126 @@
+#include "server/host_data_path.h"
+
+#include <new>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/bf16_math.h"
+#include "kernels/codec_registry.h"
+#include "server/error_probe.h"
+
+namespace dynamiq::server {
+
+HostDataPath::HostDataPath(std::string job_id, absl::Duration probe_timeout)
+    : job_id_(std::move(job_id)), probe_timeout_(probe_timeout) {}
+
+absl::Status HostDataPath::LocalReduce(absl::Span<const Region> inputs, size_t n) {
+  sum_ = nullptr;
+  if (inputs.empty()) return absl::InvalidArgumentError("no regions to reduce");
+  for (const Region& r : inputs) {
+    if (r.device) return absl::InvalidArgumentError("a device region on a CPU node");
+  }
+  if (inputs[0].dtype == kernels::DType::kFloat32) {
+    sum_ = reinterpret_cast<float*>(inputs[0].data);
+  } else {
+    try {
+      scratch_.resize(n);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(absl::StrCat("no memory for a ", n, "-element sum"));
+    }
+    sum_ = scratch_.data();
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(inputs[0].data);
+    for (size_t i = 0; i < n; ++i) sum_[i] = kernels::Bf16ToFloat(h[i]);
+  }
+  // In local-rank order: deterministic.
+  for (size_t k = 1; k < inputs.size(); ++k) {
+    if (inputs[k].dtype == kernels::DType::kFloat32) {
+      const float* f = reinterpret_cast<const float*>(inputs[k].data);
+      for (size_t i = 0; i < n; ++i) sum_[i] += f[i];
+    } else {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(inputs[k].data);
+      for (size_t i = 0; i < n; ++i) sum_[i] += kernels::Bf16ToFloat(h[i]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DataPath::CrossNodeResult> HostDataPath::CrossNode(const kernels::Codec& codec,
+                                                                  engine::Transport& transport,
+                                                                  const engine::AllReduceOptions& options, size_t n,
+                                                                  double error_sample_rate) {
+  if (sum_ == nullptr) return absl::FailedPreconditionError("CrossNode before LocalReduce");
+  // Error probe: keep this node's exact local sum of a sampled compressed collective. Every node
+  // decides the same way (SampleForError is a function of job, sequence and the shared rate).
+  const bool sampled =
+      codec.id() != kernels::CodecId::kNone && SampleForError(job_id_, options.sequence, error_sample_rate);
+  std::vector<float> exact;
+  bool no_memory_for_probe = false;
+  if (sampled) {
+    try {
+      exact.assign(sum_, sum_ + n);
+    } catch (const std::bad_alloc&) {
+      no_memory_for_probe = true;  // the collective itself is unaffected; its probe is skipped below
+    }
+  }
+  engine::AllReduceOptions o = options;
+  o.buffers = &buffers_;
+  DQ_ASSIGN_OR_RETURN(engine::AllReduceResult result,
+                      engine::AllReduce(codec, transport, o, {sum_, kernels::DType::kFloat32, 0, nullptr},
+                                        {sum_, kernels::DType::kFloat32, 0, nullptr}, n));
+  CrossNodeResult out;
+  out.bytes_sent = result.bytes_sent;
+  if (!sampled) return out;
+  if (no_memory_for_probe) {
+    // The peers are about to run the side all-reduce: make it fail now rather than at their
+    // deadline, and re-form the group as they will (one generation per failed exchange).
+    transport.Abort();
+    out.regroup = true;
+    out.probe_status = absl::ResourceExhaustedError(absl::StrCat("no memory for a ", n, "-element exact sum"));
+    return out;
+  }
+  // The exact side all-reduce (codec none) of the copy, over the same transport and step-header
+  // validation, under a sequence number no real collective uses.
+  const absl::Time start = absl::Now();
+  DQ_ASSIGN_OR_RETURN(auto none, kernels::CreateCodec(kernels::CodecConfig{kernels::CodecId::kNone}));
+  engine::AllReduceOptions exact_options = o;
+  exact_options.sequence = ErrorProbeSequence(options.sequence);
+  exact_options.timeout = probe_timeout_;  // a measurement on the side, with its own deadline
+  auto exact_result =
+      engine::AllReduce(*none, transport, exact_options, {exact.data(), kernels::DType::kFloat32, 0, nullptr},
+                        {exact.data(), kernels::DType::kFloat32, 0, nullptr}, n);
+  out.probe_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (!exact_result.ok()) {
+    // The result is fine but the group is broken: re-form it, as after a failed collective.
+    out.regroup = true;
+    out.probe_status = exact_result.status();
+    return out;
+  }
+  out.vnmse = Vnmse(sum_, exact.data(), n);
+  return out;
+}
+
+absl::Status HostDataPath::WriteBack(absl::Span<const Output> outputs, size_t n, float scale) {
+  if (sum_ == nullptr) return absl::FailedPreconditionError("WriteBack before LocalReduce");
+  // Every output but the one holding the sum first, then that one (scaled in place).
+  for (size_t k = outputs.size(); k-- > 0;) {
+    const Output& out = outputs[k];
+    if (out.region.dtype == kernels::DType::kFloat32) {
+      float* f = reinterpret_cast<float*>(out.region.data);
+      if (f == sum_) {
+        if (out.average) {
+          for (size_t i = 0; i < n; ++i) f[i] = sum_[i] * scale;
+        }
+      } else {
+        for (size_t i = 0; i < n; ++i) f[i] = out.average ? sum_[i] * scale : sum_[i];
+      }
+    } else {
+      uint16_t* h = reinterpret_cast<uint16_t*>(out.region.data);
+      for (size_t i = 0; i < n; ++i) h[i] = kernels::FloatToBf16(out.average ? sum_[i] * scale : sum_[i]);
+    }
+  }
+  sum_ = nullptr;
+  return absl::OkStatus();
+}
+
+}  // namespace dynamiq::server

@@ -1,0 +1,42 @@
+// HostDataPath: the DataPath of CPU nodes (server/data_path.h). The sum lives in local rank 0's own
+// buffer when that is fp32 host memory (no copy: the cross-node all-reduce runs in place in shared
+// memory), else in scratch memory; the cross-node step is engine::AllReduce over the job's Gloo
+// transport, and a collective sampled for its error (server/error_probe.h) is also all-reduced
+// exactly on the side, from a copy of this node's sum, under a sequence no real collective uses.
+//
+// Thread-safety: one collective at a time, as DataPath says.
+#ifndef DQ_SERVER_HOST_DATA_PATH_H_
+#define DQ_SERVER_HOST_DATA_PATH_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "engine/buffer_pool.h"
+#include "server/data_path.h"
+
+namespace dynamiq::server {
+
+class HostDataPath final : public DataPath {
+ public:
+  // `job_id` decides which collectives are sampled (the same on every node); `probe_timeout` bounds
+  // the exact side all-reduce.
+  HostDataPath(std::string job_id, absl::Duration probe_timeout);
+
+  absl::Status LocalReduce(absl::Span<const Region> inputs, size_t n) override;
+  absl::StatusOr<CrossNodeResult> CrossNode(const kernels::Codec& codec, engine::Transport& transport,
+                                            const engine::AllReduceOptions& options, size_t n,
+                                            double error_sample_rate) override;
+  absl::Status WriteBack(absl::Span<const Output> outputs, size_t n, float scale) override;
+
+ private:
+  const std::string job_id_;
+  const absl::Duration probe_timeout_;
+  float* sum_ = nullptr;  // the current collective's sum: local rank 0's buffer or scratch_
+  std::vector<float> scratch_;
+  engine::BufferPool buffers_;  // the engine's per-collective buffers, reused
+};
+
+}  // namespace dynamiq::server
+
+#endif  // DQ_SERVER_HOST_DATA_PATH_H_
