@@ -1,0 +1,65 @@
+// HostDataPath (server/host_data_path.h): the local reduce and write-back of CPU nodes. (Its
+// cross-node step is the engine's all-reduce, covered by the daemon's multi-node tests.)
+#include "server/host_data_path.h"
+
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/bf16_math.h"
+#include "tests/testing/status_matchers.h"
+
+namespace dynamiq::server {
+namespace {
+
+using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::StatusIs;
+using ::testing::ElementsAre;
+
+DataPath::Region Fp32(std::vector<float>& v) {
+  return {reinterpret_cast<uint8_t*>(v.data()), kernels::DType::kFloat32, false};
+}
+DataPath::Region Bf16(std::vector<uint16_t>& v) {
+  return {reinterpret_cast<uint8_t*>(v.data()), kernels::DType::kBFloat16, false};
+}
+
+TEST(HostDataPathTest, SumsInPlaceInTheFirstFp32BufferAndWritesEveryOutput) {
+  HostDataPath path("j", absl::Seconds(1));
+  std::vector<float> a = {1, 2, 4}, b = {10, 20, 40};
+  std::vector<uint16_t> c = {kernels::FloatToBf16(100), kernels::FloatToBf16(200), kernels::FloatToBf16(400)};
+  const DataPath::Region inputs[] = {Fp32(a), Fp32(b), Bf16(c)};
+  ASSERT_THAT(path.LocalReduce(inputs, 3), IsOk());
+  EXPECT_THAT(a, ElementsAre(111, 222, 444));  // the sum lives in local rank 0's buffer
+  const DataPath::Output outputs[] = {{Fp32(a), true}, {Fp32(b), false}, {Bf16(c), false}};
+  ASSERT_THAT(path.WriteBack(outputs, 3, 0.5f), IsOk());
+  EXPECT_THAT(a, ElementsAre(55.5, 111, 222));
+  EXPECT_THAT(b, ElementsAre(111, 222, 444));
+  EXPECT_EQ(kernels::Bf16ToFloat(c[2]), 444);  // exact in bf16
+}
+
+TEST(HostDataPathTest, ABf16FirstBufferSumsInScratch) {
+  HostDataPath path("j", absl::Seconds(1));
+  std::vector<uint16_t> c = {kernels::FloatToBf16(1), kernels::FloatToBf16(2)};
+  std::vector<float> a = {0.5, 0.25};
+  const DataPath::Region inputs[] = {Bf16(c), Fp32(a)};
+  ASSERT_THAT(path.LocalReduce(inputs, 2), IsOk());
+  EXPECT_THAT(a, ElementsAre(0.5, 0.25));  // inputs other than the sum's home are read only
+  const DataPath::Output outputs[] = {{Bf16(c), false}, {Fp32(a), false}};
+  ASSERT_THAT(path.WriteBack(outputs, 2, 1.0f), IsOk());
+  EXPECT_THAT(a, ElementsAre(1.5, 2.25));
+  EXPECT_EQ(kernels::Bf16ToFloat(c[0]), 1.5);
+}
+
+TEST(HostDataPathTest, RefusesDeviceRegionsAndStepsOutOfOrder) {
+  HostDataPath path("j", absl::Seconds(1));
+  std::vector<float> a = {1};
+  DataPath::Region device = Fp32(a);
+  device.device = true;
+  const DataPath::Region inputs[] = {device};
+  EXPECT_THAT(path.LocalReduce(inputs, 1), StatusIs(absl::StatusCode::kInvalidArgument));
+  const DataPath::Output outputs[] = {{Fp32(a), false}};
+  EXPECT_THAT(path.WriteBack(outputs, 1, 1.0f), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+}  // namespace
+}  // namespace dynamiq::server

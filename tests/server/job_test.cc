@@ -1,0 +1,174 @@
+// Job (server/job.h) on its own, with a fake DataPath that records its calls: when a collective
+// runs, what it runs through, what the workers get back, and how configuration changes apply.
+#include "server/job.h"
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/data_path.h"
+#include "tests/testing/status_matchers.h"
+
+namespace dynamiq::server {
+namespace {
+
+using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Sums in a vector of its own, writes it back; records the calls. Single node: no cross-node step.
+class FakeDataPath final : public DataPath {
+ public:
+  absl::Status LocalReduce(absl::Span<const Region> inputs, size_t n) override {
+    absl::MutexLock lock(&mu_);
+    calls_.push_back(absl::StrCat("reduce ", inputs.size(), "x", n));
+    if (!fail_reduce_.ok()) return fail_reduce_;
+    sum_.assign(n, 0.0f);
+    for (const Region& r : inputs) {
+      for (size_t i = 0; i < n; ++i) sum_[i] += reinterpret_cast<const float*>(r.data)[i];
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<CrossNodeResult> CrossNode(const kernels::Codec&, engine::Transport&, const engine::AllReduceOptions&,
+                                            size_t, double) override {
+    return absl::InternalError("a single-node job has no cross-node step");
+  }
+  absl::Status WriteBack(absl::Span<const Output> outputs, size_t n, float scale) override {
+    absl::MutexLock lock(&mu_);
+    calls_.push_back(absl::StrCat("write ", outputs.size(), " scale ", scale));
+    for (const Output& out : outputs) {
+      for (size_t i = 0; i < n; ++i) {
+        reinterpret_cast<float*>(out.region.data)[i] = out.average ? sum_[i] * scale : sum_[i];
+      }
+    }
+    return absl::OkStatus();
+  }
+  void FailReduce(absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    fail_reduce_ = std::move(s);
+  }
+  std::vector<std::string> calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<float> sum_;
+  std::vector<std::string> calls_;
+  absl::Status fail_reduce_;
+};
+
+JobConfig NoneConfig() { return *MakeJobConfig("none", 0, "ring", 0, "measured"); }
+
+class JobTest : public ::testing::Test {
+ protected:
+  Job::Options Options(int workers) {
+    Job::Options o;
+    o.id = "j";
+    o.local_world_size = workers;
+    o.config = NoneConfig();
+    o.timeout = absl::Seconds(10);
+    o.data_path = path_;
+    return o;
+  }
+
+  Job::Request Request(uint64_t worker, std::vector<float>& data, const std::string& name, bool average = false) {
+    Job::Request r;
+    r.worker_id = worker;
+    r.buffer_id = worker;
+    r.tensor_name = name;
+    r.num_elements = data.size();
+    r.average = average;
+    r.region = absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(data.data()), data.size() * sizeof(float));
+    return r;
+  }
+
+  std::shared_ptr<FakeDataPath> path_ = std::make_shared<FakeDataPath>();
+};
+
+TEST_F(JobTest, AllLocalWorkersSubmittedRunsOneCollectiveThroughTheDataPath) {
+  Job job(Options(2));
+  ASSERT_THAT(job.AddWorker(1, 0, 2), IsOk());
+  ASSERT_THAT(job.AddWorker(2, 1, 2), IsOk());
+  std::vector<float> a = {1, 2, 3}, b = {10, 20, 30};
+  absl::StatusOr<Job::Result> first;
+  std::thread t([&] { first = job.Submit(Request(1, a, "w")); });
+  absl::StatusOr<Job::Result> second = job.Submit(Request(2, b, "w", /*average=*/true));
+  t.join();
+  ASSERT_THAT(first, IsOk());
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(first->sequence, 0u);
+  EXPECT_EQ(second->sequence, 0u);
+  EXPECT_THAT(a, ElementsAre(11, 22, 33));
+  EXPECT_THAT(b, ElementsAre(5.5, 11, 16.5));  // averaged over 1 node x 2 workers
+  EXPECT_THAT(path_->calls(), ElementsAre("reduce 2x3", "write 2 scale 0.5"));
+  EXPECT_EQ(job.GetStatus().completed, 1u);
+}
+
+TEST_F(JobTest, WorkersThatDisagreeFailTheCollectiveBeforeTheDataPath) {
+  Job job(Options(2));
+  ASSERT_THAT(job.AddWorker(1, 0, 2), IsOk());
+  ASSERT_THAT(job.AddWorker(2, 1, 2), IsOk());
+  std::vector<float> a = {1, 2, 3}, b = {1, 2, 3};
+  absl::StatusOr<Job::Result> first;
+  std::thread t([&] { first = job.Submit(Request(1, a, "w")); });
+  absl::StatusOr<Job::Result> second = job.Submit(Request(2, b, "bias"));
+  t.join();
+  EXPECT_THAT(first, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("collective 0 of job j: local rank 0 "
+                                                                            "submitted 'w'")));
+  EXPECT_THAT(second, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_TRUE(path_->calls().empty());
+  EXPECT_THAT(a, ElementsAre(1, 2, 3));  // untouched
+  EXPECT_EQ(job.GetStatus().failed, 1u);
+}
+
+TEST_F(JobTest, ALocalReduceFailureIsNamedAndNothingIsWrittenBack) {
+  Job job(Options(1));
+  ASSERT_THAT(job.AddWorker(1, 0, 1), IsOk());
+  path_->FailReduce(absl::ResourceExhaustedError("no memory for a 3-element sum"));
+  std::vector<float> a = {1, 2, 3};
+  EXPECT_THAT(job.Submit(Request(1, a, "w")),
+              StatusIs(absl::StatusCode::kResourceExhausted, "collective 0 of job j: no memory for a 3-element sum"));
+  EXPECT_THAT(path_->calls(), ElementsAre("reduce 1x3"));
+  // The job goes on.
+  path_->FailReduce(absl::OkStatus());
+  absl::StatusOr<Job::Result> next = job.Submit(Request(1, a, "w"));
+  ASSERT_THAT(next, IsOk());
+  EXPECT_EQ(next->sequence, 1u);
+}
+
+TEST_F(JobTest, AConfigurationChangeAppliesAtItsBoundary) {
+  Job::Options o = Options(1);
+  // A change to bf16 published for collective 2 (what the Cluster's PollConfig answers).
+  o.poll_config = [](uint64_t sequence, uint64_t* epoch, JobConfig* config) -> absl::StatusOr<bool> {
+    if (sequence < 2 || *epoch >= 1) return false;
+    *epoch = 1;
+    *config = *MakeJobConfig("bf16", 0, "ring", 0, "measured");
+    return true;
+  };
+  Job job(std::move(o));
+  ASSERT_THAT(job.AddWorker(1, 0, 1), IsOk());
+  std::vector<uint64_t> epochs;
+  std::vector<kernels::CodecId> codecs;
+  for (int k = 0; k < 4; ++k) {
+    std::vector<float> a = {1};
+    absl::StatusOr<Job::Result> r = job.Submit(Request(1, a, "w"));
+    ASSERT_THAT(r, IsOk());
+    epochs.push_back(r->config_epoch);
+    codecs.push_back(r->config.codec.id);
+  }
+  EXPECT_THAT(epochs, ElementsAre(0, 0, 1, 1));
+  EXPECT_EQ(codecs[1], kernels::CodecId::kNone);
+  EXPECT_EQ(codecs[2], kernels::CodecId::kBf16);
+  EXPECT_EQ(job.GetStatus().config_epoch, 1u);
+}
+
+}  // namespace
+}  // namespace dynamiq::server
