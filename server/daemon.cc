@@ -56,6 +56,86 @@ std::string HostOf(const std::string& address) {
   return colon == std::string::npos ? address : address.substr(0, colon);
 }
 
+// Where a job's transport connects and how: the node, its device kind, and what counts bytes.
+struct JobTransportSettings {
+  uint32_t node_rank = 0;
+  uint32_t num_nodes = 1;
+  DeviceKind device = DeviceKind::kCpu;
+  int cuda_device = 0;
+  absl::Duration timeout;
+  std::string peer_host;       // the host this node's transport listens on
+  Metrics* metrics = nullptr;  // bytes per peer node (CPU nodes)
+};
+
+// A job's view of the cluster (Job::Coordinator): its incarnation's keys in the Cluster, and the
+// transport of this node's device kind (Gloo, counted per peer; NCCL on GPU nodes).
+class ClusterJobCoordinator final : public Job::Coordinator {
+ public:
+  ClusterJobCoordinator(Cluster& cluster, std::string job_id, uint64_t incarnation, JobTransportSettings settings)
+      : cluster_(cluster), job_id_(std::move(job_id)), incarnation_(incarnation), settings_(std::move(settings)) {}
+
+  absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(uint64_t generation, uint64_t sequence) override {
+    engine::PrefixStore prefixed(Cluster::RendezvousPrefix(job_id_, incarnation_, generation), cluster_.store());
+    // A node that fails this collective instead of joining publishes why: stop waiting for it then.
+    engine::InterruptibleStore scoped(
+        prefixed,
+        [this, sequence]() -> absl::Status {
+          if (std::optional<Cluster::Failure> cause =
+                  cluster_.LookupFailure(job_id_, incarnation_, sequence, absl::Now() + kLookupRoundTrip)) {
+            return absl::UnavailableError(
+                absl::StrCat("node ", cause->node, " failed the collective instead of joining it"));
+          }
+          return absl::OkStatus();
+        },
+        kRendezvousPoll);
+    const int rank = static_cast<int>(settings_.node_rank);
+    const int size = static_cast<int>(settings_.num_nodes);
+#ifdef DQ_HAVE_NCCL
+    if (settings_.device == DeviceKind::kCuda) {
+      // The device all-reduce drives the NCCL transport itself (no per-peer byte counting).
+      absl::StatusOr<std::unique_ptr<engine::Transport>> nccl =
+          engine::ConnectNcclTransport(scoped, rank, size, settings_.cuda_device, settings_.timeout);
+      if (!nccl.ok()) {
+        return absl::Status(nccl.status().code(),
+                            absl::StrCat(nccl.status().message(), cluster_.IncarnationHint(job_id_, incarnation_)));
+      }
+      return nccl;
+    }
+#endif
+    engine::GlooTransportOptions t;
+    t.hostname = settings_.peer_host;
+    t.timeout = settings_.timeout;
+    absl::StatusOr<std::unique_ptr<engine::Transport>> gloo = engine::ConnectGlooTransport(scoped, rank, size, t);
+    if (!gloo.ok()) {
+      // Nodes at different incarnations never meet: say so rather than only which key was missing.
+      return absl::Status(gloo.status().code(),
+                          absl::StrCat(gloo.status().message(), cluster_.IncarnationHint(job_id_, incarnation_)));
+    }
+    // Counts bytes per peer node (dynamiq_peer_bytes_total).
+    return std::unique_ptr<engine::Transport>(std::make_unique<CountingTransport>(*std::move(gloo), settings_.metrics));
+  }
+
+  absl::StatusOr<bool> PollConfig(uint64_t sequence, uint64_t* epoch, JobConfig* config) override {
+    return cluster_.PollConfig(job_id_, incarnation_, sequence, epoch, config);
+  }
+
+  absl::Status ReportFailure(uint64_t sequence, const absl::Status& cause, absl::Time deadline) override {
+    return cluster_.ReportFailure(job_id_, incarnation_, sequence, cause, deadline);
+  }
+
+  std::optional<Job::FailureCause> LookupFailure(uint64_t sequence, absl::Time deadline) override {
+    std::optional<Cluster::Failure> failure = cluster_.LookupFailure(job_id_, incarnation_, sequence, deadline);
+    if (!failure.has_value()) return std::nullopt;
+    return Job::FailureCause{failure->node, failure->status};
+  }
+
+ private:
+  Cluster& cluster_;
+  const std::string job_id_;
+  const uint64_t incarnation_;
+  const JobTransportSettings settings_;
+};
+
 }  // namespace
 
 bool DaemonHasCudaSupport() {
@@ -384,61 +464,15 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id
     o.data_path = *std::move(device);
   }
 #endif
-  o.connect = [this, job_id, incarnation](uint64_t generation,
-                                          uint64_t sequence) -> absl::StatusOr<std::unique_ptr<engine::Transport>> {
-    engine::PrefixStore prefixed(Cluster::RendezvousPrefix(job_id, incarnation, generation), cluster_->store());
-    // A node that fails this collective instead of joining publishes why: stop waiting for it then.
-    engine::InterruptibleStore scoped(
-        prefixed,
-        [this, job_id, incarnation, sequence]() -> absl::Status {
-          if (std::optional<Cluster::Failure> cause =
-                  cluster_->LookupFailure(job_id, incarnation, sequence, absl::Now() + kLookupRoundTrip)) {
-            return absl::UnavailableError(
-                absl::StrCat("node ", cause->node, " failed the collective instead of joining it"));
-          }
-          return absl::OkStatus();
-        },
-        kRendezvousPoll);
-#ifdef DQ_HAVE_NCCL
-    if (options_.device == DeviceKind::kCuda) {
-      // The device all-reduce drives the NCCL transport itself (no per-peer byte counting).
-      absl::StatusOr<std::unique_ptr<engine::Transport>> nccl =
-          engine::ConnectNcclTransport(scoped, static_cast<int>(options_.node_rank),
-                                       static_cast<int>(options_.num_nodes), options_.cuda_device, options_.timeout);
-      if (!nccl.ok()) {
-        return absl::Status(nccl.status().code(),
-                            absl::StrCat(nccl.status().message(), cluster_->IncarnationHint(job_id, incarnation)));
-      }
-      return nccl;
-    }
-#endif
-    engine::GlooTransportOptions t;
-    t.hostname = peer_host_;
-    t.timeout = options_.timeout;
-    absl::StatusOr<std::unique_ptr<engine::Transport>> gloo = engine::ConnectGlooTransport(
-        scoped, static_cast<int>(options_.node_rank), static_cast<int>(options_.num_nodes), t);
-    if (!gloo.ok()) {
-      // Nodes at different incarnations never meet: say so rather than only which key was missing.
-      return absl::Status(gloo.status().code(),
-                          absl::StrCat(gloo.status().message(), cluster_->IncarnationHint(job_id, incarnation)));
-    }
-    // Counts bytes per peer node (dynamiq_peer_bytes_total).
-    return std::unique_ptr<engine::Transport>(std::make_unique<CountingTransport>(*std::move(gloo), metrics_.get()));
-  };
-  o.poll_config = [this, job_id, incarnation](uint64_t sequence, uint64_t* epoch, JobConfig* config) {
-    return cluster_->PollConfig(job_id, incarnation, sequence, epoch, config);
-  };
-  if (options_.num_nodes > 1) {
-    o.report_failure = [this, job_id, incarnation](uint64_t sequence, const absl::Status& cause, absl::Time deadline) {
-      return cluster_->ReportFailure(job_id, incarnation, sequence, cause, deadline);
-    };
-    o.lookup_failure = [this, job_id, incarnation](uint64_t sequence,
-                                                   absl::Time deadline) -> std::optional<Job::FailureCause> {
-      std::optional<Cluster::Failure> failure = cluster_->LookupFailure(job_id, incarnation, sequence, deadline);
-      if (!failure.has_value()) return std::nullopt;
-      return Job::FailureCause{failure->node, failure->status};
-    };
-  }
+  JobTransportSettings transport;
+  transport.node_rank = options_.node_rank;
+  transport.num_nodes = options_.num_nodes;
+  transport.device = options_.device;
+  transport.cuda_device = options_.cuda_device;
+  transport.timeout = options_.timeout;
+  transport.peer_host = peer_host_;
+  transport.metrics = metrics_.get();
+  o.coordinator = std::make_shared<ClusterJobCoordinator>(*cluster_, job_id, incarnation, std::move(transport));
   return std::make_shared<Job>(std::move(o));
 }
 

@@ -195,10 +195,11 @@ void Job::Stop(const std::string& reason) {
       it = slots_.erase(it);
     }
   }
-  if (options_.num_nodes > 1 && options_.report_failure && !failures.empty()) {
+  if (options_.num_nodes > 1 && options_.coordinator != nullptr && !failures.empty()) {
     const absl::Time deadline = absl::Now() + kReportTimeout;
     for (const auto& [sequence, cause] : failures) {
-      if (!options_.report_failure(sequence, cause, deadline).ok()) break;  // the coordinator is out of reach
+      // Give up once the coordinator is out of reach.
+      if (!options_.coordinator->ReportFailure(sequence, cause, deadline).ok()) break;
     }
   }
   {
@@ -378,10 +379,11 @@ Job::GroupBreak Job::BreakGroup(std::vector<std::pair<uint64_t, absl::Status>> f
 
 void Job::AnnounceBreak(const GroupBreak& broken) {
   if (broken.failures.empty()) return;
-  if (options_.report_failure) {
+  if (options_.num_nodes > 1 && options_.coordinator != nullptr) {
     const absl::Time deadline = absl::Now() + kReportTimeout;  // for all of them together
     for (const auto& [sequence, cause] : broken.failures) {
-      if (!options_.report_failure(sequence, cause, deadline).ok()) break;  // the coordinator is out of reach
+      // Give up once the coordinator is out of reach.
+      if (!options_.coordinator->ReportFailure(sequence, cause, deadline).ok()) break;
     }
   }
   absl::MutexLock lock(&transport_mu_);
@@ -392,7 +394,7 @@ absl::Status Job::WithRemoteCause(uint64_t sequence, absl::Status error) {
   // A peer that breaks the group resets the connections (UNAVAILABLE), or this node's step runs into
   // its deadline first (a peer's watchdog fires at about the same time). ABORTED is this node's own
   // abort (Stop, its own break): nothing to look up.
-  if (options_.num_nodes <= 1 || !options_.lookup_failure ||
+  if (options_.num_nodes <= 1 || options_.coordinator == nullptr ||
       (!absl::IsUnavailable(error) && !absl::IsDeadlineExceeded(error))) {
     return error;
   }
@@ -401,7 +403,7 @@ absl::Status Job::WithRemoteCause(uint64_t sequence, absl::Status error) {
     if (stopping_) return error;
   }
   const absl::Duration wait = absl::IsUnavailable(error) ? kCauseWaitAfterReset : kCauseWaitAfterDeadline;
-  std::optional<FailureCause> cause = options_.lookup_failure(sequence, absl::Now() + wait);
+  std::optional<FailureCause> cause = options_.coordinator->LookupFailure(sequence, absl::Now() + wait);
   if (!cause.has_value() || cause->status.ok()) return error;
   // "collective 5 of job a failed on node 0: local rank 0 submitted ... (here: rank 1: from rank 0: ...)",
   // with the cause's code: every node's workers read the same reason.
@@ -448,10 +450,10 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
     config = config_;
     epoch = config_epoch_;
   }
-  if (options_.poll_config) {
+  if (options_.coordinator != nullptr) {
     uint64_t new_epoch = epoch;
     JobConfig new_config;
-    absl::StatusOr<bool> changed = options_.poll_config(sequence, &new_epoch, &new_config);
+    absl::StatusOr<bool> changed = options_.coordinator->PollConfig(sequence, &new_epoch, &new_config);
     if (changed.ok() && *changed && new_epoch > epoch) {
       absl::MutexLock lock(&mu_);
       config_epoch_ = epoch = new_epoch;
@@ -611,7 +613,8 @@ absl::StatusOr<engine::Transport*> Job::ConnectedTransport(uint64_t sequence) {
     pending_generations_ = 0;
   }
   if (!transport_) {
-    auto connected = options_.connect(generation_, sequence);
+    if (options_.coordinator == nullptr) return absl::FailedPreconditionError("a job of one node has no transport");
+    auto connected = options_.coordinator->Connect(generation_, sequence);
     if (!connected.ok()) {
       ++generation_;  // this collective failed: the next one meets the others at the next generation
       return absl::Status(connected.status().code(), absl::StrCat("collective ", sequence, " of job ", options_.id,

@@ -65,27 +65,32 @@ struct CollectiveRecord {
 
 class Job {
  public:
-  // Connects the job's transport across nodes for collective `sequence`; `generation` changes after
-  // a failure so every node re-forms the group under fresh rendezvous keys. A node that fails
-  // `sequence` instead of joining publishes why (report_failure): the connect should stop waiting
-  // then (UNAVAILABLE), rather than at the timeout.
-  using ConnectFn =
-      std::function<absl::StatusOr<std::unique_ptr<engine::Transport>>(uint64_t generation, uint64_t sequence)>;
-  // Looks for a configuration change that applies at or before `sequence` (from the coordinator).
-  using PollConfigFn = std::function<absl::StatusOr<bool>(uint64_t sequence, uint64_t* epoch, JobConfig* config)>;
   // Why a node failed a collective without running its cross-node part (its workers disagreed, its
   // watchdog fired, a worker left, the job stopped there), as the other nodes learn it.
   struct FailureCause {
     uint32_t node = 0;
     absl::Status status;  // what that node's workers got
   };
-  // Publishes this node's cause of failing collective `sequence` (Daemon: in the coordinator's
-  // store), giving up at `deadline`. Best effort: the collective fails either way.
-  using ReportFailureFn =
-      std::function<absl::Status(uint64_t sequence, const absl::Status& cause, absl::Time deadline)>;
-  // Another node's published cause for collective `sequence`, waiting for it until `deadline`;
-  // nullopt when none was published (or it could not be read).
-  using LookupFailureFn = std::function<std::optional<FailureCause>(uint64_t sequence, absl::Time deadline)>;
+  // What a job of a cluster needs from the other nodes, for its incarnation. Daemon implements it
+  // over Cluster (server/cluster.h); tests with fakes.
+  class Coordinator {
+   public:
+    virtual ~Coordinator() = default;
+    // Connects the job's transport across nodes for collective `sequence`; `generation` changes
+    // after a failure so every node re-forms the group under fresh rendezvous keys. A node that
+    // fails `sequence` instead of joining publishes why (ReportFailure): the connect should stop
+    // waiting then (UNAVAILABLE), rather than at the timeout.
+    virtual absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(uint64_t generation, uint64_t sequence) = 0;
+    // Looks for a configuration change that applies at or before `sequence`: true with `*epoch`
+    // and `*config` set.
+    virtual absl::StatusOr<bool> PollConfig(uint64_t sequence, uint64_t* epoch, JobConfig* config) = 0;
+    // Publishes this node's cause of failing collective `sequence`, giving up at `deadline`. Best
+    // effort: the collective fails either way.
+    virtual absl::Status ReportFailure(uint64_t sequence, const absl::Status& cause, absl::Time deadline) = 0;
+    // Another node's published cause for collective `sequence`, waiting for it until `deadline`;
+    // nullopt when none was published (or it could not be read).
+    virtual std::optional<FailureCause> LookupFailure(uint64_t sequence, absl::Time deadline) = 0;
+  };
 
   struct Options {
     std::string id;
@@ -96,13 +101,11 @@ class Job {
     uint32_t num_nodes = 1;
     JobConfig config;
     absl::Duration timeout = absl::Seconds(300);
-    ConnectFn connect;         // required when num_nodes > 1
-    PollConfigFn poll_config;  // optional
-    // Optional, num_nodes > 1: a node that fails a collective locally reports why before it breaks
-    // the group, and a node whose cross-node part is then cut short (the connection reset, or its
+    // Required when num_nodes > 1; on one node it only carries configuration changes (null: none).
+    // With num_nodes > 1, a node that fails a collective locally reports why before it breaks the
+    // group, and a node whose cross-node part is then cut short (the connection reset, or its
     // deadline passed) looks the cause up, so every node's workers read what went wrong and where.
-    ReportFailureFn report_failure;
-    LookupFailureFn lookup_failure;
+    std::shared_ptr<Coordinator> coordinator;
     size_t flight_recorder_size = 256;
     // Metrics; null: none. Must outlive the job.
     JobObserver* observer = nullptr;
@@ -229,7 +232,7 @@ class Job {
   // the old group. Invariant that keeps nodes in one group: every node advances one generation per
   // collective it fails, locally or across nodes. AnnounceBreak does the rest.
   GroupBreak BreakGroup(std::vector<std::pair<uint64_t, absl::Status>> failures);
-  // Without mu_ (it talks to the coordinator): reports the causes (Options::report_failure), then
+  // Without mu_ (it talks to the coordinator): reports the causes (Coordinator::ReportFailure), then
   // aborts the transport so the other nodes fail those collectives now instead of at their timeout;
   // in that order, so a node whose step the abort cuts short finds the cause. A transport connected
   // since the break (the next collective's) is left alone.

@@ -65,6 +65,22 @@ class FakeDataPath final : public DataPath {
   absl::Status fail_reduce_;
 };
 
+// One node's coordinator: publishes a change to bf16 (epoch 1) that applies at collective 2.
+class ChangeAtTwo final : public Job::Coordinator {
+ public:
+  absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(uint64_t, uint64_t) override {
+    return absl::InternalError("a single-node job has no transport");
+  }
+  absl::StatusOr<bool> PollConfig(uint64_t sequence, uint64_t* epoch, JobConfig* config) override {
+    if (sequence < 2 || *epoch >= 1) return false;
+    *epoch = 1;
+    *config = *MakeJobConfig("bf16", 0, "ring", 0, "measured");
+    return true;
+  }
+  absl::Status ReportFailure(uint64_t, const absl::Status&, absl::Time) override { return absl::OkStatus(); }
+  std::optional<Job::FailureCause> LookupFailure(uint64_t, absl::Time) override { return std::nullopt; }
+};
+
 JobConfig NoneConfig() { return *MakeJobConfig("none", 0, "ring", 0, "measured"); }
 
 class JobTest : public ::testing::Test {
@@ -147,12 +163,7 @@ TEST_F(JobTest, ALocalReduceFailureIsNamedAndNothingIsWrittenBack) {
 TEST_F(JobTest, AConfigurationChangeAppliesAtItsBoundary) {
   Job::Options o = Options(1);
   // A change to bf16 published for collective 2 (what the Cluster's PollConfig answers).
-  o.poll_config = [](uint64_t sequence, uint64_t* epoch, JobConfig* config) -> absl::StatusOr<bool> {
-    if (sequence < 2 || *epoch >= 1) return false;
-    *epoch = 1;
-    *config = *MakeJobConfig("bf16", 0, "ring", 0, "measured");
-    return true;
-  };
+  o.coordinator = std::make_shared<ChangeAtTwo>();
   Job job(std::move(o));
   ASSERT_THAT(job.AddWorker(1, 0, 1), IsOk());
   std::vector<uint64_t> epochs;

@@ -455,6 +455,22 @@ TEST(ClusterSecretTest, TwoNodesAllReduceWithAuthenticatedMessagesOverTlsRendezv
   EXPECT_EQ(0, std::memcmp(workers[0].data(), workers[1].data(), n * sizeof(float)));
 }
 
+// A job's coordinator that hands out one in-memory transport, once.
+class OneTransport final : public Job::Coordinator {
+ public:
+  explicit OneTransport(std::unique_ptr<engine::Transport> transport) : transport_(std::move(transport)) {}
+  absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(uint64_t, uint64_t) override {
+    if (!transport_) return absl::UnavailableError("already connected once");
+    return std::move(transport_);
+  }
+  absl::StatusOr<bool> PollConfig(uint64_t, uint64_t*, JobConfig*) override { return false; }
+  absl::Status ReportFailure(uint64_t, const absl::Status&, absl::Time) override { return absl::OkStatus(); }
+  std::optional<Job::FailureCause> LookupFailure(uint64_t, absl::Time) override { return std::nullopt; }
+
+ private:
+  std::unique_ptr<engine::Transport> transport_;
+};
+
 // The daemon gives each job an authenticator (the two-node test above runs with it); this checks
 // that the job hands it to the engine: a node without one cannot take part.
 TEST(ClusterSecretTest, JobsAuthenticateTheirCrossNodeMessages) {
@@ -467,10 +483,7 @@ TEST(ClusterSecretTest, JobsAuthenticateTheirCrossNodeMessages) {
       o.num_nodes = 2;
       o.config = *MakeJobConfig("dynamiq", 5, "ring", 16, "measured");
       o.timeout = absl::Seconds(10);
-      o.connect = [&transports, node](uint64_t, uint64_t) -> absl::StatusOr<std::unique_ptr<engine::Transport>> {
-        if (!transports[node]) return absl::UnavailableError("already connected once");
-        return std::move(transports[node]);
-      };
+      o.coordinator = std::make_shared<OneTransport>(std::move(transports[node]));
       if (both || node == 0) o.authenticator = engine::StepAuthenticator::ForJob(kSecret, "job");
       jobs.push_back(std::make_unique<Job>(std::move(o)));
       ASSERT_THAT(jobs.back()->AddWorker(1, 0, 1), IsOk());
