@@ -61,12 +61,16 @@ class ScopedDevice {
 
 }  // namespace dynamiq::common
 
-// Returns from the enclosing function (which returns absl::Status or absl::StatusOr<T>) if `expr`,
-// a CUDA runtime call, does not return cudaSuccess.
+// Returns from the enclosing function (which returns absl::Status or absl::StatusOr<T>) if `expr`
+// does not return cudaSuccess: a CUDA runtime call, or a launcher of kernels/cuda that returns a
+// cudaError_t as int. The error is also taken off the thread's last-error slot, so a later
+// cudaGetLastError (a launch check) does not report it a second time. The one CUDA checker of
+// dynamiq; NCCL's results have their own (engine/nccl_check.h).
 #define DQ_CUDA_RETURN_IF_ERROR(expr)                                                       \
   do {                                                                                      \
-    const cudaError_t dq_cuda_error_ = (expr);                                              \
+    const cudaError_t dq_cuda_error_ = static_cast<cudaError_t>(expr);                      \
     if (dq_cuda_error_ != cudaSuccess) {                                                    \
+      (void)cudaGetLastError();                                                             \
       return ::dynamiq::common::CudaErrorStatus(dq_cuda_error_, #expr, __FILE__, __LINE__); \
     }                                                                                       \
   } while (0)

@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_check.h"
 #include "common/status_macros.h"
-#include "engine/nccl_allreduce_kernels.h"
 #include "engine/nccl_allreduce_program.h"
 #include "kernels/cpu/dynamiq_codec.h"
+#include "kernels/cuda/allreduce_kernels.h"
 #include "kernels/cuda/dynamiq_cuda_host.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/wire_format.h"
@@ -19,26 +19,24 @@
 namespace dynamiq::engine {
 namespace {
 
+using kernels::AddMeansCuda;
 using kernels::BucketPlan;
+using kernels::CentreCuda;
 using kernels::ChunkRef;
 using kernels::Codec;
 using kernels::CodecId;
 using kernels::DynamiqCodec;
+using kernels::DynamiqStatsCuda;
 using kernels::kChunkHeaderBytes;
 using kernels::kSuperGroupSize;
+using kernels::SimpleDarCuda;
+using kernels::SimpleDecodeCuda;
+using kernels::SimpleEncodeCuda;
 
 // Chunk buffers start at multiples of this, so payloads (after the 32-byte header) are aligned for
 // the fp32/bf16 kernels and NCCL's copies.
 constexpr size_t kAlign = 256;
 size_t AlignUp(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-
-absl::Status CudaStatus(int error, const char* what, int line) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  (void)cudaGetLastError();
-  return common::CudaErrorStatus(static_cast<cudaError_t>(error), what, __FILE__, line);
-}
-// For launchers returning a cudaError_t as int, and for runtime calls.
-#define DQ_CUDA_OK(expr) DQ_RETURN_IF_ERROR(CudaStatus(static_cast<int>(expr), #expr, __LINE__))
 
 using ::dynamiq::common::ScopedDevice;
 
@@ -76,20 +74,20 @@ class CudaBackend final : public NcclAllReduceBackend {
 
   absl::Status LocalStats(absl::Span<float> stats) override {
     DQ_ASSIGN_OR_RETURN(float* device_stats, DeviceArray<float>(stats.size()));
-    DQ_CUDA_OK(DynamiqStatsCuda(in_, d_, device_stats, stream_));
-    DQ_CUDA_OK(
+    DQ_CUDA_RETURN_IF_ERROR(DynamiqStatsCuda(in_, d_, device_stats, stream_));
+    DQ_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(stats.data(), device_stats, stats.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-    DQ_CUDA_OK(cudaStreamSynchronize(stream_));
+    DQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   }
 
   absl::StatusOr<absl::Span<const uint8_t>> StageSend(absl::Span<const uint8_t> host) override {
     DQ_RETURN_IF_ERROR(Reserve(stage_send_, stage_send_capacity_, host.size()));
     if (!host.empty()) {
-      DQ_CUDA_OK(cudaMemcpyAsync(stage_send_, host.data(), host.size(), cudaMemcpyHostToDevice, stream_));
+      DQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(stage_send_, host.data(), host.size(), cudaMemcpyHostToDevice, stream_));
     }
     // The transport's stream does not wait for ours.
-    DQ_CUDA_OK(cudaStreamSynchronize(stream_));
+    DQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::Span<const uint8_t>(stage_send_, host.size());
   }
 
@@ -101,9 +99,9 @@ class CudaBackend final : public NcclAllReduceBackend {
   absl::Status Unstage(absl::Span<const uint8_t> wire, absl::Span<uint8_t> host) override {
     if (wire.size() != host.size()) return absl::InternalError("staged message size mismatch");
     if (!host.empty()) {
-      DQ_CUDA_OK(cudaMemcpyAsync(host.data(), wire.data(), host.size(), cudaMemcpyDeviceToHost, stream_));
+      DQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), wire.data(), host.size(), cudaMemcpyDeviceToHost, stream_));
     }
-    DQ_CUDA_OK(cudaStreamSynchronize(stream_));
+    DQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   }
 
@@ -150,9 +148,9 @@ class CudaBackend final : public NcclAllReduceBackend {
     void* p = nullptr;
     const size_t bytes = std::max<size_t>(1, count * sizeof(T));
     if (pools_) {
-      DQ_CUDA_OK(cudaMallocAsync(&p, bytes, stream_));
+      DQ_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&p, bytes, stream_));
     } else {
-      DQ_CUDA_OK(cudaMalloc(&p, bytes));
+      DQ_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
     }
     device_.push_back(p);
     return static_cast<T*>(p);
@@ -160,7 +158,7 @@ class CudaBackend final : public NcclAllReduceBackend {
   template <typename T>
   absl::StatusOr<T*> PinnedArray(size_t count) {
     void* p = nullptr;
-    DQ_CUDA_OK(cudaMallocHost(&p, std::max<size_t>(1, count * sizeof(T))));
+    DQ_CUDA_RETURN_IF_ERROR(cudaMallocHost(&p, std::max<size_t>(1, count * sizeof(T))));
     pinned_.push_back(p);
     return static_cast<T*>(p);
   }
@@ -168,7 +166,7 @@ class CudaBackend final : public NcclAllReduceBackend {
     if (bytes <= capacity && buffer != nullptr) return absl::OkStatus();
     capacity = std::max<size_t>(bytes, 4096);
     DQ_ASSIGN_OR_RETURN(buffer, DeviceArray<uint8_t>(capacity));
-    DQ_CUDA_OK(cudaStreamSynchronize(stream_));  // the transport's stream uses it next
+    DQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));  // the transport's stream uses it next
     return absl::OkStatus();
   }
 
@@ -197,14 +195,14 @@ class CudaBackend final : public NcclAllReduceBackend {
   absl::Status WriteOwnPrefix(int block, int chunk) {
     const size_t at = own_prefix_offset_[block][chunk];
     if (at == SIZE_MAX) return absl::InternalError(absl::StrCat("rank produces no bytes for chunk ", chunk));
-    DQ_CUDA_OK(cudaMemcpyAsync(Wire(block, chunk), own_prefixes_ + at, prefix_bytes_[block][chunk],
-                               cudaMemcpyHostToDevice, stream_));
+    DQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(Wire(block, chunk), own_prefixes_ + at, prefix_bytes_[block][chunk],
+                                            cudaMemcpyHostToDevice, stream_));
     return absl::OkStatus();
   }
 
   // The centred local values of the chunk in scratch_ (DynamiQ).
   absl::StatusOr<const float*> Centred(int block, int chunk) {
-    DQ_CUDA_OK(
+    DQ_CUDA_RETURN_IF_ERROR(
         CentreCuda(Local(block, chunk), means_, FirstSg(block, chunk), Range(block, chunk).count, scratch_, stream_));
     return scratch_;
   }
@@ -213,10 +211,10 @@ class CudaBackend final : public NcclAllReduceBackend {
     DQ_RETURN_IF_ERROR(WriteOwnPrefix(block, chunk));
     if (dynamiq_ != nullptr) {
       DQ_ASSIGN_OR_RETURN(const float* values, Centred(block, chunk));
-      DQ_CUDA_OK(kernels::DynamiqEncodeCuda(args_[block][chunk], values, Payload(block, chunk), stream_));
+      DQ_CUDA_RETURN_IF_ERROR(kernels::DynamiqEncodeCuda(args_[block][chunk], values, Payload(block, chunk), stream_));
     } else {
-      DQ_CUDA_OK(SimpleEncodeCuda(element_bytes_, Local(block, chunk), Range(block, chunk).count, Payload(block, chunk),
-                                  stream_));
+      DQ_CUDA_RETURN_IF_ERROR(SimpleEncodeCuda(element_bytes_, Local(block, chunk), Range(block, chunk).count,
+                                               Payload(block, chunk), stream_));
     }
     return absl::OkStatus();
   }
@@ -225,17 +223,18 @@ class CudaBackend final : public NcclAllReduceBackend {
     float* out = out_ + (*blocks_)[block].begin + Range(block, chunk).begin;
     const size_t count = Range(block, chunk).count;
     if (dynamiq_ != nullptr) {
-      DQ_CUDA_OK(
+      DQ_CUDA_RETURN_IF_ERROR(
           kernels::DynamiqDecodeCuda(args_[block][chunk], Payload(block, chunk), out, /*accumulate=*/false, stream_));
-      DQ_CUDA_OK(AddMeansCuda(out, sums_, FirstSg(block, chunk), count, stream_));
+      DQ_CUDA_RETURN_IF_ERROR(AddMeansCuda(out, sums_, FirstSg(block, chunk), count, stream_));
     } else {
-      DQ_CUDA_OK(SimpleDecodeCuda(element_bytes_, Payload(block, chunk), count, out, /*accumulate=*/false, stream_));
+      DQ_CUDA_RETURN_IF_ERROR(
+          SimpleDecodeCuda(element_bytes_, Payload(block, chunk), count, out, /*accumulate=*/false, stream_));
     }
     return absl::OkStatus();
   }
 
   absl::Status Record(int block) {
-    DQ_CUDA_OK(cudaEventRecord(events_[block], stream_));
+    DQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[block], stream_));
     recorded_[block] = 1;
     return absl::OkStatus();
   }
@@ -336,12 +335,13 @@ absl::Status CudaBackend::Setup(const BucketPlan& plan, const std::vector<NcclBl
     DQ_ASSIGN_OR_RETURN(kernels::LevelTable * device_tables, DeviceArray<kernels::LevelTable>(tables.size()));
     DQ_ASSIGN_OR_RETURN(uint64_t * device_offsets, DeviceArray<uint64_t>(sg_offsets.size()));
     DQ_ASSIGN_OR_RETURN(uint8_t * device_widths, DeviceArray<uint8_t>(sg_widths.size()));
-    DQ_CUDA_OK(cudaMemcpyAsync(device_tables, tables.data(), tables.size() * sizeof(kernels::LevelTable),
-                               cudaMemcpyHostToDevice, stream_));
+    DQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_tables, tables.data(), tables.size() * sizeof(kernels::LevelTable),
+                                            cudaMemcpyHostToDevice, stream_));
     if (!sg_offsets.empty()) {
-      DQ_CUDA_OK(cudaMemcpyAsync(device_offsets, sg_offsets.data(), sg_offsets.size() * sizeof(uint64_t),
-                                 cudaMemcpyHostToDevice, stream_));
-      DQ_CUDA_OK(cudaMemcpyAsync(device_widths, sg_widths.data(), sg_widths.size(), cudaMemcpyHostToDevice, stream_));
+      DQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_offsets, sg_offsets.data(), sg_offsets.size() * sizeof(uint64_t),
+                                              cudaMemcpyHostToDevice, stream_));
+      DQ_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(device_widths, sg_widths.data(), sg_widths.size(), cudaMemcpyHostToDevice, stream_));
     }
     args_.assign(num_blocks, std::vector<kernels::DynamiqDeviceArgs>(n));
     for (int k = 0; k < num_blocks; ++k) {
@@ -358,8 +358,10 @@ absl::Status CudaBackend::Setup(const BucketPlan& plan, const std::vector<NcclBl
     DQ_ASSIGN_OR_RETURN(means_, DeviceArray<float>(m));
     DQ_ASSIGN_OR_RETURN(sums_, DeviceArray<float>(m));
     if (m > 0) {
-      DQ_CUDA_OK(cudaMemcpyAsync(means_, plan.local_means.data(), m * sizeof(float), cudaMemcpyHostToDevice, stream_));
-      DQ_CUDA_OK(cudaMemcpyAsync(sums_, plan.mean_sums.data(), m * sizeof(float), cudaMemcpyHostToDevice, stream_));
+      DQ_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(means_, plan.local_means.data(), m * sizeof(float), cudaMemcpyHostToDevice, stream_));
+      DQ_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(sums_, plan.mean_sums.data(), m * sizeof(float), cudaMemcpyHostToDevice, stream_));
     }
     DQ_ASSIGN_OR_RETURN(scratch_, DeviceArray<float>(max_chunk));
   }
@@ -397,11 +399,11 @@ absl::Status CudaBackend::Setup(const BucketPlan& plan, const std::vector<NcclBl
   events_.reserve(num_blocks);
   for (int k = 0; k < num_blocks; ++k) {
     cudaEvent_t e = nullptr;
-    DQ_CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    DQ_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     events_.push_back(e);
   }
   // The pageable uploads above read host vectors that go out of scope here.
-  DQ_CUDA_OK(cudaStreamSynchronize(stream_));
+  DQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
 }
 
@@ -415,12 +417,14 @@ absl::Status CudaBackend::OnReceive(int block, const NcclStep& step, bool all_ga
   p.step = step_index;
   DQ_ASSIGN_OR_RETURN(p.expected, Prefix(block, c, step.recv_summands));
   // Validation: the prefix comes back to the host, the super-groups are checked on the device.
-  DQ_CUDA_OK(cudaMemcpyAsync(received_prefixes_ + block * max_prefix_, Wire(block, c), prefix_bytes_[block][c],
-                             cudaMemcpyDeviceToHost, stream_));
+  DQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(received_prefixes_ + block * max_prefix_, Wire(block, c),
+                                          prefix_bytes_[block][c], cudaMemcpyDeviceToHost, stream_));
   bad_host_[block] = -1;  // the block's earlier copies completed at its last Ready
   if (dynamiq_ != nullptr) {
-    DQ_CUDA_OK(kernels::DynamiqValidateCuda(args_[block][c], Payload(block, c), bad_device_ + block, stream_));
-    DQ_CUDA_OK(cudaMemcpyAsync(bad_host_ + block, bad_device_ + block, sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    DQ_CUDA_RETURN_IF_ERROR(
+        kernels::DynamiqValidateCuda(args_[block][c], Payload(block, c), bad_device_ + block, stream_));
+    DQ_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(bad_host_ + block, bad_device_ + block, sizeof(int), cudaMemcpyDeviceToHost, stream_));
   }
   // The action. Invalid input produces garbage but never an out-of-bounds access (the widths and
   // offsets come from the plan), and Ready reports it before the bytes go anywhere.
@@ -431,15 +435,18 @@ absl::Status CudaBackend::OnReceive(int block, const NcclStep& step, bool all_ga
       if (acc == nullptr) return absl::InternalError(absl::StrCat("no accumulator for chunk ", c));
       if (step.init_accumulator) {
         if (dynamiq_ != nullptr) {
-          DQ_CUDA_OK(CentreCuda(Local(block, c), means_, FirstSg(block, c), count, acc, stream_));
+          DQ_CUDA_RETURN_IF_ERROR(CentreCuda(Local(block, c), means_, FirstSg(block, c), count, acc, stream_));
         } else if (count > 0) {
-          DQ_CUDA_OK(cudaMemcpyAsync(acc, Local(block, c), count * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+          DQ_CUDA_RETURN_IF_ERROR(
+              cudaMemcpyAsync(acc, Local(block, c), count * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
         }
       }
       if (dynamiq_ != nullptr) {
-        DQ_CUDA_OK(kernels::DynamiqDecodeCuda(args_[block][c], Payload(block, c), acc, /*accumulate=*/true, stream_));
+        DQ_CUDA_RETURN_IF_ERROR(
+            kernels::DynamiqDecodeCuda(args_[block][c], Payload(block, c), acc, /*accumulate=*/true, stream_));
       } else {
-        DQ_CUDA_OK(SimpleDecodeCuda(element_bytes_, Payload(block, c), count, acc, /*accumulate=*/true, stream_));
+        DQ_CUDA_RETURN_IF_ERROR(
+            SimpleDecodeCuda(element_bytes_, Payload(block, c), count, acc, /*accumulate=*/true, stream_));
       }
       break;
     }
@@ -454,9 +461,10 @@ absl::Status CudaBackend::OnReceive(int block, const NcclStep& step, bool all_ga
         source = Local(block, c);
       }
       if (dynamiq_ != nullptr) {
-        DQ_CUDA_OK(kernels::DynamiqDarCuda(args_[block][c], Payload(block, c), source, Payload(block, c), stream_));
+        DQ_CUDA_RETURN_IF_ERROR(
+            kernels::DynamiqDarCuda(args_[block][c], Payload(block, c), source, Payload(block, c), stream_));
       } else {
-        DQ_CUDA_OK(SimpleDarCuda(element_bytes_, Payload(block, c), source, count, stream_));
+        DQ_CUDA_RETURN_IF_ERROR(SimpleDarCuda(element_bytes_, Payload(block, c), source, count, stream_));
       }
       // After the received prefix was copied back (same stream): this rank's header.
       DQ_RETURN_IF_ERROR(WriteOwnPrefix(block, c));
@@ -473,7 +481,7 @@ absl::Status CudaBackend::OnReceive(int block, const NcclStep& step, bool all_ga
 
 absl::Status CudaBackend::Ready(int block) {
   if (recorded_[block]) {
-    DQ_CUDA_OK(cudaEventSynchronize(events_[block]));
+    DQ_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(events_[block]));
     recorded_[block] = 0;
   }
   Pending& p = pending_[block];

@@ -24,8 +24,6 @@ constexpr absl::string_view kErrorPrefix = "error:";
 // Operations listed in a DEADLINE_EXCEEDED message, at most.
 constexpr size_t kMaxDescribedOps = 8;
 
-// The status for a CUDA error outside the DQ_CUDA_RETURN_IF_ERROR macro.
-#define DQ_CUDA_STATUS(error, what) ::dynamiq::common::CudaErrorStatus((error), (what), __FILE__, __LINE__)
 #define DQ_NCCL_STATUS(result, comm, what) \
   ::dynamiq::engine::NcclErrorStatus((result), (comm), (what), __FILE__, __LINE__)
 
@@ -202,7 +200,7 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectNcclTransport(Store& store, in
   if (error != cudaSuccess) {
     (void)cudaGetLastError();
     (void)ncclCommAbort(comm);  // the peers may be running already: a finalize would wait for them
-    const absl::Status status = DQ_CUDA_STATUS(error, "cudaStreamCreateWithFlags");
+    const absl::Status status = common::CudaErrorStatus(error, "cudaStreamCreateWithFlags", __FILE__, __LINE__);
     return absl::Status(status.code(), absl::StrCat(where, ": ", status.message()));
   }
   return std::unique_ptr<Transport>(new NcclTransport(rank, size, device, comm, stream));
@@ -360,7 +358,7 @@ absl::Status NcclTransport::WaitForOp(Handle handle, absl::Time start, absl::Tim
       }
       if (error != cudaErrorNotReady) {
         (void)cudaGetLastError();
-        const absl::Status status = DQ_CUDA_STATUS(error, "cudaEventQuery");
+        const absl::Status status = common::CudaErrorStatus(error, "cudaEventQuery", __FILE__, __LINE__);
         return Fail(absl::Status(status.code(), absl::StrCat(Where(), ": ", Describe(op), ": ", status.message())));
       }
       ncclResult_t state = ncclSuccess;
@@ -389,7 +387,7 @@ absl::Status NcclTransport::LaunchPending(const Op& waited, absl::Time start, ab
     const cudaError_t error = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
     if (error != cudaSuccess) {
       (void)cudaGetLastError();
-      const absl::Status status = DQ_CUDA_STATUS(error, "cudaEventCreateWithFlags");
+      const absl::Status status = common::CudaErrorStatus(error, "cudaEventCreateWithFlags", __FILE__, __LINE__);
       return Fail(absl::Status(status.code(), absl::StrCat(Where(), ": ", status.message())));
     }
   }
@@ -448,7 +446,7 @@ absl::Status NcclTransport::LaunchPending(const Op& waited, absl::Time start, ab
         const cudaError_t error = cudaEventRecord(event, stream_);
         if (error != cudaSuccess) {
           (void)cudaGetLastError();
-          return fail(DQ_CUDA_STATUS(error, "cudaEventRecord"));
+          return fail(common::CudaErrorStatus(error, "cudaEventRecord", __FILE__, __LINE__));
         }
         break;
       }

@@ -10,10 +10,13 @@
 #include "common/status_macros.h"
 #include "engine/nccl_allreduce.h"
 #include "engine/nccl_transport.h"
-#include "server/cuda_reduce_kernels.h"
+#include "kernels/cuda/reduce_kernels.h"
 
 namespace dynamiq::server {
 namespace {
+
+using kernels::AccumulateCuda;
+using kernels::StoreSumCuda;
 
 using common::ScopedDevice;
 
@@ -23,11 +26,6 @@ absl::Status MakeCurrent(const ScopedDevice& scoped, int device) {
 }
 
 // A kernel launcher's cudaError_t value as a status.
-absl::Status LaunchStatus(int error, const char* what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  return common::CudaErrorStatus(static_cast<cudaError_t>(error), what, __FILE__, __LINE__);
-}
-
 class CudaDeviceMemory final : public ipc::DeviceMemory {
  public:
   CudaDeviceMemory(int device, std::string uuid) : device_(device), uuid_(std::move(uuid)) {}
@@ -140,9 +138,8 @@ class CudaDataPath final : public DataPath {
         DQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staged, in.data, n * element_bytes, cudaMemcpyHostToDevice, stream_));
         source = staged;
       }
-      DQ_RETURN_IF_ERROR(LaunchStatus(AccumulateCuda(sum_data_, source, static_cast<int>(element_bytes), n,
-                                                     /*first=*/k == 0, stream_),
-                                      "AccumulateCuda"));
+      DQ_CUDA_RETURN_IF_ERROR(
+          AccumulateCuda(sum_data_, source, static_cast<int>(element_bytes), n, /*first=*/k == 0, stream_));
     }
     return absl::OkStatus();
   }
@@ -177,9 +174,8 @@ class CudaDataPath final : public DataPath {
       if (!out.region.device) {
         DQ_ASSIGN_OR_RETURN(target, staging_.Get(n * sizeof(float)));
       }
-      DQ_RETURN_IF_ERROR(
-          LaunchStatus(StoreSumCuda(target, static_cast<int>(element_bytes), sum_data_, n, out.average, scale, stream_),
-                       "StoreSumCuda"));
+      DQ_CUDA_RETURN_IF_ERROR(
+          StoreSumCuda(target, static_cast<int>(element_bytes), sum_data_, n, out.average, scale, stream_));
       if (!out.region.device) {
         DQ_CUDA_RETURN_IF_ERROR(
             cudaMemcpyAsync(out.region.data, target, n * element_bytes, cudaMemcpyDeviceToHost, stream_));

@@ -4,13 +4,13 @@
 // conventions: device pointers, `stream` is a cudaStream_t as void*, launches are asynchronous and
 // return a cudaError_t value (0 = success). Compiled with the bit-exact float options, so the
 // results equal the CPU path's (server/job.cc) bit for bit.
-#ifndef DQ_SERVER_CUDA_REDUCE_KERNELS_H_
-#define DQ_SERVER_CUDA_REDUCE_KERNELS_H_
+#ifndef DQ_KERNELS_CUDA_REDUCE_KERNELS_H_
+#define DQ_KERNELS_CUDA_REDUCE_KERNELS_H_
 
 #include <stddef.h>
 #include <stdint.h>
 
-namespace dynamiq::server {
+namespace dynamiq::kernels {
 
 // sum[i] = in[i] (first) or sum[i] += in[i], i < n; `in` holds fp32 (element_bytes 4) or bf16
 // (element_bytes 2) values.
@@ -20,6 +20,6 @@ int AccumulateCuda(float* sum, const void* in, int element_bytes, uint64_t n, bo
 // (element_bytes 2, nearest even), i < n.
 int StoreSumCuda(void* out, int element_bytes, const float* sum, uint64_t n, bool scaled, float scale, void* stream);
 
-}  // namespace dynamiq::server
+}  // namespace dynamiq::kernels
 
-#endif  // DQ_SERVER_CUDA_REDUCE_KERNELS_H_
+#endif  // DQ_KERNELS_CUDA_REDUCE_KERNELS_H_

@@ -4,11 +4,11 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "engine/nccl_allreduce_kernels.h"
 #include "kernels/bf16_math.h"
+#include "kernels/cuda/allreduce_kernels.h"
 #include "kernels/dynamiq_math.h"
 
-namespace dynamiq::engine {
+namespace dynamiq::kernels {
 namespace {
 
 using kernels::Bf16ToFloat;
@@ -168,4 +168,4 @@ int SimpleDarCuda(int element_bytes, uint8_t* payload, const float* local, uint6
   return static_cast<int>(cudaGetLastError());
 }
 
-}  // namespace dynamiq::engine
+}  // namespace dynamiq::kernels

@@ -5,9 +5,9 @@
 #include <stdint.h>
 
 #include "kernels/bf16_math.h"
-#include "server/cuda_reduce_kernels.h"
+#include "kernels/cuda/reduce_kernels.h"
 
-namespace dynamiq::server {
+namespace dynamiq::kernels {
 namespace {
 
 constexpr int kThreads = 256;
@@ -78,4 +78,4 @@ int StoreSumCuda(void* out, int element_bytes, const float* sum, uint64_t n, boo
   return cudaGetLastError();
 }
 
-}  // namespace dynamiq::server
+}  // namespace dynamiq::kernels

@@ -5,13 +5,13 @@
 // cudaError_t value (0 = success). Every float operation is the one the CPU codecs perform
 // (the target is compiled with --fmad=false and IEEE division/square root), so results are
 // bit-identical to the CPU engine's.
-#ifndef DQ_ENGINE_NCCL_ALLREDUCE_KERNELS_H_
-#define DQ_ENGINE_NCCL_ALLREDUCE_KERNELS_H_
+#ifndef DQ_KERNELS_CUDA_ALLREDUCE_KERNELS_H_
+#define DQ_KERNELS_CUDA_ALLREDUCE_KERNELS_H_
 
 #include <stddef.h>
 #include <stdint.h>
 
-namespace dynamiq::engine {
+namespace dynamiq::kernels {
 
 // DynamiqCodec::ComputeStats on the device: for every super-group j of values[0, count),
 // stats[2j] = bf16(mean) (0 if not finite) and stats[2j + 1] = bf16-rounded-up L2 norm, from
@@ -34,6 +34,6 @@ int SimpleDecodeCuda(int element_bytes, const uint8_t* payload, uint64_t count, 
 // Fused DAR in place: payload = encode(decoded + local).
 int SimpleDarCuda(int element_bytes, uint8_t* payload, const float* local, uint64_t count, void* stream);
 
-}  // namespace dynamiq::engine
+}  // namespace dynamiq::kernels
 
-#endif  // DQ_ENGINE_NCCL_ALLREDUCE_KERNELS_H_
+#endif  // DQ_KERNELS_CUDA_ALLREDUCE_KERNELS_H_
