@@ -3,9 +3,9 @@
 #include <algorithm>
 
 #include "absl/time/time.h"
+#include "common/grpc_status.h"
 #include "server/build_info.h"
 #include "server/error_budget_service.h"
-#include "server/rendezvous_service.h"
 #include "server/request_names.h"
 #include "server/worker_service.h"
 
@@ -16,7 +16,7 @@ namespace {
 // caller's address.
 grpc::Status Refuse(Daemon& daemon, const grpc::ServerContext& context, const absl::Status& status) {
   if (!status.ok()) daemon.RecordRejected(status, absl::StrCat("an operator call from ", context.peer()));
-  return ToGrpcStatus(status);
+  return common::ToGrpcStatus(status);
 }
 
 }  // namespace

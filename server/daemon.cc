@@ -19,12 +19,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
-#include "engine/gloo_transport.h"
 #include "server/cluster.h"
 #include "server/control_service.h"
-#include "server/counting_transport.h"
 #ifdef DQ_HAVE_NCCL
-#include "engine/nccl_transport.h"
 #include "server/cuda_device.h"
 #endif
 #include "ipc/process_watcher.h"
@@ -32,6 +29,7 @@
 #include "ipc/worker_listener.h"
 #include "server/error_budget_service.h"
 #include "server/grpc_store.h"
+#include "server/job_coordinator.h"
 #include "server/metrics.h"
 #include "server/rendezvous_service.h"
 #include "server/request_names.h"
@@ -40,14 +38,9 @@
 namespace dynamiq::server {
 namespace {
 
-// Of a lookup's time, what the coordinator's answer needs to come back after its wait for the key.
-constexpr absl::Duration kLookupRoundTrip = absl::Milliseconds(100);
 // Refused requests are logged at most this many lines per window.
 constexpr int kRejectLogLines = 20;
 constexpr absl::Duration kRejectLogWindow = absl::Seconds(10);
-// How often a node waiting in a job's rendezvous checks whether another node failed the collective.
-constexpr absl::Duration kRendezvousPoll = absl::Milliseconds(250);
-
 // The retired jobs whose flight recorders stay readable.
 constexpr size_t kRetiredRecorders = 8;
 
@@ -55,86 +48,6 @@ std::string HostOf(const std::string& address) {
   const size_t colon = address.rfind(':');
   return colon == std::string::npos ? address : address.substr(0, colon);
 }
-
-// Where a job's transport connects and how: the node, its device kind, and what counts bytes.
-struct JobTransportSettings {
-  uint32_t node_rank = 0;
-  uint32_t num_nodes = 1;
-  DeviceKind device = DeviceKind::kCpu;
-  int cuda_device = 0;
-  absl::Duration timeout;
-  std::string peer_host;       // the host this node's transport listens on
-  Metrics* metrics = nullptr;  // bytes per peer node (CPU nodes)
-};
-
-// A job's view of the cluster (Job::Coordinator): its incarnation's keys in the Cluster, and the
-// transport of this node's device kind (Gloo, counted per peer; NCCL on GPU nodes).
-class ClusterJobCoordinator final : public Job::Coordinator {
- public:
-  ClusterJobCoordinator(Cluster& cluster, std::string job_id, uint64_t incarnation, JobTransportSettings settings)
-      : cluster_(cluster), job_id_(std::move(job_id)), incarnation_(incarnation), settings_(std::move(settings)) {}
-
-  absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(uint64_t generation, uint64_t sequence) override {
-    engine::PrefixStore prefixed(Cluster::RendezvousPrefix(job_id_, incarnation_, generation), cluster_.store());
-    // A node that fails this collective instead of joining publishes why: stop waiting for it then.
-    engine::InterruptibleStore scoped(
-        prefixed,
-        [this, sequence]() -> absl::Status {
-          if (std::optional<Cluster::Failure> cause =
-                  cluster_.LookupFailure(job_id_, incarnation_, sequence, absl::Now() + kLookupRoundTrip)) {
-            return absl::UnavailableError(
-                absl::StrCat("node ", cause->node, " failed the collective instead of joining it"));
-          }
-          return absl::OkStatus();
-        },
-        kRendezvousPoll);
-    const int rank = static_cast<int>(settings_.node_rank);
-    const int size = static_cast<int>(settings_.num_nodes);
-#ifdef DQ_HAVE_NCCL
-    if (settings_.device == DeviceKind::kCuda) {
-      // The device all-reduce drives the NCCL transport itself (no per-peer byte counting).
-      absl::StatusOr<std::unique_ptr<engine::Transport>> nccl =
-          engine::ConnectNcclTransport(scoped, rank, size, settings_.cuda_device, settings_.timeout);
-      if (!nccl.ok()) {
-        return absl::Status(nccl.status().code(),
-                            absl::StrCat(nccl.status().message(), cluster_.IncarnationHint(job_id_, incarnation_)));
-      }
-      return nccl;
-    }
-#endif
-    engine::GlooTransportOptions t;
-    t.hostname = settings_.peer_host;
-    t.timeout = settings_.timeout;
-    absl::StatusOr<std::unique_ptr<engine::Transport>> gloo = engine::ConnectGlooTransport(scoped, rank, size, t);
-    if (!gloo.ok()) {
-      // Nodes at different incarnations never meet: say so rather than only which key was missing.
-      return absl::Status(gloo.status().code(),
-                          absl::StrCat(gloo.status().message(), cluster_.IncarnationHint(job_id_, incarnation_)));
-    }
-    // Counts bytes per peer node (dynamiq_peer_bytes_total).
-    return std::unique_ptr<engine::Transport>(std::make_unique<CountingTransport>(*std::move(gloo), settings_.metrics));
-  }
-
-  absl::StatusOr<bool> PollConfig(uint64_t sequence, uint64_t* epoch, JobConfig* config) override {
-    return cluster_.PollConfig(job_id_, incarnation_, sequence, epoch, config);
-  }
-
-  absl::Status ReportFailure(uint64_t sequence, const absl::Status& cause, absl::Time deadline) override {
-    return cluster_.ReportFailure(job_id_, incarnation_, sequence, cause, deadline);
-  }
-
-  std::optional<Job::FailureCause> LookupFailure(uint64_t sequence, absl::Time deadline) override {
-    std::optional<Cluster::Failure> failure = cluster_.LookupFailure(job_id_, incarnation_, sequence, deadline);
-    if (!failure.has_value()) return std::nullopt;
-    return Job::FailureCause{failure->node, failure->status};
-  }
-
- private:
-  Cluster& cluster_;
-  const std::string job_id_;
-  const uint64_t incarnation_;
-  const JobTransportSettings settings_;
-};
 
 }  // namespace
 

@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "server/rendezvous_service.h"
+#include "common/grpc_status.h"
 
 namespace dynamiq::server {
 namespace {
@@ -15,7 +15,7 @@ constexpr absl::Duration kRpcSlack = absl::Seconds(5);
 
 // The RPC's status with the coordinator's address (and what was being done) in front.
 absl::Status Annotate(const grpc::Status& s, absl::string_view what) {
-  absl::Status status = FromGrpcStatus(s);
+  absl::Status status = common::FromGrpcStatus(s);
   if (status.ok()) return status;
   return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
 }

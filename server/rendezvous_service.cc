@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/grpc_status.h"
 
 namespace dynamiq::server {
 namespace {
@@ -25,22 +26,6 @@ absl::Status CheckKey(const std::string& key) {
 
 }  // namespace
 
-grpc::Status ToGrpcStatus(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  // A message travels as metadata (grpc-message, percent-encoded); gRPC's limit is 8 KiB in all.
-  constexpr size_t kMaxMessageBytes = 2048;
-  const absl::string_view message = s.message();
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                      message.size() <= kMaxMessageBytes
-                          ? std::string(message)
-                          : absl::StrCat(message.substr(0, kMaxMessageBytes), "... (", message.size(), " bytes)"));
-}
-
-absl::Status FromGrpcStatus(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
 absl::Status RendezvousService::Authorize(const grpc::ServerContext& context) const {
   if (auth_ == nullptr) return absl::OkStatus();
   absl::Status s = auth_->Check(context);
@@ -50,75 +35,76 @@ absl::Status RendezvousService::Authorize(const grpc::ServerContext& context) co
 
 grpc::Status RendezvousService::Set(grpc::ServerContext* context, const dynamiq::v1::StoreSetRequest* request,
                                     dynamiq::v1::StoreSetResponse*) {
-  if (absl::Status s = Authorize(*context); !s.ok()) return ToGrpcStatus(s);
-  if (absl::Status s = CheckKey(request->key()); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = Authorize(*context); !s.ok()) return common::ToGrpcStatus(s);
+  if (absl::Status s = CheckKey(request->key()); !s.ok()) return common::ToGrpcStatus(s);
   if (request->value().size() > kMaxStoreValueBytes) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
+    return common::ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("store value of ", request->value().size(), " bytes exceeds ", kMaxStoreValueBytes)));
   }
-  return ToGrpcStatus(store_.Set(request->key(), request->value()));
+  return common::ToGrpcStatus(store_.Set(request->key(), request->value()));
 }
 
 grpc::Status RendezvousService::CompareAndSet(grpc::ServerContext* context,
                                               const dynamiq::v1::StoreCompareAndSetRequest* request,
                                               dynamiq::v1::StoreCompareAndSetResponse* response) {
-  if (absl::Status s = Authorize(*context); !s.ok()) return ToGrpcStatus(s);
-  if (absl::Status s = CheckKey(request->key()); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = Authorize(*context); !s.ok()) return common::ToGrpcStatus(s);
+  if (absl::Status s = CheckKey(request->key()); !s.ok()) return common::ToGrpcStatus(s);
   if (request->desired().size() > kMaxStoreValueBytes) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
+    return common::ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("store value of ", request->desired().size(), " bytes exceeds ", kMaxStoreValueBytes)));
   }
   std::optional<absl::string_view> expected;
   if (request->has_expected()) expected = request->expected();
   absl::StatusOr<bool> swapped = store_.CompareAndSet(request->key(), expected, request->desired());
-  if (!swapped.ok()) return ToGrpcStatus(swapped.status());
+  if (!swapped.ok()) return common::ToGrpcStatus(swapped.status());
   response->set_swapped(*swapped);
   return grpc::Status::OK;
 }
 
 grpc::Status RendezvousService::Get(grpc::ServerContext* context, const dynamiq::v1::StoreGetRequest* request,
                                     dynamiq::v1::StoreGetResponse* response) {
-  if (absl::Status s = Authorize(*context); !s.ok()) return ToGrpcStatus(s);
-  if (absl::Status s = CheckKey(request->key()); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = Authorize(*context); !s.ok()) return common::ToGrpcStatus(s);
+  if (absl::Status s = CheckKey(request->key()); !s.ok()) return common::ToGrpcStatus(s);
   absl::StatusOr<std::string> value = store_.Get(request->key(), WaitFor(context, request->timeout_ms()));
-  if (!value.ok()) return ToGrpcStatus(value.status());
+  if (!value.ok()) return common::ToGrpcStatus(value.status());
   response->set_value(*std::move(value));
   return grpc::Status::OK;
 }
 
 grpc::Status RendezvousService::Join(grpc::ServerContext* context, const dynamiq::v1::JoinRequest* request,
                                      dynamiq::v1::JoinResponse* response) {
-  if (absl::Status s = Authorize(*context); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = Authorize(*context); !s.ok()) return common::ToGrpcStatus(s);
   const uint32_t n = request->num_nodes();
   if (n == 0 || n > 65535 || request->node_rank() >= n) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
+    return common::ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("node rank ", request->node_rank(), " is not in a cluster of ", n, " nodes")));
   }
-  if (request->address().empty()) return ToGrpcStatus(absl::InvalidArgumentError("join without an address"));
+  if (request->address().empty()) return common::ToGrpcStatus(absl::InvalidArgumentError("join without an address"));
   {
     absl::MutexLock lock(&mu_);
     if (num_nodes_ == 0) {
       num_nodes_ = n;
       members_.assign(n, "");
     } else if (num_nodes_ != n) {
-      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+      return common::ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
           "node ", request->node_rank(), " says the cluster has ", n, " nodes, earlier nodes said ", num_nodes_)));
     }
     std::string& slot = members_[request->node_rank()];
     if (!slot.empty() && slot != request->address()) {
-      return ToGrpcStatus(absl::AlreadyExistsError(absl::StrCat(
+      return common::ToGrpcStatus(absl::AlreadyExistsError(absl::StrCat(
           "node rank ", request->node_rank(), " already joined from ", slot, ", not ", request->address())));
     }
     slot = request->address();
   }
   if (absl::Status s = store_.Set(absl::StrCat("member/", request->node_rank()), request->address()); !s.ok()) {
-    return ToGrpcStatus(s);
+    return common::ToGrpcStatus(s);
   }
   std::vector<std::string> keys;
   for (uint32_t r = 0; r < n; ++r) keys.push_back(absl::StrCat("member/", r));
   const absl::Duration wait = absl::FromChrono(context->deadline()) - absl::Now();
   if (absl::Status s = store_.Wait(keys, std::max(absl::ZeroDuration(), wait)); !s.ok()) {
-    return ToGrpcStatus(absl::DeadlineExceededError(absl::StrCat("not every node joined in time: ", s.message())));
+    return common::ToGrpcStatus(
+        absl::DeadlineExceededError(absl::StrCat("not every node joined in time: ", s.message())));
   }
   absl::MutexLock lock(&mu_);
   for (const std::string& m : members_) response->add_members(m);

@@ -56,10 +56,6 @@ class RendezvousService final : public dynamiq::v1::Rendezvous::Service {
   std::vector<std::string> members_ ABSL_GUARDED_BY(mu_);
 };
 
-// absl::Status -> grpc::Status with the same code and message.
-grpc::Status ToGrpcStatus(const absl::Status& status);
-absl::Status FromGrpcStatus(const grpc::Status& status);
-
 }  // namespace dynamiq::server
 
 #endif  // DQ_SERVER_RENDEZVOUS_SERVICE_H_

@@ -2,8 +2,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
 #include "common/status_macros.h"
-#include "server/rendezvous_service.h"
 #include "server/request_names.h"
 
 namespace dynamiq::server {
@@ -23,7 +23,7 @@ std::string DescribeWorkerPeer(const Daemon& daemon, const grpc::ServerContext& 
 // logged (rate-limited) with the worker's process.
 grpc::Status Refuse(Daemon& daemon, const grpc::ServerContext* context, const absl::Status& status) {
   if (!status.ok()) daemon.RecordRejected(status, DescribeWorkerPeer(daemon, *context));
-  return ToGrpcStatus(status);
+  return common::ToGrpcStatus(status);
 }
 
 }  // namespace
@@ -122,7 +122,7 @@ grpc::Status WorkerService::AllReduce(grpc::ServerContext* context, const dynami
       return Refuse(daemon_, context, absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", request->dtype())));
   }
   auto r = daemon_.AllReduce(call);
-  if (!r.ok()) return ToGrpcStatus(r.status());
+  if (!r.ok()) return common::ToGrpcStatus(r.status());
   response->set_sequence(r->sequence);
   response->set_config_epoch(r->config_epoch);
   response->set_codec(std::string(kernels::CodecName(r->config.codec.id)));

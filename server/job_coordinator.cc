@@ -1,0 +1,83 @@
+#include "server/job_coordinator.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/gloo_transport.h"
+#include "engine/store.h"
+#include "server/counting_transport.h"
+#ifdef DQ_HAVE_NCCL
+#include "engine/nccl_transport.h"
+#endif
+
+namespace dynamiq::server {
+namespace {
+
+// Of a lookup's time, what the coordinator's answer needs to come back after its wait for the key.
+constexpr absl::Duration kLookupRoundTrip = absl::Milliseconds(100);
+// How often a node waiting in a job's rendezvous checks whether another node failed the collective.
+constexpr absl::Duration kRendezvousPoll = absl::Milliseconds(250);
+
+}  // namespace
+
+ClusterJobCoordinator::ClusterJobCoordinator(Cluster& cluster, std::string job_id, uint64_t incarnation,
+                                             JobTransportSettings settings)
+    : cluster_(cluster), job_id_(std::move(job_id)), incarnation_(incarnation), settings_(std::move(settings)) {}
+
+absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connect(uint64_t generation,
+                                                                                  uint64_t sequence) {
+  engine::PrefixStore prefixed(Cluster::RendezvousPrefix(job_id_, incarnation_, generation), cluster_.store());
+  // A node that fails this collective instead of joining publishes why: stop waiting for it then.
+  engine::InterruptibleStore scoped(
+      prefixed,
+      [this, sequence]() -> absl::Status {
+        if (std::optional<Cluster::Failure> cause =
+                cluster_.LookupFailure(job_id_, incarnation_, sequence, absl::Now() + kLookupRoundTrip)) {
+          return absl::UnavailableError(
+              absl::StrCat("node ", cause->node, " failed the collective instead of joining it"));
+        }
+        return absl::OkStatus();
+      },
+      kRendezvousPoll);
+  const int rank = static_cast<int>(settings_.node_rank);
+  const int size = static_cast<int>(settings_.num_nodes);
+#ifdef DQ_HAVE_NCCL
+  if (settings_.device == DeviceKind::kCuda) {
+    // The device all-reduce drives the NCCL transport itself (no per-peer byte counting).
+    absl::StatusOr<std::unique_ptr<engine::Transport>> nccl =
+        engine::ConnectNcclTransport(scoped, rank, size, settings_.cuda_device, settings_.timeout);
+    if (!nccl.ok()) {
+      return absl::Status(nccl.status().code(),
+                          absl::StrCat(nccl.status().message(), cluster_.IncarnationHint(job_id_, incarnation_)));
+    }
+    return nccl;
+  }
+#endif
+  engine::GlooTransportOptions t;
+  t.hostname = settings_.peer_host;
+  t.timeout = settings_.timeout;
+  absl::StatusOr<std::unique_ptr<engine::Transport>> gloo = engine::ConnectGlooTransport(scoped, rank, size, t);
+  if (!gloo.ok()) {
+    // Nodes at different incarnations never meet: say so rather than only which key was missing.
+    return absl::Status(gloo.status().code(),
+                        absl::StrCat(gloo.status().message(), cluster_.IncarnationHint(job_id_, incarnation_)));
+  }
+  // Counts bytes per peer node (dynamiq_peer_bytes_total).
+  return std::unique_ptr<engine::Transport>(std::make_unique<CountingTransport>(*std::move(gloo), settings_.metrics));
+}
+
+absl::StatusOr<bool> ClusterJobCoordinator::PollConfig(uint64_t sequence, uint64_t* epoch, JobConfig* config) {
+  return cluster_.PollConfig(job_id_, incarnation_, sequence, epoch, config);
+}
+
+absl::Status ClusterJobCoordinator::ReportFailure(uint64_t sequence, const absl::Status& cause, absl::Time deadline) {
+  return cluster_.ReportFailure(job_id_, incarnation_, sequence, cause, deadline);
+}
+
+std::optional<Job::FailureCause> ClusterJobCoordinator::LookupFailure(uint64_t sequence, absl::Time deadline) {
+  std::optional<Cluster::Failure> failure = cluster_.LookupFailure(job_id_, incarnation_, sequence, deadline);
+  if (!failure.has_value()) return std::nullopt;
+  return Job::FailureCause{failure->node, failure->status};
+}
+
+}  // namespace dynamiq::server
