@@ -8,6 +8,7 @@
 #ifndef DQ_ENGINE_STORE_H_
 #define DQ_ENGINE_STORE_H_
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <optional>
@@ -40,6 +41,15 @@ class Store {
   virtual absl::StatusOr<bool> CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
                                              absl::string_view desired) {
     return absl::UnimplementedError("this store has no compare-and-set");
+  }
+  // Get and Set whose call ends by `deadline` whatever happens (Get waits for the key for
+  // `timeout`), for best-effort calls that must not hold their caller when the store is out of reach
+  // (a remote store on a cut link). A store whose calls cannot hang (in-process) just calls Get/Set.
+  virtual absl::StatusOr<std::string> GetBefore(absl::string_view key, absl::Duration timeout, absl::Time deadline) {
+    return Get(key, std::min(timeout, std::max(absl::ZeroDuration(), deadline - absl::Now())));
+  }
+  virtual absl::Status SetBefore(absl::string_view key, absl::string_view value, absl::Time /*deadline*/) {
+    return Set(key, value);
   }
 };
 

@@ -317,7 +317,7 @@ absl::Status Cluster::ReportFailure(const std::string& job_id, uint64_t incarnat
   std::string value = absl::StrCat(static_cast<int>(cause.code()), "|", options_.node_rank, "|",
                                    message.substr(0, kMaxCauseBytes), message.size() > kMaxCauseBytes ? "..." : "");
   const std::string key = FailureKey(job_id, incarnation, sequence);
-  absl::Status s = coordinator_ != nullptr ? coordinator_->SetBefore(key, value, deadline) : store_->Set(key, value);
+  absl::Status s = store_->SetBefore(key, value, deadline);
   if (!s.ok()) {
     std::fprintf(stderr, "dynamiqd: job %s: cannot tell the other nodes why collective %llu failed here: %s\n",
                  job_id.c_str(), static_cast<unsigned long long>(sequence), std::string(s.message()).c_str());
@@ -329,8 +329,7 @@ std::optional<Cluster::Failure> Cluster::LookupFailure(const std::string& job_id
                                                        uint64_t sequence, absl::Time deadline) {
   const std::string key = FailureKey(job_id, incarnation, sequence);
   const absl::Duration wait = std::max(absl::ZeroDuration(), deadline - absl::Now() - kLookupRoundTrip);
-  absl::StatusOr<std::string> value =
-      coordinator_ != nullptr ? coordinator_->GetBefore(key, wait, deadline) : store_->Get(key, wait);
+  absl::StatusOr<std::string> value = store_->GetBefore(key, wait, deadline);
   if (!value.ok()) return std::nullopt;  // no node reported a cause (or the coordinator is out of reach)
   std::vector<absl::string_view> f = absl::StrSplit(*value, absl::MaxSplits('|', 2));
   int code = 0;

@@ -116,7 +116,7 @@ class Cluster {
 
   const Options options_;
   const std::unique_ptr<engine::Store> store_;
-  GrpcStore* const coordinator_;  // store_, when it is the coordinator's over gRPC; else null
+  GrpcStore* const coordinator_;  // store_ over gRPC, for joining (a Rendezvous call); null on one node
   const std::string me_;
   mutable absl::Mutex mu_;
   std::vector<std::string> members_ ABSL_GUARDED_BY(mu_);

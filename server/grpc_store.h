@@ -34,8 +34,8 @@ class GrpcStore final : public engine::Store {
   // Get and Set whose call ends by `deadline` whatever happens (Get waits for the key for `timeout`),
   // with none of the usual slack: for best-effort calls that must not hold their caller when the
   // coordinator is out of reach without a reset (a cut link).
-  absl::StatusOr<std::string> GetBefore(absl::string_view key, absl::Duration timeout, absl::Time deadline);
-  absl::Status SetBefore(absl::string_view key, absl::string_view value, absl::Time deadline);
+  absl::StatusOr<std::string> GetBefore(absl::string_view key, absl::Duration timeout, absl::Time deadline) override;
+  absl::Status SetBefore(absl::string_view key, absl::string_view value, absl::Time deadline) override;
 
   // Joins the cluster as `node_rank` of `num_nodes` at `address`; returns every member's address
   // by node rank once all have joined (or DEADLINE_EXCEEDED after `timeout`).
