@@ -373,7 +373,8 @@ const std::vector<CommandInfo>& Commands() {
       {"status", "The node (rank, cluster size, members, version) and a table of its jobs.", {}},
       {"set-compression",
        "Stages a job's compression change and prints the config epoch at which every node applies it. "
-       "Flags not given keep the job's current values (read with GetStatus first); a new --codec without "
+       "Flags not given keep the job's newest values (dynamiqd merges the change into them, a staged change "
+       "included; the complete configuration is printed); a new --codec without "
        "--bits gets that codec's default bits. --target_vnmse puts the job under an error budget: node 0's "
        "controller then picks DynamiQ's bits itself (docs/error_budget.md); --bits without it returns to "
        "fixed bits.",
