@@ -54,6 +54,12 @@ def free_ports(n):
     return ports
 
 
+def socket_accepts(path):
+    """Whether a Unix socket at `path` accepts connections (exists and is listening)."""
+    with socket.socket(socket.AF_UNIX) as s:
+        return s.connect_ex(path) == 0
+
+
 def wait_for_port(proc, port, log_path, timeout=DAEMON_START_SECONDS):
     """Waits until a daemon accepts TCP connections on 127.0.0.1:port."""
     deadline = time.monotonic() + timeout
@@ -94,7 +100,8 @@ class Cluster:
                 self.sockets.append(sock)
                 self.logs.append(path)
             deadline = time.monotonic() + DAEMON_START_SECONDS
-            while not all(os.path.exists(s) for s in self.sockets):
+            # The socket file appears at bind(), a moment before listen(): wait until it accepts.
+            while not all(socket_accepts(s) for s in self.sockets):
                 for p, path in zip(self.procs, self.logs):
                     if p.poll() is not None:
                         pytest.fail(f"dynamiqd exited with {p.returncode}:\n{self.log(path)}")
