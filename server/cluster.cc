@@ -342,4 +342,9 @@ std::optional<Cluster::Failure> Cluster::LookupFailure(const std::string& job_id
   return Failure{node, absl::Status(static_cast<absl::StatusCode>(code), f[2])};
 }
 
+std::optional<Cluster::Failure> Cluster::PublishedFailure(const std::string& job_id, uint64_t incarnation,
+                                                          uint64_t sequence) {
+  return LookupFailure(job_id, incarnation, sequence, absl::Now() + kLookupRoundTrip);
+}
+
 }  // namespace dynamiq::server

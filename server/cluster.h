@@ -105,6 +105,8 @@ class Cluster {
                              const absl::Status& cause, absl::Time deadline);
   std::optional<Failure> LookupFailure(const std::string& job_id, uint64_t incarnation, uint64_t sequence,
                                        absl::Time deadline);
+  // A cause already published, without waiting for one (one read, bounded by its round trip).
+  std::optional<Failure> PublishedFailure(const std::string& job_id, uint64_t incarnation, uint64_t sequence);
 
  private:
   Cluster(Options options, std::unique_ptr<engine::Store> store, GrpcStore* coordinator, std::string me,

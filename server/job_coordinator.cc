@@ -13,8 +13,6 @@
 namespace dynamiq::server {
 namespace {
 
-// Of a lookup's time, what the coordinator's answer needs to come back after its wait for the key.
-constexpr absl::Duration kLookupRoundTrip = absl::Milliseconds(100);
 // How often a node waiting in a job's rendezvous checks whether another node failed the collective.
 constexpr absl::Duration kRendezvousPoll = absl::Milliseconds(250);
 
@@ -31,8 +29,7 @@ absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connec
   engine::InterruptibleStore scoped(
       prefixed,
       [this, sequence]() -> absl::Status {
-        if (std::optional<Cluster::Failure> cause =
-                cluster_.LookupFailure(job_id_, incarnation_, sequence, absl::Now() + kLookupRoundTrip)) {
+        if (std::optional<Cluster::Failure> cause = cluster_.PublishedFailure(job_id_, incarnation_, sequence)) {
           return absl::UnavailableError(
               absl::StrCat("node ", cause->node, " failed the collective instead of joining it"));
         }
