@@ -11,6 +11,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 // Returns from the enclosing function if `expr` (an absl::Status) is not OK.
 #define DQ_RETURN_IF_ERROR(expr)             \
@@ -40,5 +43,19 @@
       std::abort();                                                                    \
     }                                                                                  \
   } while (0)
+
+namespace dynamiq::common {
+
+// `status` with "<prefix>: " put before its message, keeping its code and its payloads (which typed
+// errors such as engine::IsDifferentCollective read, so no caller parses message text). OK stays OK.
+inline absl::Status Annotate(const absl::Status& status, absl::string_view prefix) {
+  if (status.ok()) return status;
+  absl::Status annotated(status.code(), absl::StrCat(prefix, ": ", status.message()));
+  status.ForEachPayload(
+      [&annotated](absl::string_view type_url, const absl::Cord& payload) { annotated.SetPayload(type_url, payload); });
+  return annotated;
+}
+
+}  // namespace dynamiq::common
 
 #endif  // DQ_COMMON_STATUS_MACROS_H_

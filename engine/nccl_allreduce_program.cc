@@ -36,10 +36,7 @@ absl::Status Unsupported(const Codec& codec) {
                                                " codecs, not ", kernels::CodecName(codec.id())));
 }
 
-absl::Status Annotate(const absl::Status& s, int rank) {
-  if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat("rank ", rank, ": ", s.message()));
-}
+absl::Status Annotate(const absl::Status& s, int rank) { return common::Annotate(s, absl::StrCat("rank ", rank)); }
 
 // Transport tags only label NCCL's error messages (NCCL matches by order): phase 0 handshake and
 // statistics, 1 reduce-scatter, 2 all-gather.
@@ -95,7 +92,7 @@ class Mover {
  private:
   absl::Status Failed(const absl::Status& s, absl::string_view what, int peer) {
     t_.Abort();
-    return absl::Status(s.code(), absl::StrCat(what, " rank ", peer, ": ", s.message()));
+    return common::Annotate(s, absl::StrCat(what, " rank ", peer));
   }
 
   Transport& t_;
@@ -130,8 +127,7 @@ absl::Status Handshake(const Codec& codec, Transport& transport, const AllReduce
   DQ_RETURN_IF_ERROR(ExchangeHost(backend, mover, next, out, prev, absl::MakeSpan(in), Tag(options.sequence, 0, 0, 0)));
   absl::StatusOr<StepHeader> theirs = DecodeStepHeader(in);
   if (!theirs.ok()) {
-    return absl::Status(theirs.status().code(),
-                        absl::StrCat("handshake from rank ", prev, ": ", theirs.status().message()));
+    return common::Annotate(theirs.status(), absl::StrCat("handshake from rank ", prev));
   }
   const StepHeader expected = NcclHandshakeHeader(codec, options, d, prev);
   DQ_RETURN_IF_ERROR(MatchStepHeader(*theirs, expected));

@@ -40,7 +40,7 @@ absl::Status RunSchedule(const Codec& codec, const Schedule& schedule, absl::Spa
       const int from = reduce_scatter ? x.ReduceScatterRecvPeer(step) : x.AllGatherRecvPeer(step);
       if (from < 0) continue;
       absl::Status s = reduce_scatter ? x.ReduceScatterReceive(step, inbox[r]) : x.AllGatherReceive(step, inbox[r]);
-      if (!s.ok()) return absl::Status(s.code(), absl::StrCat("rank ", r, ": ", s.message()));
+      if (!s.ok()) return common::Annotate(s, absl::StrCat("rank ", r));
     }
     return absl::OkStatus();
   };

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/codec.h"
@@ -14,6 +15,8 @@ namespace {
 constexpr uint32_t kMagic = 0x31535144u;  // "DQS1"
 constexpr uint8_t kVersion = 2;
 constexpr uint8_t kFlagAuthenticated = 1;
+// Marks a MatchStepHeader error whose collective ids differ (IsDifferentCollective).
+constexpr char kDifferentCollectivePayload[] = "type.dynamiq.dev/engine.DifferentCollective";
 
 template <typename T>
 void Put(uint8_t* p, T v) {
@@ -113,8 +116,14 @@ absl::Status MatchStepHeader(const StepHeader& r, const StepHeader& e) {
         std::string(kernels::CodecName(static_cast<kernels::CodecId>(e.codec))));
   check("bits", absl::StrCat(r.bits_x1000 / 1000.0), absl::StrCat(e.bits_x1000 / 1000.0));
   if (diffs.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(
+  absl::Status mismatch = absl::FailedPreconditionError(
       absl::StrCat("rank ", r.sender, " runs a different collective: ", absl::StrJoin(diffs, ", ")));
+  if (r.job_id != e.job_id) mismatch.SetPayload(kDifferentCollectivePayload, absl::Cord());
+  return mismatch;
+}
+
+bool IsDifferentCollective(const absl::Status& status) {
+  return status.GetPayload(kDifferentCollectivePayload).has_value();
 }
 
 // x86-64 builds with GCC also get an AVX-512 clone of the checksum, picked at load time (4x faster

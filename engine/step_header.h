@@ -76,6 +76,11 @@ absl::StatusOr<StepHeader> DecodeStepHeader(absl::Span<const uint8_t> bytes);
 // `authenticated`, the checksum nor the tag are compared (they depend on the payload).
 absl::Status MatchStepHeader(const StepHeader& received, const StepHeader& expected);
 
+// True if `status` (a MatchStepHeader error, however annotated on its way up with
+// common::Annotate) says the sender runs another collective id: another job, incarnation, tensor
+// name, size or dtype. In a daemon that means the nodes' workers submitted different tensors.
+bool IsDifferentCollective(const absl::Status& status);
+
 // 64-bit checksum of a payload (detects corruption, not forgery).
 uint64_t PayloadChecksum(absl::Span<const uint8_t> payload);
 

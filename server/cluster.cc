@@ -252,7 +252,7 @@ std::string Cluster::RendezvousPrefix(const std::string& job_id, uint64_t incarn
   return absl::StrCat(JobKey(job_id, incarnation), "/gen", generation);
 }
 
-absl::StatusOr<Cluster::PublishedChange> Cluster::PublishConfig(
+absl::StatusOr<PublishedChange> Cluster::PublishConfig(
     const std::string& job_id, uint64_t incarnation, const JobConfig& initial,
     absl::FunctionRef<absl::StatusOr<JobConfig>(const JobConfig& newest)> change,
     absl::FunctionRef<uint64_t()> apply_at, std::optional<uint64_t> expected_epoch) {

@@ -82,10 +82,6 @@ class Cluster {
   // compare-and-set, `change` maps the newest configuration (the newest epoch's, or `initial`) to
   // the new one, which applies from collective `apply_at()` on. ABORTED unless the newest epoch is
   // `expected_epoch` (when set).
-  struct PublishedChange {
-    uint64_t epoch = 0;
-    JobConfig config;
-  };
   absl::StatusOr<PublishedChange> PublishConfig(
       const std::string& job_id, uint64_t incarnation, const JobConfig& initial,
       absl::FunctionRef<absl::StatusOr<JobConfig>(const JobConfig& newest)> change,

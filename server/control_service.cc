@@ -7,7 +7,6 @@
 #include "server/build_info.h"
 #include "server/error_budget_service.h"
 #include "server/request_names.h"
-#include "server/worker_service.h"
 
 namespace dynamiq::server {
 namespace {

@@ -27,22 +27,17 @@
 #include "ipc/process_watcher.h"
 #include "ipc/shm_region.h"
 #include "ipc/worker_listener.h"
+#include "server/cluster_job_coordinator.h"
 #include "server/error_budget_service.h"
 #include "server/grpc_store.h"
-#include "server/job_coordinator.h"
 #include "server/metrics.h"
+#include "server/reject_log.h"
 #include "server/rendezvous_service.h"
 #include "server/request_names.h"
 #include "server/worker_service.h"
 
 namespace dynamiq::server {
 namespace {
-
-// Refused requests are logged at most this many lines per window.
-constexpr int kRejectLogLines = 20;
-constexpr absl::Duration kRejectLogWindow = absl::Seconds(10);
-// The retired jobs whose flight recorders stay readable.
-constexpr size_t kRetiredRecorders = 8;
 
 std::string HostOf(const std::string& address) {
   const size_t colon = address.rfind(':');
@@ -51,20 +46,13 @@ std::string HostOf(const std::string& address) {
 
 }  // namespace
 
-bool DaemonHasCudaSupport() {
-#ifdef DQ_HAVE_NCCL
-  return true;
-#else
-  return false;
-#endif
-}
-
 Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {
   ipc::ShmRegistry::Options shm;
   shm.max_total_bytes = options_.max_shm_bytes;
   shm.max_total_buffers = options_.max_buffers;
-  registry_ = std::make_unique<ipc::ShmRegistry>(shm);
+  buffers_ = std::make_unique<ipc::NodeBuffers>(shm);
   metrics_ = std::make_unique<Metrics>(options_.node_rank, options_.num_nodes);
+  reject_log_ = std::make_unique<RejectLog>(*metrics_);
   std::vector<JobObserver*> observers = {metrics_.get()};
   if (options_.node_rank == 0) {
     // Every node measures the same error samples: node 0 runs the controllers and publishes their
@@ -96,24 +84,10 @@ absl::Status Daemon::Start() {
         "dynamiqd: removed %zu shared-memory objects left in /dev/shm by dynamiqd processes that no longer run\n",
         orphans);
   }
-  if (options_.num_nodes == 0 || options_.node_rank >= options_.num_nodes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--node_rank ", options_.node_rank, " is not in a cluster of ", options_.num_nodes, " nodes"));
-  }
+  DQ_RETURN_IF_ERROR(ValidateDaemonOptions(options_));
   const bool coordinator_here = options_.coordinator.empty() && options_.node_rank == 0;
-  if (options_.coordinator.empty() && options_.num_nodes > 1 && !coordinator_here) {
-    return absl::InvalidArgumentError("--coordinator is required on nodes other than node 0");
-  }
-  if (options_.metrics_port < -1 || options_.metrics_port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics_port must be -1 (off), 0 (any free port) or a port, got ", options_.metrics_port));
-  }
-  if (!(options_.error_sample_rate >= 0 && options_.error_sample_rate <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--error_sample_rate must be in [0, 1], got ", options_.error_sample_rate));
-  }
-  // GPU nodes: the build, the configuration and the device, before anything is bound.
-  if (options_.device == DeviceKind::kCuda) DQ_RETURN_IF_ERROR(CheckDevice());
+  // GPU nodes: the device itself, before anything is bound.
+  if (options_.device == DeviceKind::kCuda) DQ_RETURN_IF_ERROR(OpenDevice());
   // Token, secret and TLS files: a bad one stops the daemon here, naming the flag (server/security.h).
   DQ_ASSIGN_OR_RETURN(security_, LoadServerSecurity(options_.security, options_.num_nodes));
   grpc::EnableDefaultHealthCheckService(true);
@@ -199,7 +173,7 @@ absl::Status Daemon::Start() {
       }
       snapshot.jobs.push_back(std::move(gauges));
     }
-    snapshot.shm_mapped_bytes = registry_->TotalMappedBytes();
+    snapshot.shm_mapped_bytes = buffers_->TotalMappedBytes();
     return snapshot;
   });
   if (options_.metrics_port >= 0) {
@@ -244,23 +218,7 @@ void Daemon::WatchCoordinator() {
   }
 }
 
-absl::Status Daemon::CheckDevice() {
-  if (!DaemonHasCudaSupport()) {
-    return absl::FailedPreconditionError(
-        "--device=cuda: this dynamiqd was built without CUDA and NCCL (DQ_ENABLE_CUDA=OFF, or nvcc, nccl.h or "
-        "libnccl not found at build time); run --device=cpu or rebuild on a machine with the CUDA toolkit and NCCL");
-  }
-  if (options_.cuda_device < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--cuda_device must be 0 or more, got ", options_.cuda_device));
-  }
-  if (absl::Status s = CheckConfigForDevice(options_.default_config, DeviceKind::kCuda); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("default compression of new jobs: ", s.message()));
-  }
-  if (!options_.security.cluster_secret_file.empty()) {
-    return absl::InvalidArgumentError(
-        "--cluster_secret_file cannot be used with --device=cuda: the NCCL transfers between GPU nodes carry no "
-        "message authentication (docs/security.md)");
-  }
+absl::Status Daemon::OpenDevice() {
 #ifdef DQ_HAVE_NCCL
   DQ_RETURN_IF_ERROR(CheckCudaDevice(options_.cuda_device));
   DQ_ASSIGN_OR_RETURN(std::unique_ptr<ipc::DeviceMemory> memory, CreateCudaDeviceMemory(options_.cuda_device));
@@ -268,7 +226,7 @@ absl::Status Daemon::CheckDevice() {
   ipc::DeviceBufferRegistry::Options limits;
   limits.max_total_bytes = options_.max_device_bytes;
   limits.max_total_buffers = options_.max_buffers;
-  device_registry_ = std::make_unique<ipc::DeviceBufferRegistry>(std::move(memory), limits);
+  buffers_->SetDevice(std::make_unique<ipc::DeviceBufferRegistry>(std::move(memory), limits));
 #endif
   return absl::OkStatus();
 }
@@ -299,8 +257,7 @@ void Daemon::Shutdown(absl::Duration grace) {
   if (worker_server_) worker_server_->Shutdown(deadline);
   if (operator_server_) operator_server_->Shutdown(deadline);
   process_watcher_.reset();  // no more exit callbacks
-  registry_.reset();         // unmaps and unlinks every shared-memory buffer
-  device_registry_.reset();  // frees every device buffer
+  buffers_.reset();          // unmaps and unlinks every shared-memory buffer, frees every device buffer
 }
 
 void Daemon::Wait() {
@@ -323,28 +280,7 @@ double Daemon::error_sample_rate() const {
   return error_sample_rate_;
 }
 
-void Daemon::RecordRejected(const absl::Status& status, absl::string_view who) {
-  if (status.ok()) return;
-  metrics_->OnRejected(status.code());
-  uint64_t left_out = 0;
-  {
-    absl::MutexLock lock(&reject_log_mu_);
-    const absl::Time now = absl::Now();
-    if (now - reject_window_start_ >= kRejectLogWindow) {
-      reject_window_start_ = now;
-      reject_lines_in_window_ = 0;
-    }
-    if (reject_lines_in_window_ >= kRejectLogLines) {
-      ++rejects_not_logged_;
-      return;
-    }
-    ++reject_lines_in_window_;
-    left_out = std::exchange(rejects_not_logged_, 0);
-  }
-  // The message quotes what the caller sent only in part and escaped (server/request_names.h).
-  std::fprintf(stderr, "dynamiqd: refused a request of %s: %s%s\n", std::string(who).c_str(), status.ToString().c_str(),
-               left_out > 0 ? absl::StrCat(" (and ", left_out, " more refusals not logged)").c_str() : "");
-}
+void Daemon::RecordRejected(const absl::Status& status, absl::string_view who) { reject_log_->Record(status, who); }
 
 std::vector<std::string> Daemon::members() const {
   absl::MutexLock lock(&mu_);
@@ -474,52 +410,28 @@ absl::StatusOr<Daemon::Registration> Daemon::Register(const std::string& job_id,
   return registered;
 }
 
-absl::StatusOr<ipc::ShmBufferInfo> Daemon::Allocate(uint64_t worker_id, size_t bytes) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!worker_jobs_.count(worker_id)) {
-      return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " is not registered"));
-    }
+absl::Status Daemon::CheckRegistered(uint64_t worker_id) const {
+  absl::MutexLock lock(&mu_);
+  if (!worker_jobs_.count(worker_id)) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " is not registered"));
   }
-  return registry_->Allocate(worker_id, bytes);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ipc::ShmBufferInfo> Daemon::Allocate(uint64_t worker_id, size_t bytes) {
+  DQ_RETURN_IF_ERROR(CheckRegistered(worker_id));
+  return buffers_->Allocate(worker_id, bytes);
 }
 
 absl::StatusOr<ipc::DeviceBufferInfo> Daemon::AllocateDevice(uint64_t worker_id, size_t bytes) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!worker_jobs_.count(worker_id)) {
-      return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " is not registered"));
-    }
-  }
-  if (device_registry_ == nullptr) {
-    return absl::FailedPreconditionError(
-        "this dynamiqd runs with --device=cpu and hands out no CUDA device memory: allocate host (shared) memory, or "
-        "run dynamiqd --device=cuda on a GPU node");
-  }
-  return device_registry_->Allocate(worker_id, bytes);
+  DQ_RETURN_IF_ERROR(CheckRegistered(worker_id));
+  return buffers_->AllocateDevice(worker_id, bytes);
 }
 
-absl::Status Daemon::Mapped(uint64_t worker_id, uint64_t buffer_id) {
-  if (ipc::IsDeviceBufferId(buffer_id)) {
-    // Nothing to unlink: a device buffer has no name.
-    if (device_registry_ == nullptr) {
-      return absl::NotFoundError(absl::StrCat("device buffer ", buffer_id, " is not allocated to worker ", worker_id));
-    }
-    return device_registry_->Find(worker_id, buffer_id);
-  }
-  return registry_->Unlink(worker_id, buffer_id);
-}
+absl::Status Daemon::Mapped(uint64_t worker_id, uint64_t buffer_id) { return buffers_->Mapped(worker_id, buffer_id); }
 
-absl::Status Daemon::Release(uint64_t worker_id, uint64_t buffer_id) {
-  // The registries refuse a buffer that an all-reduce request holds (BufferUse).
-  if (ipc::IsDeviceBufferId(buffer_id)) {
-    if (device_registry_ == nullptr) {
-      return absl::NotFoundError(absl::StrCat("device buffer ", buffer_id, " is not allocated to worker ", worker_id));
-    }
-    return device_registry_->Release(worker_id, buffer_id);
-  }
-  return registry_->Release(worker_id, buffer_id);
-}
+// The registries refuse a buffer that an all-reduce request holds (BufferUse).
+absl::Status Daemon::Release(uint64_t worker_id, uint64_t buffer_id) { return buffers_->Release(worker_id, buffer_id); }
 
 absl::Status Daemon::Unregister(uint64_t worker_id) {
   return RemoveWorker(worker_id, absl::StrCat("worker ", worker_id, " unregistered"));
@@ -557,8 +469,7 @@ absl::Status Daemon::RemoveWorker(uint64_t worker_id, const std::string& reason)
   // (Stop) rather than wait for it, before the worker's buffers are released.
   if (last) job->Stop(retired);
   job->RemoveWorker(worker_id, reason);
-  registry_->ReleaseWorker(worker_id);
-  if (device_registry_ != nullptr) device_registry_->ReleaseWorker(worker_id);
+  buffers_->ReleaseWorker(worker_id);
   if (last) RetireJob(std::move(job), retired);
   return absl::OkStatus();
 }
@@ -570,13 +481,7 @@ void Daemon::RetireJob(std::shared_ptr<Job> job, const std::string& reason) {
   // series for one more scrape; the controller (node 0) is started afresh for a next incarnation.
   if (error_budget_) error_budget_->ForgetJob(job->id());
   metrics_->RetireJob(job->id());
-  std::vector<CollectiveRecord> records = job->FlightRecorder(0);
-  {
-    absl::MutexLock lock(&mu_);
-    std::erase_if(retired_, [&](const RetiredRecorder& r) { return r.job_id == job->id(); });
-    retired_.push_back(RetiredRecorder{job->id(), std::move(records)});
-    while (retired_.size() > kRetiredRecorders) retired_.pop_front();
-  }
+  retired_.Keep(job->id(), job->FlightRecorder(0));
   std::fprintf(stderr, "dynamiqd: %s\n", reason.c_str());
 }
 
@@ -612,16 +517,7 @@ absl::StatusOr<Job::Request> Daemon::CheckAllReduce(const AllReduceCall& call, s
   const bool device_memory = ipc::IsDeviceBufferId(call.buffer_id);
   // Taken before the memory is touched and held until the request is done: Release refuses the
   // buffer meanwhile, and a worker that goes away leaves it mapped until then.
-  absl::StatusOr<ipc::BufferUse> found;
-  if (!device_memory) {
-    found = registry_->Use(call.worker_id, call.buffer_id, call.offset_bytes, bytes);
-  } else if (device_registry_ != nullptr) {
-    found = device_registry_->Use(call.worker_id, call.buffer_id, call.offset_bytes, bytes);
-  } else {
-    found = absl::NotFoundError(
-        absl::StrCat("device buffer ", call.buffer_id, " is not allocated to worker ", call.worker_id));
-  }
-  DQ_ASSIGN_OR_RETURN(ipc::BufferUse use, std::move(found));
+  DQ_ASSIGN_OR_RETURN(ipc::BufferUse use, buffers_->Use(call.worker_id, call.buffer_id, call.offset_bytes, bytes));
   if (reinterpret_cast<uintptr_t>(use.region.data()) % kernels::DTypeSize(call.dtype) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("offset ", call.offset_bytes, " is not aligned to ", kernels::DTypeName(call.dtype)));
@@ -642,9 +538,8 @@ absl::StatusOr<Job::Request> Daemon::CheckAllReduce(const AllReduceCall& call, s
   return r;
 }
 
-absl::StatusOr<Daemon::PublishedChange> Daemon::SetCompression(const std::string& job_id,
-                                                               const CompressionChange& change,
-                                                               std::optional<uint64_t> expected_epoch) {
+absl::StatusOr<PublishedChange> Daemon::SetCompression(const std::string& job_id, const CompressionChange& change,
+                                                       std::optional<uint64_t> expected_epoch) {
   absl::StatusOr<std::shared_ptr<Job>> found = FindJob(job_id);
   if (!found.ok()) {
     // Settings that could never apply are the better answer (INVALID_ARGUMENT before NOT_FOUND).
@@ -661,25 +556,14 @@ absl::StatusOr<Daemon::PublishedChange> Daemon::SetCompression(const std::string
     DQ_ASSIGN_OR_RETURN(JobConfig config, change(newest));
     // A GPU node runs only what its device all-reduce implements.
     DQ_RETURN_IF_ERROR(CheckConfigForDevice(config, options_.device));
-    if (config.error_budget.has_value() && options_.num_nodes <= 1) {
-      // The same refusal as dynamiqd's --target_vnmse on one node: no error is ever measured here.
-      return absl::FailedPreconditionError(
-          "an error budget (target_vnmse) needs the compression error measured between nodes, and a one-node "
-          "cluster sums locally without compressing: set fixed bits, or run the job on two or more nodes");
-    }
-    if (config.error_budget.has_value() && config.error_budget->sample_rate == 0 && error_sample_rate() == 0) {
-      return absl::FailedPreconditionError(
-          "an error budget needs error samples, but --error_sample_rate is 0: give the budget its own sample rate");
-    }
+    DQ_RETURN_IF_ERROR(CheckErrorBudgetSampled(config, options_.num_nodes, error_sample_rate()));
     return config;
   };
   // Nodes run collectives in lockstep: another node can be at most one collective ahead of this
   // one, so none can have started (next + 2) before the configuration is visible.
-  DQ_ASSIGN_OR_RETURN(Cluster::PublishedChange published,
-                      cluster_->PublishConfig(
-                          job_id, job->incarnation(), job->initial_config(), checked,
-                          [&job] { return job->NextSequence() + 2; }, expected_epoch));
-  return PublishedChange{published.epoch, std::move(published.config)};
+  return cluster_->PublishConfig(
+      job_id, job->incarnation(), job->initial_config(), checked, [&job] { return job->NextSequence() + 2; },
+      expected_epoch);
 }
 
 std::map<std::string, Job::Status> Daemon::JobStatuses() const {
@@ -690,11 +574,12 @@ std::map<std::string, Job::Status> Daemon::JobStatuses() const {
 }
 
 std::vector<std::string> Daemon::RecordedJobs() const {
+  const std::vector<std::string> retired = retired_.Jobs();
   absl::MutexLock lock(&mu_);
   std::vector<std::string> ids;
   for (const auto& [id, job] : jobs_) ids.push_back(id);
-  for (auto r = retired_.rbegin(); r != retired_.rend(); ++r) {
-    if (!jobs_.count(r->job_id)) ids.push_back(r->job_id);
+  for (const std::string& id : retired) {
+    if (!jobs_.count(id)) ids.push_back(id);
   }
   return ids;
 }
@@ -702,12 +587,7 @@ std::vector<std::string> Daemon::RecordedJobs() const {
 absl::StatusOr<std::vector<CollectiveRecord>> Daemon::FlightRecorder(const std::string& job_id, size_t limit) const {
   absl::StatusOr<std::shared_ptr<Job>> job = FindJob(job_id);
   if (job.ok()) return (*job)->FlightRecorder(limit);
-  absl::MutexLock lock(&mu_);
-  for (auto r = retired_.rbegin(); r != retired_.rend(); ++r) {
-    if (r->job_id != job_id) continue;
-    const size_t n = limit == 0 ? r->records.size() : std::min(limit, r->records.size());
-    return std::vector<CollectiveRecord>(r->records.end() - static_cast<ptrdiff_t>(n), r->records.end());
-  }
+  if (std::optional<std::vector<CollectiveRecord>> kept = retired_.Find(job_id, limit)) return *std::move(kept);
   return job.status();
 }
 

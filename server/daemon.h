@@ -37,8 +37,6 @@
 #define DQ_SERVER_DAEMON_H_
 
 #include <atomic>
-#include <deque>
-#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -51,10 +49,13 @@
 #include "common/env.h"
 #include "engine/store.h"
 #include "ipc/device_buffers.h"
+#include "ipc/node_buffers.h"
 #include "ipc/peer_credentials.h"
 #include "ipc/shm_registry.h"
+#include "server/daemon_options.h"
 #include "server/job.h"
 #include "server/job_config.h"
+#include "server/retired_recorders.h"
 #include "server/security.h"
 
 namespace grpc {
@@ -73,46 +74,9 @@ class ControlService;
 class ErrorBudgetService;
 class JobObserverList;
 class Metrics;
+class RejectLog;
 class RendezvousService;
 class WorkerService;
-
-struct DaemonOptions {
-  uint32_t node_rank = 0;
-  uint32_t num_nodes = 1;
-  // host:port of the coordinator's gRPC server; empty: node 0 serves it on `listen`.
-  std::string coordinator;
-  // Operator / peer gRPC address (TCP). Its host is also the address Gloo binds for peers.
-  std::string listen = "127.0.0.1:7070";
-  std::string worker_socket = common::DefaultWorkerSocket();
-  JobConfig default_config;
-  absl::Duration timeout = absl::Seconds(300);
-  // Shared memory limits.
-  size_t max_shm_bytes = size_t{64} << 30;
-  // Buffers all workers together may hold (each kind: shared memory, device memory). Every shared
-  // memory buffer is one mapping of the daemon's, and vm.max_map_count (65530 by default) bounds
-  // them all: past it mmap fails for everything else too.
-  size_t max_buffers = 16384;
-  // Jobs the daemon runs at once (each has a reducer thread and its transports).
-  size_t max_jobs = 256;
-  // Prometheus /metrics port on the host of `listen`: 0 picks a free one, -1 serves none (the
-  // default here, so in-process daemons never collide; dynamiqd's flag defaults to 9400).
-  int metrics_port = -1;
-  // Fraction (0..1) of compressed cross-node collectives whose error is measured (see
-  // server/error_probe.h). Node 0's value applies to the whole cluster.
-  double error_sample_rate = 0.01;
-  // Operator token, cluster secret and TLS files (server/security.h, docs/security.md); unset: off.
-  SecurityOptions security;
-  // Where jobs reduce: kCuda needs a build with CUDA and NCCL and CUDA device `cuda_device`
-  // (Start fails with FAILED_PRECONDITION otherwise), codecs none/bf16/dynamiq, no error budget
-  // and no cluster secret (the NCCL path is not authenticated).
-  DeviceKind device = DeviceKind::kCpu;
-  int cuda_device = 0;
-  // Device memory limit of all workers' device buffers together (kCuda).
-  size_t max_device_bytes = std::numeric_limits<size_t>::max();
-};
-
-// True if this dynamiqd was built with the device path (CUDA and NCCL found).
-bool DaemonHasCudaSupport();
 
 class Daemon {
  public:
@@ -181,10 +145,6 @@ class Daemon {
   // epoch, staged or applied) to the new one; it runs on this node while the change claims the next
   // epoch, so changes made at once through different nodes each build on the one before.
   using CompressionChange = std::function<absl::StatusOr<JobConfig>(const JobConfig& newest)>;
-  struct PublishedChange {
-    uint64_t epoch = 0;  // every node applies `config` from this epoch's collective on
-    JobConfig config;
-  };
   // A config with an error budget puts the job under the coordinator's controller
   // (FAILED_PRECONDITION when no error samples would be taken, or on a one-node cluster); one
   // without ends it. `expected_epoch`: ABORTED unless the job's newest epoch is that (unset: any).
@@ -215,20 +175,22 @@ class Daemon {
                                                  uint32_t local_world_size);
   // Closes a job already taken out of jobs_ (no worker left) and drops its per-job state.
   void RetireJob(std::shared_ptr<Job> job, const std::string& reason);
-  // Device checks of Start (GPU nodes): the build, the configuration, the device itself.
-  absl::Status CheckDevice();
+  // FAILED_PRECONDITION unless the worker is registered.
+  absl::Status CheckRegistered(uint64_t worker_id) const;
+  // Start on a GPU node: checks the device and sets up its buffer registry.
+  absl::Status OpenDevice();
   // Validates an all-reduce call and turns it into the job's request (errors are rejections).
   absl::StatusOr<Job::Request> CheckAllReduce(const AllReduceCall& call, std::shared_ptr<Job>* job);
   const DaemonOptions options_;
-  ServerSecurity security_;  // loaded by Start; outlives the services that use it
-  std::unique_ptr<ipc::ShmRegistry> registry_;
-  std::unique_ptr<ipc::DeviceBufferRegistry> device_registry_;  // GPU nodes; created by Start
-  std::string device_uuid_;                                     // set by Start on GPU nodes
-  std::unique_ptr<Metrics> metrics_;                            // outlives the jobs, which report into it
-  std::unique_ptr<ErrorBudgetService> error_budget_;            // node 0 only; outlives the jobs too
-  std::unique_ptr<JobObserverList> observers_;                  // what jobs report to: metrics (+ error budget)
-  std::unique_ptr<RendezvousService> rendezvous_;               // coordinator node only
-  std::unique_ptr<Cluster> cluster_;                            // the coordinator protocol; created by Start
+  ServerSecurity security_;                           // loaded by Start; outlives the services that use it
+  std::unique_ptr<ipc::NodeBuffers> buffers_;         // workers' shared memory (and device memory on GPU nodes)
+  std::string device_uuid_;                           // set by Start on GPU nodes
+  std::unique_ptr<Metrics> metrics_;                  // outlives the jobs, which report into it
+  std::unique_ptr<RejectLog> reject_log_;             // RecordRejected
+  std::unique_ptr<ErrorBudgetService> error_budget_;  // node 0 only; outlives the jobs too
+  std::unique_ptr<JobObserverList> observers_;        // what jobs report to: metrics (+ error budget)
+  std::unique_ptr<RendezvousService> rendezvous_;     // coordinator node only
+  std::unique_ptr<Cluster> cluster_;                  // the coordinator protocol; created by Start
   std::unique_ptr<grpc::Server> operator_server_;
   std::unique_ptr<grpc::Server> worker_server_;
   std::unique_ptr<ipc::WorkerListener> worker_listener_;
@@ -244,12 +206,7 @@ class Daemon {
   // The live jobs. Handlers hold a reference while they use a job, so Shutdown and retirement can
   // drop it from the map safely. Invariant: every id in worker_jobs_ is here (until Shutdown).
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
-  // The flight recorders of the most recently retired jobs (kRetiredRecorders, newest last).
-  struct RetiredRecorder {
-    std::string job_id;
-    std::vector<CollectiveRecord> records;
-  };
-  std::deque<RetiredRecorder> retired_ ABSL_GUARDED_BY(mu_);
+  RetiredRecorders retired_;  // the last retired jobs' flight recorders (kept 8)
   std::map<uint64_t, std::string> worker_jobs_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, uint64_t> worker_watches_ ABSL_GUARDED_BY(mu_);  // worker id -> ProcessWatcher handle
   uint64_t next_worker_id_ ABSL_GUARDED_BY(mu_) = 1;
@@ -258,11 +215,6 @@ class Daemon {
   absl::Mutex config_mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> start_cancelled_{false};
-  // Rate limit of the refused-request log lines (RecordRejected).
-  absl::Mutex reject_log_mu_;
-  absl::Time reject_window_start_ ABSL_GUARDED_BY(reject_log_mu_);
-  int reject_lines_in_window_ ABSL_GUARDED_BY(reject_log_mu_) = 0;
-  uint64_t rejects_not_logged_ ABSL_GUARDED_BY(reject_log_mu_) = 0;
   // Nodes other than the coordinator's: polls the coordinator once a second and joins it again
   // when it has restarted (an empty rendezvous that does not know this node). Ends at Shutdown.
   void WatchCoordinator();

@@ -5,15 +5,14 @@
 #include <algorithm>
 #include <cstring>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "engine/allreduce.h"
+#include "engine/step_header.h"
 #include "kernels/bf16_math.h"
-#include "kernels/codec_registry.h"
 #include "server/error_probe.h"
 #include "server/host_data_path.h"
 
@@ -39,35 +38,18 @@ uint64_t CollectiveId(absl::string_view job, uint64_t incarnation, absl::string_
   return JobHash(absl::StrCat(id, nul, tensor, nul, num_elements, nul, kernels::DTypeName(dtype)));
 }
 
-// How long a node's reports of why it failed collectives may take in all (a worker leaving can fail
-// many queued ones at once).
-constexpr absl::Duration kReportTimeout = absl::Seconds(1);
-// How long a node whose cross-node part was cut short waits for the cause. The failing node reports
-// before it breaks the group, so after a reset the cause is there (or a report is a moment away:
-// the failing node's reducer may close the old group first); a node that ran into its own deadline
-// may have done so a moment before the other node's watchdog fired. A failure nobody explains (a
-// daemon killed) reaches the workers this much later.
-constexpr absl::Duration kCauseWaitAfterReset = absl::Milliseconds(300);
-constexpr absl::Duration kCauseWaitAfterDeadline = absl::Seconds(1);
 // How far ahead of the job's next collective a worker may submit: far more than any training loop
 // keeps outstanding (DDP has a few dozen buckets in flight), and a bound on the slots one worker can
 // open. A request beyond it is refused rather than parked where no collective will ever reach it.
 constexpr uint64_t kMaxCollectivesAhead = uint64_t{1} << 16;
-
-// `message` without its leading "collective <seq> of job <id>" (and the ": " or " " after it).
-absl::string_view WithoutCollectivePrefix(absl::string_view message, absl::string_view prefix) {
-  if (absl::ConsumePrefix(&message, prefix) && !absl::ConsumePrefix(&message, ": ")) {
-    absl::ConsumePrefix(&message, " ");
-  }
-  return message;
-}
 
 }  // namespace
 
 Job::Job(Options options)
     : options_(std::move(options)),
       path_(options_.data_path != nullptr ? options_.data_path
-                                          : std::make_shared<HostDataPath>(options_.id, options_.timeout)) {
+                                          : std::make_shared<HostDataPath>(options_.id, options_.timeout)),
+      group_(options_.id, options_.num_nodes, options_.coordinator) {
   {
     absl::MutexLock lock(&mu_);
     config_ = options_.config;
@@ -85,9 +67,7 @@ void Job::Close() {
   absl::MutexLock lock(&close_mu_);
   if (reducer_.joinable()) reducer_.join();
   // The reducer is gone: nothing uses the transport any more (Gloo closes its pairs here).
-  absl::MutexLock transport_lock(&transport_mu_);
-  transport_.reset();
-  pending_generations_ = 0;
+  group_.Close();
 }
 
 absl::Status Job::AddWorker(uint64_t worker_id, uint32_t local_rank, uint32_t local_world_size, int64_t pid) {
@@ -116,7 +96,7 @@ absl::Status Job::AddWorker(uint64_t worker_id, uint32_t local_rank, uint32_t lo
 }
 
 void Job::RemoveWorker(uint64_t worker_id, const std::string& reason) {
-  GroupBreak broken;
+  CrossNodeGroup::Break broken;
   uint32_t rank;
   {
     absl::MutexLock lock(&mu_);
@@ -128,8 +108,8 @@ void Job::RemoveWorker(uint64_t worker_id, const std::string& reason) {
     next_submit_.erase(worker_id);
     base_.erase(worker_id);
     // Queued collectives either wait for this worker or hold its (soon unmapped) buffer: fail them
-    // all and let the job continue after them (the other nodes fail them too: BreakGroup).
-    std::vector<std::pair<uint64_t, absl::Status>> failures;
+    // all and let the job continue after them (the other nodes fail them too: CrossNodeGroup::Decide).
+    CrossNodeGroup::Failures failures;
     for (auto slot = slots_.begin(); slot != slots_.end();) {
       if (slot->second.running) {
         ++slot;
@@ -150,9 +130,9 @@ void Job::RemoveWorker(uint64_t worker_id, const std::string& reason) {
       slot = slots_.erase(slot);
     }
     for (auto& [id, next] : next_submit_) next = std::max(next, next_run_);
-    if (!failures.empty()) broken = BreakGroup(std::move(failures));
+    if (!failures.empty()) broken = group_.Decide(std::move(failures));
   }
-  AnnounceBreak(broken);
+  group_.Announce(broken);
   // A running collective may still read or write this worker's buffer: wait until it is done, so
   // the caller can release the worker's shared memory.
   absl::MutexLock lock(&mu_);
@@ -167,7 +147,7 @@ void Job::RemoveWorker(uint64_t worker_id, const std::string& reason) {
 
 void Job::Stop(const std::string& reason) {
   // The collectives this call fails or aborts, for the other nodes (whose part of them it cuts short).
-  std::vector<std::pair<uint64_t, absl::Status>> failures;
+  CrossNodeGroup::Failures failures;
   {
     absl::MutexLock lock(&mu_);
     const bool first = !stopping_;
@@ -195,18 +175,8 @@ void Job::Stop(const std::string& reason) {
       it = slots_.erase(it);
     }
   }
-  if (options_.num_nodes > 1 && options_.coordinator != nullptr && !failures.empty()) {
-    const absl::Time deadline = absl::Now() + kReportTimeout;
-    for (const auto& [sequence, cause] : failures) {
-      // Give up once the coordinator is out of reach.
-      if (!options_.coordinator->ReportFailure(sequence, cause, deadline).ok()) break;
-    }
-  }
-  {
-    // Make a running collective fail promptly instead of at its timeout.
-    absl::MutexLock lock(&transport_mu_);
-    if (transport_) transport_->Abort();
-  }
+  group_.Report(failures);
+  group_.Abort();  // a running collective fails promptly instead of at its timeout
   absl::MutexLock lock(&mu_);
   auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return active_submitters_ == 0; };
   mu_.Await(absl::Condition(&drained));
@@ -303,11 +273,11 @@ absl::StatusOr<Job::Result> Job::Submit(const Request& request) {
         slots_.erase(sequence);
         if (sequence == next_run_) ++next_run_;
         CountFailure(request.num_elements, {CollectiveResult::kTimeout, FaultKind::kTimeout});
-        const GroupBreak broken = BreakGroup({{sequence, failed}});
+        const CrossNodeGroup::Break broken = group_.Decide({{sequence, failed}});
         // Not under mu_: announcing talks to the coordinator. This handler still counts as active,
         // so Stop and Close wait for it.
         mu_.Unlock();
-        AnnounceBreak(broken);
+        group_.Announce(broken);
         mu_.Lock();
         return failed;
       }
@@ -367,51 +337,12 @@ std::string Job::MissingRanks(const Slot& slot) const {
   return absl::StrJoin(missing, ", ");
 }
 
-Job::GroupBreak Job::BreakGroup(std::vector<std::pair<uint64_t, absl::Status>> failures) {
-  GroupBreak broken;
-  if (options_.num_nodes <= 1) return broken;
-  absl::MutexLock lock(&transport_mu_);
-  pending_generations_ += failures.size();
-  broken.failures = std::move(failures);
-  broken.transport = transport_serial_;
-  return broken;
-}
-
-void Job::AnnounceBreak(const GroupBreak& broken) {
-  if (broken.failures.empty()) return;
-  if (options_.num_nodes > 1 && options_.coordinator != nullptr) {
-    const absl::Time deadline = absl::Now() + kReportTimeout;  // for all of them together
-    for (const auto& [sequence, cause] : broken.failures) {
-      // Give up once the coordinator is out of reach.
-      if (!options_.coordinator->ReportFailure(sequence, cause, deadline).ok()) break;
-    }
-  }
-  absl::MutexLock lock(&transport_mu_);
-  if (transport_ && transport_serial_ == broken.transport) transport_->Abort();
-}
-
 absl::Status Job::WithRemoteCause(uint64_t sequence, absl::Status error) {
-  // A peer that breaks the group resets the connections (UNAVAILABLE), or this node's step runs into
-  // its deadline first (a peer's watchdog fires at about the same time). ABORTED is this node's own
-  // abort (Stop, its own break): nothing to look up.
-  if (options_.num_nodes <= 1 || options_.coordinator == nullptr ||
-      (!absl::IsUnavailable(error) && !absl::IsDeadlineExceeded(error))) {
-    return error;
-  }
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_) return error;
+    if (stopping_) return error;  // this node's own doing: nothing to look up
   }
-  const absl::Duration wait = absl::IsUnavailable(error) ? kCauseWaitAfterReset : kCauseWaitAfterDeadline;
-  std::optional<FailureCause> cause = options_.coordinator->LookupFailure(sequence, absl::Now() + wait);
-  if (!cause.has_value() || cause->status.ok()) return error;
-  // "collective 5 of job a failed on node 0: local rank 0 submitted ... (here: rank 1: from rank 0: ...)",
-  // with the cause's code: every node's workers read the same reason.
-  const std::string prefix = absl::StrCat("collective ", sequence, " of job ", options_.id);
-  return absl::Status(cause->status.code(),
-                      absl::StrCat(prefix, " failed on node ", cause->node, ": ",
-                                   WithoutCollectivePrefix(cause->status.message(), prefix),
-                                   " (here: ", WithoutCollectivePrefix(error.message(), prefix), ")"));
+  return group_.WithRemoteCause(sequence, std::move(error));
 }
 
 void Job::ReducerLoop() {
@@ -500,7 +431,7 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
     }
   }
   // The local workers disagree, or the local reduce failed: this node skips the cross-node step.
-  if (!status.ok()) AnnounceBreak(BreakGroup({{sequence, status}}));
+  if (!status.ok()) group_.Announce(group_.Decide({{sequence, status}}));
   DataPath::CrossNodeResult cross;
   if (status.ok() && options_.num_nodes > 1) {
     absl::StatusOr<DataPath::CrossNodeResult> r =
@@ -568,20 +499,6 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   }
 }
 
-absl::StatusOr<kernels::Codec*> Job::CachedCodec(const kernels::CodecConfig& config) {
-  for (const auto& [cached, codec] : codecs_) {
-    if (cached.id == config.id && cached.bits == config.bits && cached.allocator == config.allocator &&
-        cached.levels == config.levels && cached.correlated_rounding == config.correlated_rounding &&
-        cached.seed == config.seed) {
-      return codec.get();
-    }
-  }
-  DQ_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Codec> codec, kernels::CreateCodec(config));
-  if (codecs_.size() >= 8) codecs_.erase(codecs_.begin());  // oldest first; a job uses one or two at a time
-  codecs_.emplace_back(config, std::move(codec));
-  return codecs_.back().second.get();
-}
-
 kernels::CodecConfig Job::EffectiveCodec(const JobConfig& config, uint64_t num_elements) {
   return num_elements < config.min_compress_elements ? kernels::CodecConfig{kernels::CodecId::kNone} : config.codec;
 }
@@ -598,39 +515,11 @@ void Job::CountFailure(uint64_t num_elements, Classification how) {
   options_.observer->OnCollective(options_.id, outcome);
 }
 
-void Job::DropGroup(bool abort) {
-  absl::MutexLock lock(&transport_mu_);
-  if (abort && transport_) transport_->Abort();
-  transport_.reset();
-  ++generation_;
-}
-
-absl::StatusOr<engine::Transport*> Job::ConnectedTransport(uint64_t sequence) {
-  absl::MutexLock lock(&transport_mu_);
-  if (pending_generations_ > 0) {
-    transport_.reset();
-    generation_ += pending_generations_;
-    pending_generations_ = 0;
-  }
-  if (!transport_) {
-    if (options_.coordinator == nullptr) return absl::FailedPreconditionError("a job of one node has no transport");
-    auto connected = options_.coordinator->Connect(generation_, sequence);
-    if (!connected.ok()) {
-      ++generation_;  // this collective failed: the next one meets the others at the next generation
-      return absl::Status(connected.status().code(), absl::StrCat("collective ", sequence, " of job ", options_.id,
-                                                                  ": ", connected.status().message()));
-    }
-    transport_ = *std::move(connected);
-    ++transport_serial_;
-  }
-  return transport_.get();
-}
-
 absl::StatusOr<DataPath::CrossNodeResult> Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch,
                                                          absl::string_view tensor_name, kernels::DType dtype,
                                                          size_t n) {
-  DQ_ASSIGN_OR_RETURN(engine::Transport * transport, ConnectedTransport(sequence));
-  DQ_ASSIGN_OR_RETURN(kernels::Codec * codec, CachedCodec(EffectiveCodec(config, n)));
+  DQ_ASSIGN_OR_RETURN(engine::Transport * transport, group_.Connected(sequence));
+  DQ_ASSIGN_OR_RETURN(kernels::Codec * codec, codecs_.Get(EffectiveCodec(config, n)));
   engine::AllReduceOptions o;
   o.topology = config.topology;
   o.job_id = CollectiveId(options_.id, options_.incarnation, tensor_name, n, dtype);
@@ -644,20 +533,18 @@ absl::StatusOr<DataPath::CrossNodeResult> Job::CrossNode(uint64_t sequence, cons
                           : options_.error_sample_rate;
   absl::StatusOr<DataPath::CrossNodeResult> result = path_->CrossNode(*codec, *transport, o, n, rate);
   if (!result.ok()) {
-    DropGroup(/*abort=*/false);
+    group_.Drop(/*abort=*/false);
     std::string hint;
-    const absl::string_view message = result.status().message();
-    if (absl::StrContains(message, "runs a different collective") &&
-        (absl::StrContains(message, ": job ") || absl::StrContains(message, ", job "))) {
+    if (engine::IsDifferentCollective(result.status())) {
       hint = absl::StrFormat(
           " (the nodes' workers submitted different tensors; this node all-reduces '%s', %d x %s: every worker "
           "of a job must submit the same tensors in the same order)",
           tensor_name, n, kernels::DTypeName(dtype));
     }
-    return absl::Status(result.status().code(),
-                        absl::StrCat("collective ", sequence, " of job ", options_.id, ": ", message, hint));
+    return absl::Status(result.status().code(), absl::StrCat("collective ", sequence, " of job ", options_.id, ": ",
+                                                             result.status().message(), hint));
   }
-  if (result->regroup) DropGroup(/*abort=*/false);  // the measurement on the side broke the group
+  if (result->regroup) group_.Drop(/*abort=*/false);  // the measurement on the side broke the group
   return result;
 }
 

@@ -43,8 +43,11 @@
 #include "engine/step_auth.h"
 #include "engine/transport.h"
 #include "kernels/codec.h"
+#include "kernels/codec_cache.h"
+#include "server/cross_node_group.h"
 #include "server/data_path.h"
 #include "server/job_config.h"
+#include "server/job_coordinator.h"
 #include "server/job_observer.h"
 
 namespace dynamiq::server {
@@ -65,33 +68,6 @@ struct CollectiveRecord {
 
 class Job {
  public:
-  // Why a node failed a collective without running its cross-node part (its workers disagreed, its
-  // watchdog fired, a worker left, the job stopped there), as the other nodes learn it.
-  struct FailureCause {
-    uint32_t node = 0;
-    absl::Status status;  // what that node's workers got
-  };
-  // What a job of a cluster needs from the other nodes, for its incarnation. Daemon implements it
-  // over Cluster (server/cluster.h); tests with fakes.
-  class Coordinator {
-   public:
-    virtual ~Coordinator() = default;
-    // Connects the job's transport across nodes for collective `sequence`; `generation` changes
-    // after a failure so every node re-forms the group under fresh rendezvous keys. A node that
-    // fails `sequence` instead of joining publishes why (ReportFailure): the connect should stop
-    // waiting then (UNAVAILABLE), rather than at the timeout.
-    virtual absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(uint64_t generation, uint64_t sequence) = 0;
-    // Looks for a configuration change that applies at or before `sequence`: true with `*epoch`
-    // and `*config` set.
-    virtual absl::StatusOr<bool> PollConfig(uint64_t sequence, uint64_t* epoch, JobConfig* config) = 0;
-    // Publishes this node's cause of failing collective `sequence`, giving up at `deadline`. Best
-    // effort: the collective fails either way.
-    virtual absl::Status ReportFailure(uint64_t sequence, const absl::Status& cause, absl::Time deadline) = 0;
-    // Another node's published cause for collective `sequence`, waiting for it until `deadline`;
-    // nullopt when none was published (or it could not be read).
-    virtual std::optional<FailureCause> LookupFailure(uint64_t sequence, absl::Time deadline) = 0;
-  };
-
   struct Options {
     std::string id;
     // How many times this node has created job `id`, this one included (Daemon): the k-th creation
@@ -105,7 +81,7 @@ class Job {
     // With num_nodes > 1, a node that fails a collective locally reports why before it breaks the
     // group, and a node whose cross-node part is then cut short (the connection reset, or its
     // deadline passed) looks the cause up, so every node's workers read what went wrong and where.
-    std::shared_ptr<Coordinator> coordinator;
+    std::shared_ptr<JobCoordinator> coordinator;
     size_t flight_recorder_size = 256;
     // Metrics; null: none. Must outlive the job.
     JobObserver* observer = nullptr;
@@ -210,39 +186,12 @@ class Job {
   // identify the collective on the wire. A failure drops the group (re-formed at the next one).
   absl::StatusOr<DataPath::CrossNodeResult> CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch,
                                                       absl::string_view tensor_name, kernels::DType dtype, size_t n);
-  // The job's transport, connected (at generation_ plus the pending breaks) if there is none.
-  absl::StatusOr<engine::Transport*> ConnectedTransport(uint64_t sequence);
   // The codec collectives of `num_elements` use across nodes (none below min_compress_elements).
   static kernels::CodecConfig EffectiveCodec(const JobConfig& config, uint64_t num_elements);
-  // The codec for `config`, created once: building one (DynamiQ's level and error tables) costs
-  // milliseconds, far more than coding a small tensor. Reducer thread only.
-  absl::StatusOr<kernels::Codec*> CachedCodec(const kernels::CodecConfig& config);
   // Counts a failed collective and reports it to the observer.
   void CountFailure(uint64_t num_elements, Classification how) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Record(CollectiveRecord record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A break of the group this node has decided on: the collectives it fails without running their
-  // cross-node part, with why, and the transport to abort.
-  struct GroupBreak {
-    std::vector<std::pair<uint64_t, absl::Status>> failures;  // sequence, cause
-    uint64_t transport = 0;                                   // transport_serial_ when decided
-  };
-  // This node fails `failures` without running their cross-node part: advances the group's
-  // generation by as many before the next collective. Called in the critical section that decides
-  // the failures (under mu_ outside the reducer), so the reducer never runs the next collective in
-  // the old group. Invariant that keeps nodes in one group: every node advances one generation per
-  // collective it fails, locally or across nodes. AnnounceBreak does the rest.
-  GroupBreak BreakGroup(std::vector<std::pair<uint64_t, absl::Status>> failures);
-  // Without mu_ (it talks to the coordinator): reports the causes (Coordinator::ReportFailure), then
-  // aborts the transport so the other nodes fail those collectives now instead of at their timeout;
-  // in that order, so a node whose step the abort cuts short finds the cause. A transport connected
-  // since the break (the next collective's) is left alone.
-  void AnnounceBreak(const GroupBreak& broken);
-  // The cross-node group is broken (a failed exchange): drops the transport, aborting it first if
-  // `abort` (the peers are still inside an exchange), so the next collective re-forms the group at
-  // the next generation (fresh rendezvous keys), as every other node does. Reducer thread only.
-  void DropGroup(bool abort);
-  // This node's failure `error` of collective `sequence` across nodes, led by the cause another node
-  // published when `error` is what a peer breaking the group looks like.
+  // CrossNodeGroup::WithRemoteCause, unless the job is stopping (then the failure is its own).
   absl::Status WithRemoteCause(uint64_t sequence, absl::Status error);
   // "1 (pid 4242), 3 (not registered)": the local ranks of `slot` that have not submitted.
   std::string MissingRanks(const Slot& slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -264,16 +213,11 @@ class Job {
   std::string stop_reason_ ABSL_GUARDED_BY(mu_);
   std::deque<CollectiveRecord> records_ ABSL_GUARDED_BY(mu_);
   uint32_t active_submitters_ ABSL_GUARDED_BY(mu_) = 0;
-  // The cross-node transport: used by the reducer thread, aborted by Stop from another thread.
-  absl::Mutex transport_mu_;
-  std::unique_ptr<engine::Transport> transport_ ABSL_GUARDED_BY(transport_mu_);
-  uint64_t generation_ = 0;
-  absl::Time deadline_;  // of the collective the reducer runs (reducer thread only)
-  // Message buffers the engine reuses across this job's collectives (reducer thread only).
-  std::vector<std::pair<kernels::CodecConfig, std::unique_ptr<kernels::Codec>>> codecs_;  // CachedCodec
-  uint64_t pending_generations_ ABSL_GUARDED_BY(transport_mu_) = 0;                       // from BreakGroup
-  uint64_t transport_serial_ ABSL_GUARDED_BY(transport_mu_) = 0;  // counts the transports connected
-  absl::Mutex close_mu_;                                          // serialises Close (the reducer is joined once)
+  // The cross-node transport and its generation: used by the reducer, aborted by Stop.
+  CrossNodeGroup group_;
+  absl::Time deadline_;         // of the collective the reducer runs (reducer thread only)
+  kernels::CodecCache codecs_;  // reducer thread only
+  absl::Mutex close_mu_;        // serialises Close (the reducer is joined once)
   std::thread reducer_ ABSL_GUARDED_BY(close_mu_);
 };
 

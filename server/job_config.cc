@@ -161,4 +161,19 @@ absl::Status CheckConfigForDevice(const JobConfig& config, DeviceKind device) {
   return absl::OkStatus();
 }
 
+absl::Status CheckErrorBudgetSampled(const JobConfig& config, uint32_t num_nodes, double error_sample_rate) {
+  if (!config.error_budget.has_value()) return absl::OkStatus();
+  if (num_nodes <= 1) {
+    // The same refusal as dynamiqd's --target_vnmse on one node: no error is ever measured there.
+    return absl::FailedPreconditionError(
+        "an error budget (target_vnmse) needs the compression error measured between nodes, and a one-node "
+        "cluster sums locally without compressing: set fixed bits, or run the job on two or more nodes");
+  }
+  if (config.error_budget->sample_rate == 0 && error_sample_rate == 0) {
+    return absl::FailedPreconditionError(
+        "an error budget needs error samples, but --error_sample_rate is 0: give the budget its own sample rate");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace dynamiq::server

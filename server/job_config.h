@@ -58,6 +58,13 @@ std::string DescribeJobConfig(const JobConfig& config);
 // Where a daemon reduces (dynamiqd --device): host memory with Gloo TCP between nodes, or a CUDA
 // device with NCCL between nodes (engine::NcclAllReduce).
 enum class DeviceKind { kCpu, kCuda };
+// A compression change as published to every node of a job: each applies `config` from the
+// collective that epoch `epoch` starts at (server/cluster.h).
+struct PublishedChange {
+  uint64_t epoch = 0;
+  JobConfig config;
+};
+
 // "cpu" or "cuda"; INVALID_ARGUMENT naming the accepted values otherwise.
 absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name);
 absl::string_view DeviceKindName(DeviceKind device);
@@ -65,6 +72,10 @@ absl::string_view DeviceKindName(DeviceKind device);
 // all-reduce implements (kernels::CodecInfo::on_cuda) and no error budget (the error probe, whose samples
 // an error budget needs, runs on CPU nodes only). INVALID_ARGUMENT with a message otherwise.
 absl::Status CheckConfigForDevice(const JobConfig& config, DeviceKind device);
+// Whether `config`'s error budget (none: OK) gets the error samples it steers by, on a cluster of
+// `num_nodes` whose error probe samples at `error_sample_rate`: errors are only measured between
+// nodes. FAILED_PRECONDITION saying what to change otherwise.
+absl::Status CheckErrorBudgetSampled(const JobConfig& config, uint32_t num_nodes, double error_sample_rate);
 
 }  // namespace dynamiq::server
 

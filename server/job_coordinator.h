@@ -1,7 +1,7 @@
-// ClusterJobCoordinator: a job's Job::Coordinator on a daemon of a cluster: its incarnation's keys in
-// the Cluster (configuration changes, failure causes), and the transport of the node's device kind
-// (Gloo, counted per peer node; NCCL on GPU nodes), connected through the Cluster's store under the
-// incarnation's rendezvous prefix. Thread-safe (the Cluster is).
+// JobCoordinator: what a job of a cluster needs from the other nodes, for one incarnation of the
+// job: its cross-node transport, its configuration changes, and the causes of collectives a node
+// failed on its own. The daemon implements it over Cluster (server/cluster_job_coordinator.h);
+// tests with fakes. Implementations are thread-safe.
 #ifndef DQ_SERVER_JOB_COORDINATOR_H_
 #define DQ_SERVER_JOB_COORDINATOR_H_
 
@@ -9,44 +9,39 @@
 
 #include <memory>
 #include <optional>
-#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "engine/transport.h"
-#include "server/cluster.h"
-#include "server/job.h"
 #include "server/job_config.h"
-#include "server/metrics.h"
 
 namespace dynamiq::server {
 
-// Where a job's transport connects and how: the node, its device kind, and what counts bytes.
-struct JobTransportSettings {
-  uint32_t node_rank = 0;
-  uint32_t num_nodes = 1;
-  DeviceKind device = DeviceKind::kCpu;
-  int cuda_device = 0;
-  absl::Duration timeout;
-  std::string peer_host;       // the host this node's transport listens on
-  Metrics* metrics = nullptr;  // bytes per peer node (CPU nodes)
+// Why a node failed a collective without running its cross-node part (its workers disagreed, its
+// watchdog fired, a worker left, the job stopped there), as the other nodes learn it.
+struct FailureCause {
+  uint32_t node = 0;
+  absl::Status status;  // what that node's workers got
 };
 
-class ClusterJobCoordinator final : public Job::Coordinator {
+class JobCoordinator {
  public:
-  ClusterJobCoordinator(Cluster& cluster, std::string job_id, uint64_t incarnation, JobTransportSettings settings);
-
-  absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(uint64_t generation, uint64_t sequence) override;
-  absl::StatusOr<bool> PollConfig(uint64_t sequence, uint64_t* epoch, JobConfig* config) override;
-  absl::Status ReportFailure(uint64_t sequence, const absl::Status& cause, absl::Time deadline) override;
-  std::optional<Job::FailureCause> LookupFailure(uint64_t sequence, absl::Time deadline) override;
-
- private:
-  Cluster& cluster_;
-  const std::string job_id_;
-  const uint64_t incarnation_;
-  const JobTransportSettings settings_;
+  virtual ~JobCoordinator() = default;
+  // Connects the job's transport across nodes for collective `sequence`; `generation` changes
+  // after a failure so every node re-forms the group under fresh rendezvous keys. A node that
+  // fails `sequence` instead of joining publishes why (ReportFailure): the connect should stop
+  // waiting then (UNAVAILABLE), rather than at the timeout.
+  virtual absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(uint64_t generation, uint64_t sequence) = 0;
+  // Looks for a configuration change that applies at or before `sequence`: true with `*epoch`
+  // and `*config` set.
+  virtual absl::StatusOr<bool> PollConfig(uint64_t sequence, uint64_t* epoch, JobConfig* config) = 0;
+  // Publishes this node's cause of failing collective `sequence`, giving up at `deadline`. Best
+  // effort: the collective fails either way.
+  virtual absl::Status ReportFailure(uint64_t sequence, const absl::Status& cause, absl::Time deadline) = 0;
+  // Another node's published cause for collective `sequence`, waiting for it until `deadline`;
+  // nullopt when none was published (or it could not be read).
+  virtual std::optional<FailureCause> LookupFailure(uint64_t sequence, absl::Time deadline) = 0;
 };
 
 }  // namespace dynamiq::server

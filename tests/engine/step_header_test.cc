@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 
@@ -95,6 +96,23 @@ TEST(StepHeaderTest, MismatchNamesTheRankAndBothValues) {
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("rank 3 runs a different collective: config epoch 8 (expected 9), codec mxfp8 "
                                  "(expected dynamiq)")));
+}
+
+TEST(StepHeaderTest, AnotherCollectiveIdIsTypedThroughAnnotations) {
+  StepHeader got = Sample(), want = Sample();
+  got.job_id = want.job_id + 1;  // another tensor, size or dtype hashes to another id
+  const absl::Status mismatch = MatchStepHeader(got, want);
+  EXPECT_TRUE(IsDifferentCollective(mismatch));
+  // What the engine and the daemon put before it on the way up keeps the mark.
+  const absl::Status annotated = common::Annotate(common::Annotate(mismatch, "from rank 3"), "rank 0");
+  EXPECT_THAT(annotated, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                  HasSubstr("rank 0: from rank 3: rank 3 runs a different collective: job")));
+  EXPECT_TRUE(IsDifferentCollective(annotated));
+  // The same collective under another configuration epoch is not another collective.
+  StepHeader later = Sample();
+  later.config_epoch = want.config_epoch + 1;
+  EXPECT_FALSE(IsDifferentCollective(MatchStepHeader(later, want)));
+  EXPECT_FALSE(IsDifferentCollective(absl::FailedPreconditionError("rank 3 runs a different collective: job 1")));
 }
 
 TEST(StepHeaderTest, ChecksumSeesEveryByte) {

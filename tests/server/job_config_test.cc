@@ -144,5 +144,18 @@ TEST(JobConfigTest, InvalidValuesAreInvalidArgument) {
   EXPECT_THAT(Apply(Dynamiq5(), change), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("target_vnmse")));
 }
 
+TEST(JobConfigTest, AnErrorBudgetNeedsErrorSamplesBetweenNodes) {
+  const JobConfig budget = WithBudget(1e-3, 3, 8);
+  EXPECT_THAT(CheckErrorBudgetSampled(Dynamiq5(), 1, 0), IsOk());  // no budget: nothing to sample
+  EXPECT_THAT(CheckErrorBudgetSampled(budget, 2, 0.01), IsOk());
+  EXPECT_THAT(CheckErrorBudgetSampled(budget, 1, 0.01),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("two or more nodes")));
+  EXPECT_THAT(CheckErrorBudgetSampled(budget, 2, 0),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--error_sample_rate is 0")));
+  JobConfig own_rate = budget;
+  own_rate.error_budget->sample_rate = 0.1;  // the budget samples on its own
+  EXPECT_THAT(CheckErrorBudgetSampled(own_rate, 2, 0), IsOk());
+}
+
 }  // namespace
 }  // namespace dynamiq::server

@@ -66,7 +66,7 @@ class FakeDataPath final : public DataPath {
 };
 
 // One node's coordinator: publishes a change to bf16 (epoch 1) that applies at collective 2.
-class ChangeAtTwo final : public Job::Coordinator {
+class ChangeAtTwo final : public JobCoordinator {
  public:
   absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(uint64_t, uint64_t) override {
     return absl::InternalError("a single-node job has no transport");
@@ -78,7 +78,7 @@ class ChangeAtTwo final : public Job::Coordinator {
     return true;
   }
   absl::Status ReportFailure(uint64_t, const absl::Status&, absl::Time) override { return absl::OkStatus(); }
-  std::optional<Job::FailureCause> LookupFailure(uint64_t, absl::Time) override { return std::nullopt; }
+  std::optional<FailureCause> LookupFailure(uint64_t, absl::Time) override { return std::nullopt; }
 };
 
 JobConfig NoneConfig() { return *MakeJobConfig("none", 0, "ring", 0, "measured"); }

@@ -456,7 +456,7 @@ TEST(ClusterSecretTest, TwoNodesAllReduceWithAuthenticatedMessagesOverTlsRendezv
 }
 
 // A job's coordinator that hands out one in-memory transport, once.
-class OneTransport final : public Job::Coordinator {
+class OneTransport final : public JobCoordinator {
  public:
   explicit OneTransport(std::unique_ptr<engine::Transport> transport) : transport_(std::move(transport)) {}
   absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(uint64_t, uint64_t) override {
@@ -465,7 +465,7 @@ class OneTransport final : public Job::Coordinator {
   }
   absl::StatusOr<bool> PollConfig(uint64_t, uint64_t*, JobConfig*) override { return false; }
   absl::Status ReportFailure(uint64_t, const absl::Status&, absl::Time) override { return absl::OkStatus(); }
-  std::optional<Job::FailureCause> LookupFailure(uint64_t, absl::Time) override { return std::nullopt; }
+  std::optional<FailureCause> LookupFailure(uint64_t, absl::Time) override { return std::nullopt; }
 
  private:
   std::unique_ptr<engine::Transport> transport_;

@@ -261,7 +261,7 @@ TEST_F(DynamiqctlTest, SetCompressionChangesTheEpochAndKeepsUnsetFields) {
   // Through Run: only --min_compress_elements; bits stay 4 (read back at epoch 1).
   Invocation in = Command("set-compression");
   in.job = "job";
-  in.min_compress_elements = 64;
+  in.compression.min_compress_elements = 64;
   ASSERT_EQ(RunIt(in), kExitOk) << err_;
   EXPECT_EQ(err_, "");
   EXPECT_EQ(out_,
@@ -313,12 +313,12 @@ TEST_F(DynamiqctlTest, InvalidBitsAreInvalidArgument) {
 
   Invocation in = Command("set-compression");
   in.job = "job";
-  in.bits = 42;
+  in.compression.bits = 42;
   EXPECT_EQ(RunIt(in), kExitFailure);
   EXPECT_EQ(out_, "");
   EXPECT_THAT(err_, HasSubstr("dynamiqctl: INVALID_ARGUMENT: dynamiq bits must be between 3 and 8"));
-  in.bits.reset();
-  in.topology = "hypercube";
+  in.compression.bits.reset();
+  in.compression.topology = "hypercube";
   EXPECT_EQ(RunIt(in), kExitFailure);
   EXPECT_THAT(err_, HasSubstr("dynamiqctl: INVALID_ARGUMENT: "));
   EXPECT_EQ(JobStatus().config_epoch(), 0u);
@@ -340,7 +340,7 @@ TEST_F(DynamiqctlTest, UnknownJobIsNotFound) {
 
   Invocation in = Command("set-compression");
   in.job = "nope";
-  in.bits = 4;
+  in.compression.bits = 4;
   EXPECT_EQ(RunIt(in), kExitFailure);
   EXPECT_THAT(err_, HasSubstr("dynamiqctl: NOT_FOUND: no job 'nope'"));
   in = Command("flight-recorder");
@@ -378,7 +378,7 @@ TEST_F(DynamiqctlTest, SetCompressionOnAnUnknownJobChecksTheSettingsAndSaysWhatA
                              HasSubstr("--codec"))));
   Invocation in = Command("set-compression");
   in.job = "nope";
-  in.bits = 4;
+  in.compression.bits = 4;
   EXPECT_EQ(RunIt(in), kExitFailure);
   EXPECT_THAT(err_, HasSubstr("only while its workers are registered"));
   EXPECT_EQ(::dynamiq::testing::RejectedRequests(*daemon_, "not_found"), 2);
@@ -415,8 +415,8 @@ TEST_F(DynamiqctlTest, StaleEpochsAreAbortedNotSilentlyUndone) {
   // Through the CLI: a stale --expected_epoch is refused, with the epoch the job is at.
   Invocation in = Command("set-compression");
   in.job = "job";
-  in.topology = "ring";
-  in.expected_epoch = 1;
+  in.compression.topology = "ring";
+  in.compression.expected_epoch = 1;
   EXPECT_EQ(RunIt(in), kExitFailure);
   EXPECT_THAT(err_, HasSubstr("dynamiqctl: ABORTED: job job is at config epoch 2, not 1"));
 }
@@ -426,10 +426,10 @@ TEST_F(DynamiqctlTest, StaleEpochsAreAbortedNotSilentlyUndone) {
 TEST_F(DynamiqctlTest, ChangesMergeOntoTheStagedConfiguration) {
   Invocation in = Command("set-compression");
   in.job = "job";
-  in.bits = 4;
+  in.compression.bits = 4;
   ASSERT_EQ(RunIt(in), kExitOk) << err_;
-  in.bits.reset();
-  in.allocator = "paper";
+  in.compression.bits.reset();
+  in.compression.allocator = "paper";
   ASSERT_EQ(RunIt(in), kExitOk) << err_;
   EXPECT_EQ(err_, "");
   EXPECT_THAT(out_, HasSubstr("codec=dynamiq bits=4 topology=ring min_compress_elements=1024 allocator=paper\n"));
@@ -545,7 +545,7 @@ TEST_F(DynamiqctlTest, JsonIsOneObjectPerLine) {
   in = Command("set-compression");
   in.json = true;
   in.job = "job";
-  in.bits = 4;
+  in.compression.bits = 4;
   ASSERT_EQ(RunIt(in), kExitOk) << err_;
   lines = Lines(out_);
   ASSERT_EQ(lines.size(), 1u) << out_;
@@ -574,7 +574,7 @@ TEST_F(DynamiqctlTest, UsageErrors) {
   EXPECT_EQ(RunIt(in), kExitUsage);
   EXPECT_THAT(err_, HasSubstr("unexpected argument 'extra'"));
   in = Command("status");
-  in.codec = "none";
+  in.compression.codec = "none";
   EXPECT_EQ(RunIt(in), kExitUsage);
   EXPECT_THAT(err_, HasSubstr("--codec does not apply to 'status' (it is for set-compression)"));
   in = Command("health");
@@ -582,7 +582,7 @@ TEST_F(DynamiqctlTest, UsageErrors) {
   EXPECT_EQ(RunIt(in), kExitUsage);
   EXPECT_THAT(err_, HasSubstr("(it is for set-compression, flight-recorder)"));
   in = Command("set-compression");
-  in.bits = 4;
+  in.compression.bits = 4;
   EXPECT_EQ(RunIt(in), kExitUsage);
   EXPECT_THAT(err_, HasSubstr("set-compression needs --job"));
   in = Command("status");
@@ -823,7 +823,7 @@ class DynamiqctlClusterTest : public DynamiqctlTest {
 TEST_F(DynamiqctlTest, AnErrorBudgetOnOneNodeIsRefused) {
   Invocation in = Command("set-compression");
   in.job = "job";
-  in.target_vnmse = 1e-3;
+  in.compression.target_vnmse = 1e-3;
   EXPECT_EQ(RunIt(in), kExitFailure);
   EXPECT_THAT(err_, HasSubstr("FAILED_PRECONDITION: an error budget (target_vnmse) needs the compression error "
                               "measured between nodes"));
@@ -834,18 +834,18 @@ TEST_F(DynamiqctlClusterTest, SetCompressionPutsTheJobUnderAnErrorBudgetAndBack)
   // Budget fields without a budget or a target: refused before anything changes.
   Invocation in = Command("set-compression");
   in.job = "job";
-  in.max_bits = 7;
+  in.compression.max_bits = 7;
   EXPECT_EQ(RunIt(in), kExitFailure);
   EXPECT_THAT(err_, HasSubstr("INVALID_ARGUMENT: job job has no error budget"));
-  in.target_vnmse = 0;
+  in.compression.target_vnmse = 0;
   EXPECT_EQ(RunIt(in), kExitFailure);
   EXPECT_THAT(err_, HasSubstr("--target_vnmse=0 (fixed bits) takes no"));
   // The daemon validates the policy.
   in = Command("set-compression");
   in.job = "job";
-  in.target_vnmse = 1e-3;
-  in.min_bits = 7;
-  in.max_bits = 4;
+  in.compression.target_vnmse = 1e-3;
+  in.compression.min_bits = 7;
+  in.compression.max_bits = 4;
   EXPECT_EQ(RunIt(in), kExitFailure);
   EXPECT_THAT(err_, HasSubstr("INVALID_ARGUMENT: min_bits (7) must not exceed max_bits (4)"));
   // A budget on an mxfp8 job switches it to DynamiQ; the starting bits are clamped to the range.
@@ -854,9 +854,9 @@ TEST_F(DynamiqctlClusterTest, SetCompressionPutsTheJobUnderAnErrorBudgetAndBack)
   to_mx.codec = "mxfp8";
   ASSERT_THAT(ChangeCompression(*client_, to_mx), IsOk());
   for (const char* t : {"a", "b", "c"}) AllReduce(t);
-  in.min_bits = 4;
-  in.max_bits = 7;
-  in.sample_rate = 0.5;
+  in.compression.min_bits = 4;
+  in.compression.max_bits = 7;
+  in.compression.sample_rate = 0.5;
   ASSERT_EQ(RunIt(in), kExitOk) << err_;
   // DynamiQ's default bits, 5: the daemon answers with the configuration that applies.
   EXPECT_THAT(out_, HasSubstr("codec=dynamiq bits=5 topology=ring min_compress_elements=1024 allocator=measured "
@@ -873,8 +873,8 @@ TEST_F(DynamiqctlClusterTest, SetCompressionPutsTheJobUnderAnErrorBudgetAndBack)
   // Another field alone keeps the budget; one budget field changes only that field.
   in = Command("set-compression");
   in.job = "job";
-  in.min_compress_elements = 2048;
-  in.max_bits = 8;
+  in.compression.min_compress_elements = 2048;
+  in.compression.max_bits = 8;
   ASSERT_EQ(RunIt(in), kExitOk) << err_;
   EXPECT_THAT(out_, HasSubstr("min_compress_elements=2048 allocator=measured target_vnmse=0.001 bits_range=[4,8] "
                               "sample_rate=0.5\n"));
@@ -882,7 +882,7 @@ TEST_F(DynamiqctlClusterTest, SetCompressionPutsTheJobUnderAnErrorBudgetAndBack)
   // --bits alone returns to fixed bits.
   in = Command("set-compression");
   in.job = "job";
-  in.bits = 6;
+  in.compression.bits = 6;
   ASSERT_EQ(RunIt(in), kExitOk) << err_;
   EXPECT_THAT(out_, HasSubstr("codec=dynamiq bits=6 topology=ring min_compress_elements=2048 allocator=measured\n"));
   for (const char* t : {"j", "k", "l"}) AllReduce(t);

@@ -130,16 +130,16 @@ std::string OneLine(absl::string_view s) { return absl::StrReplaceAll(s, {{"\r\n
 std::vector<std::string> GivenCommandFlags(const Invocation& in) {
   std::vector<std::string> given;
   if (in.job) given.push_back("job");
-  if (in.codec) given.push_back("codec");
-  if (in.bits) given.push_back("bits");
-  if (in.topology) given.push_back("topology");
-  if (in.min_compress_elements) given.push_back("min_compress_elements");
-  if (in.allocator) given.push_back("allocator");
-  if (in.target_vnmse) given.push_back("target_vnmse");
-  if (in.min_bits) given.push_back("min_bits");
-  if (in.max_bits) given.push_back("max_bits");
-  if (in.sample_rate) given.push_back("sample_rate");
-  if (in.expected_epoch) given.push_back("expected_epoch");
+  if (in.compression.codec) given.push_back("codec");
+  if (in.compression.bits) given.push_back("bits");
+  if (in.compression.topology) given.push_back("topology");
+  if (in.compression.min_compress_elements) given.push_back("min_compress_elements");
+  if (in.compression.allocator) given.push_back("allocator");
+  if (in.compression.target_vnmse) given.push_back("target_vnmse");
+  if (in.compression.min_bits) given.push_back("min_bits");
+  if (in.compression.max_bits) given.push_back("max_bits");
+  if (in.compression.sample_rate) given.push_back("sample_rate");
+  if (in.compression.expected_epoch) given.push_back("expected_epoch");
   if (in.limit) given.push_back("limit");
   if (in.service) given.push_back("service");
   if (in.interval) given.push_back("interval");
@@ -454,18 +454,8 @@ int Run(const Invocation& in, std::ostream& out, std::ostream& err) {
   }
   if (command == "set-compression") {
     if (!in.job || in.job->empty()) return UsageError(err, "set-compression needs --job");
-    CompressionChange change;
+    CompressionChange change = in.compression;
     change.job_id = *in.job;
-    change.codec = in.codec;
-    change.bits = in.bits;
-    change.topology = in.topology;
-    change.min_compress_elements = in.min_compress_elements;
-    change.allocator = in.allocator;
-    change.target_vnmse = in.target_vnmse;
-    change.min_bits = in.min_bits;
-    change.max_bits = in.max_bits;
-    change.sample_rate = in.sample_rate;
-    change.expected_epoch = in.expected_epoch;
     absl::StatusOr<CompressionChangeResult> result = ChangeCompression(client, change);
     if (!result.ok()) return Failure(err, result.status());
     out << FormatCompressionChange(*result, in.json);

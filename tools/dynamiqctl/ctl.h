@@ -81,16 +81,8 @@ struct Invocation {
   ConnectOptions connect;
   bool json = false;
   std::optional<std::string> job;
-  std::optional<std::string> codec;
-  std::optional<double> bits;
-  std::optional<std::string> topology;
-  std::optional<uint64_t> min_compress_elements;
-  std::optional<std::string> allocator;
-  std::optional<double> target_vnmse;
-  std::optional<double> min_bits;
-  std::optional<double> max_bits;
-  std::optional<double> sample_rate;
-  std::optional<uint64_t> expected_epoch;
+  // set-compression's flags (its job_id comes from `job`).
+  CompressionChange compression;
   std::optional<uint32_t> limit;
   std::optional<std::string> service;
   std::optional<double> interval;      // top: seconds between refreshes (default 1)

@@ -187,16 +187,16 @@ int main(int argc, char** argv) {
   }
   in.json = absl::GetFlag(FLAGS_json);
   in.job = absl::GetFlag(FLAGS_job);
-  in.codec = absl::GetFlag(FLAGS_codec);
-  in.bits = absl::GetFlag(FLAGS_bits);
-  in.topology = absl::GetFlag(FLAGS_topology);
-  in.min_compress_elements = absl::GetFlag(FLAGS_min_compress_elements);
-  in.allocator = absl::GetFlag(FLAGS_allocator);
-  in.target_vnmse = absl::GetFlag(FLAGS_target_vnmse);
-  in.min_bits = absl::GetFlag(FLAGS_min_bits);
-  in.max_bits = absl::GetFlag(FLAGS_max_bits);
-  in.sample_rate = absl::GetFlag(FLAGS_sample_rate);
-  in.expected_epoch = absl::GetFlag(FLAGS_expected_epoch);
+  in.compression.codec = absl::GetFlag(FLAGS_codec);
+  in.compression.bits = absl::GetFlag(FLAGS_bits);
+  in.compression.topology = absl::GetFlag(FLAGS_topology);
+  in.compression.min_compress_elements = absl::GetFlag(FLAGS_min_compress_elements);
+  in.compression.allocator = absl::GetFlag(FLAGS_allocator);
+  in.compression.target_vnmse = absl::GetFlag(FLAGS_target_vnmse);
+  in.compression.min_bits = absl::GetFlag(FLAGS_min_bits);
+  in.compression.max_bits = absl::GetFlag(FLAGS_max_bits);
+  in.compression.sample_rate = absl::GetFlag(FLAGS_sample_rate);
+  in.compression.expected_epoch = absl::GetFlag(FLAGS_expected_epoch);
   in.limit = absl::GetFlag(FLAGS_limit);
   in.service = absl::GetFlag(FLAGS_service);
   in.interval = absl::GetFlag(FLAGS_interval);

@@ -1,4 +1,4 @@
-#include "server/job_coordinator.h"
+#include "server/cluster_job_coordinator.h"
 
 #include <utility>
 
@@ -71,10 +71,10 @@ absl::Status ClusterJobCoordinator::ReportFailure(uint64_t sequence, const absl:
   return cluster_.ReportFailure(job_id_, incarnation_, sequence, cause, deadline);
 }
 
-std::optional<Job::FailureCause> ClusterJobCoordinator::LookupFailure(uint64_t sequence, absl::Time deadline) {
+std::optional<FailureCause> ClusterJobCoordinator::LookupFailure(uint64_t sequence, absl::Time deadline) {
   std::optional<Cluster::Failure> failure = cluster_.LookupFailure(job_id_, incarnation_, sequence, deadline);
   if (!failure.has_value()) return std::nullopt;
-  return Job::FailureCause{failure->node, failure->status};
+  return FailureCause{failure->node, failure->status};
 }
 
 }  // namespace dynamiq::server

@@ -1,0 +1,174 @@
+#include "engine/step_messenger.h"
+
+#include <cmath>
+#include <utility>
+
+namespace dynamiq::engine {
+namespace {
+
+using kernels::Codec;
+
+// Distinct transport tags for every message of a collective: sequence, phase, step, block, part.
+enum Part { kHeader = 0, kPayload = 1 };
+uint64_t Tag(uint64_t sequence, Phase phase, uint32_t step, uint32_t block, Part part) {
+  return ((sequence & 0xffffff) << 40) | (static_cast<uint64_t>(phase) << 38) |
+         (static_cast<uint64_t>(step & 0xffff) << 22) | (static_cast<uint64_t>(block & 0xfffff) << 2) |
+         static_cast<uint64_t>(part);
+}
+
+uint32_t BitsX1000(const Codec& codec) { return static_cast<uint32_t>(std::lround(codec.config().bits * 1000)); }
+
+}  // namespace
+
+StepMessenger::~StepMessenger() {
+  if (!incoming_.empty() || !outgoing_.empty()) t_.Abort();
+  for (auto& [key, in] : incoming_) pool_.Give(std::move(in.payload));
+}
+
+absl::Status StepMessenger::PostReceive(Phase phase, uint32_t step, uint32_t block, int peer, size_t max_bytes) {
+  auto [it, fresh] = incoming_.try_emplace(Key(phase, step, block));
+  if (!fresh) return absl::OkStatus();
+  Incoming& in = it->second;
+  in.peer = peer;
+  in.max_bytes = max_bytes;
+  // A peer that already reset the connection fails the post itself: name it as every other failure
+  // of this peer is named ("from rank <peer>: ").
+  DQ_ASSIGN_OR_RETURN(
+      in.header,
+      Peer(t_.PostRecv(peer, Tag(o_.sequence, phase, step, block, kHeader), absl::MakeSpan(in.header_bytes)), peer));
+  in.tag = Tag(o_.sequence, phase, step, block, kPayload);
+  if (trusted_.count(peer)) DQ_RETURN_IF_ERROR(PostPayload(in, max_bytes));
+  return absl::OkStatus();
+}
+
+absl::Status StepMessenger::Announce(Phase phase, uint32_t step, uint32_t block, const Codec& codec) {
+  auto it = incoming_.find(Key(phase, step, block));
+  if (it == incoming_.end()) return absl::InternalError(absl::StrCat("no receive posted for step ", step));
+  Incoming& in = it->second;
+  if (in.announced) return absl::OkStatus();
+  const int peer = in.peer;
+  DQ_RETURN_IF_ERROR(Peer(t_.Wait(in.header, deadline_), peer));
+  DQ_ASSIGN_OR_RETURN(in.decoded, Peer(DecodeStepHeader(in.header_bytes), peer));
+  DQ_RETURN_IF_ERROR(MatchStepHeader(in.decoded, Expected(phase, step, block, codec, peer)));
+  DQ_RETURN_IF_ERROR(CheckAuthenticationMode(in.decoded, peer));
+  if (in.decoded.payload_bytes > in.max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", peer, " announced ", in.decoded.payload_bytes,
+                                                   " payload bytes at step ", step, ", at most ", in.max_bytes,
+                                                   " are possible"));
+  }
+  if (!in.payload_posted) DQ_RETURN_IF_ERROR(PostPayload(in, in.decoded.payload_bytes));
+  in.announced = true;
+  if (trusted_.insert(peer).second) {
+    // The receives already posted for this peer need not wait for their headers any more.
+    for (auto& [key, other] : incoming_) {
+      if (other.peer == peer && !other.payload_posted) DQ_RETURN_IF_ERROR(PostPayload(other, other.max_bytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepMessenger::Send(Phase phase, uint32_t step, uint32_t block, int peer, const Codec& codec,
+                                 absl::Span<const uint8_t> payload) {
+  if (payload.size() > UINT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("message of ", payload.size(), " bytes exceeds 4 GiB; use smaller pipelining blocks"));
+  }
+  auto [it, fresh] = outgoing_.try_emplace(Key(phase, step, block));
+  if (!fresh) return absl::InternalError(absl::StrCat("message of step ", step, " block ", block, " sent twice"));
+  Outgoing& out = it->second;
+  StepHeader h = Expected(phase, step, block, codec, t_.rank());
+  h.payload_bytes = static_cast<uint32_t>(payload.size());
+  if (o_.authenticator != nullptr) {
+    out.header_bytes = o_.authenticator->Seal(h, static_cast<uint32_t>(peer), payload);
+  } else {
+    h.checksum = PayloadChecksum(payload);
+    out.header_bytes = EncodeStepHeader(h);
+  }
+  DQ_ASSIGN_OR_RETURN(out.header,
+                      Peer(t_.PostSend(peer, Tag(o_.sequence, phase, step, block, kHeader), out.header_bytes), peer));
+  DQ_ASSIGN_OR_RETURN(out.body, Peer(t_.PostSend(peer, Tag(o_.sequence, phase, step, block, kPayload), payload), peer));
+  out.peer = peer;
+  result_.bytes_sent += kStepHeaderBytes + payload.size();
+  if (phase == Phase::kStats) result_.stats_bytes_sent += kStepHeaderBytes + payload.size();
+  return absl::OkStatus();
+}
+
+absl::Status StepMessenger::WaitSent(Phase phase, uint32_t step, uint32_t block) {
+  auto it = outgoing_.find(Key(phase, step, block));
+  if (it == outgoing_.end()) return absl::OkStatus();
+  DQ_RETURN_IF_ERROR(Peer(t_.Wait(it->second.header, deadline_), it->second.peer));
+  DQ_RETURN_IF_ERROR(Peer(t_.Wait(it->second.body, deadline_), it->second.peer));
+  outgoing_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Span<const uint8_t>> StepMessenger::Receive(Phase phase, uint32_t step, uint32_t block,
+                                                                 const Codec& codec) {
+  DQ_RETURN_IF_ERROR(Announce(phase, step, block, codec));
+  Incoming& in = incoming_.at(Key(phase, step, block));
+  const int peer = in.peer;
+  DQ_RETURN_IF_ERROR(Peer(t_.Wait(in.body, deadline_), peer));
+  const absl::Span<const uint8_t> payload(in.payload.data(), in.decoded.payload_bytes);
+  result_.bytes_received += kStepHeaderBytes + payload.size();
+  // Verified before anything decodes it.
+  if (o_.authenticator != nullptr) {
+    if (!o_.authenticator->Verify(in.header_bytes, static_cast<uint32_t>(t_.rank()), payload)) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          "authentication failed: the message from rank ", peer, " at step ", step, " block ", block,
+          " has a bad MAC (a different cluster secret, or altered in transit); its payload was not decoded"));
+    }
+  } else if (PayloadChecksum(payload) != in.decoded.checksum) {
+    return absl::DataLossError(absl::StrCat("payload from rank ", peer, " at step ", step, " block ", block,
+                                            " failed its checksum (corrupted in transit)"));
+  }
+  in.received = true;
+  t_.MessageReceived(peer, kStepHeaderBytes + payload.size());
+  return payload;
+}
+
+void StepMessenger::Release(Phase phase, uint32_t step, uint32_t block) {
+  auto it = incoming_.find(Key(phase, step, block));
+  if (it == incoming_.end() || !it->second.received) return;
+  pool_.Give(std::move(it->second.payload));
+  incoming_.erase(it);
+}
+
+StepHeader StepMessenger::Expected(Phase phase, uint32_t step, size_t block, const Codec& codec, int sender) const {
+  StepHeader h;
+  h.phase = phase;
+  h.codec = static_cast<uint8_t>(codec.id());
+  h.bits_x1000 = BitsX1000(codec);
+  h.sender = static_cast<uint32_t>(sender);
+  h.job_id = o_.job_id;
+  h.config_epoch = o_.config_epoch;
+  h.sequence = o_.sequence;
+  h.step = step;
+  h.block = static_cast<uint32_t>(block);
+  return h;
+}
+
+absl::Status StepMessenger::CheckAuthenticationMode(const StepHeader& received, int peer) const {
+  if (o_.authenticator != nullptr && !received.authenticated) {
+    return absl::UnauthenticatedError(absl::StrCat("authentication failed: rank ", peer,
+                                                   " sent an unauthenticated message (it has no cluster secret?)"));
+  }
+  if (o_.authenticator == nullptr && received.authenticated) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("rank ", peer, " authenticates its messages with a cluster secret, but this rank has none"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepMessenger::PostPayload(Incoming& in, size_t bytes) {
+  in.payload = pool_.Take(bytes);
+  in.payload.resize(bytes);
+  DQ_ASSIGN_OR_RETURN(in.body, Peer(t_.PostRecv(in.peer, in.tag, absl::MakeSpan(in.payload)), in.peer));
+  in.payload_posted = true;
+  return absl::OkStatus();
+}
+
+uint64_t StepMessenger::Key(Phase phase, uint32_t step, size_t block) {
+  return (static_cast<uint64_t>(phase) << 60) | (static_cast<uint64_t>(step) << 32) | block;
+}
+
+}  // namespace dynamiq::engine

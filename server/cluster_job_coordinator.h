@@ -1,0 +1,55 @@
+// ClusterJobCoordinator: a job's JobCoordinator (server/job_coordinator.h) on a daemon of a
+// cluster: its incarnation's keys in the Cluster (configuration changes, failure causes), and the
+// transport of the node's device kind (Gloo, counted per peer node; NCCL on GPU nodes), connected
+// through the Cluster's store under the incarnation's rendezvous prefix. Thread-safe (the Cluster
+// is).
+#ifndef DQ_SERVER_CLUSTER_JOB_COORDINATOR_H_
+#define DQ_SERVER_CLUSTER_JOB_COORDINATOR_H_
+
+#include <stdint.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/transport.h"
+#include "server/cluster.h"
+#include "server/job_config.h"
+#include "server/job_coordinator.h"
+#include "server/metrics.h"
+
+namespace dynamiq::server {
+
+// Where a job's transport connects and how: the node, its device kind, and what counts bytes.
+struct JobTransportSettings {
+  uint32_t node_rank = 0;
+  uint32_t num_nodes = 1;
+  DeviceKind device = DeviceKind::kCpu;
+  int cuda_device = 0;
+  absl::Duration timeout;
+  std::string peer_host;       // the host this node's transport listens on
+  Metrics* metrics = nullptr;  // bytes per peer node (CPU nodes)
+};
+
+class ClusterJobCoordinator final : public JobCoordinator {
+ public:
+  ClusterJobCoordinator(Cluster& cluster, std::string job_id, uint64_t incarnation, JobTransportSettings settings);
+
+  absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(uint64_t generation, uint64_t sequence) override;
+  absl::StatusOr<bool> PollConfig(uint64_t sequence, uint64_t* epoch, JobConfig* config) override;
+  absl::Status ReportFailure(uint64_t sequence, const absl::Status& cause, absl::Time deadline) override;
+  std::optional<FailureCause> LookupFailure(uint64_t sequence, absl::Time deadline) override;
+
+ private:
+  Cluster& cluster_;
+  const std::string job_id_;
+  const uint64_t incarnation_;
+  const JobTransportSettings settings_;
+};
+
+}  // namespace dynamiq::server
+
+#endif  // DQ_SERVER_CLUSTER_JOB_COORDINATOR_H_

@@ -1,0 +1,118 @@
+#include "server/cross_node_group.h"
+
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/time.h"
+
+namespace dynamiq::server {
+namespace {
+
+// How long a node's reports of why it failed collectives may take in all (a worker leaving can fail
+// many queued ones at once).
+constexpr absl::Duration kReportTimeout = absl::Seconds(1);
+// How long a node whose cross-node part was cut short waits for the cause. The failing node reports
+// before it breaks the group, so after a reset the cause is there (or a report is a moment away:
+// the failing node's reducer may close the old group first); a node that ran into its own deadline
+// may have done so a moment before the other node's watchdog fired. A failure nobody explains (a
+// daemon killed) reaches the workers this much later.
+constexpr absl::Duration kCauseWaitAfterReset = absl::Milliseconds(300);
+constexpr absl::Duration kCauseWaitAfterDeadline = absl::Seconds(1);
+
+// `message` without its leading "collective <seq> of job <id>" (and the ": " or " " after it).
+absl::string_view WithoutCollectivePrefix(absl::string_view message, absl::string_view prefix) {
+  if (absl::ConsumePrefix(&message, prefix) && !absl::ConsumePrefix(&message, ": ")) {
+    absl::ConsumePrefix(&message, " ");
+  }
+  return message;
+}
+
+}  // namespace
+
+CrossNodeGroup::CrossNodeGroup(std::string job_id, uint32_t num_nodes, std::shared_ptr<JobCoordinator> coordinator)
+    : job_id_(std::move(job_id)), num_nodes_(num_nodes), coordinator_(std::move(coordinator)) {}
+
+absl::StatusOr<engine::Transport*> CrossNodeGroup::Connected(uint64_t sequence) {
+  absl::MutexLock lock(&mu_);
+  if (pending_generations_ > 0) {
+    transport_.reset();
+    generation_ += pending_generations_;
+    pending_generations_ = 0;
+  }
+  if (!transport_) {
+    if (coordinator_ == nullptr) return absl::FailedPreconditionError("a job of one node has no transport");
+    auto connected = coordinator_->Connect(generation_, sequence);
+    if (!connected.ok()) {
+      ++generation_;  // this collective failed: the next one meets the others at the next generation
+      return absl::Status(connected.status().code(), absl::StrCat("collective ", sequence, " of job ", job_id_, ": ",
+                                                                  connected.status().message()));
+    }
+    transport_ = *std::move(connected);
+    ++transport_serial_;
+  }
+  return transport_.get();
+}
+
+void CrossNodeGroup::Drop(bool abort) {
+  absl::MutexLock lock(&mu_);
+  if (abort && transport_) transport_->Abort();
+  transport_.reset();
+  ++generation_;
+}
+
+CrossNodeGroup::Break CrossNodeGroup::Decide(Failures failures) {
+  Break broken;
+  if (num_nodes_ <= 1) return broken;
+  absl::MutexLock lock(&mu_);
+  pending_generations_ += failures.size();
+  broken.failures = std::move(failures);
+  broken.transport = transport_serial_;
+  return broken;
+}
+
+void CrossNodeGroup::Announce(const Break& broken) {
+  if (broken.failures.empty()) return;
+  Report(broken.failures);
+  absl::MutexLock lock(&mu_);
+  if (transport_ && transport_serial_ == broken.transport) transport_->Abort();
+}
+
+void CrossNodeGroup::Report(const Failures& failures) {
+  if (num_nodes_ <= 1 || coordinator_ == nullptr) return;
+  const absl::Time deadline = absl::Now() + kReportTimeout;  // for all of them together
+  for (const auto& [sequence, cause] : failures) {
+    // Give up once the coordinator is out of reach.
+    if (!coordinator_->ReportFailure(sequence, cause, deadline).ok()) break;
+  }
+}
+
+void CrossNodeGroup::Abort() {
+  absl::MutexLock lock(&mu_);
+  if (transport_) transport_->Abort();
+}
+
+void CrossNodeGroup::Close() {
+  absl::MutexLock lock(&mu_);
+  transport_.reset();
+  pending_generations_ = 0;
+}
+
+absl::Status CrossNodeGroup::WithRemoteCause(uint64_t sequence, absl::Status error) {
+  // A peer that breaks the group resets the connections (UNAVAILABLE), or this node's step runs into
+  // its deadline first (a peer's watchdog fires at about the same time). ABORTED is this node's own
+  // abort (Stop, its own break): nothing to look up.
+  if (num_nodes_ <= 1 || coordinator_ == nullptr || (!absl::IsUnavailable(error) && !absl::IsDeadlineExceeded(error))) {
+    return error;
+  }
+  const absl::Duration wait = absl::IsUnavailable(error) ? kCauseWaitAfterReset : kCauseWaitAfterDeadline;
+  std::optional<FailureCause> cause = coordinator_->LookupFailure(sequence, absl::Now() + wait);
+  if (!cause.has_value() || cause->status.ok()) return error;
+  const std::string prefix = absl::StrCat("collective ", sequence, " of job ", job_id_);
+  return absl::Status(cause->status.code(),
+                      absl::StrCat(prefix, " failed on node ", cause->node, ": ",
+                                   WithoutCollectivePrefix(cause->status.message(), prefix),
+                                   " (here: ", WithoutCollectivePrefix(error.message(), prefix), ")"));
+}
+
+}  // namespace dynamiq::server

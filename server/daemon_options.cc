@@ -1,0 +1,50 @@
+#include "server/daemon_options.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace dynamiq::server {
+
+bool DaemonHasCudaSupport() {
+#ifdef DQ_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
+  if (o.num_nodes == 0 || o.node_rank >= o.num_nodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--node_rank ", o.node_rank, " is not in a cluster of ", o.num_nodes, " nodes"));
+  }
+  if (o.coordinator.empty() && o.num_nodes > 1 && o.node_rank != 0) {
+    return absl::InvalidArgumentError("--coordinator is required on nodes other than node 0");
+  }
+  if (o.metrics_port < -1 || o.metrics_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_port must be -1 (off), 0 (any free port) or a port, got ", o.metrics_port));
+  }
+  if (!(o.error_sample_rate >= 0 && o.error_sample_rate <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--error_sample_rate must be in [0, 1], got ", o.error_sample_rate));
+  }
+  if (o.device != DeviceKind::kCuda) return absl::OkStatus();
+  if (!DaemonHasCudaSupport()) {
+    return absl::FailedPreconditionError(
+        "--device=cuda: this dynamiqd was built without CUDA and NCCL (DQ_ENABLE_CUDA=OFF, or nvcc, nccl.h or "
+        "libnccl not found at build time); run --device=cpu or rebuild on a machine with the CUDA toolkit and NCCL");
+  }
+  if (o.cuda_device < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--cuda_device must be 0 or more, got ", o.cuda_device));
+  }
+  if (absl::Status s = CheckConfigForDevice(o.default_config, DeviceKind::kCuda); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("default compression of new jobs: ", s.message()));
+  }
+  if (!o.security.cluster_secret_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--cluster_secret_file cannot be used with --device=cuda: the NCCL transfers between GPU nodes carry no "
+        "message authentication (docs/security.md)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dynamiq::server

@@ -1,0 +1,65 @@
+// DaemonOptions: how a dynamiqd runs (its flags, server/main.cc), and the checks Daemon::Start makes
+// of them before it binds anything.
+#ifndef DQ_SERVER_DAEMON_OPTIONS_H_
+#define DQ_SERVER_DAEMON_OPTIONS_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <limits>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/env.h"
+#include "server/job_config.h"
+#include "server/security.h"
+
+namespace dynamiq::server {
+
+struct DaemonOptions {
+  uint32_t node_rank = 0;
+  uint32_t num_nodes = 1;
+  // host:port of the coordinator's gRPC server; empty: node 0 serves it on `listen`.
+  std::string coordinator;
+  // Operator / peer gRPC address (TCP). Its host is also the address Gloo binds for peers.
+  std::string listen = "127.0.0.1:7070";
+  std::string worker_socket = common::DefaultWorkerSocket();
+  JobConfig default_config;
+  absl::Duration timeout = absl::Seconds(300);
+  // Shared memory limits.
+  size_t max_shm_bytes = size_t{64} << 30;
+  // Buffers all workers together may hold (each kind: shared memory, device memory). Every shared
+  // memory buffer is one mapping of the daemon's, and vm.max_map_count (65530 by default) bounds
+  // them all: past it mmap fails for everything else too.
+  size_t max_buffers = 16384;
+  // Jobs the daemon runs at once (each has a reducer thread and its transports).
+  size_t max_jobs = 256;
+  // Prometheus /metrics port on the host of `listen`: 0 picks a free one, -1 serves none (the
+  // default here, so in-process daemons never collide; dynamiqd's flag defaults to 9400).
+  int metrics_port = -1;
+  // Fraction (0..1) of compressed cross-node collectives whose error is measured (see
+  // server/error_probe.h). Node 0's value applies to the whole cluster.
+  double error_sample_rate = 0.01;
+  // Operator token, cluster secret and TLS files (server/security.h, docs/security.md); unset: off.
+  SecurityOptions security;
+  // Where jobs reduce: kCuda needs a build with CUDA and NCCL and CUDA device `cuda_device`
+  // (Start fails with FAILED_PRECONDITION otherwise), codecs none/bf16/dynamiq, no error budget
+  // and no cluster secret (the NCCL path is not authenticated).
+  DeviceKind device = DeviceKind::kCpu;
+  int cuda_device = 0;
+  // Device memory limit of all workers' device buffers together (kCuda).
+  size_t max_device_bytes = std::numeric_limits<size_t>::max();
+};
+
+// True if this dynamiqd was built with the device path (CUDA and NCCL found).
+bool DaemonHasCudaSupport();
+
+// INVALID_ARGUMENT naming the flag for options that contradict each other or are out of range;
+// FAILED_PRECONDITION for --device=cuda in a build without CUDA and NCCL. The device itself is
+// checked when the daemon starts.
+absl::Status ValidateDaemonOptions(const DaemonOptions& options);
+
+}  // namespace dynamiq::server
+
+#endif  // DQ_SERVER_DAEMON_OPTIONS_H_
