@@ -362,6 +362,7 @@ absl::Status Client::CheckAllReduce(const Buffer& buffer, size_t offset_bytes, s
 absl::Status Client::AllReduce(const Buffer& buffer, size_t offset_bytes, size_t num_elements, DType dtype,
                                absl::string_view tensor_name, bool average, AllReduceResult* result) {
   DQ_RETURN_IF_ERROR(CheckAllReduce(buffer, offset_bytes, num_elements, dtype, tensor_name));
+  DQ_RETURN_IF_ERROR(buffer.impl_->device_mapping.WaitForWrites());
   const dynamiq::v1::AllReduceRequest request =
       MakeAllReduceRequest(*connection_, buffer, offset_bytes, num_elements, dtype, tensor_name, average);
   const absl::Duration timeout = connection_->options().timeout;
@@ -379,8 +380,10 @@ absl::Status Client::AllReduce(const Buffer& buffer, size_t offset_bytes, size_t
 Future Client::AllReduceAsync(const Buffer& buffer, size_t offset_bytes, size_t num_elements, DType dtype,
                               absl::string_view tensor_name, bool average) {
   auto state = std::make_shared<FutureState>();
-  if (absl::Status invalid = CheckAllReduce(buffer, offset_bytes, num_elements, dtype, tensor_name); !invalid.ok()) {
-    state->Complete(std::move(invalid));
+  absl::Status ready = CheckAllReduce(buffer, offset_bytes, num_elements, dtype, tensor_name);
+  if (ready.ok()) ready = buffer.impl_->device_mapping.WaitForWrites();
+  if (!ready.ok()) {
+    state->Complete(std::move(ready));
     return Future(std::move(state));
   }
   const absl::Duration timeout = connection_->options().timeout;

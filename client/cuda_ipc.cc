@@ -8,6 +8,8 @@
 
 #ifdef DQ_CLIENT_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "common/cuda_check.h"
 #endif
 
 namespace dynamiq::client::internal {
@@ -51,26 +53,6 @@ absl::StatusOr<int> FindDevice(absl::string_view uuid, int device) {
                                                     " devices this process sees; check CUDA_VISIBLE_DEVICES"));
 }
 
-// Makes `device` current and restores the previous device when destroyed.
-class CurrentDevice {
- public:
-  explicit CurrentDevice(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
-      (void)cudaGetLastError();
-      previous_ = -1;
-    }
-    error_ = previous_ == device ? cudaSuccess : cudaSetDevice(device);
-  }
-  ~CurrentDevice() {
-    if (previous_ >= 0 && error_ == cudaSuccess) (void)cudaSetDevice(previous_);
-  }
-  cudaError_t error() const { return error_; }
-
- private:
-  int previous_ = -1;
-  cudaError_t error_ = cudaSuccess;
-};
-
 }  // namespace
 
 bool CudaIpcSupported() { return true; }
@@ -84,10 +66,11 @@ absl::StatusOr<CudaIpcMapping> CudaIpcMapping::Open(absl::string_view handle, ab
   std::memcpy(&h, handle.data(), sizeof(h));
   absl::StatusOr<int> local = FindDevice(uuid, device);
   if (!local.ok()) return local.status();
-  CurrentDevice current(*local);
-  if (current.error() != cudaSuccess) {
-    (void)cudaGetLastError();
-    return absl::FailedPreconditionError(CudaError("cudaSetDevice", current.error()));
+  common::ScopedDevice current(*local);
+  if (!current.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("cudaSetDevice(", *local,
+                                                      ") failed: the worker cannot use the "
+                                                      "CUDA device that holds dynamiqd's buffer"));
   }
   void* data = nullptr;
   if (cudaError_t e = cudaIpcOpenMemHandle(&data, h, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess) {
@@ -103,10 +86,21 @@ absl::StatusOr<CudaIpcMapping> CudaIpcMapping::Open(absl::string_view handle, ab
 absl::Status CudaIpcMapping::Close() {
   if (data_ == nullptr) return absl::OkStatus();
   void* data = std::exchange(data_, nullptr);
-  CurrentDevice current(device_);
+  common::ScopedDevice current(device_);
   if (cudaError_t e = cudaIpcCloseMemHandle(data); e != cudaSuccess) {
     (void)cudaGetLastError();
     return absl::InternalError(CudaError("cudaIpcCloseMemHandle", e));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaIpcMapping::WaitForWrites() const {
+  if (data_ == nullptr) return absl::OkStatus();
+  common::ScopedDevice current(device_);
+  if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::InternalError(
+        absl::StrCat("waiting for this process's writes to a device buffer: ", CudaError("cudaDeviceSynchronize", e)));
   }
   return absl::OkStatus();
 }
@@ -125,6 +119,8 @@ absl::Status CudaIpcMapping::Close() {
   data_ = nullptr;
   return absl::OkStatus();
 }
+
+absl::Status CudaIpcMapping::WaitForWrites() const { return absl::OkStatus(); }
 
 #endif  // DQ_CLIENT_HAVE_CUDA
 

@@ -41,6 +41,11 @@ class CudaIpcMapping {
 
   // Closes the mapping; idempotent.
   absl::Status Close();
+  // Waits until every write this process issued on the mapping's device (any stream) has completed.
+  // The daemon reads a device buffer as soon as the all-reduce request arrives, on its own stream,
+  // and cannot order itself after a worker's kernels or copies; the client calls this before every
+  // all-reduce of a device buffer. INTERNAL if the device reports an error.
+  absl::Status WaitForWrites() const;
   // The device pointer in this process (nullptr when closed) and its device's ordinal here.
   void* data() const { return data_; }
   int device() const { return device_; }

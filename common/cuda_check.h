@@ -32,22 +32,60 @@ inline absl::Status CudaErrorStatus(cudaError_t error, const char* expr, const c
   }
 }
 
-// Makes `device` current for the calling thread and restores the previous device on exit, so
-// code driven from threads that work on other devices leaves their device as it found it.
+// The driver's cuCtxGetCurrent and cuCtxSetCurrent, looked up through the runtime (so nothing links
+// libcuda); null where the driver does not provide them.
+struct CudaContextCalls {
+  int (*get_current)(void** context) = nullptr;
+  int (*set_current)(void* context) = nullptr;
+};
+inline const CudaContextCalls& ContextCalls() {
+  static const CudaContextCalls calls = [] {
+    CudaContextCalls c;
+    void* get = nullptr;
+    void* set = nullptr;
+    cudaDriverEntryPointQueryResult found_get, found_set;
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 12000, cudaEnableDefault, &found_get) ==
+            cudaSuccess &&
+        cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 12000, cudaEnableDefault, &found_set) ==
+            cudaSuccess &&
+        found_get == cudaDriverEntryPointSuccess && found_set == cudaDriverEntryPointSuccess) {
+      c.get_current = reinterpret_cast<int (*)(void**)>(get);
+      c.set_current = reinterpret_cast<int (*)(void*)>(set);
+    } else {
+      (void)cudaGetLastError();
+    }
+    return c;
+  }();
+  return calls;
+}
+
+// Makes `device` current for the calling thread and, on exit, leaves the thread as it found it:
+// back on its previous device, or without any current context when it had none. A thread that
+// never chose a device reports device 0 from cudaGetDevice; switching "back" to it would create a
+// context on GPU 0 (about 0.5 GB) in every process whose threads only ever use another GPU.
 class ScopedDevice {
  public:
   explicit ScopedDevice(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
+    const CudaContextCalls& calls = ContextCalls();
+    void* context = nullptr;
+    had_context_ = calls.get_current == nullptr || (calls.get_current(&context) == 0 && context != nullptr);
+    if (had_context_ && cudaGetDevice(&previous_) != cudaSuccess) {
       (void)cudaGetLastError();
       previous_ = -1;
     }
-    if (previous_ != device) {
+    if (!had_context_ || previous_ != device) {
       ok_ = cudaSetDevice(device) == cudaSuccess;
       if (!ok_) (void)cudaGetLastError();
+      changed_ = ok_;
     }
   }
   ~ScopedDevice() {
-    if (previous_ >= 0 && ok_) (void)cudaSetDevice(previous_);
+    if (!changed_) return;
+    if (!had_context_) {
+      (void)ContextCalls().set_current(nullptr);  // no context current, as before
+    } else if (previous_ >= 0) {
+      (void)cudaSetDevice(previous_);
+    }
   }
   ScopedDevice(const ScopedDevice&) = delete;
   ScopedDevice& operator=(const ScopedDevice&) = delete;
@@ -55,8 +93,10 @@ class ScopedDevice {
   bool ok() const { return ok_; }
 
  private:
+  bool had_context_ = true;
   int previous_ = -1;
   bool ok_ = true;
+  bool changed_ = false;
 };
 
 }  // namespace dynamiq::common

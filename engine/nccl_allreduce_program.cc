@@ -431,14 +431,6 @@ absl::StatusOr<std::vector<std::vector<size_t>>> NcclChunkBytes(const Codec& cod
         return absl::InvalidArgumentError(absl::StrCat("chunk of ", chunk.count, " elements exceeds the limit of ",
                                                        kernels::kMaxChunkElements, "; lower block_elements"));
       }
-      // DynamiqCodec rejects a chunk that does not start on a super-group boundary, which
-      // ChunkOf produces for the empty trailing chunks of a block whose size is not a multiple of
-      // 256 (engine::AllReduce fails there too). Every rank fails here, before any chunk moves.
-      if (codec.id() == CodecId::kDynamiq && chunk.begin % kernels::kSuperGroupSize != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "chunk ", c, " of block ", k, " (", plan.num_elements, " elements) is empty and starts at element ",
-            chunk.begin, ", not on a super-group boundary: the dynamiq codec cannot lay it out"));
-      }
       bytes[k][c] = codec.MaxEncodedBytes(plan, chunk);
       if (bytes[k][c] - kernels::kChunkHeaderBytes > UINT32_MAX) {  // ChunkHeader::payload_bytes
         return absl::InvalidArgumentError(absl::StrCat("chunk ", c, " of block ", k, " would carry ", bytes[k][c],

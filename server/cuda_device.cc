@@ -41,9 +41,16 @@ class CudaDeviceMemory final : public ipc::DeviceMemory {
           absl::StrCat("CUDA device ", device_, " has no ", bytes, " bytes free (cudaMalloc: out of memory)"));
     }
     DQ_CUDA_RETURN_IF_ERROR(error);
-    // Zeroed: the memory may have held another worker's data.
+    // Zeroed: the memory may have held another worker's data. A memset is asynchronous to the host;
+    // wait for it (on a stream of its own, not the whole device, where collectives run) before the
+    // worker gets the handle, so its first writes cannot land before the zeros.
     absl::Status status = [&]() -> absl::Status {
-      DQ_CUDA_RETURN_IF_ERROR(cudaMemset(data, 0, bytes));
+      cudaStream_t stream = nullptr;
+      DQ_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      cudaError_t zeroed = cudaMemsetAsync(data, 0, bytes, stream);
+      if (zeroed == cudaSuccess) zeroed = cudaStreamSynchronize(stream);
+      (void)cudaStreamDestroy(stream);
+      DQ_CUDA_RETURN_IF_ERROR(zeroed);
       return absl::OkStatus();
     }();
     cudaIpcMemHandle_t handle;
@@ -212,6 +219,20 @@ absl::Status CheckCudaDevice(int device) {
   if (device < 0 || device >= count) {
     return absl::FailedPreconditionError(absl::StrCat("--cuda_device=", device, " but ", count, " CUDA device",
                                                       count == 1 ? " is" : "s are", " visible (0..", count - 1, ")"));
+  }
+  int compute_mode = cudaComputeModeDefault;
+  DQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&compute_mode, cudaDevAttrComputeMode, device));
+  if (compute_mode != cudaComputeModeDefault) {
+    // Workers' device buffers are this process's memory opened in theirs through CUDA IPC, and the
+    // daemon and every worker hold a context on the GPU at once: only the DEFAULT mode allows that.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--device=cuda: CUDA device ", device, " is in compute mode ",
+        compute_mode == cudaComputeModeExclusiveProcess ? "EXCLUSIVE_PROCESS"
+        : compute_mode == cudaComputeModeProhibited     ? "PROHIBITED"
+                                                        : absl::StrCat(compute_mode),
+        ", but dynamiqd shares device buffers with its workers through CUDA IPC, which needs DEFAULT: set it with "
+        "`nvidia-smi -i ",
+        device, " -c DEFAULT`, or run --device=cpu"));
   }
   ScopedDevice scoped(device);
   DQ_RETURN_IF_ERROR(MakeCurrent(scoped, device));

@@ -76,6 +76,10 @@ class Client {
   /// UNIMPLEMENTED if this library was built without CUDA, FAILED_PRECONDITION if the daemon runs
   /// with --device=cpu or its device is not visible to this process, RESOURCE_EXHAUSTED when the
   /// device is out of memory. The worker must be a separate process from the daemon.
+  /// Ordering: AllReduce() and AllReduceAsync() of a device buffer first wait until every write this
+  /// process issued on that device has completed (cudaDeviceSynchronize), since the daemon reads the
+  /// buffer as soon as the request arrives; results are in the buffer when the call returns (or the
+  /// Future is ready), with no further synchronization needed.
   absl::StatusOr<Buffer> Allocate(size_t bytes, MemoryKind kind = MemoryKind::kHost);
 
   /// All-reduces `num_elements` elements of `dtype` starting `offset_bytes` into `buffer`, in place:
