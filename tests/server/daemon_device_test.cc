@@ -46,6 +46,13 @@
 namespace dynamiq::server {
 namespace {
 
+// The built binaries, or (on a GPU machine running scripts/gpu-check from a bundle) where the
+// environment says they are: DQ_DYNAMIQD, DQ_DEVICE_WORKER.
+std::string BinaryPath(const char* variable, const char* built) {
+  const char* overridden = std::getenv(variable);
+  return overridden != nullptr && *overridden != '\0' ? overridden : built;
+}
+
 using ::dynamiq::testing::IsOk;
 using ::dynamiq::testing::StatusIs;
 using ::dynamiq::testing::TempDir;
@@ -455,7 +462,7 @@ std::pair<int, std::string> RunCommand(const std::string& command) {
 
 // A dynamiqd that is expected to refuse its flags; `timeout` ends one that starts instead (status 124).
 std::string Dynamiqd(const TempDir& temp, const std::string& flags) {
-  return absl::StrCat("timeout 20 ", DQ_DYNAMIQD,
+  return absl::StrCat("timeout 20 ", BinaryPath("DQ_DYNAMIQD", DQ_DYNAMIQD),
                       " --listen=127.0.0.1:0 --metrics_port=-1 --worker_socket=", temp.path(), "/d.sock ", flags);
 }
 
@@ -481,7 +488,7 @@ TEST(DynamiqdDeviceFlagsTest, CudaWithoutAGpuOrWithoutNcclFailsWithAClearMessage
 }
 
 TEST(DynamiqdDeviceFlagsTest, HelpDocumentsTheDeviceFlags) {
-  auto [code, output] = RunCommand(absl::StrCat(DQ_DYNAMIQD, " --help"));
+  auto [code, output] = RunCommand(absl::StrCat(BinaryPath("DQ_DYNAMIQD", DQ_DYNAMIQD), " --help"));
   EXPECT_THAT(output, HasSubstr("--device"));
   EXPECT_THAT(output, HasSubstr("--cuda_device"));
   EXPECT_THAT(output, HasSubstr("CUDA IPC"));
@@ -491,11 +498,11 @@ TEST(DynamiqdDeviceFlagsTest, HelpDocumentsTheDeviceFlags) {
 // build machine's path and exits 0, flag names may use dashes, stray words and a budget on one node are errors.
 TEST(DynamiqdFlagsTest, VersionHelpDashesStrayWordsAndABudgetOnOneNode) {
   TempDir temp;
-  auto [code, output] = RunCommand(absl::StrCat(DQ_DYNAMIQD, " --version"));
+  auto [code, output] = RunCommand(absl::StrCat(BinaryPath("DQ_DYNAMIQD", DQ_DYNAMIQD), " --version"));
   EXPECT_EQ(code, 0) << output;
   EXPECT_THAT(output, HasSubstr("dynamiqd 0."));
   EXPECT_THAT(output, HasSubstr("(commit "));
-  std::tie(code, output) = RunCommand(absl::StrCat(DQ_DYNAMIQD, " --help"));
+  std::tie(code, output) = RunCommand(absl::StrCat(BinaryPath("DQ_DYNAMIQD", DQ_DYNAMIQD), " --help"));
   EXPECT_EQ(code, 0) << "--help is an answer, not an error (issue 18)";
   EXPECT_THAT(output, HasSubstr("dynamiqd: per-node daemon"));
   EXPECT_THAT(output, Not(HasSubstr("dynamiqd: dynamiqd:")));
@@ -524,7 +531,8 @@ pid_t SpawnDeviceWorker(const std::string& socket, int rank, int size, int globa
     const std::string args[] = {
         socket,         absl::StrCat(rank), absl::StrCat(size), absl::StrCat(global), absl::StrCat(contributors),
         absl::StrCat(n)};
-    execl(DQ_DEVICE_WORKER, DQ_DEVICE_WORKER, args[0].c_str(), args[1].c_str(), args[2].c_str(), args[3].c_str(),
+    const std::string worker = BinaryPath("DQ_DEVICE_WORKER", DQ_DEVICE_WORKER);
+    execl(worker.c_str(), worker.c_str(), args[0].c_str(), args[1].c_str(), args[2].c_str(), args[3].c_str(),
           args[4].c_str(), args[5].c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
