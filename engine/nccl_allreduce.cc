@@ -506,6 +506,12 @@ absl::Status CudaBackend::Ready(int block) {
 absl::StatusOr<AllReduceResult> NcclAllReduce(const Codec& codec, NcclTransport& transport,
                                               const AllReduceOptions& options, const float* device_in,
                                               float* device_out, size_t num_elements, void* stream) {
+  return DeviceAllReduce(codec, transport, transport.device(), options, device_in, device_out, num_elements, stream);
+}
+
+absl::StatusOr<AllReduceResult> DeviceAllReduce(const Codec& codec, Transport& transport, int device,
+                                                const AllReduceOptions& options, const float* device_in,
+                                                float* device_out, size_t num_elements, void* stream) {
   const DynamiqCodec* dynamiq = nullptr;
   switch (codec.id()) {
     case CodecId::kNone:
@@ -526,10 +532,10 @@ absl::StatusOr<AllReduceResult> NcclAllReduce(const Codec& codec, NcclTransport&
   if (num_elements > 0 && (device_in == nullptr || device_out == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", transport.rank(), ": null device buffer"));
   }
-  ScopedDevice scoped_device(transport.device());
+  ScopedDevice scoped_device(device);
   if (!scoped_device.ok()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("rank ", transport.rank(), ": cannot make device ", transport.device(), " current"));
+        absl::StrCat("rank ", transport.rank(), ": cannot make device ", device, " current"));
   }
   CudaBackend backend(codec, dynamiq, static_cast<cudaStream_t>(stream), device_in, device_out, num_elements);
   return RunNcclAllReduce(codec, transport, options, num_elements, backend);

@@ -57,6 +57,14 @@ absl::StatusOr<AllReduceResult> NcclAllReduce(const kernels::Codec& codec, NcclT
                                               const AllReduceOptions& options, const float* device_in,
                                               float* device_out, size_t num_elements, void* stream);
 
+// The same all-reduce, the same kernels and the same result bit for bit, over any transport that
+// moves device memory of CUDA device `device`: an NcclTransport, or a HostStagedTransport
+// (engine/host_staged_transport.h: the hybrid path, compressed chunks through pinned host memory
+// over Gloo TCP). The protocol only needs each pair's messages matched by tag, which both do.
+absl::StatusOr<AllReduceResult> DeviceAllReduce(const kernels::Codec& codec, Transport& transport, int device,
+                                                const AllReduceOptions& options, const float* device_in,
+                                                float* device_out, size_t num_elements, void* stream);
+
 }  // namespace dynamiq::engine
 
 #endif  // DQ_ENGINE_NCCL_ALLREDUCE_H_

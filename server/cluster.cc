@@ -175,13 +175,14 @@ absl::StatusOr<double> Cluster::AgreeOnErrorSampleRate(double mine) {
 
 absl::Status Cluster::AgreeOnDevice(absl::string_view mine) {
   if (options_.num_nodes <= 1) return absl::OkStatus();
-  // A CPU node runs Gloo, a GPU node NCCL: they would never meet. Say so at startup.
+  // A CPU node runs Gloo, a GPU node NCCL or staged Gloo: they would never meet. Say so at startup.
   const std::string key = "cluster/device";
   if (options_.node_rank == 0) return store_->Set(key, mine);
   DQ_ASSIGN_OR_RETURN(std::string theirs, WaitForStartKey(key));
   if (theirs != mine) {
-    return absl::FailedPreconditionError(absl::StrCat("node 0 runs --device=", theirs, " but this node --device=", mine,
-                                                      ": every node of a cluster must run the same --device"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("node 0 runs --device=", theirs, " but this node --device=", mine,
+                     ": every node of a cluster must run the same --device and --transport"));
   }
   return absl::OkStatus();
 }

@@ -3,10 +3,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/gloo_transport.h"
 #include "engine/store.h"
 #include "server/counting_transport.h"
 #ifdef DQ_HAVE_NCCL
+#include "engine/host_staged_transport.h"
 #include "engine/nccl_transport.h"
 #endif
 
@@ -39,7 +41,7 @@ absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connec
   const int rank = static_cast<int>(settings_.node_rank);
   const int size = static_cast<int>(settings_.num_nodes);
 #ifdef DQ_HAVE_NCCL
-  if (settings_.device == DeviceKind::kCuda) {
+  if (settings_.device == DeviceKind::kCuda && settings_.nccl) {
     // The device all-reduce drives the NCCL transport itself (no per-peer byte counting).
     absl::StatusOr<std::unique_ptr<engine::Transport>> nccl =
         engine::ConnectNcclTransport(scoped, rank, size, settings_.cuda_device, settings_.timeout);
@@ -60,7 +62,16 @@ absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connec
                         absl::StrCat(gloo.status().message(), cluster_.IncarnationHint(job_id_, incarnation_)));
   }
   // Counts bytes per peer node (dynamiq_peer_bytes_total).
-  return std::unique_ptr<engine::Transport>(std::make_unique<CountingTransport>(*std::move(gloo), settings_.metrics));
+  auto counted = std::make_unique<CountingTransport>(*std::move(gloo), settings_.metrics);
+#ifdef DQ_HAVE_NCCL
+  if (settings_.device == DeviceKind::kCuda) {
+    // The hybrid path: the device all-reduce's chunks staged through pinned host memory.
+    DQ_ASSIGN_OR_RETURN(std::unique_ptr<engine::HostStagedTransport> staged,
+                        engine::HostStagedTransport::Create(std::move(counted), settings_.cuda_device));
+    return std::unique_ptr<engine::Transport>(std::move(staged));
+  }
+#endif
+  return std::unique_ptr<engine::Transport>(std::move(counted));
 }
 
 absl::StatusOr<bool> ClusterJobCoordinator::PollConfig(uint64_t sequence, uint64_t* epoch, JobConfig* config) {

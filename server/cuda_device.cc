@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_check.h"
 #include "common/status_macros.h"
+#include "engine/host_staged_transport.h"
 #include "engine/nccl_allreduce.h"
 #include "engine/nccl_transport.h"
 #include "kernels/cuda/reduce_kernels.h"
@@ -157,15 +158,19 @@ class CudaDataPath final : public DataPath {
   absl::StatusOr<CrossNodeResult> CrossNode(const kernels::Codec& codec, engine::Transport& transport,
                                             const engine::AllReduceOptions& options, size_t n,
                                             double /*error_sample_rate*/) override {
+    // NCCL, or Gloo staged through pinned host memory (the hybrid path), on this device.
     auto* nccl = dynamic_cast<engine::NcclTransport*>(&transport);
-    if (nccl == nullptr || nccl->device() != device_) {
-      return absl::InvalidArgumentError(absl::StrCat("the device all-reduce needs an NCCL transport on device ",
-                                                     device_, ", not a ", transport.name(), " transport"));
+    auto* staged = dynamic_cast<engine::HostStagedTransport*>(&transport);
+    const int transport_device = nccl != nullptr ? nccl->device() : staged != nullptr ? staged->device() : -1;
+    if (transport_device != device_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the device all-reduce needs an NCCL or staged transport on device ", device_, ", not a ",
+                       transport.name(), " transport"));
     }
     if (sum_data_ == nullptr) return absl::FailedPreconditionError("CrossNode before LocalReduce");
-    // In place on the sum; NcclAllReduce orders its work after the local reduce queued on stream_.
+    // In place on the sum; the device all-reduce orders its work after the local reduce queued on stream_.
     DQ_ASSIGN_OR_RETURN(engine::AllReduceResult result,
-                        engine::NcclAllReduce(codec, *nccl, options, sum_data_, sum_data_, n, stream_));
+                        engine::DeviceAllReduce(codec, transport, device_, options, sum_data_, sum_data_, n, stream_));
     CrossNodeResult out;
     out.bytes_sent = result.bytes_sent;
     return out;

@@ -142,7 +142,7 @@ absl::Status Daemon::Start() {
     absl::MutexLock lock(&mu_);
     error_sample_rate_ = rate;
   }
-  DQ_RETURN_IF_ERROR(cluster_->AgreeOnDevice(DeviceKindName(options_.device)));
+  DQ_RETURN_IF_ERROR(cluster_->AgreeOnDevice(DataPathName(options_)));
   if (options_.num_nodes > 1) {
     DQ_RETURN_IF_ERROR(AgreeOnClusterAuthentication(cluster_->store(), options_.node_rank,
                                                     !security_.cluster_secret.empty(), options_.timeout));
@@ -317,6 +317,7 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id
   transport.node_rank = options_.node_rank;
   transport.num_nodes = options_.num_nodes;
   transport.device = options_.device;
+  transport.nccl = UsesNccl(options_);
   transport.cuda_device = options_.cuda_device;
   transport.timeout = options_.timeout;
   transport.peer_host = peer_host_;

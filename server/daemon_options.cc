@@ -12,6 +12,15 @@ bool DaemonHasCudaSupport() {
 #endif
 }
 
+bool UsesNccl(const DaemonOptions& o) {
+  return o.device == DeviceKind::kCuda && (o.transport.empty() || o.transport == "nccl");
+}
+
+std::string DataPathName(const DaemonOptions& o) {
+  if (o.device != DeviceKind::kCuda) return "cpu";
+  return UsesNccl(o) ? "cuda" : "cuda --transport=gloo";
+}
+
 absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
   if (o.num_nodes == 0 || o.node_rank >= o.num_nodes) {
     return absl::InvalidArgumentError(
@@ -27,7 +36,16 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
   if (!(o.error_sample_rate >= 0 && o.error_sample_rate <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat("--error_sample_rate must be in [0, 1], got ", o.error_sample_rate));
   }
-  if (o.device != DeviceKind::kCuda) return absl::OkStatus();
+  if (!o.transport.empty() && o.transport != "gloo" && o.transport != "nccl") {
+    return absl::InvalidArgumentError(absl::StrCat("--transport must be gloo or nccl, got '", o.transport, "'"));
+  }
+  if (o.device != DeviceKind::kCuda) {
+    if (o.transport == "nccl") {
+      return absl::InvalidArgumentError(
+          "--transport=nccl needs --device=cuda: a CPU node reduces in host memory and moves it over Gloo");
+    }
+    return absl::OkStatus();
+  }
   if (!DaemonHasCudaSupport()) {
     return absl::FailedPreconditionError(
         "--device=cuda: this dynamiqd was built without CUDA and NCCL (DQ_ENABLE_CUDA=OFF, or nvcc, nccl.h or "

@@ -48,12 +48,22 @@ struct DaemonOptions {
   // and no cluster secret (the NCCL path is not authenticated).
   DeviceKind device = DeviceKind::kCpu;
   int cuda_device = 0;
+  // How GPU nodes move data between nodes: "nccl" (device to device, over NCCL's network: IB,
+  // RoCE, or its own sockets) or "gloo" (the hybrid path: reduce and compress on the GPU, the
+  // compressed chunks through pinned host memory over Gloo TCP; engine/host_staged_transport.h).
+  // Empty: nccl on GPU nodes, gloo on CPU nodes (which only run gloo).
+  std::string transport;
   // Device memory limit of all workers' device buffers together (kCuda).
   size_t max_device_bytes = std::numeric_limits<size_t>::max();
 };
 
 // True if this dynamiqd was built with the device path (CUDA and NCCL found).
 bool DaemonHasCudaSupport();
+
+// Whether jobs move data between nodes with NCCL (a GPU node's default).
+bool UsesNccl(const DaemonOptions& options);
+// What every node of a cluster must agree on: "cpu", "cuda" or "cuda --transport=gloo".
+std::string DataPathName(const DaemonOptions& options);
 
 // INVALID_ARGUMENT naming the flag for options that contradict each other or are out of range;
 // FAILED_PRECONDITION for --device=cuda in a build without CUDA and NCCL. The device itself is

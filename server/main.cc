@@ -65,6 +65,12 @@ ABSL_FLAG(std::string, device, "cpu",
           "nodes; codecs none, bf16 and dynamiq; no error budget and no --cluster_secret_file). cuda needs a dynamiqd "
           "built with CUDA and NCCL and a visible CUDA device, else dynamiqd refuses to start. Every node of a "
           "cluster must run the same --device.");
+ABSL_FLAG(std::string, transport, "",
+          "With --device=cuda: how jobs move data between nodes. nccl (the default): device to device over NCCL "
+          "(InfiniBand, RoCE or NCCL's own sockets). gloo: the hybrid path for GPU nodes on ordinary Ethernet: "
+          "reduce and compress on the GPU, move only the compressed chunks through pinned host memory over Gloo "
+          "TCP, decode and accumulate on the GPU (bit-identical to the CPU engine). CPU nodes always use gloo. Every "
+          "node of a cluster must run the same --transport.");
 ABSL_FLAG(int32_t, cuda_device, 0,
           "With --device=cuda: the CUDA device (ordinal as this process sees it, after CUDA_VISIBLE_DEVICES) that "
           "holds the workers' device buffers and runs the reduction.");
@@ -190,6 +196,7 @@ int main(int argc, char** argv) {
   o.error_sample_rate = absl::GetFlag(FLAGS_error_sample_rate);
   o.device = *device;
   o.cuda_device = absl::GetFlag(FLAGS_cuda_device);
+  o.transport = absl::GetFlag(FLAGS_transport);
   o.security.operator_token_file = absl::GetFlag(FLAGS_operator_token_file);
   o.security.cluster_secret_file = absl::GetFlag(FLAGS_cluster_secret_file);
   o.security.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);

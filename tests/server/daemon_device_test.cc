@@ -487,10 +487,29 @@ TEST(DynamiqdDeviceFlagsTest, CudaWithoutAGpuOrWithoutNcclFailsWithAClearMessage
   EXPECT_THAT(output, Not(HasSubstr("ready")));
 }
 
+TEST(DynamiqdDeviceFlagsTest, TransportIsGlooOrNcclAndNcclNeedsAGpuNode) {
+  TempDir temp;
+  auto [code, output] = RunCommand(Dynamiqd(temp, "--transport=tcp"));
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_THAT(output, HasSubstr("--transport must be gloo or nccl, got 'tcp'"));
+  std::tie(code, output) = RunCommand(Dynamiqd(temp, "--transport=nccl"));
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_THAT(output, HasSubstr("--transport=nccl needs --device=cuda"));
+  if (VisibleCudaDevices() == 0) {
+    // The hybrid path passes the flag checks and stops at the device, like --device=cuda alone.
+    std::tie(code, output) = RunCommand(Dynamiqd(temp, "--device=cuda --transport=gloo"));
+    EXPECT_EQ(code, 2) << output;
+    EXPECT_THAT(output, AnyOf(HasSubstr("--device=cuda: no CUDA device is visible"),
+                              HasSubstr("--device=cuda: no usable CUDA device"),
+                              HasSubstr("this dynamiqd was built without CUDA and NCCL")));
+  }
+}
+
 TEST(DynamiqdDeviceFlagsTest, HelpDocumentsTheDeviceFlags) {
   auto [code, output] = RunCommand(absl::StrCat(BinaryPath("DQ_DYNAMIQD", DQ_DYNAMIQD), " --help"));
   EXPECT_THAT(output, HasSubstr("--device"));
   EXPECT_THAT(output, HasSubstr("--cuda_device"));
+  EXPECT_THAT(output, HasSubstr("--transport"));
   EXPECT_THAT(output, HasSubstr("CUDA IPC"));
 }
 
