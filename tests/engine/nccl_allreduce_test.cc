@@ -28,6 +28,7 @@
 #include "bench/synthetic_gradients.h"
 #include "engine/allreduce.h"
 #include "engine/gloo_transport.h"
+#include "engine/host_staged_transport.h"
 #include "engine/memory_transport.h"
 #include "engine/nccl_allreduce_program.h"
 #include "engine/nccl_transport.h"
@@ -596,15 +597,18 @@ class NcclAllReduceGpuTest : public ::testing::Test {
     return out;
   }
 
-  // Runs NcclAllReduce on every rank (its own stream) and returns the downloaded outputs.
+  // Runs the device all-reduce on every rank (its own stream; rank r on device_of(r), default r)
+  // and returns the downloaded outputs.
   static std::vector<std::vector<float>> RunDevice(const Codec& codec, std::vector<std::unique_ptr<Transport>>& ts,
                                                    const std::vector<std::vector<float>>& inputs,
-                                                   const AllReduceOptions& options, bool in_place) {
+                                                   const AllReduceOptions& options, bool in_place,
+                                                   const std::function<int(int)>& device_of = nullptr) {
     const int n = static_cast<int>(inputs.size());
     const size_t d = inputs[0].size();
     std::vector<std::vector<float>> out(n, std::vector<float>(d, NAN));
     OnRanks(n, [&](int r) {
-      ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+      const int device = device_of ? device_of(r) : r;
+      ASSERT_EQ(cudaSetDevice(device), cudaSuccess);
       cudaStream_t stream = nullptr;
       ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
       void* in_bytes = nullptr;
@@ -620,7 +624,7 @@ class NcclAllReduceGpuTest : public ::testing::Test {
       }
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       float* target = in_place ? in : res;
-      auto result = NcclAllReduce(codec, static_cast<NcclTransport&>(*ts[r]), options, in, target, d, stream);
+      auto result = DeviceAllReduce(codec, *ts[r], device, options, in, target, d, stream);
       EXPECT_THAT(result, IsOk()) << "rank " << r;
       if (d > 0) {
         EXPECT_EQ(cudaMemcpy(out[r].data(), target, d * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -681,6 +685,41 @@ TEST_F(NcclAllReduceGpuTest, TwoRanksMatchCpuEngineBitForBit) {
     }
   }
   DestroyAll(transports);
+}
+
+// The single-GPU loopback harness: n ranks as threads on device 0, each over an in-process
+// transport staged through pinned host memory (HostStagedTransport, as the hybrid path stages
+// Gloo), running the device program and CUDA backend; equal to the CPU engine bit for bit. One GPU
+// is enough, so every lent machine runs the multi-rank device path.
+TEST_F(NcclAllReduceGpuTest, LoopbackRanksOnOneGpuMatchCpuEngineBitForBit) {
+  for (int n = 2; n <= 8; ++n) {
+    std::vector<std::unique_ptr<Transport>> transports;
+    for (auto& memory : MakeMemoryTransports(n)) {
+      absl::StatusOr<std::unique_ptr<HostStagedTransport>> staged = HostStagedTransport::Create(std::move(memory), 0);
+      ASSERT_THAT(staged, IsOk());
+      transports.push_back(*std::move(staged));
+    }
+    uint64_t sequence = 0;
+    for (CodecId id : {CodecId::kDynamiq, CodecId::kNone, CodecId::kBf16}) {
+      const auto codec = Make(id);
+      for (Topology topology : {Topology::kRing, Topology::kButterfly}) {
+        if (topology == Topology::kButterfly && (n & (n - 1)) != 0) continue;
+        std::vector<size_t> sizes = {1, 100, 255, 256, 257, 20000, (size_t{1} << 21) + 100};
+        // 64 MiB per rank once per codec.
+        if (n == 4 && topology == Topology::kRing) sizes.push_back(size_t{16} << 20);
+        for (size_t d : sizes) {
+          SCOPED_TRACE(absl::StrCat(kernels::CodecName(id), " ", TopologyName(topology), " n=", n, " d=", d));
+          const auto inputs = Inputs(n, d, 5 + n);
+          AllReduceOptions options = Options(topology, 0);
+          options.sequence = ++sequence;
+          const auto expected = CpuEngine(*codec, inputs, options);
+          const auto got =
+              RunDevice(*codec, transports, inputs, options, /*in_place=*/d % 2 == 0, [](int) { return 0; });
+          for (int r = 0; r < n; ++r) EXPECT_TRUE(BitEqual(got[r], expected[r])) << "rank " << r;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
