@@ -7,6 +7,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -131,6 +134,20 @@ absl::Status CheckPrivateDirectory(const std::string& dir) {
 absl::StatusOr<int> ListenUnixSocket(const std::string& path) {
   DQ_ASSIGN_OR_RETURN(const sockaddr_un addr, MakeAddress(path));
   DQ_RETURN_IF_ERROR(RemoveStaleSocket(path, addr));
+  // Bound and listening under a private name first, then linked into place: a worker that finds
+  // the file can connect at once (bind() creates the file before listen(), so binding at `path`
+  // itself left a moment in which a worker got "Connection refused"). link() also fails with EEXIST
+  // instead of replacing a socket another dynamiqd put there meanwhile.
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, std::max<size_t>(slash, 1));
+  static std::atomic<uint64_t> counter{0};
+  std::string staging =
+      absl::StrFormat("%s/.dq%x.%x", dir, static_cast<unsigned>(getpid()), static_cast<unsigned>(counter.fetch_add(1)));
+  // A path so long that the private name does not fit is bound in place (the old way).
+  const bool staged = MakeAddress(staging).ok();
+  if (!staged) staging = path;
+  const sockaddr_un staging_addr = *MakeAddress(staging);
+  if (staged) unlink(staging.c_str());  // a leftover of a crashed process with the same pid
 
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return SocketErrno(errno, "socket", path);
@@ -138,31 +155,37 @@ absl::StatusOr<int> ListenUnixSocket(const std::string& path) {
   // makes bind() create it 0600 (or narrower) straight away. The chmod after bind() is what we
   // rely on (portable, and exact): no client can connect before listen() in any case.
   (void)fchmod(fd, kSocketMode);
-  if (bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&staging_addr), sizeof(staging_addr)) != 0) {
     const int err = errno;
     close(fd);
-    if (err == EADDRINUSE) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "bind(", path, "): the path appeared while replacing a stale socket; is another ", "dynamiqd starting?"));
-    }
-    return SocketErrno(err, "bind", path);
+    return SocketErrno(err, "bind", staging);
   }
-  // From here on failures remove the file we created.
+  // From here on failures remove the files we created.
   auto fail = [&](absl::Status status) {
-    unlink(path.c_str());
+    unlink(staging.c_str());
     close(fd);
     return status;
   };
-  if (chmod(path.c_str(), kSocketMode) != 0) return fail(SocketErrno(errno, "chmod", path));
+  if (chmod(staging.c_str(), kSocketMode) != 0) return fail(SocketErrno(errno, "chmod", staging));
   struct stat st;
-  if (lstat(path.c_str(), &st) != 0) return fail(SocketErrno(errno, "lstat", path));
+  if (lstat(staging.c_str(), &st) != 0) return fail(SocketErrno(errno, "lstat", staging));
   if (!S_ISSOCK(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 07777) != kSocketMode) {
     return fail(absl::InternalError(absl::StrFormat(
         "%s: after bind and chmod the file has mode 0%o and owner uid %d, expected a socket with mode 0600 owned "
         "by uid %d",
-        path, st.st_mode, st.st_uid, geteuid())));
+        staging, st.st_mode, st.st_uid, geteuid())));
   }
-  if (listen(fd, SOMAXCONN) != 0) return fail(SocketErrno(errno, "listen", path));
+  if (listen(fd, SOMAXCONN) != 0) return fail(SocketErrno(errno, "listen", staging));
+  if (!staged) return fd;
+  if (link(staging.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    if (err == EEXIST) {
+      return fail(absl::AlreadyExistsError(absl::StrCat(
+          "link(", path, "): the path appeared while replacing a stale socket; is another dynamiqd starting?")));
+    }
+    return fail(SocketErrno(err, "link", path));
+  }
+  unlink(staging.c_str());
   return fd;
 }
 

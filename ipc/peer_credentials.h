@@ -44,7 +44,9 @@ absl::Status CheckPrivateDirectory(const std::string& dir);
 
 // Creates a listening SOCK_STREAM Unix socket at `path` (close-on-exec) whose file has mode
 // exactly 0600, owned by this process's effective uid, whatever the umask: the mode is set
-// before listen(), so nobody can connect while it is wider, and verified with lstat().
+// before listen(), so nobody can connect while it is wider, and verified with lstat(). The file
+// appears at `path` only once the socket listens (it is bound under a private name in the same
+// directory and linked into place), so whoever finds it can connect.
 //
 // An existing file at `path` is replaced only if it is a stale socket of ours (nothing accepts
 // connections on it, which is what a crashed daemon leaves behind). A live socket or anything that

@@ -11,11 +11,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -215,6 +218,37 @@ TEST_F(PeerCredentialsTest, ReplacesStaleSocket) {
   EXPECT_GE(client, 0) << strerror(errno);
   if (client >= 0) close(client);
   close(*listener);
+}
+
+// The file appears only once the socket listens: a worker polling for it (as one started together
+// with dynamiqd does) connects at its first try, and nothing is left in the directory but the
+// socket.
+TEST_F(PeerCredentialsTest, TheSocketFileAppearsOnlyOnceItAcceptsConnections) {
+  for (int round = 0; round < 30; ++round) {
+    std::atomic<int> refused{0};
+    std::thread watcher([&] {
+      const absl::Time stop = absl::Now() + absl::Seconds(5);
+      while (absl::Now() < stop) {
+        if (!S_ISSOCK(FileMode(path_))) continue;
+        const int client = ConnectTo(path_);
+        if (client < 0) {
+          if (errno == ECONNREFUSED) ++refused;
+        } else {
+          close(client);
+        }
+        return;
+      }
+    });
+    absl::StatusOr<int> listener = ListenUnixSocket(path_);
+    watcher.join();
+    ASSERT_THAT(listener, IsOk());
+    EXPECT_EQ(refused.load(), 0) << "round " << round << ": the path existed before the socket listened";
+    std::vector<std::string> entries;
+    for (const auto& e : std::filesystem::directory_iterator(dir_)) entries.push_back(e.path().filename().string());
+    EXPECT_THAT(entries, ::testing::ElementsAre("worker.sock"));
+    close(*listener);
+    unlink(path_.c_str());
+  }
 }
 
 TEST_F(PeerCredentialsTest, RefusesLiveSocket) {
