@@ -38,37 +38,110 @@ using kernels::SimpleEncodeCuda;
 constexpr size_t kAlign = 256;
 size_t AlignUp(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
+}  // namespace
+
+// Grow-only memory of one kind (device or pinned host). A call takes its buffers from one block;
+// what does not fit is allocated on the side for this call, and the next call starts with one block
+// as large as the last call needed, so steady collectives allocate nothing.
+class DeviceAllReduceWorkspace::Arena {
+ public:
+  explicit Arena(bool pinned) : pinned_(pinned) {}
+  ~Arena() {
+    for (void* p : extra_) Free(p);
+    if (base_ != nullptr) Free(base_);
+  }
+
+  // Starts a call: no earlier call's work may still use the memory.
+  absl::Status Begin() {
+    used_ = 0;
+    if (extra_.empty()) return absl::OkStatus();
+    for (void* p : extra_) Free(p);
+    extra_.clear();
+    if (base_ != nullptr) Free(base_);
+    base_ = nullptr;
+    capacity_ = 0;
+    void* p = nullptr;
+    DQ_CUDA_RETURN_IF_ERROR(pinned_ ? cudaMallocHost(&p, wanted_) : cudaMalloc(&p, wanted_));
+    base_ = static_cast<uint8_t*>(p);
+    capacity_ = wanted_;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<void*> Take(size_t bytes) {
+    const size_t aligned = AlignUp(std::max<size_t>(bytes, 1));
+    if (used_ + aligned <= capacity_) {
+      void* p = base_ + used_;
+      used_ += aligned;
+      return p;
+    }
+    used_ += aligned;
+    wanted_ = std::max(wanted_, used_);
+    void* p = nullptr;
+    DQ_CUDA_RETURN_IF_ERROR(pinned_ ? cudaMallocHost(&p, aligned) : cudaMalloc(&p, aligned));
+    extra_.push_back(p);
+    return p;
+  }
+
+ private:
+  void Free(void* p) { (void)(pinned_ ? cudaFreeHost(p) : cudaFree(p)); }
+
+  const bool pinned_;
+  uint8_t* base_ = nullptr;
+  size_t capacity_ = 0;
+  size_t used_ = 0;           // by the current call
+  size_t wanted_ = 0;         // the most any call needed
+  std::vector<void*> extra_;  // this call's overflow, folded into base_ at the next Begin
+};
+
+DeviceAllReduceWorkspace::DeviceAllReduceWorkspace()
+    : device_(std::make_unique<Arena>(false)), host_(std::make_unique<Arena>(true)) {}
+
+DeviceAllReduceWorkspace::~DeviceAllReduceWorkspace() {
+  for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
+  (void)cudaGetLastError();
+}
+
+absl::Status DeviceAllReduceWorkspace::Begin() {
+  DQ_RETURN_IF_ERROR(device_->Begin());
+  return host_->Begin();
+}
+
+absl::StatusOr<void*> DeviceAllReduceWorkspace::Device(size_t bytes) { return device_->Take(bytes); }
+absl::StatusOr<void*> DeviceAllReduceWorkspace::Pinned(size_t bytes) { return host_->Take(bytes); }
+
+absl::StatusOr<std::vector<CUevent_st*>> DeviceAllReduceWorkspace::Events(size_t count) {
+  while (events_.size() < count) {
+    cudaEvent_t e = nullptr;
+    DQ_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    events_.push_back(e);
+  }
+  return std::vector<CUevent_st*>(events_.begin(), events_.begin() + static_cast<ptrdiff_t>(count));
+}
+
+namespace {
+
 using ::dynamiq::common::ScopedDevice;
 
 // The device backend: buffers in device memory, kernels on the caller's stream, one event per
 // block marking the end of its queued work.
 class CudaBackend final : public NcclAllReduceBackend {
  public:
+  // `workspace` (Begin already called) outlives the backend.
   CudaBackend(const Codec& codec, const DynamiqCodec* dynamiq, cudaStream_t stream, const float* in, float* out,
-              size_t d)
+              size_t d, DeviceAllReduceWorkspace& workspace)
       : codec_(codec),
         dynamiq_(dynamiq),
         element_bytes_(codec.id() == CodecId::kNone ? 4 : 2),
         stream_(stream),
         in_(in),
         out_(out),
-        d_(d) {
-    int device = 0, pools = 0;
-    if (cudaGetDevice(&device) == cudaSuccess &&
-        cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) == cudaSuccess) {
-      pools_ = pools != 0;
-    }
-    (void)cudaGetLastError();
-  }
+        d_(d),
+        workspace_(workspace) {}
 
   ~CudaBackend() override {
-    // Everything queued must finish before its memory goes; the driver has either waited for every
-    // transfer or aborted the transport.
+    // Everything queued must finish before the workspace's memory serves the next call; the driver
+    // has either waited for every transfer or aborted the transport.
     (void)cudaStreamSynchronize(stream_);
-    for (void* p : device_) (void)(pools_ ? cudaFreeAsync(p, stream_) : cudaFree(p));
-    (void)cudaStreamSynchronize(stream_);
-    for (void* p : pinned_) (void)cudaFreeHost(p);
-    for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
     (void)cudaGetLastError();
   }
 
@@ -140,33 +213,22 @@ class CudaBackend final : public NcclAllReduceBackend {
     std::vector<uint8_t> expected;  // the prefix a correct sender wrote
   };
 
-  // Stream-ordered (cudaMallocAsync) where the device has memory pools, else cudaMalloc. Memory
-  // from cudaMallocAsync is usable on other streams (the transport's) only after `stream_`
-  // reached the allocation: every path that hands a buffer to the transport synchronizes first.
+  // From the workspace: kept from one call to the next, so steady collectives allocate nothing
+  // (an allocation may wait for other work on the device, another job's NCCL kernel included).
   template <typename T>
   absl::StatusOr<T*> DeviceArray(size_t count) {
-    void* p = nullptr;
-    const size_t bytes = std::max<size_t>(1, count * sizeof(T));
-    if (pools_) {
-      DQ_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&p, bytes, stream_));
-    } else {
-      DQ_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
-    }
-    device_.push_back(p);
+    DQ_ASSIGN_OR_RETURN(void* p, workspace_.Device(count * sizeof(T)));
     return static_cast<T*>(p);
   }
   template <typename T>
   absl::StatusOr<T*> PinnedArray(size_t count) {
-    void* p = nullptr;
-    DQ_CUDA_RETURN_IF_ERROR(cudaMallocHost(&p, std::max<size_t>(1, count * sizeof(T))));
-    pinned_.push_back(p);
+    DQ_ASSIGN_OR_RETURN(void* p, workspace_.Pinned(count * sizeof(T)));
     return static_cast<T*>(p);
   }
   absl::Status Reserve(uint8_t*& buffer, size_t& capacity, size_t bytes) {
     if (bytes <= capacity && buffer != nullptr) return absl::OkStatus();
     capacity = std::max<size_t>(bytes, 4096);
     DQ_ASSIGN_OR_RETURN(buffer, DeviceArray<uint8_t>(capacity));
-    DQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));  // the transport's stream uses it next
     return absl::OkStatus();
   }
 
@@ -246,11 +308,8 @@ class CudaBackend final : public NcclAllReduceBackend {
   const float* in_;
   float* out_;
   size_t d_;
-  bool pools_ = false;  // the device supports cudaMallocAsync
-
-  std::vector<void*> device_;  // freed (stream-ordered) by the destructor
-  std::vector<void*> pinned_;
-  std::vector<cudaEvent_t> events_;
+  DeviceAllReduceWorkspace& workspace_;
+  std::vector<cudaEvent_t> events_;  // the workspace's, one per block
   uint8_t* stage_send_ = nullptr;
   size_t stage_send_capacity_ = 0;
   uint8_t* stage_recv_ = nullptr;
@@ -396,12 +455,7 @@ absl::Status CudaBackend::Setup(const BucketPlan& plan, const std::vector<NcclBl
   DQ_ASSIGN_OR_RETURN(bad_host_, PinnedArray<int>(num_blocks));
   pending_.assign(num_blocks, Pending{});
   recorded_.assign(num_blocks, 0);
-  events_.reserve(num_blocks);
-  for (int k = 0; k < num_blocks; ++k) {
-    cudaEvent_t e = nullptr;
-    DQ_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    events_.push_back(e);
-  }
+  DQ_ASSIGN_OR_RETURN(events_, workspace_.Events(num_blocks));
   // The pageable uploads above read host vectors that go out of scope here.
   DQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
@@ -511,7 +565,8 @@ absl::StatusOr<AllReduceResult> NcclAllReduce(const Codec& codec, NcclTransport&
 
 absl::StatusOr<AllReduceResult> DeviceAllReduce(const Codec& codec, Transport& transport, int device,
                                                 const AllReduceOptions& options, const float* device_in,
-                                                float* device_out, size_t num_elements, void* stream) {
+                                                float* device_out, size_t num_elements, void* stream,
+                                                DeviceAllReduceWorkspace* workspace) {
   const DynamiqCodec* dynamiq = nullptr;
   switch (codec.id()) {
     case CodecId::kNone:
@@ -537,7 +592,16 @@ absl::StatusOr<AllReduceResult> DeviceAllReduce(const Codec& codec, Transport& t
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", transport.rank(), ": cannot make device ", device, " current"));
   }
-  CudaBackend backend(codec, dynamiq, static_cast<cudaStream_t>(stream), device_in, device_out, num_elements);
+  // Without a workspace of the caller's, one for this call alone.
+  std::unique_ptr<DeviceAllReduceWorkspace> own;
+  if (workspace == nullptr) {
+    own = std::make_unique<DeviceAllReduceWorkspace>();
+    workspace = own.get();
+  }
+  absl::Status begun = workspace->Begin();
+  if (!begun.ok()) return common::Annotate(begun, absl::StrCat("rank ", transport.rank()));
+  CudaBackend backend(codec, dynamiq, static_cast<cudaStream_t>(stream), device_in, device_out, num_elements,
+                      *workspace);
   return RunNcclAllReduce(codec, transport, options, num_elements, backend);
 }
 

@@ -19,9 +19,9 @@
 // elements) and one int of device validation, copied back and checked before the chunk's bytes
 // are sent on or the call returns.
 //
-// Device memory per call (cudaMallocAsync on `stream` where the device has memory pools, else
-// cudaMalloc; freed before returning; a few small pinned host buffers likewise): one
-// buffer per chunk and block holding its compressed bytes (in all: the compressed size of the
+// Device memory per call (from a DeviceAllReduceWorkspace, below: kept from one call to the next by
+// a caller that passes one, so steady collectives allocate nothing; a few small pinned host buffers
+// likewise): one buffer per chunk and block holding its compressed bytes (in all: the compressed size of the
 // bucket, which for codec none is the bucket's own size), one fp32 chunk of scratch (DynamiQ
 // mean centring), an fp32 accumulator per chunk with several children (butterfly) and block,
 // the statistics, and the tables.
@@ -42,12 +42,43 @@
 
 #include <stddef.h>
 
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/allreduce.h"
 #include "engine/nccl_transport.h"
 #include "kernels/codec.h"
 
 namespace dynamiq::engine {
+
+// The device and pinned host memory and the CUDA events a device all-reduce uses, kept between the
+// calls of one caller (a job's data path): each grows to the largest call seen and is then reused,
+// so a steady stream of collectives allocates nothing. An allocation inside a collective can wait
+// for other work on the GPU (another job's NCCL kernel, waiting in turn for this node) and hang.
+// One collective at a time; destroy it only when none runs (on its device).
+class DeviceAllReduceWorkspace {
+ public:
+  DeviceAllReduceWorkspace();
+  ~DeviceAllReduceWorkspace();
+  DeviceAllReduceWorkspace(const DeviceAllReduceWorkspace&) = delete;
+  DeviceAllReduceWorkspace& operator=(const DeviceAllReduceWorkspace&) = delete;
+
+  // Starts a call: memory the previous call allocated on the side is folded into one block.
+  absl::Status Begin();
+  // Memory for the current call (256-byte aligned), valid until the next Begin.
+  absl::StatusOr<void*> Device(size_t bytes);
+  absl::StatusOr<void*> Pinned(size_t bytes);
+  // `count` events (cudaEvent_t), created on first use.
+  absl::StatusOr<std::vector<CUevent_st*>> Events(size_t count);
+
+ private:
+  class Arena;
+  std::unique_ptr<Arena> device_;
+  std::unique_ptr<Arena> host_;
+  std::vector<CUevent_st*> events_;
+};
 
 // Sums `device_in` (num_elements fp32 values in device memory of transport.device()) over all
 // ranks of `transport` into `device_out`, with the kernels on `stream` (a cudaStream_t of that
@@ -61,9 +92,11 @@ absl::StatusOr<AllReduceResult> NcclAllReduce(const kernels::Codec& codec, NcclT
 // moves device memory of CUDA device `device`: an NcclTransport, or a HostStagedTransport
 // (engine/host_staged_transport.h: the hybrid path, compressed chunks through pinned host memory
 // over Gloo TCP). The protocol only needs each pair's messages matched by tag, which both do.
+// `workspace`: the caller's (reused across calls), or null for one of this call alone.
 absl::StatusOr<AllReduceResult> DeviceAllReduce(const kernels::Codec& codec, Transport& transport, int device,
                                                 const AllReduceOptions& options, const float* device_in,
-                                                float* device_out, size_t num_elements, void* stream);
+                                                float* device_out, size_t num_elements, void* stream,
+                                                DeviceAllReduceWorkspace* workspace = nullptr);
 
 }  // namespace dynamiq::engine
 

@@ -129,6 +129,7 @@ class CudaDataPath final : public DataPath {
     (void)cudaStreamSynchronize(stream_);
     sum_.Reset();
     staging_.Reset();
+    workspace_.reset();  // its memory is this device's
     (void)cudaStreamDestroy(stream_);
   }
 
@@ -170,7 +171,8 @@ class CudaDataPath final : public DataPath {
     if (sum_data_ == nullptr) return absl::FailedPreconditionError("CrossNode before LocalReduce");
     // In place on the sum; the device all-reduce orders its work after the local reduce queued on stream_.
     DQ_ASSIGN_OR_RETURN(engine::AllReduceResult result,
-                        engine::DeviceAllReduce(codec, transport, device_, options, sum_data_, sum_data_, n, stream_));
+                        engine::DeviceAllReduce(codec, transport, device_, options, sum_data_, sum_data_, n, stream_,
+                                                workspace_.get()));
     CrossNodeResult out;
     out.bytes_sent = result.bytes_sent;
     return out;
@@ -204,6 +206,9 @@ class CudaDataPath final : public DataPath {
   ScratchBuffer sum_;
   ScratchBuffer staging_;
   float* sum_data_ = nullptr;
+  // The device all-reduce's buffers and events, kept across collectives (none allocated in a
+  // steady stream of them).
+  std::unique_ptr<engine::DeviceAllReduceWorkspace> workspace_ = std::make_unique<engine::DeviceAllReduceWorkspace>();
 };
 
 }  // namespace

@@ -602,7 +602,8 @@ class NcclAllReduceGpuTest : public ::testing::Test {
   static std::vector<std::vector<float>> RunDevice(const Codec& codec, std::vector<std::unique_ptr<Transport>>& ts,
                                                    const std::vector<std::vector<float>>& inputs,
                                                    const AllReduceOptions& options, bool in_place,
-                                                   const std::function<int(int)>& device_of = nullptr) {
+                                                   const std::function<int(int)>& device_of = nullptr,
+                                                   std::vector<DeviceAllReduceWorkspace>* workspaces = nullptr) {
     const int n = static_cast<int>(inputs.size());
     const size_t d = inputs[0].size();
     std::vector<std::vector<float>> out(n, std::vector<float>(d, NAN));
@@ -624,7 +625,8 @@ class NcclAllReduceGpuTest : public ::testing::Test {
       }
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       float* target = in_place ? in : res;
-      auto result = DeviceAllReduce(codec, *ts[r], device, options, in, target, d, stream);
+      auto result = DeviceAllReduce(codec, *ts[r], device, options, in, target, d, stream,
+                                    workspaces != nullptr ? &(*workspaces)[r] : nullptr);
       EXPECT_THAT(result, IsOk()) << "rank " << r;
       if (d > 0) {
         EXPECT_EQ(cudaMemcpy(out[r].data(), target, d * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -699,6 +701,9 @@ TEST_F(NcclAllReduceGpuTest, LoopbackRanksOnOneGpuMatchCpuEngineBitForBit) {
       ASSERT_THAT(staged, IsOk());
       transports.push_back(*std::move(staged));
     }
+    // Each rank's workspace lives across its collectives, as a job's data path keeps it: buffers
+    // grow with the sizes below and are reused.
+    std::vector<DeviceAllReduceWorkspace> workspaces(n);
     uint64_t sequence = 0;
     for (CodecId id : {CodecId::kDynamiq, CodecId::kNone, CodecId::kBf16}) {
       const auto codec = Make(id);
@@ -713,8 +718,8 @@ TEST_F(NcclAllReduceGpuTest, LoopbackRanksOnOneGpuMatchCpuEngineBitForBit) {
           AllReduceOptions options = Options(topology, 0);
           options.sequence = ++sequence;
           const auto expected = CpuEngine(*codec, inputs, options);
-          const auto got =
-              RunDevice(*codec, transports, inputs, options, /*in_place=*/d % 2 == 0, [](int) { return 0; });
+          const auto got = RunDevice(
+              *codec, transports, inputs, options, /*in_place=*/d % 2 == 0, [](int) { return 0; }, &workspaces);
           for (int r = 0; r < n; ++r) EXPECT_TRUE(BitEqual(got[r], expected[r])) << "rank " << r;
         }
       }
