@@ -9,6 +9,9 @@ Modes:
                reduce_scatter, barrier, unsupported dtype/device errors.
   ddp          DDP without a hook next to DDP with dynamiq.torch's hook, same data, 3 steps.
   init         only init_process_group (for the error cases: missing daemon, wrong world size).
+  ddp_error    DDP without a hook, but rank 1 all-reduces an extra tensor first: the daemon fails
+               the collective (the workers submitted different tensors) and DDP raises it from
+               backward() on rank 0, the extra all_reduce raises it on rank 1.
   die          all_reduce once, write OUT_DIR/ready<r>, rank 1 then waits for OUT_DIR/go before its
                second all_reduce (the test kills the daemon meanwhile); records the error and time.
 """
@@ -139,6 +142,18 @@ def ddp(rank, world, pg):
     return {"steps": steps, "records": list(pg.records)}
 
 
+def ddp_error(rank, world, pg):
+    plain = torch.nn.parallel.DistributedDataParallel(model())
+    x, y = torch.randn(16, 64), torch.randint(0, 10, (16,))
+    try:
+        if rank == 1:
+            dist.all_reduce(torch.ones(5000))
+        torch.nn.functional.cross_entropy(plain(x), y).backward()
+        return {"ddp_error": None}
+    except RuntimeError as e:
+        return {"ddp_error": str(e)}
+
+
 def die(rank, world, pg, out_dir):
     t = torch.ones(100_000)
     dist.all_reduce(t)
@@ -168,6 +183,8 @@ def main():
             result.update(collectives(rank, world, pg))
         elif mode == "ddp":
             result.update(ddp(rank, world, pg))
+        elif mode == "ddp_error":
+            result.update(ddp_error(rank, world, pg))
         elif mode == "die":
             result.update(die(rank, world, pg, out_dir))
     except Exception as e:  # noqa: BLE001 -- the test checks the message

@@ -85,6 +85,18 @@ def test_ddp_without_hook_equals_the_hook_path(cluster, workdir):
         assert [r["name"] for r in x["records"]] == [f"torch.allreduce.{i}" for i in range(3)]
 
 
+def test_ddp_without_hook_raises_the_daemons_error_from_backward(cluster, workdir):
+    c = cluster(nodes=1, codec="none")
+    ranks = run("ddp_error", worker_envs(c, 1, 2, "ddperr"), workdir)
+    for r, x in enumerate(ranks):
+        assert "error" not in x, x.get("error")
+        assert x["ddp_error"] is not None, r
+        # The daemon's message names both submissions; DDP wraps it (rank 0), dist.all_reduce not.
+        assert "INVALID_ARGUMENT" in x["ddp_error"] and "submitted" in x["ddp_error"], x["ddp_error"]
+    assert ranks[1]["ddp_error"].startswith("dynamiq backend: all-reduce 'torch.allreduce.0' (5000 x torch.float32) "
+                                            "failed: INVALID_ARGUMENT")
+
+
 def test_missing_daemon_is_a_clear_error(workdir):
     env = dict(RANK="0", WORLD_SIZE="1", DQ_SOCKET=os.path.join(workdir, "nobody.sock"), DQ_JOB="j",
                DQ_LOCAL_RANK="0", DQ_LOCAL_WORLD_SIZE="1")
