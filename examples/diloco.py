@@ -144,6 +144,8 @@ def run_worker(args):
         outer_log.append({"outer_step": outer, "inner_loss": float(mean_loss[0]),
                           "wire_bytes": sum(r["wire_bytes"] for r in new), "allreduce_seconds": reduce_seconds,
                           "codec": new[-1]["codec"] if new else None, "bits": new[-1]["bits"] if new else None})
+        if new and "measured_vnmse" in new[-1]:  # dynamiqd --error_sample_rate
+            outer_log[-1]["measured_vnmse"] = new[-1]["measured_vnmse"]
         if rank == 0 and ((outer + 1) % args.eval_every == 0 or outer + 1 == args.outer_steps):
             val_loss, val_acc = task.evaluate(model)
             evals.append({"outer_step": outer + 1, "val_loss": val_loss, "val_accuracy": val_acc})

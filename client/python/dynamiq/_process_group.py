@@ -233,7 +233,7 @@ class ProcessGroupDynamiq(ProcessGroup):
 
     After collectives, `records` holds one dict per daemon all-reduce (the latest max_records):
     name, elements, dtype, sequence, config_epoch, codec, bits, wire_bytes (bytes this node sent),
-    seconds; `exact_collectives` counts those that took the Gloo path.
+    seconds, and measured_vnmse when dynamiqd's error probe sampled it; `exact_collectives` counts those that took the Gloo path.
     """
 
     def __init__(self, store, rank, world_size, timeout, *, exact_below=None, client=None, max_records=100_000):
@@ -590,6 +590,8 @@ def _complete_loop(pending_queue, pool, records):
                             "sequence": result.sequence, "config_epoch": result.config_epoch, "codec": result.codec,
                             "bits": result.bits, "wire_bytes": result.wire_bytes,
                             "seconds": time.perf_counter() - started})
+            if result.measured_vnmse is not None:  # dynamiqd's error probe sampled it
+                records[-1]["measured_vnmse"] = result.measured_vnmse
             error = None
         except BaseException as e:  # noqa: B902 -- the caller must see every failure
             error = RuntimeError(f"dynamiq backend: all-reduce '{name}' ({n} x {dtype}) failed: {e}")
