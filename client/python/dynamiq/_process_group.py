@@ -233,7 +233,8 @@ class ProcessGroupDynamiq(ProcessGroup):
 
     After collectives, `records` holds one dict per daemon all-reduce (the latest max_records):
     name, elements, dtype, sequence, config_epoch, codec, bits, wire_bytes (bytes this node sent),
-    seconds, and measured_vnmse when dynamiqd's error probe sampled it; `exact_collectives` counts those that took the Gloo path.
+    seconds, and measured_vnmse when dynamiqd's error probe sampled it; `exact_collectives` counts
+    those that took the Gloo path.
     """
 
     def __init__(self, store, rank, world_size, timeout, *, exact_below=None, client=None, max_records=100_000):
