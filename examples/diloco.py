@@ -63,6 +63,9 @@ def parse_args(argv=None):
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--timeout", type=float, default=900, help="launcher: seconds before giving up (default 900)")
     p.add_argument("--dynamiqd", default=None, help="launcher: dynamiqd binary (default $DYNAMIQD, build/bin)")
+    p.add_argument("--dynamiqd-arg", action="append", default=[], metavar="FLAG",
+                   help="launcher: extra flag for the daemons it starts (repeatable), e.g. "
+                        "--dynamiqd-arg=--error_sample_rate=1 (dynamiqd measures every outer all-reduce's vNMSE)")
     p.add_argument("--rate", default=None,
                    help="run on network namespaces with links shaped to RATE (tc units, e.g. 100mbit): "
                         "runs scripts/bench-diloco-network (root)")
@@ -177,7 +180,7 @@ def launch(args):
     daemons, procs = None, []
     try:
         daemons = train.LocalDaemons(train.find_dynamiqd(args.dynamiqd), args.nodes, tmp, args.codec, args.bits,
-                                     "ring", 0)
+                                     "ring", 0, args.dynamiqd_arg)
         result_file = os.path.join(tmp, "result.json")
         env = dict(os.environ)
         package = os.path.join(REPO, "build", "python")
@@ -185,7 +188,7 @@ def launch(args):
             env["PYTHONPATH"] = package
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("OMP_NUM_THREADS", str(args.threads))
-        forwarded = [a for a in sys.argv[1:] if a != "--json"]
+        forwarded = [a for a in sys.argv[1:] if a != "--json" and not a.startswith("--dynamiqd-arg")]
         for rank in range(world):
             node, local = divmod(rank, args.workers_per_node)
             worker_env = dict(env, RANK=str(rank), WORLD_SIZE=str(world), DQ_SOCKET=daemons.sockets[node],

@@ -3,13 +3,16 @@ daemons: every collective, async Work, the exact override, DDP without a hook (b
 hook path with codec none), and the errors (missing daemon, wrong world size, duplicate local
 rank, unsupported dtype/device, a daemon killed mid-collective). Workers: pg_worker.py."""
 
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
 import torch
 
-from conftest import HERE, run_workers, worker_envs
+from conftest import HERE, REPO, WORKER_SECONDS, run_workers, worker_envs
 from pg_worker import values
 
 WORKER = os.path.join(HERE, "pg_worker.py")
@@ -152,3 +155,19 @@ def test_daemon_killed_mid_collective_raises(cluster, workdir):
         assert x["died_error"].startswith("dynamiq backend: all-reduce 'torch.allreduce.1' (100000 x torch.float32) "
                                           "failed: UNAVAILABLE"), x["died_error"]
         assert x["seconds"] < 20
+
+
+def test_train_py_trains_ddp_on_the_backend_without_a_hook():
+    # examples/train.py --comm backend: dist.init_process_group("dynamiq"), DDP without a hook.
+    out = subprocess.run(
+        [sys.executable, os.path.join(REPO, "examples", "train.py"), "--nodes=2", "--workers-per-node=1",
+         "--comm=backend", "--codec=dynamiq", "--bits=5", "--steps=60", "--eval-every=30", "--json", "--timeout=80"],
+        capture_output=True, text=True, timeout=WORKER_SECONDS)
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout)
+    loss = result["loss"]
+    assert len(loss) == 60
+    assert sum(loss[-10:]) / 10 < 0.25 * sum(loss[:5]) / 5, loss
+    assert result["final_test_accuracy"] > 0.9, result["eval"]
+    assert result["comm"] == "backend" and result["codec_reported"] == ["dynamiq"]
+    assert result["wire_bytes_per_step"] > 0
