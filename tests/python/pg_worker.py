@@ -81,6 +81,9 @@ def collectives(rank, world, pg):
     m = values(rank, 1000, 5)
     dist.all_reduce(m, op=dist.ReduceOp.MIN)
     out["min"] = m
+    product = torch.full((4,), float(rank + 1))
+    dist.all_reduce(product, op=dist.ReduceOp.PRODUCT)
+    out["product"] = product
     count = torch.tensor([rank + 1, 10 * rank], dtype=torch.int64)
     dist.all_reduce(count)
     out["int64"] = count
@@ -110,6 +113,11 @@ def collectives(rank, world, pg):
             errors[key] = None
         except (TypeError, ValueError, RuntimeError) as e:
             errors[key] = f"{type(e).__name__}: {e}"
+    try:
+        dist.all_reduce(torch.ones(4), op=dist.ReduceOp.BAND)
+        errors["band"] = None
+    except ValueError as e:
+        errors["band"] = f"{type(e).__name__}: {e}"
     out["errors"] = errors
     out["records"] = list(pg.records)
     return out

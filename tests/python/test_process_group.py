@@ -61,6 +61,7 @@ def test_every_collective_on_two_compressed_nodes(cluster, workdir):
         assert torch.equal(x["max"], inputs.max(0).values)
         assert torch.equal(x["min"], inputs.min(0).values)
         assert x["int64"].tolist() == [10, 60]
+        assert x["product"].tolist() == [24.0] * 4
         assert torch.equal(x["broadcast"], values(3, 3000, 6))
         assert torch.equal(x["all_gather"], torch.arange(4.0).repeat_interleave(5).reshape(4, 5))
         # reduce_scatter: rank r gets slot r of the all-reduced inputs; compressed, or exact in exact().
@@ -70,6 +71,7 @@ def test_every_collective_on_two_compressed_nodes(cluster, workdir):
         assert errors["bool"].startswith("TypeError: dynamiq backend: allreduce of torch.bool tensors is not supported")
         assert errors["meta"].startswith("ValueError: dynamiq backend: allreduce takes CPU tensors")
         assert errors["sparse"].startswith("ValueError: dynamiq backend: allreduce takes dense tensors")
+        assert errors["band"].startswith("ValueError: dynamiq backend: allreduce does not support op BAND")
 
 
 def test_ddp_without_hook_equals_the_hook_path(cluster, workdir):

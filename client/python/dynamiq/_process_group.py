@@ -429,8 +429,6 @@ class ProcessGroupDynamiq(ProcessGroup):
             big = sum(t.numel() for t in tensors) >= self.exact_below
             if daemon_op and big and not _in_exact():
                 return "daemon"
-            if op == dist.ReduceOp.PRODUCT:
-                raise ValueError(f"dynamiq backend: {what} with PRODUCT takes integer or float64 tensors")
             return "exact"
         if dtype in _GLOO_DTYPES:
             if op == dist.ReduceOp.AVG and not dtype.is_floating_point:
