@@ -64,8 +64,10 @@ def parse_args(argv=None):
     p.add_argument("--task", default="digits", choices=["digits", "lm"],
                    help="what to train: digits (MLP on sklearn's digits) or lm (byte-level transformer on "
                         "/usr/share/common-licenses) (default digits)")
-    p.add_argument("--comm", default="dynamiq", choices=["dynamiq", "gloo"],
-                   help="gradient all-reduce: dynamiq (DDP hook through dynamiqd) or gloo (torch DDP's own)")
+    p.add_argument("--comm", default="dynamiq", choices=["dynamiq", "backend", "gloo"],
+                   help="gradient all-reduce: dynamiq (DDP hook through dynamiqd), backend (no hook: the "
+                        "torch.distributed backend \"dynamiq\", DDP's own all-reduce through dynamiqd) or gloo "
+                        "(torch DDP's own)")
     p.add_argument("--nodes", type=int, default=1, help="launcher: nodes, one dynamiqd each (default 1)")
     p.add_argument("--workers-per-node", type=int, default=2, help="launcher: worker processes per node (default 2)")
     p.add_argument("--codec", default="dynamiq",
@@ -126,6 +128,8 @@ def parse_args(argv=None):
         p.error("--d-model must be a positive multiple of 4 (4 heads), --layers >= 1, --context >= 2")
     if args.record_error and args.comm != "dynamiq":
         p.error("--record-error measures dynamiq's error: it needs --comm dynamiq")
+    if args.comm == "backend" and (args.control or args.warmup_steps):
+        p.error("--comm backend runs the daemons' own configuration: no --control, no --warmup-steps")
     return args
 
 
@@ -336,7 +340,13 @@ def run_worker(args):
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if args.batch_size % world != 0:
         raise SystemExit(f"--batch-size {args.batch_size} is not divisible by the {world} workers")
-    dist.init_process_group("gloo", init_method=args.init_method, rank=rank, world_size=world)
+    pg = None
+    if args.comm == "backend":
+        import dynamiq.torch  # registers the backend
+        dist.init_process_group("dynamiq", init_method=args.init_method, rank=rank, world_size=world)
+        pg = dynamiq.torch.get_process_group()
+    else:
+        dist.init_process_group("gloo", init_method=args.init_method, rank=rank, world_size=world)
 
     share = args.batch_size // world
     task = TASKS[args.task](args, rank, share)
@@ -416,6 +426,11 @@ def run_worker(args):
             # nothing: --dynamiqd-arg=--error_sample_rate=1 samples every compressed collective).
             if any("daemon_vnmse" in s for s in summaries):
                 result["daemon_vnmse"] = [s.get("daemon_vnmse") for s in summaries]
+        if pg is not None:  # DDP's buckets reached the daemon as the backend's all-reduces
+            records = list(pg.records)
+            result["codec_reported"] = sorted({r["codec"] for r in records})
+            result["bits_reported"] = sorted({r["bits"] for r in records})
+            result["wire_bytes_per_step"] = sum(r["wire_bytes"] for r in records) / args.steps
     if state is not None:
         state.close()
     if rank == 0:
@@ -566,7 +581,7 @@ def summarize(result):
              f"  final test accuracy {result['final_test_accuracy']:.4f}  test loss {result['final_test_loss']:.4f}  "
              f"last train loss {result['loss'][-1]:.4f}",
              f"  {result['steps_per_second']:.1f} steps/s"]
-    if result["comm"] == "dynamiq" and result.get("nodes") == 1:
+    if result["comm"] in ("dynamiq", "backend") and result.get("nodes") == 1:
         lines.append("  one node: workers are summed exactly in shared memory (the codec runs between nodes)")
     if "wire_bytes_per_step" in result:
         lines.append(f"  {result['wire_bytes_per_step']:.0f} bytes/step sent by node 0 to other nodes")
@@ -599,7 +614,7 @@ def launch(args):
     procs = []
     try:
         sockets, control = [], args.control
-        if args.comm == "dynamiq":
+        if args.comm in ("dynamiq", "backend"):
             if args.sockets:
                 sockets = args.sockets.split(",")
                 if len(sockets) != args.nodes:
@@ -622,7 +637,7 @@ def launch(args):
             node, local = divmod(rank, args.workers_per_node)
             env = dict(base_env, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local),
                        LOCAL_WORLD_SIZE=str(args.workers_per_node))
-            if args.comm == "dynamiq":
+            if args.comm in ("dynamiq", "backend"):
                 env.update(DQ_SOCKET=sockets[node], DQ_JOB=job, DQ_LOCAL_RANK=str(local),
                            DQ_LOCAL_WORLD_SIZE=str(args.workers_per_node))
             cmd = [sys.executable, os.path.abspath(__file__), *forwarded, "--worker",
@@ -655,11 +670,11 @@ def launch(args):
         with open(result_file) as f:
             result = json.load(f)
         result.update(nodes=args.nodes, workers_per_node=args.workers_per_node)
-        if args.comm == "dynamiq" and (daemons is not None or control):
+        if args.comm in ("dynamiq", "backend") and (daemons is not None or control):
             reported = result["bits_reported"] or [args.bits]
             result.update(codec=args.codec, bits=args.bits or reported[0], topology=args.topology,
                           min_compress_elements=args.min_compress_elements)
-        elif args.comm == "dynamiq":  # running daemons with their own job defaults
+        elif args.comm in ("dynamiq", "backend"):  # running daemons with their own job defaults
             result.update(codec=",".join(result["codec_reported"]), bits=(result["bits_reported"] or [None])[0])
         result["record_error"] = args.record_error
         print(json.dumps(result) if args.json else summarize(result))

@@ -26,8 +26,9 @@ enum class CodecId : uint8_t {
   kMxfp4 = 5,    // OCP MX, E2M1
   kThc = 6,      // THC: randomized Hadamard + lookup tables, integer-summable
   kUniform = 7,  // uniform stochastic b-bit quantizer, bf16 scale per 32
+  kInt8 = 8,     // INTELLECT-1-style: 8-bit stochastic, f32 scale per chunk, clip at +-6 sigma
 };
-inline constexpr int kNumCodecs = 8;
+inline constexpr int kNumCodecs = 9;
 
 struct CodecInfo {
   CodecId id;

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/dynamiq_codec.h"
+#include "kernels/cpu/int8_codec.h"
 #include "kernels/cpu/mx_codec.h"
 #include "kernels/cpu/simple_codecs.h"
 #include "kernels/cpu/thc_codec.h"
@@ -33,6 +34,8 @@ absl::StatusOr<std::unique_ptr<Codec>> CreateCodec(const CodecConfig& config) {
       return NewThcCodec(config);
     case CodecId::kUniform:
       return NewUniformCodec(config);
+    case CodecId::kInt8:
+      return NewInt8Codec(config);
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown codec id ", static_cast<int>(config.id)));
 }

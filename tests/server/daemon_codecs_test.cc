@@ -93,6 +93,7 @@ constexpr CodecCase kCodecs[] = {
     {"none", 0, "ring", 1e-12},        {"bf16", 0, "ring", 1.5e-5}, {"dynamiq", 5, "ring", 1e-3},
     {"dynamiq", 4, "butterfly", 4e-3}, {"mxfp8", 0, "ring", 8e-3},  {"mxfp6", 0, "ring", 1.5e-2},
     {"mxfp4", 0, "ring", 8e-2},        {"thc", 4, "ring", 0.35},    {"uniform", 8, "ring", 6e-5},
+    {"int8", 0, "ring", 1e-2},  // 5.6e-4 and 3.4e-3 here: one scale per chunk, outliers clipped at 6 sigma
 };
 
 std::string CaseName(const ::testing::TestParamInfo<DaemonCodecTest::ParamType>& info) {

@@ -30,7 +30,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import dynamiq
 
-__all__ = ["DynamiqState", "allreduce_hook", "all_reduce", "wire_dtype"]
+__all__ = ["BACKEND", "DynamiqState", "ProcessGroupDynamiq", "allreduce_hook", "all_reduce", "exact", "get_process_group",
+           "wire_dtype"]
 
 # Buffers grow in steps of this many bytes, so that slightly larger rebuilt buckets reuse them.
 _ALLOCATION_QUANTUM = 1 << 20
@@ -416,3 +417,13 @@ def _all_reduce_through(client, slot, tensor, send_dtype, name, average):
     view.copy_(tensor.reshape(-1))
     client.all_reduce(slot.buffer, name, count=n, dtype=_dq_dtype(send_dtype), average=average)
     tensor.copy_(view.reshape(tensor.shape))
+
+
+# The torch.distributed backend "dynamiq" (registered on import): dist.init_process_group("dynamiq").
+from dynamiq._process_group import (  # noqa: E402,F401  (re-exported; needs the names above)
+    BACKEND,
+    DEFAULT_EXACT_BELOW,
+    ProcessGroupDynamiq,
+    exact,
+    get_process_group,
+)

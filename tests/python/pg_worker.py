@@ -1,0 +1,207 @@
+"""One worker process of test_process_group.py: `pg_worker.py MODE OUT_DIR`, with RANK, WORLD_SIZE
+and the DQ_* variables set by the test. Initializes torch.distributed with the "dynamiq" backend
+(file:// store in OUT_DIR) and writes OUT_DIR/rank<r>.pt (a dict) for the test to check; an
+exception is saved as {"error": type: message} instead.
+
+Modes:
+  collectives  every collective: all_reduce SUM/AVG of each float dtype (daemon), sync and async,
+               exact() and small tensors (Gloo), MAX/MIN/int64, broadcast, all_gather,
+               reduce_scatter, barrier, unsupported dtype/device errors.
+  ddp          DDP without a hook next to DDP with dynamiq.torch's hook, same data, 3 steps.
+  init         only init_process_group (for the error cases: missing daemon, wrong world size).
+  ddp_error    DDP without a hook, but rank 1 all-reduces an extra tensor first: the daemon fails
+               the collective (the workers submitted different tensors) and DDP raises it from
+               backward() on rank 0, the extra all_reduce raises it on rank 1.
+  die          all_reduce once, write OUT_DIR/ready<r>, rank 1 then waits for OUT_DIR/go before its
+               second all_reduce (the test kills the daemon meanwhile); records the error and time.
+"""
+
+import copy
+import os
+import sys
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import dynamiq.torch
+
+# Values k * 2^-6 with |k| < 2^10: sums over a few ranks are exact in fp32 in any order.
+SCALE = 2.0 ** -6
+
+
+def values(rank, n, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed * 100 + rank)
+    return (torch.randint(-1000, 1000, (n,), generator=g).to(torch.float32) * SCALE).to(dtype)
+
+
+def exact_sum(world, n, seed):
+    return sum(values(r, n, seed) for r in range(world))
+
+
+def collectives(rank, world, pg):
+    out = {}
+    n = 50_000
+    # SUM through the daemon (compressed between nodes with the job's codec), every rank identical.
+    t = values(rank, n, 1)
+    dist.all_reduce(t)
+    out["sum"] = t
+    out["sum_want"] = exact_sum(world, n, 1)
+    # AVG, bf16 and fp16 through the daemon; async with several in flight, waited out of order.
+    tensors = {"avg": values(rank, n, 2), "bf16": values(rank, n, 3, torch.bfloat16),
+               "fp16": values(rank, n, 4, torch.float16)}
+    works = {"avg": dist.all_reduce(tensors["avg"], op=dist.ReduceOp.AVG, async_op=True),
+             "bf16": dist.all_reduce(tensors["bf16"], async_op=True),
+             "fp16": dist.all_reduce(tensors["fp16"], async_op=True)}
+    out["async_types"] = sorted({type(w).__name__ for w in works.values()})
+    for key in ("fp16", "bf16", "avg"):
+        assert works[key].wait() is True
+        assert works[key].is_completed()
+        out[key] = tensors[key]
+    out["future_value"] = bool(works["avg"].get_future().wait()[0] is tensors["avg"])
+    out["avg_want"] = exact_sum(world, n, 2) / world
+    # exact(): the same size, exact, through the inner Gloo group.
+    records_before = len(pg.records)
+    t = values(rank, n, 1)
+    with dynamiq.torch.exact():
+        dist.all_reduce(t)
+        a = values(rank, n, 2)
+        dist.all_reduce(a, op=dist.ReduceOp.AVG)
+    out["exact_sum"], out["exact_avg"] = t, a
+    # Below exact_below: exact without asking (a loss scalar).
+    loss = torch.tensor([float(rank) * 0.1 + 1 / 3])
+    dist.all_reduce(loss)
+    out["loss"] = loss
+    out["daemon_calls_exact"] = len(pg.records) - records_before
+    # MAX / MIN / int64: exact on Gloo.
+    m = values(rank, 1000, 5)
+    dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    out["max"] = m
+    m = values(rank, 1000, 5)
+    dist.all_reduce(m, op=dist.ReduceOp.MIN)
+    out["min"] = m
+    product = torch.full((4,), float(rank + 1))
+    dist.all_reduce(product, op=dist.ReduceOp.PRODUCT)
+    out["product"] = product
+    count = torch.tensor([rank + 1, 10 * rank], dtype=torch.int64)
+    dist.all_reduce(count)
+    out["int64"] = count
+    # broadcast, all_gather, reduce_scatter (daemon and exact), barrier.
+    b = values(rank, 3000, 6)
+    dist.broadcast(b, src=world - 1)
+    out["broadcast"] = b
+    gathered = [torch.zeros(5) for _ in range(world)]
+    dist.all_gather(gathered, torch.full((5,), float(rank)))
+    out["all_gather"] = torch.stack(gathered)
+    inputs = [values(rank * world + i, 20_000, 7) for i in range(world)]
+    rs = torch.zeros(20_000)
+    dist.reduce_scatter(rs, inputs)
+    out["reduce_scatter"] = rs
+    with dynamiq.torch.exact():
+        rs_exact = torch.zeros(20_000)
+        dist.reduce_scatter(rs_exact, [x.clone() for x in inputs])
+    out["reduce_scatter_exact"] = rs_exact
+    out["reduce_scatter_want"] = sum(values(r * world + rank, 20_000, 7) for r in range(world))
+    dist.barrier()
+    # Errors: unsupported dtype and device.
+    errors = {}
+    for key, tensor in (("bool", torch.zeros(4, dtype=torch.bool)), ("meta", torch.zeros(4, device="meta")),
+                        ("sparse", torch.zeros(4).to_sparse())):
+        try:
+            dist.all_reduce(tensor)
+            errors[key] = None
+        except (TypeError, ValueError, RuntimeError) as e:
+            errors[key] = f"{type(e).__name__}: {e}"
+    try:
+        dist.all_reduce(torch.ones(4), op=dist.ReduceOp.BAND)
+        errors["band"] = None
+    except ValueError as e:
+        errors["band"] = f"{type(e).__name__}: {e}"
+    out["errors"] = errors
+    out["records"] = list(pg.records)
+    return out
+
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 64), torch.nn.ReLU(),
+                               torch.nn.Linear(64, 10))
+
+
+def ddp(rank, world, pg):
+    net = model()
+    hooked_net = copy.deepcopy(net)
+    plain = torch.nn.parallel.DistributedDataParallel(net)  # no hook: DDP's all-reduces reach the group
+    hooked = torch.nn.parallel.DistributedDataParallel(hooked_net)
+    state = dynamiq.torch.DynamiqState(client=pg.client, name_prefix="hook")
+    hooked.register_comm_hook(state, dynamiq.torch.allreduce_hook)
+    steps = []
+    for step in range(3):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x, y = torch.randn(16, 64, generator=g), torch.randint(0, 10, (16,), generator=g)
+        grads = {}
+        for key, m in (("plain", plain), ("hooked", hooked)):
+            m.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            grads[key] = [p.grad.clone() for p in m.parameters()]
+        steps.append(grads)
+    state.close()
+    return {"steps": steps, "records": list(pg.records)}
+
+
+def ddp_error(rank, world, pg):
+    plain = torch.nn.parallel.DistributedDataParallel(model())
+    x, y = torch.randn(16, 64), torch.randint(0, 10, (16,))
+    try:
+        if rank == 1:
+            dist.all_reduce(torch.ones(5000))
+        torch.nn.functional.cross_entropy(plain(x), y).backward()
+        return {"ddp_error": None}
+    except RuntimeError as e:
+        return {"ddp_error": str(e)}
+
+
+def die(rank, world, pg, out_dir):
+    t = torch.ones(100_000)
+    dist.all_reduce(t)
+    open(os.path.join(out_dir, f"ready{rank}"), "w").close()
+    if rank == 1:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(out_dir, "go")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    started = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        return {"died_error": None}
+    except RuntimeError as e:
+        return {"died_error": str(e), "seconds": time.monotonic() - started}
+
+
+def main():
+    mode, out_dir = sys.argv[1], sys.argv[2]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(1)
+    path = os.path.join(out_dir, f"rank{rank}.pt")
+    try:
+        dist.init_process_group("dynamiq", init_method=f"file://{out_dir}/pg-store", rank=rank, world_size=world)
+        pg = dynamiq.torch.get_process_group()
+        result = {"backend": dist.get_backend()}
+        if mode == "collectives":
+            result.update(collectives(rank, world, pg))
+        elif mode == "ddp":
+            result.update(ddp(rank, world, pg))
+        elif mode == "ddp_error":
+            result.update(ddp_error(rank, world, pg))
+        elif mode == "die":
+            result.update(die(rank, world, pg, out_dir))
+    except Exception as e:  # noqa: BLE001 -- the test checks the message
+        traceback.print_exc()
+        torch.save({"error": f"{type(e).__name__}: {e}"}, path)
+        return
+    torch.save(result, path)
+    pg.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""The torch.distributed backend "dynamiq" (dynamiq.torch.ProcessGroupDynamiq) against real dynamiqd
+daemons: every collective, async Work, the exact override, DDP without a hook (bit-identical to the
+hook path with codec none), and the errors (missing daemon, wrong world size, duplicate local
+rank, unsupported dtype/device, a daemon killed mid-collective). Workers: pg_worker.py."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+
+from conftest import HERE, REPO, WORKER_SECONDS, run_workers, worker_envs
+from pg_worker import values
+
+WORKER = os.path.join(HERE, "pg_worker.py")
+
+
+def vnmse(got, want):
+    return float(((got.double() - want.double()) ** 2).sum() / (want.double() ** 2).sum())
+
+
+def run(mode, envs, workdir, timeout=None):
+    args = [WORKER, mode, workdir]
+    results = run_workers(args, envs) if timeout is None else run_workers(args, envs, timeout=timeout)
+    for code, out in results:
+        assert code == 0, out[-4000:]
+    return [torch.load(os.path.join(workdir, f"rank{r}.pt")) for r in range(len(envs))]
+
+
+def test_every_collective_on_two_compressed_nodes(cluster, workdir):
+    # DynamiQ 4-bit between the nodes, on every tensor size: what reaches the daemon is compressed,
+    # what exact() and exact_below route to Gloo is not.
+    c = cluster(nodes=2, codec="dynamiq", bits=4, min_compress_elements=0)
+    ranks = run("collectives", worker_envs(c, 2, 2, "pg"), workdir)
+    for r, x in enumerate(ranks):
+        assert "error" not in x, x.get("error")
+        assert x["backend"] == "dynamiq"
+        # Through the daemon: compressed (not exact, but close) and bit-identical on every rank.
+        for key, want in (("sum", "sum_want"), ("avg", "avg_want")):
+            assert 0 < vnmse(x[key], x[want]) < 0.2, (key, vnmse(x[key], x[want]))
+            assert torch.equal(x[key], ranks[0][key])
+        for key in ("bf16", "fp16"):
+            assert x[key].dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[key]
+            assert torch.equal(x[key], ranks[0][key])
+        assert x["async_types"] == ["_PythonWork"] and x["future_value"]
+        # The daemon ran them with the job's codec: sequence numbers in order, wire bytes ~4 bits.
+        daemon = x["records"]
+        assert [d["codec"] for d in daemon] == ["dynamiq"] * len(daemon)
+        assert [d["sequence"] for d in daemon] == list(range(len(daemon)))
+        assert daemon[0]["elements"] == 50_000 and daemon[0]["wire_bytes"] < 50_000 * 4 * 0.15
+        # exact() and a loss scalar: exact, and none of them reached the daemon.
+        assert torch.equal(x["exact_sum"], x["sum_want"])
+        assert torch.equal(x["exact_avg"], x["avg_want"])
+        assert torch.allclose(x["loss"], torch.tensor([0.6 + 4 / 3]))
+        assert x["daemon_calls_exact"] == 0
+        # MAX/MIN/int64 on Gloo.
+        inputs = torch.stack([values(q, 1000, 5) for q in range(4)])
+        assert torch.equal(x["max"], inputs.max(0).values)
+        assert torch.equal(x["min"], inputs.min(0).values)
+        assert x["int64"].tolist() == [10, 60]
+        assert x["product"].tolist() == [24.0] * 4
+        assert torch.equal(x["broadcast"], values(3, 3000, 6))
+        assert torch.equal(x["all_gather"], torch.arange(4.0).repeat_interleave(5).reshape(4, 5))
+        # reduce_scatter: rank r gets slot r of the all-reduced inputs; compressed, or exact in exact().
+        assert 0 < vnmse(x["reduce_scatter"], x["reduce_scatter_want"]) < 0.2
+        assert torch.equal(x["reduce_scatter_exact"], x["reduce_scatter_want"])
+        errors = x["errors"]
+        assert errors["bool"].startswith("TypeError: dynamiq backend: allreduce of torch.bool tensors is not supported")
+        assert errors["meta"].startswith("ValueError: dynamiq backend: allreduce takes CPU tensors")
+        assert errors["sparse"].startswith("ValueError: dynamiq backend: allreduce takes dense tensors")
+        assert errors["band"].startswith("ValueError: dynamiq backend: allreduce does not support op BAND")
+
+
+def test_ddp_without_hook_equals_the_hook_path(cluster, workdir):
+    # Codec none: the daemon sums exactly, so DDP's own all-reduce through the backend and the
+    # communication hook give bit-identical gradients (DDP pre-divides by 4, the hook averages).
+    c = cluster(nodes=2, codec="none")
+    ranks = run("ddp", worker_envs(c, 2, 2, "ddp"), workdir)
+    for x in ranks:
+        assert "error" not in x, x.get("error")
+        for step in x["steps"]:
+            for plain, hooked in zip(step["plain"], step["hooked"]):
+                assert torch.equal(plain, hooked)
+        for step, first in zip(x["steps"], ranks[0]["steps"]):
+            assert all(torch.equal(a, b) for a, b in zip(step["plain"], first["plain"]))
+        # DDP's buckets reached the daemon as the backend's all-reduces, one per step.
+        assert [r["name"] for r in x["records"]] == [f"torch.allreduce.{i}" for i in range(3)]
+
+
+def test_ddp_without_hook_raises_the_daemons_error_from_backward(cluster, workdir):
+    c = cluster(nodes=1, codec="none")
+    ranks = run("ddp_error", worker_envs(c, 1, 2, "ddperr"), workdir)
+    for r, x in enumerate(ranks):
+        assert "error" not in x, x.get("error")
+        assert x["ddp_error"] is not None, r
+        # The daemon's message names both submissions; DDP wraps it (rank 0), dist.all_reduce not.
+        assert "INVALID_ARGUMENT" in x["ddp_error"] and "submitted" in x["ddp_error"], x["ddp_error"]
+    assert ranks[1]["ddp_error"].startswith("dynamiq backend: all-reduce 'torch.allreduce.0' (5000 x torch.float32) "
+                                            "failed: INVALID_ARGUMENT")
+
+
+def test_missing_daemon_is_a_clear_error(workdir):
+    env = dict(RANK="0", WORLD_SIZE="1", DQ_SOCKET=os.path.join(workdir, "nobody.sock"), DQ_JOB="j",
+               DQ_LOCAL_RANK="0", DQ_LOCAL_WORLD_SIZE="1")
+    (x,) = run("init", [env], workdir)
+    assert x["error"].startswith("RuntimeError: dynamiq backend: rank 0 cannot register with dynamiqd at ")
+    assert "is dynamiqd running on this node?" in x["error"] and "UNAVAILABLE" in x["error"]
+
+
+def test_wrong_world_size_and_duplicate_local_rank(node, workdir):
+    # One process, but DQ_LOCAL_WORLD_SIZE says the node runs two workers of the job.
+    env = dict(RANK="0", WORLD_SIZE="1", DQ_SOCKET=node.socket, DQ_JOB="world", DQ_LOCAL_RANK="0",
+               DQ_LOCAL_WORLD_SIZE="2")
+    (x,) = run("init", [env], workdir)
+    assert x["error"].startswith("ValueError: dynamiq backend: world size 1 (rank 0) does not match job 'world'")
+    assert "node 0 has 1 ranks of the group, but DQ_LOCAL_WORLD_SIZE=2" in x["error"]
+    # Two processes claiming local rank 0: the daemon refuses the second, the first names it.
+    os.remove(os.path.join(workdir, "rank0.pt"))
+    envs = [dict(env, RANK=str(r), WORLD_SIZE="2", DQ_JOB="dup") for r in range(2)]
+    started = time.monotonic()
+    xs = run("init", envs, workdir)
+    assert time.monotonic() - started < 60
+    errors = sorted(x["error"] for x in xs)
+    assert any("cannot register with dynamiqd" in e for e in errors), errors
+    assert any("failed to join" in e or "both local rank 0" in e for e in errors), errors
+
+
+def test_daemon_killed_mid_collective_raises(cluster, workdir):
+    c = cluster(nodes=1, codec="none")
+    envs = worker_envs(c, 1, 2, "die")
+    procs_done = []
+
+    def kill_when_ready():
+        deadline = time.monotonic() + 60
+        while not all(os.path.exists(os.path.join(workdir, f"ready{r}")) for r in range(2)):
+            assert time.monotonic() < deadline, "workers never got ready"
+            time.sleep(0.05)
+        time.sleep(0.5)  # rank 0's second all-reduce is now waiting in the daemon for rank 1
+        c.procs[0].kill()
+        c.procs[0].wait()
+        open(os.path.join(workdir, "go"), "w").close()
+        procs_done.append(True)
+
+    killer = threading.Thread(target=kill_when_ready)
+    killer.start()
+    started = time.monotonic()
+    xs = run("die", envs, workdir, timeout=60)
+    killer.join()
+    assert procs_done == [True]
+    # DQ_TIMEOUT_SECONDS is 30 in run_workers: both fail well before it, with the daemon's error.
+    assert time.monotonic() - started < 30
+    for x in xs:
+        assert x["died_error"] is not None
+        assert x["died_error"].startswith("dynamiq backend: all-reduce 'torch.allreduce.1' (100000 x torch.float32) "
+                                          "failed: UNAVAILABLE"), x["died_error"]
+        assert x["seconds"] < 20
+
+
+def test_train_py_trains_ddp_on_the_backend_without_a_hook():
+    # examples/train.py --comm backend: dist.init_process_group("dynamiq"), DDP without a hook.
+    out = subprocess.run(
+        [sys.executable, os.path.join(REPO, "examples", "train.py"), "--nodes=2", "--workers-per-node=1",
+         "--comm=backend", "--codec=dynamiq", "--bits=5", "--steps=60", "--eval-every=30", "--json", "--timeout=80"],
+        capture_output=True, text=True, timeout=WORKER_SECONDS)
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout)
+    loss = result["loss"]
+    assert len(loss) == 60
+    assert sum(loss[-10:]) / 10 < 0.25 * sum(loss[:5]) / 5, loss
+    assert result["final_test_accuracy"] > 0.9, result["eval"]
+    assert result["comm"] == "backend" and result["codec_reported"] == ["dynamiq"]
+    assert result["wire_bytes_per_step"] > 0
