@@ -29,7 +29,6 @@ of the training loop on rank 0, evaluation excluded), `parameters`.
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -215,13 +214,7 @@ def launch(args):
               f"val accuracy {result['final_val_accuracy']:.4f}, {result['wire_bytes_per_outer_step']:.0f} wire "
               f"bytes per outer step, {result['seconds']:.1f} s")
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        if daemons is not None:
-            daemons.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        train.stop_run(procs, daemons, tmp)
 
 
 def main():

@@ -679,13 +679,18 @@ def launch(args):
         result["record_error"] = args.record_error
         print(json.dumps(result) if args.json else summarize(result))
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        if daemons is not None:
-            daemons.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        stop_run(procs, daemons, tmp)
+
+
+def stop_run(procs, daemons, tmp):
+    """Kills the worker processes still running, stops the daemons (if any) and removes `tmp`."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    if daemons is not None:
+        daemons.close()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def require_torch():

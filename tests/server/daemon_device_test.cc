@@ -466,6 +466,12 @@ std::string Dynamiqd(const TempDir& temp, const std::string& flags) {
                       " --listen=127.0.0.1:0 --metrics_port=-1 --worker_socket=", temp.path(), "/d.sock ", flags);
 }
 
+// What dynamiqd --device=cuda says on a machine without a usable GPU (or a build without CUDA).
+::testing::Matcher<std::string> RefusesCudaWithoutADevice() {
+  return AnyOf(HasSubstr("--device=cuda: no CUDA device is visible"), HasSubstr("--device=cuda: no usable CUDA device"),
+               HasSubstr("this dynamiqd was built without CUDA and NCCL"));
+}
+
 TEST(DynamiqdDeviceFlagsTest, BadDeviceValuesAreRejected) {
   TempDir temp;
   auto [code, output] = RunCommand(Dynamiqd(temp, "--device=gpu"));
@@ -481,9 +487,7 @@ TEST(DynamiqdDeviceFlagsTest, CudaWithoutAGpuOrWithoutNcclFailsWithAClearMessage
   TempDir temp;
   auto [code, output] = RunCommand(Dynamiqd(temp, "--device=cuda"));
   EXPECT_EQ(code, 2) << output;
-  EXPECT_THAT(output, AnyOf(HasSubstr("--device=cuda: no CUDA device is visible"),
-                            HasSubstr("--device=cuda: no usable CUDA device"),
-                            HasSubstr("this dynamiqd was built without CUDA and NCCL")));
+  EXPECT_THAT(output, RefusesCudaWithoutADevice());
   EXPECT_THAT(output, Not(HasSubstr("ready")));
 }
 
@@ -499,9 +503,7 @@ TEST(DynamiqdDeviceFlagsTest, TransportIsGlooOrNcclAndNcclNeedsAGpuNode) {
     // The hybrid path passes the flag checks and stops at the device, like --device=cuda alone.
     std::tie(code, output) = RunCommand(Dynamiqd(temp, "--device=cuda --transport=gloo"));
     EXPECT_EQ(code, 2) << output;
-    EXPECT_THAT(output, AnyOf(HasSubstr("--device=cuda: no CUDA device is visible"),
-                              HasSubstr("--device=cuda: no usable CUDA device"),
-                              HasSubstr("this dynamiqd was built without CUDA and NCCL")));
+    EXPECT_THAT(output, RefusesCudaWithoutADevice());
   }
 }
 
