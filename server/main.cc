@@ -34,8 +34,10 @@ ABSL_FLAG(std::string, worker_socket, "",
           "only (created 0700 if missing). Default: /run/dynamiq/dynamiqd.sock as root, else "
           "/tmp/dynamiq-<uid>/dynamiqd.sock (what workers use when DQ_SOCKET is unset).");
 ABSL_FLAG(std::string, codec, "dynamiq",
-          "Default codec of new jobs: none, bf16, dynamiq, mxfp8, mxfp6, mxfp4, thc, uniform.");
-ABSL_FLAG(double, bits, 5, "Default bits: dynamiq average bits/coord incl. metadata (3..8); uniform bits per code.");
+          "Default codec of new jobs: none, bf16, dynamiq, mxfp8, mxfp6, mxfp4, thc, uniform, int8, global_qsgd.");
+ABSL_FLAG(double, bits, 5,
+          "Default bits: dynamiq average bits/coord incl. metadata (3..8); uniform and global_qsgd bits per code "
+          "(2..8).");
 ABSL_FLAG(double, target_vnmse, 0,
           "Default error budget of new jobs (codec dynamiq): the controller on node 0 picks the lowest average bit "
           "budget in [--min_bits, --max_bits] that keeps the measured vNMSE at or under this (docs/error_budget.md); "

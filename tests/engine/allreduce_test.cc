@@ -113,7 +113,7 @@ TEST(AllReduceTest, BitIdenticalOnAllRanksForEveryCodecAndTopology) {
   const size_t d = 20000;
   auto inputs = Inputs(n, d);
   for (CodecId id : {CodecId::kNone, CodecId::kBf16, CodecId::kDynamiq, CodecId::kMxfp8, CodecId::kMxfp6,
-                     CodecId::kMxfp4, CodecId::kThc, CodecId::kUniform, CodecId::kInt8}) {
+                     CodecId::kMxfp4, CodecId::kThc, CodecId::kUniform, CodecId::kInt8, CodecId::kGlobalQsgd}) {
     auto codec = Make(id);
     for (Topology t : {Topology::kRing, Topology::kButterfly}) {
       if (t == Topology::kButterfly && !codec->SupportsButterfly()) continue;
@@ -270,8 +270,8 @@ TEST(AllReduceTest, TinyBucketsWithEmptyChunks) {
   // Fewer super-groups than ranks: some chunks are empty and start at the bucket's end.
   for (auto [n, d] : {std::pair<int, size_t>{2, 1}, {3, 777}, {8, 300}, {5, 256}}) {
     auto inputs = Inputs(n, d);
-    for (CodecId id :
-         {CodecId::kDynamiq, CodecId::kNone, CodecId::kMxfp8, CodecId::kUniform, CodecId::kThc, CodecId::kInt8}) {
+    for (CodecId id : {CodecId::kDynamiq, CodecId::kNone, CodecId::kMxfp8, CodecId::kUniform, CodecId::kThc,
+                       CodecId::kInt8, CodecId::kGlobalQsgd}) {
       auto codec = Make(id);
       RankRun run = RunThreads(*codec, inputs, [&](int) { return Options(Topology::kRing, 0); });
       for (int r = 0; r < n; ++r) {

@@ -51,6 +51,10 @@ CodecConfig ConfigFor(CodecId id, int variant) {
       c.bits = 4;
       c.correlated_rounding = variant % 2 == 0;
       break;
+    case CodecId::kGlobalQsgd:
+      c.bits = 2 + variant % 7;
+      c.correlated_rounding = (variant / 7) % 2 == 0;
+      break;
     default:
       break;
   }
@@ -129,6 +133,7 @@ int NumVariants(CodecId id) {
     case CodecId::kDynamiq:
       return 96;
     case CodecId::kUniform:
+    case CodecId::kGlobalQsgd:
       return 14;
     case CodecId::kThc:
       return 2;

@@ -93,7 +93,8 @@ constexpr CodecCase kCodecs[] = {
     {"none", 0, "ring", 1e-12},        {"bf16", 0, "ring", 1.5e-5}, {"dynamiq", 5, "ring", 1e-3},
     {"dynamiq", 4, "butterfly", 4e-3}, {"mxfp8", 0, "ring", 8e-3},  {"mxfp6", 0, "ring", 1.5e-2},
     {"mxfp4", 0, "ring", 8e-2},        {"thc", 4, "ring", 0.35},    {"uniform", 8, "ring", 6e-5},
-    {"int8", 0, "ring", 1e-2},  // 5.6e-4 and 3.4e-3 here: one scale per chunk, outliers clipped at 6 sigma
+    {"int8", 0, "ring", 1e-2},         // 5.6e-4 and 3.4e-3 here: one scale per chunk, outliers clipped at 6 sigma
+    {"global_qsgd", 8, "ring", 1e-3},  // 1.1e-4 and 3.3e-4 here
 };
 
 std::string CaseName(const ::testing::TestParamInfo<DaemonCodecTest::ParamType>& info) {

@@ -240,6 +240,26 @@ TEST(MetricsTest, CollectivesCountIntoTheirLabelSets) {
   EXPECT_EQ(e.Sum("dynamiq_build_info"), 1);
 }
 
+TEST(MetricsTest, EveryCodecOfTheTableIsItsOwnLabel) {
+  // Every codec of kernels/codec_info.h (the newer ones included), named as the table names it.
+  Metrics m(/*node_rank=*/0, /*num_nodes=*/2);
+  for (const kernels::CodecInfo& info : kernels::AllCodecs()) {
+    CollectiveOutcome ok;
+    ok.codec.id = info.id;
+    ok.codec.bits = info.default_bits;
+    ok.topology = engine::Topology::kRing;
+    ok.num_elements = 1000;
+    ok.seconds = 0.001;
+    ok.wire_bytes = 100;
+    m.OnCollective("j", ok);
+  }
+  const Exposition e = Parse(m.Render());
+  for (const kernels::CodecInfo& info : kernels::AllCodecs()) {
+    EXPECT_EQ(e.Sum("dynamiq_collective_duration_seconds_count", {{"job", "j"}, {"codec", std::string(info.name)}}), 1)
+        << info.name;
+  }
+}
+
 TEST(MetricsTest, StateGaugesFollowTheSourceAndDropOldLabelSets) {
   Metrics m(0, 1);
   Metrics::Snapshot snapshot;
