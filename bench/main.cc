@@ -25,11 +25,13 @@
 #include "kernels/codec.h"
 
 ABSL_FLAG(std::string, codec, "all",
-          "Comma-separated codecs: none,bf16,dynamiq,mxfp8,mxfp6,mxfp4,thc,uniform,int8,global_qsgd, or 'all'.");
+          "Comma-separated codecs: none,bf16,dynamiq,mxfp8,mxfp6,mxfp4,thc,uniform,int8,global_qsgd,arc_topk, or "
+          "'all'.");
 ABSL_FLAG(std::string, bits, "",
           "Comma-separated bit budgets for the codecs that take one: dynamiq (average bits/coord incl. metadata, "
           "3..8; default 5), uniform (bits per code, 2..8; default 4) and global_qsgd (bits per leaf code, 2..8; "
-          "2^(b-1)-1 levels per sign; default 8). Each value is a row.");
+          "2^(b-1)-1 levels per sign; default 8), and arc_topk's density (fraction of 256-element rows kept, "
+          "0.001..1; default 0.1). Each value is a row.");
 ABSL_FLAG(std::string, allocator, "measured",
           "DynamiQ bit allocator: measured (ours: minimises measured error), paper (the paper's 4x-per-bit "
           "thresholds), or both.");

@@ -28,8 +28,9 @@ enum class CodecId : uint8_t {
   kUniform = 7,     // uniform stochastic b-bit quantizer, bf16 scale per 32
   kInt8 = 8,        // INTELLECT-1-style: 8-bit stochastic, f32 scale per chunk, clip at +-6 sigma
   kGlobalQsgd = 9,  // Global-QSGD: stochastic levels against a global max |x|, integer-summable
+  kArcTopK = 10,    // ARC-Top-K: rows agreed from a sketch of the sum, their fp32 values index-free
 };
-inline constexpr int kNumCodecs = 10;
+inline constexpr int kNumCodecs = 11;
 
 struct CodecInfo {
   CodecId id;
@@ -40,7 +41,7 @@ struct CodecInfo {
   double min_bits = 0;
   double max_bits = 0;
   bool integer_bits = false;
-  absl::string_view bits_meaning;  // "average incl. metadata", "bits per code"
+  absl::string_view bits_meaning;  // "average incl. metadata", "bits per code", arc_topk: a density
   // The device all-reduce (engine/nccl_allreduce.h) implements it: GPU nodes may run it.
   bool on_cuda = false;
 };

@@ -174,6 +174,7 @@ bool WriteConfigSeeds(SeedWriter& out) {
       {"uniform", 4.0, "ring", ""},
       {"thc", 4.0, "ring", ""},
       {"global_qsgd", 8.0, "ring", ""},
+      {"arc_topk", 0.1, "butterfly", ""},
       {"mxfp8", 0.0, "butterfly", ""},
       {"mxfp6", 0.0, "ring", ""},
       {"mxfp4", 0.0, "ring", ""},

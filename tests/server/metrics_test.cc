@@ -750,8 +750,11 @@ TEST(DaemonMetricsOptionsTest, BadValuesAreRefused) {
   o.metrics_port = 0;
   o.error_sample_rate = 1.5;
   EXPECT_THAT(Daemon(o).Start(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--error_sample_rate")));
-  // Off: no address.
   o.error_sample_rate = 0.01;
+  o.error_feedback_mib = size_t{1} << 40;  // would overflow as bytes
+  EXPECT_THAT(Daemon(o).Start(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--error_feedback_mib")));
+  o.error_feedback_mib = 1024;
+  // Off: no address.
   o.metrics_port = -1;
   Daemon off(o);
   ASSERT_THAT(off.Start(), IsOk());
