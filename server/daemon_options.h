@@ -43,7 +43,8 @@ struct DaemonOptions {
   double error_sample_rate = 0.01;
   // arc_topk jobs: EF21 error feedback per tensor (server/error_feedback.h), at most
   // error_feedback_mib MiB of it per job.
-  bool arc_topk_error_feedback = true;
+  bool arc_topk_error_feedback = false;
+  double arc_topk_momentum = 1.0;  // EF21M's eta in (0, 1]; 1: plain EF21
   size_t error_feedback_mib = 1024;
   // Operator token, cluster secret and TLS files (server/security.h, docs/security.md); unset: off.
   SecurityOptions security;

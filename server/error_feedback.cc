@@ -9,16 +9,18 @@
 
 namespace dynamiq::server {
 
+size_t ErrorFeedback::PerElement() const { return (momentum_ < 1.0 ? 3 : 2) * sizeof(float); }
+
 absl::StatusOr<ErrorFeedbackState*> ErrorFeedback::Get(absl::string_view tensor, size_t n, uint64_t epoch) {
   auto it = states_.find(tensor);
   if (it != states_.end() && (it->second.local.size() != n || it->second.epoch != epoch)) {
     // A compression change (new epoch) or a different tensor under the same name: start over.
-    bytes_ -= 2 * sizeof(float) * it->second.local.size();
+    bytes_ -= PerElement() * it->second.local.size();
     states_.erase(it);
     it = states_.end();
   }
   if (it != states_.end()) return &it->second;
-  const size_t need = 2 * sizeof(float) * n;
+  const size_t need = PerElement() * n;
   if (need > max_bytes_ - bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat("arc_topk error feedback of tensor '", tensor, "' needs ", need,
                                                      " bytes; this job already holds ", bytes_, " of its limit ",
@@ -29,6 +31,7 @@ absl::StatusOr<ErrorFeedbackState*> ErrorFeedback::Get(absl::string_view tensor,
   try {
     state.local.assign(n, 0.0f);
     state.global.assign(n, 0.0f);
+    if (momentum_ < 1.0) state.momentum.assign(n, 0.0f);
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
         absl::StrCat("no memory for the arc_topk error feedback of tensor '", tensor, "' (", need, " bytes)"));
@@ -46,11 +49,16 @@ namespace {
 
 absl::StatusOr<engine::AllReduceResult> Step(const kernels::Codec& codec, engine::Transport& transport,
                                              const engine::AllReduceOptions& options, float* x, size_t n,
-                                             ErrorFeedbackState& s) {
+                                             ErrorFeedbackState& s, double eta) {
+  const bool momentum = eta < 1.0;
+  if (momentum && s.momentum.size() != n) {
+    return absl::InternalError(absl::StrCat("arc_topk error feedback: momentum ", eta, " without its state"));
+  }
   const kernels::Dest out{x, kernels::DType::kFloat32, 0, nullptr};
   if (!s.initialized) {
     // g_i = x, G = the exact sum (the authors' first step: a dense all-reduce).
     std::copy(x, x + n, s.local.begin());
+    if (momentum) std::copy(x, x + n, s.momentum.begin());
     DQ_ASSIGN_OR_RETURN(auto none, kernels::CreateCodec(kernels::CodecConfig{kernels::CodecId::kNone}));
     DQ_ASSIGN_OR_RETURN(
         engine::AllReduceResult r,
@@ -60,7 +68,15 @@ absl::StatusOr<engine::AllReduceResult> Step(const kernels::Codec& codec, engine
     return r;
   }
   std::vector<float> u(n);
-  for (size_t i = 0; i < n; ++i) u[i] = x[i] - s.local[i];
+  if (momentum) {
+    const float keep = static_cast<float>(1.0 - eta), take = static_cast<float>(eta);
+    for (size_t i = 0; i < n; ++i) {
+      s.momentum[i] = keep * s.momentum[i] + take * x[i];
+      u[i] = s.momentum[i] - s.local[i];
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) u[i] = x[i] - s.local[i];
+  }
   engine::AllReduceOptions o = options;
   o.keep_plan_widths = true;
   DQ_ASSIGN_OR_RETURN(engine::AllReduceResult r,
@@ -83,8 +99,8 @@ absl::StatusOr<engine::AllReduceResult> Step(const kernels::Codec& codec, engine
 absl::StatusOr<engine::AllReduceResult> ErrorFeedbackAllReduce(const kernels::Codec& codec,
                                                                engine::Transport& transport,
                                                                const engine::AllReduceOptions& options, float* x,
-                                                               size_t n, ErrorFeedbackState& state) {
-  absl::StatusOr<engine::AllReduceResult> r = Step(codec, transport, options, x, n, state);
+                                                               size_t n, ErrorFeedbackState& state, double eta) {
+  absl::StatusOr<engine::AllReduceResult> r = Step(codec, transport, options, x, n, state, eta);
   if (!r.ok()) state.initialized = false;
   return r;
 }

@@ -69,7 +69,7 @@ absl::StatusOr<DataPath::CrossNodeResult> HostDataPath::CrossNode(const kernels:
   error_feedback_ = nullptr;
   absl::StatusOr<engine::AllReduceResult> reduced =
       error_feedback != nullptr && codec.id() == kernels::CodecId::kArcTopK
-          ? ErrorFeedbackAllReduce(codec, transport, o, sum_, n, *error_feedback)
+          ? ErrorFeedbackAllReduce(codec, transport, o, sum_, n, *error_feedback, momentum_)
           : engine::AllReduce(codec, transport, o, {sum_, kernels::DType::kFloat32, 0, nullptr},
                               {sum_, kernels::DType::kFloat32, 0, nullptr}, n);
   DQ_ASSIGN_OR_RETURN(engine::AllReduceResult result, std::move(reduced));

@@ -50,7 +50,7 @@ Job::Job(Options options)
       path_(options_.data_path != nullptr ? options_.data_path
                                           : std::make_shared<HostDataPath>(options_.id, options_.timeout)),
       group_(options_.id, options_.num_nodes, options_.coordinator),
-      error_feedback_(options_.error_feedback_bytes) {
+      error_feedback_(options_.error_feedback_bytes, options_.arc_topk_momentum) {
   {
     absl::MutexLock lock(&mu_);
     config_ = options_.config;
@@ -546,7 +546,7 @@ absl::StatusOr<DataPath::CrossNodeResult> Job::CrossNode(uint64_t sequence, cons
     }
     error_feedback = *state;
   }
-  path_->SetErrorFeedback(error_feedback);
+  path_->SetErrorFeedback(error_feedback, error_feedback_.momentum());
   absl::StatusOr<DataPath::CrossNodeResult> result = path_->CrossNode(*codec, *transport, o, n, rate);
   if (!result.ok()) {
     group_.Drop(/*abort=*/false);

@@ -91,7 +91,8 @@ class Job {
     double error_sample_rate = 0;
     // arc_topk jobs keep EF21 error feedback per tensor (server/error_feedback.h), at most this many
     // bytes of it per job (8 per element of every tensor).
-    bool arc_topk_error_feedback = true;
+    bool arc_topk_error_feedback = false;
+    double arc_topk_momentum = 1.0;  // EF21M's eta in (0, 1]; 1: plain EF21
     size_t error_feedback_bytes = size_t{1} << 30;
     // Authenticates the cross-node engine messages (engine/step_auth.h); null: checksums only.
     std::shared_ptr<const engine::StepAuthenticator> authenticator;

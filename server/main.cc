@@ -80,9 +80,13 @@ ABSL_FLAG(int32_t, cuda_device, 0,
 ABSL_FLAG(int32_t, metrics_port, 9400,
           "Port of the Prometheus metrics endpoint (GET /metrics), bound on the host of --listen. 0 picks a free "
           "port (logged at startup and shown by `dynamiqctl status`); -1 turns metrics off. See docs/metrics.md.");
-ABSL_FLAG(bool, arc_topk_error_feedback, true,
+ABSL_FLAG(bool, arc_topk_error_feedback, false,
           "Jobs with codec arc_topk keep EF21 error feedback per tensor on this node (what the sparsifier leaves "
-          "behind is sent later; docs/compressors.md). Every node of a cluster must use the same setting.");
+          "behind is sent later; off by default: it trained worse in docs/compressors.md's measurements). Every node "
+          "of a cluster must use the same setting.");
+ABSL_FLAG(double, arc_topk_momentum, 1.0,
+          "arc_topk error feedback: EF21M's momentum eta in (0, 1] (each step v = (1 - eta) v + eta x is what the "
+          "feedback tracks); 1: plain EF21. Every node of a cluster must use the same value.");
 ABSL_FLAG(uint64_t, error_feedback_mib, 1024,
           "Most memory one job's arc_topk error feedback may hold on this node (8 bytes per element of every "
           "tensor); a tensor beyond it fails its collectives with RESOURCE_EXHAUSTED.");
@@ -204,6 +208,7 @@ int main(int argc, char** argv) {
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.error_sample_rate = absl::GetFlag(FLAGS_error_sample_rate);
   o.arc_topk_error_feedback = absl::GetFlag(FLAGS_arc_topk_error_feedback);
+  o.arc_topk_momentum = absl::GetFlag(FLAGS_arc_topk_momentum);
   o.error_feedback_mib = absl::GetFlag(FLAGS_error_feedback_mib);
   o.device = *device;
   o.cuda_device = absl::GetFlag(FLAGS_cuda_device);

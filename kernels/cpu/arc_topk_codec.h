@@ -28,8 +28,9 @@
 // (exact payload size for the plan's rows, element_bits, flags, param, summands <= world_size)
 // before writing any output. `in` and `out` of DAR must not overlap.
 //
-// Error feedback is not the codec's (a Codec is immutable and shared): the daemon keeps EF21
-// state per job and tensor (server/error_feedback.h).
+// Error feedback is not the codec's (a Codec is immutable and shared): with
+// --arc_topk_error_feedback the daemon keeps EF21(M) state per job and tensor
+// (server/error_feedback.h).
 //
 // Thread safety: immutable after construction; all methods may be called concurrently.
 #ifndef DQ_KERNELS_CPU_ARC_TOPK_CODEC_H_

@@ -174,5 +174,53 @@ TEST(ErrorFeedbackTest, Ef21CatchesUpWithANewGradientRowsAtATime) {
   EXPECT_LT(err[0][6], 1e-12);
 }
 
+TEST(ErrorFeedbackTest, MomentumTracksTheAverageOfTheGradients) {
+  // EF21M with eta = 0.5 at density 1 (every row kept): after the dense first step with x0, the
+  // step with x1 returns sum_i (0.5 x0_i + 0.5 x1_i) exactly, and the state costs 12 bytes per element.
+  ErrorFeedback ef(1 << 20, 0.5);
+  auto s = ef.Get("t", 1000, 1);
+  ASSERT_THAT(s, IsOk());
+  EXPECT_EQ(ef.bytes(), 12u * 1000);
+  EXPECT_EQ((*s)->momentum.size(), 1000u);
+  const int n = 2;
+  const size_t d = 1000;
+  kernels::CodecConfig c;
+  c.id = kernels::CodecId::kArcTopK;
+  c.bits = 1.0;
+  auto codec = kernels::CreateCodec(c);
+  ASSERT_THAT(codec, IsOk());
+  auto transports = engine::MakeMemoryTransports(n);
+  std::vector<ErrorFeedbackState> states(n);
+  for (auto& st : states) {
+    st.local.assign(d, 0.0f);
+    st.global.assign(d, 0.0f);
+    st.momentum.assign(d, 0.0f);
+  }
+  auto x = [](int t, int r, size_t i) { return static_cast<float>((t + 1) * (r + 1)) * (0.25f + (i % 3)); };
+  std::vector<std::vector<float>> out(n);
+  for (int t = 0; t < 2; ++t) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        std::vector<float> v(d);
+        for (size_t i = 0; i < d; ++i) v[i] = x(t, r, i);
+        engine::AllReduceOptions o;
+        o.job_id = 9;
+        o.sequence = 1 + t;
+        o.timeout = absl::Seconds(20);
+        ASSERT_THAT(ErrorFeedbackAllReduce(**codec, *transports[r], o, v.data(), d, states[r], 0.5), IsOk());
+        out[r] = v;
+      });
+    }
+    for (auto& th : threads) th.join();
+  }
+  for (size_t i = 0; i < d; ++i) {
+    float expected = 0;
+    for (int r = 0; r < n; ++r) expected += 0.5f * x(0, r, i) + 0.5f * x(1, r, i);
+    ASSERT_FLOAT_EQ(out[0][i], expected) << i;
+    ASSERT_EQ(out[1][i], out[0][i]) << i;
+  }
+}
+
 }  // namespace
 }  // namespace dynamiq::server
