@@ -40,13 +40,23 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
   DQ_ASSIGN_OR_RETURN(std::unique_ptr<engine::Transport> transport,
                       engine::ConnectGlooTransport(scoped, o.rank, o.world_size, transport_options));
 
-  SyntheticOptions data;
-  data.workers = o.world_size;
-  data.elements = o.elements;
-  data.seed = o.seed;
-  const std::vector<std::vector<float>> inputs = SyntheticGradients(data);
+  std::vector<std::vector<float>> inputs;
+  if (o.inputs.empty()) {
+    SyntheticOptions data;
+    data.workers = o.world_size;
+    data.elements = o.elements;
+    data.seed = o.seed;
+    inputs = SyntheticGradients(data);
+  } else {
+    if (static_cast<int>(o.inputs.size()) != o.world_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--input names ", o.inputs.size(), " files for ", o.world_size, " ranks (one file per rank)"));
+    }
+    DQ_ASSIGN_OR_RETURN(inputs, ReadFloatFiles(o.inputs));
+  }
+  const size_t elements = inputs[0].size();
   const std::vector<double> exact = ExactSum(inputs);
-  std::vector<float> out(o.elements);
+  std::vector<float> out(elements);
 
   // A one-element uncompressed all-reduce lines the ranks up before every timed iteration.
   kernels::CodecConfig none_config;
@@ -79,11 +89,12 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
     ar.block_elements = o.block_elements;
     ar.authenticator = auth.get();
     ar.buffers = &buffers;
+    ar.balanced_chunks = o.balanced_chunks;
     const absl::Time start = absl::Now();
     DQ_ASSIGN_OR_RETURN(
         engine::AllReduceResult r,
         engine::AllReduce(*codec, *transport, ar, {inputs[o.rank].data(), kernels::DType::kFloat32, 0, nullptr},
-                          {out.data(), kernels::DType::kFloat32, 0, nullptr}, o.elements));
+                          {out.data(), kernels::DType::kFloat32, 0, nullptr}, elements));
     const double t = absl::ToDoubleSeconds(absl::Now() - start);
     if (it >= o.warmup) {
       seconds.push_back(t);
@@ -94,15 +105,17 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
   }
   std::sort(seconds.begin(), seconds.end());
   result.seconds = seconds[seconds.size() / 2];
-  const double bytes = 4.0 * static_cast<double>(o.elements);
+  result.elements = elements;
+  const double bytes = 4.0 * static_cast<double>(elements);
   result.algbw_gbps = bytes / result.seconds / 1e9;
   result.busbw_gbps = result.algbw_gbps * (o.world_size > 1 ? 2.0 * (o.world_size - 1) / o.world_size : 1.0);
   result.vnmse = Vnmse(out.data(), exact);
   result.output_checksum = engine::PayloadChecksum(
       absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(out.data()), out.size() * sizeof(float)));
   const bool has_bits = o.codec.id == kernels::CodecId::kDynamiq || o.codec.id == kernels::CodecId::kUniform;
-  result.method = absl::StrCat(kernels::CodecName(o.codec.id), "-", o.topology,
-                               has_bits ? absl::StrCat("-", o.codec.bits) : std::string());
+  result.method =
+      absl::StrCat(kernels::CodecName(o.codec.id), "-", o.topology,
+                   has_bits ? absl::StrCat("-", o.codec.bits) : std::string(), o.balanced_chunks ? "-balanced" : "");
   return result;
 }
 
@@ -117,8 +130,8 @@ std::string FormatAllReduceJson(const AllReduceBenchResult& r, const AllReduceBe
       R"({"method":"%s","codec":"%s","bits":%g,"topology":"%s","world_size":%d,"rank":%d,"elements":%d,)"
       R"("bytes_per_rank":%d,"seconds":%.6f,"algbw_GBps":%.4f,"busbw_GBps":%.4f,"wire_bytes_per_rank":%d,)"
       R"("vnmse":%.6g,"output_checksum":"%016x","authenticated":%s%s})",
-      r.method, kernels::CodecName(o.codec.id), o.codec.bits, o.topology, o.world_size, o.rank, o.elements,
-      4 * o.elements, r.seconds, r.algbw_gbps, r.busbw_gbps, r.wire_bytes_per_rank, r.vnmse, r.output_checksum,
+      r.method, kernels::CodecName(o.codec.id), o.codec.bits, o.topology, o.world_size, o.rank, r.elements,
+      4 * r.elements, r.seconds, r.algbw_gbps, r.busbw_gbps, r.wire_bytes_per_rank, r.vnmse, r.output_checksum,
       o.cluster_secret.empty() ? "false" : "true", timeline);
 }
 

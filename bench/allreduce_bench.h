@@ -36,10 +36,16 @@ struct AllReduceBenchOptions {
   // The JSON line lists every timed iteration's start and end (scripts/bench-network
   // --link-profile lines them up with the link's byte counter).
   bool timeline = false;
+  // engine::AllReduceOptions::balanced_chunks.
+  bool balanced_chunks = false;
+  // Non-empty: one raw little-endian float32 file per rank (all ranks read all of them, for the
+  // exact sum) instead of the synthetic data; `elements` is then their length.
+  std::vector<std::string> inputs;
 };
 
 struct AllReduceBenchResult {
-  std::string method;                     // e.g. "dynamiq-ring-5"
+  std::string method;                     // e.g. "dynamiq-ring-5", "dynamiq-ring-5-balanced"
+  size_t elements = 0;                    // per rank
   double seconds = 0;                     // median over iterations
   double algbw_gbps = 0, busbw_gbps = 0;  // GB/s on the uncompressed size (nccl-tests definitions)
   uint64_t wire_bytes_per_rank = 0;       // bytes this rank sent per all-reduce, headers included

@@ -38,24 +38,7 @@ absl::StatusOr<std::vector<std::vector<float>>> LoadInputs(const CodecBenchOptio
     return absl::InvalidArgumentError(absl::StrCat("--input names ", o.inputs.size(), " files but --workers is ",
                                                    o.workers, " (one file per worker)"));
   }
-  std::vector<std::vector<float>> out;
-  for (const std::string& path : o.inputs) {
-    std::ifstream f(path, std::ios::binary | std::ios::ate);
-    if (!f) return absl::NotFoundError(absl::StrCat("cannot open --input file ", path));
-    const std::streamsize bytes = f.tellg();
-    if (bytes <= 0 || bytes % 4 != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": ", bytes, " bytes is not a float32 array"));
-    }
-    std::vector<float> v(bytes / 4);
-    f.seekg(0);
-    f.read(reinterpret_cast<char*>(v.data()), bytes);
-    if (!out.empty() && v.size() != out[0].size()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, " holds ", v.size(), " floats, ", o.inputs[0], " holds ",
-                                                     out[0].size(), "; all workers need the same size"));
-    }
-    out.push_back(std::move(v));
-  }
-  return out;
+  return ReadFloatFiles(o.inputs);
 }
 
 // Runs `fn` until at least `min_seconds` have passed; returns seconds per call.

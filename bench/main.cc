@@ -43,7 +43,8 @@ ABSL_FLAG(int, workers, 8, "Simulated ranks.");
 ABSL_FLAG(std::string, topology, "ring", "ring, or butterfly (power-of-two --workers).");
 ABSL_FLAG(int64_t, size, 1 << 22, "Elements per worker (synthetic data).");
 ABSL_FLAG(std::string, input, "",
-          "Comma-separated raw little-endian float32 files, one per worker, to measure your own gradients "
+          "Comma-separated raw little-endian float32 files, one per worker (codec) or rank (allreduce: every rank "
+          "reads all of them, for the exact sum), to measure your own gradients "
           "instead of the synthetic data. Synthetic data: per 256-element super-group a log-normal mixture "
           "magnitude (DynamiQ paper, Table 7: .79 N(-3.99, 1.22), .21 N(-16.41, 4.63) in ln), times a normal "
           "value shared by all workers (share --correlation of the variance) plus a private normal value.");
@@ -69,6 +70,9 @@ ABSL_FLAG(int64_t, block, 2 << 20, "allreduce: pipelining block in elements (0 =
 ABSL_FLAG(bool, timeline, false,
           "allreduce: the JSON line lists every timed iteration as [start, end] in Unix microseconds "
           "(timeline_unix_us).");
+ABSL_FLAG(bool, balanced_chunks, false,
+          "allreduce: size-balanced splitting: cut every block's chunks so that their encoded sizes, not their "
+          "element counts, are equal (engine/block_plan.h BalancedChunks; all ranks must agree).");
 ABSL_FLAG(bool, all_ranks_print, false, "allreduce: every rank prints its JSON line (default: rank 0 only).");
 ABSL_FLAG(std::string, cluster_secret_file, "",
           "allreduce: authenticate every message with HMAC-SHA256 under a key derived from this secret file (as "
@@ -192,6 +196,8 @@ int RunAllReduce() {
   o.block_elements = static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_block)));
   o.seed = absl::GetFlag(FLAGS_seed);
   o.timeline = absl::GetFlag(FLAGS_timeline);
+  o.balanced_chunks = absl::GetFlag(FLAGS_balanced_chunks);
+  if (!absl::GetFlag(FLAGS_input).empty()) o.inputs = absl::StrSplit(absl::GetFlag(FLAGS_input), ',');
   if (!absl::GetFlag(FLAGS_cluster_secret_file).empty()) {
     auto secret = dynamiq::common::ReadSecret(absl::GetFlag(FLAGS_cluster_secret_file), "--cluster_secret_file");
     if (!secret.ok()) return Fail(std::string(secret.status().message()));

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
 
 #include "kernels/random_math.h"
 
@@ -57,6 +60,27 @@ double Vnmse(const float* approx, const std::vector<double>& exact) {
     norm += exact[k] * exact[k];
   }
   return norm > 0 ? err / norm : (err > 0 ? INFINITY : 0.0);
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> ReadFloatFiles(const std::vector<std::string>& paths) {
+  std::vector<std::vector<float>> out;
+  for (const std::string& path : paths) {
+    std::ifstream f(path, std::ios::binary | std::ios::ate);
+    if (!f) return absl::NotFoundError(absl::StrCat("cannot open --input file ", path));
+    const std::streamsize bytes = f.tellg();
+    if (bytes <= 0 || bytes % 4 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", bytes, " bytes is not a float32 array"));
+    }
+    std::vector<float> v(bytes / 4);
+    f.seekg(0);
+    f.read(reinterpret_cast<char*>(v.data()), bytes);
+    if (!out.empty() && v.size() != out[0].size()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, " holds ", v.size(), " floats, ", paths[0], " holds ",
+                                                     out[0].size(), "; all workers need the same size"));
+    }
+    out.push_back(std::move(v));
+  }
+  return out;
 }
 
 }  // namespace dynamiq::bench

@@ -17,7 +17,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <string>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 namespace dynamiq::bench {
 
@@ -38,6 +41,10 @@ std::vector<double> ExactSum(const std::vector<std::vector<float>>& inputs);
 
 // ||approx - exact||^2 / ||exact||^2.
 double Vnmse(const float* approx, const std::vector<double>& exact);
+
+// Raw little-endian float32 files, one per worker, all of the same length (--input of the
+// benchmarks: real gradients, e.g. bench/dump_gradients.py's).
+absl::StatusOr<std::vector<std::vector<float>>> ReadFloatFiles(const std::vector<std::string>& paths);
 
 }  // namespace dynamiq::bench
 

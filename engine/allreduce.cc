@@ -368,7 +368,9 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
                         p.local_means.empty() ? nullptr : p.local_means.data()};
     kernels::Dest dst{static_cast<uint8_t*>(out.data) + (begin - out.first) * out_elem, out.dtype, 0,
                       p.mean_sums.empty() ? nullptr : p.mean_sums.data()};
-    return std::make_unique<RankExecutor>(codec, schedule, p, src, dst, &pool);
+    return std::make_unique<RankExecutor>(
+        codec, schedule, p, src, dst, &pool,
+        options.balanced_chunks ? BalancedChunks(codec, p, n) : std::vector<kernels::ChunkRef>{});
   };
 
   // 3. Reduce-scatter and all-gather, as a wavefront over blocks and steps.

@@ -60,6 +60,10 @@ struct AllReduceOptions {
   // Return the plans' per-super-group widths (AllReduceResult::plan_widths): ARC-Top-K's selected
   // rows, which its error feedback needs (server/error_feedback.h).
   bool keep_plan_widths = false;
+  // Size-balanced splitting (engine/block_plan.h BalancedChunks): every block's chunks are cut so
+  // that their encoded sizes are equal rather than their element counts. All ranks must agree.
+  // Off by default (docs/compressors.md has the measurements); the CPU engine only.
+  bool balanced_chunks = false;
 };
 
 struct AllReduceResult {

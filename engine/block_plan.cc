@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/dynamiq_math.h"
+#include "kernels/wire_format.h"
 
 namespace dynamiq::engine {
 
@@ -68,6 +69,57 @@ kernels::BucketPlan JoinBlockPlans(absl::Span<const kernels::BucketPlan> blocks,
     joined.mean_sums.insert(joined.mean_sums.end(), b.mean_sums.begin(), b.mean_sums.end());
   }
   return joined;
+}
+
+std::vector<kernels::ChunkRef> BalancedChunks(const kernels::Codec& codec, const kernels::BucketPlan& plan, int n) {
+  const size_t sg = kernels::kSuperGroupSize;
+  const size_t d = plan.num_elements;
+  const size_t groups = (d + sg - 1) / sg;
+  std::vector<uint64_t> size(groups);
+  uint64_t total = 0, largest = 0;
+  for (size_t g = 0; g < groups; ++g) {
+    const kernels::ChunkRef one{0, g * sg, std::min(sg, d - g * sg)};
+    const size_t bytes = codec.MaxEncodedBytes(plan, one);
+    size[g] = bytes > kernels::kChunkHeaderBytes ? bytes - kernels::kChunkHeaderBytes : 0;
+    total += size[g];
+    largest = std::max(largest, size[g]);
+  }
+  // The smallest bound on a chunk's bytes for which a greedy left-to-right cut needs <= n chunks.
+  const auto chunks_needed = [&](uint64_t bound) {
+    int chunks = 1;
+    uint64_t acc = 0;
+    for (uint64_t s : size) {
+      if (acc + s > bound) {
+        ++chunks;
+        acc = s;
+      } else {
+        acc += s;
+      }
+    }
+    return chunks;
+  };
+  uint64_t lo = largest, hi = std::max<uint64_t>(total, largest);
+  while (lo < hi) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    if (chunks_needed(mid) <= n) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  std::vector<kernels::ChunkRef> chunks(n);
+  size_t g = 0;
+  for (int c = 0; c < n; ++c) {
+    const size_t first = g;
+    uint64_t acc = 0;
+    // Greedy under the bound: chunks_needed(lo) <= n, so the super-groups run out by the last
+    // chunk (which takes whatever is left regardless); later chunks may be empty.
+    while (g < groups && acc + size[g] <= lo) acc += size[g++];
+    if (c == n - 1) g = groups;
+    const size_t begin = std::min(d, first * sg), end = std::min(d, g * sg);
+    chunks[c] = kernels::ChunkRef{static_cast<uint32_t>(c), begin, end - begin};
+  }
+  return chunks;
 }
 
 }  // namespace dynamiq::engine

@@ -58,6 +58,15 @@ kernels::BucketPlan SliceBucketPlan(const kernels::BucketPlan& bucket, uint64_t 
 // arrays); its round is the collective's (block 0's rank and world size, round `sequence`).
 kernels::BucketPlan JoinBlockPlans(absl::Span<const kernels::BucketPlan> blocks, uint64_t sequence);
 
+// Size-balanced splitting (after OSCAR; AllReduceOptions::balanced_chunks): the n chunks of a
+// block planned as `plan`, cut on super-group boundaries so that their encoded sizes are as equal
+// as possible (the largest is minimal among contiguous splits), instead of ChunkOf's equal element
+// counts. A super-group's size is what the codec encodes for it alone (MaxEncodedBytes of a
+// one-super-group chunk, header excluded), so every rank, which has the same plan, cuts the same
+// chunks. Chunk c is ChunkRef{c, begin, count}; trailing chunks may be empty (at the block's end).
+// Codecs whose super-groups all cost the same get ChunkOf's split, up to where the rounding falls.
+std::vector<kernels::ChunkRef> BalancedChunks(const kernels::Codec& codec, const kernels::BucketPlan& plan, int n);
+
 }  // namespace dynamiq::engine
 
 #endif  // DQ_ENGINE_BLOCK_PLAN_H_

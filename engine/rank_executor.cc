@@ -11,8 +11,10 @@ namespace dynamiq::engine {
 using kernels::ChunkRef;
 
 RankExecutor::RankExecutor(const kernels::Codec& codec, const Schedule& schedule, const kernels::BucketPlan& plan,
-                           const kernels::Source& local, const kernels::Dest& out, BufferPool* pool)
+                           const kernels::Source& local, const kernels::Dest& out, BufferPool* pool,
+                           std::vector<kernels::ChunkRef> chunks)
     : codec_(codec),
+      chunks_(std::move(chunks)),
       schedule_(schedule),
       plan_(plan),
       local_(local),
@@ -23,6 +25,10 @@ RankExecutor::RankExecutor(const kernels::Codec& codec, const Schedule& schedule
       own_pool_(0),
       pool_(pool != nullptr ? pool : &own_pool_),
       owned_chunk_(-1) {
+  if (chunks_.size() != static_cast<size_t>(n_)) {
+    chunks_.resize(n_);
+    for (int c = 0; c < n_; ++c) chunks_[c] = ChunkOf(plan.num_elements, n_, c);
+  }
   auto index = [&](const std::vector<std::vector<Transfer>>& steps, std::vector<Move>& send, std::vector<Move>& recv) {
     send.assign(steps.size(), Move{});
     recv.assign(steps.size(), Move{});
@@ -43,7 +49,7 @@ RankExecutor::RankExecutor(const kernels::Codec& codec, const Schedule& schedule
   }
   // Siblings: all ranks that send chunk c to the same parent, in step order.
   compress_ref_.resize(n_);
-  for (int c = 0; c < n_; ++c) compress_ref_[c] = ChunkOf(plan.num_elements, n_, c);
+  for (int c = 0; c < n_; ++c) compress_ref_[c] = chunks_[c];
   for (const Move& m : rs_send_) {
     if (m.chunk < 0) continue;
     std::vector<int> siblings;
@@ -75,25 +81,23 @@ RankExecutor::~RankExecutor() {
 }
 
 kernels::ChunkRef RankExecutor::CompressRef(int chunk) const {
-  return chunk == owned_chunk_ ? ChunkOf(plan_.num_elements, n_, chunk) : compress_ref_[chunk];
+  return chunk == owned_chunk_ ? chunks_[chunk] : compress_ref_[chunk];
 }
 
-size_t RankExecutor::MaxMessageBytes(int chunk) const {
-  return codec_.MaxEncodedBytes(plan_, ChunkOf(plan_.num_elements, n_, chunk));
-}
+size_t RankExecutor::MaxMessageBytes(int chunk) const { return codec_.MaxEncodedBytes(plan_, chunks_[chunk]); }
 
 kernels::Source RankExecutor::AccumulatorSource(int chunk) const {
   kernels::Source s;
   s.data = accumulators_.at(chunk).data();
   s.dtype = kernels::DType::kFloat32;
-  s.first = ChunkOf(plan_.num_elements, n_, chunk).begin;
+  s.first = chunks_[chunk].begin;
   return s;
 }
 
 absl::StatusOr<absl::Span<const uint8_t>> RankExecutor::ReduceScatterSend(int step) {
   const Move m = rs_send_[step];
   if (m.chunk < 0) return absl::Span<const uint8_t>();
-  const ChunkRef chunk = ChunkOf(plan_.num_elements, n_, m.chunk);
+  const ChunkRef chunk = chunks_[m.chunk];
   auto it = pending_.find(m.chunk);
   if (it != pending_.end()) {
     pool_->Give(std::move(scratch_));
@@ -114,7 +118,7 @@ absl::StatusOr<absl::Span<const uint8_t>> RankExecutor::ReduceScatterSend(int st
 absl::Status RankExecutor::ReduceScatterReceive(int step, absl::Span<const uint8_t> message) {
   const Move m = rs_recv_[step];
   if (m.chunk < 0) return absl::OkStatus();
-  const ChunkRef chunk = ChunkOf(plan_.num_elements, n_, m.chunk);
+  const ChunkRef chunk = chunks_[m.chunk];
   const bool last = --children_left_[m.chunk] == 0;
   if (!last) {
     auto [it, fresh] = accumulators_.try_emplace(m.chunk);
@@ -146,7 +150,7 @@ absl::Status RankExecutor::ReduceScatterReceive(int step, absl::Span<const uint8
 
 absl::Status RankExecutor::FinishReduceScatter() {
   if (owned_chunk_ < 0) return absl::OkStatus();
-  const ChunkRef chunk = ChunkOf(plan_.num_elements, n_, owned_chunk_);
+  const ChunkRef chunk = chunks_[owned_chunk_];
   if (owned_.empty()) {  // no children (world size 1): the owner is also the leaf
     Fit(owned_, codec_.MaxEncodedBytes(plan_, chunk));
     DQ_ASSIGN_OR_RETURN(size_t bytes, codec_.Compress(plan_, chunk, local_, absl::MakeSpan(owned_)));
@@ -167,7 +171,7 @@ absl::StatusOr<absl::Span<const uint8_t>> RankExecutor::AllGatherSend(int step) 
 absl::Status RankExecutor::AllGatherReceive(int step, absl::Span<const uint8_t> message) {
   const Move m = ag_recv_[step];
   if (m.chunk < 0) return absl::OkStatus();
-  const ChunkRef chunk = ChunkOf(plan_.num_elements, n_, m.chunk);
+  const ChunkRef chunk = chunks_[m.chunk];
   absl::Status s = codec_.Decompress(plan_, chunk, message, out_);
   if (!s.ok()) {
     return absl::Status(s.code(),

@@ -34,8 +34,11 @@ class RankExecutor {
   // schedule and plan alive for the executor's lifetime.
   // Message buffers come from `pool` and go back to it on destruction (null: a pool of its own);
   // the pool must outlive the executor.
+  // `chunks`: the n chunks of the bucket (every rank must pass the same); empty: ChunkOf's
+  // equal-element split (engine/block_plan.h BalancedChunks is the other one).
   RankExecutor(const kernels::Codec& codec, const Schedule& schedule, const kernels::BucketPlan& plan,
-               const kernels::Source& local, const kernels::Dest& out, BufferPool* pool = nullptr);
+               const kernels::Source& local, const kernels::Dest& out, BufferPool* pool = nullptr,
+               std::vector<kernels::ChunkRef> chunks = {});
   ~RankExecutor();
   RankExecutor(const RankExecutor&) = delete;
   RankExecutor& operator=(const RankExecutor&) = delete;
@@ -78,6 +81,7 @@ class RankExecutor {
   void Fit(Bytes& buffer, size_t size);
 
   const kernels::Codec& codec_;
+  std::vector<kernels::ChunkRef> chunks_;  // chunk c's elements
   const Schedule& schedule_;
   const kernels::BucketPlan& plan_;
   kernels::Source local_;

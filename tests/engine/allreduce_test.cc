@@ -267,6 +267,40 @@ TEST(AllReduceTest, EveryMixOfBlocksAndStepsCompletesBitIdentically) {
   }
 }
 
+TEST(AllReduceTest, BalancedChunksAreBitIdenticalOnAllRanksAndWithinTheCodecsError) {
+  const int n = 4;
+  const size_t d = 30000;
+  auto inputs = Inputs(n, d);
+  std::vector<double> exact(d, 0.0);
+  for (const auto& v : inputs) {
+    for (size_t i = 0; i < d; ++i) exact[i] += v[i];
+  }
+  for (CodecId id : {CodecId::kNone, CodecId::kDynamiq, CodecId::kArcTopK, CodecId::kThc}) {
+    auto codec = Make(id);
+    for (Topology t : {Topology::kRing, Topology::kButterfly}) {
+      if (t == Topology::kButterfly && !codec->SupportsButterfly()) continue;
+      RankRun plain = RunThreads(*codec, inputs, [&](int) { return Options(t, 8192); });
+      RankRun balanced = RunThreads(*codec, inputs, [&](int) {
+        AllReduceOptions o = Options(t, 8192);
+        o.balanced_chunks = true;
+        return o;
+      });
+      double err_plain = 0, err_balanced = 0, norm = 0;
+      for (int r = 0; r < n; ++r) {
+        ASSERT_THAT(balanced.results[r], IsOk()) << kernels::CodecName(id) << " " << TopologyName(t);
+        ASSERT_EQ(0, std::memcmp(balanced.outputs[r].data(), balanced.outputs[0].data(), d * sizeof(float)))
+            << kernels::CodecName(id) << " " << TopologyName(t) << " rank " << r;
+      }
+      for (size_t i = 0; i < d; ++i) {
+        err_plain += (plain.outputs[0][i] - exact[i]) * (plain.outputs[0][i] - exact[i]);
+        err_balanced += (balanced.outputs[0][i] - exact[i]) * (balanced.outputs[0][i] - exact[i]);
+        norm += exact[i] * exact[i];
+      }
+      EXPECT_LE(err_balanced / norm, 2 * err_plain / norm + 1e-12) << kernels::CodecName(id) << " " << TopologyName(t);
+    }
+  }
+}
+
 TEST(AllReduceTest, TinyBucketsWithEmptyChunks) {
   // Fewer super-groups than ranks: some chunks are empty and start at the bucket's end.
   for (auto [n, d] : {std::pair<int, size_t>{2, 1}, {3, 777}, {8, 300}, {5, 256}}) {

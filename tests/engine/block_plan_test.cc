@@ -1,8 +1,10 @@
 #include "engine/block_plan.h"
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
+#include "engine/schedule.h"
 #include "gtest/gtest.h"
 #include "kernels/codec_registry.h"
 #include "tests/testing/status_matchers.h"
@@ -77,6 +79,62 @@ TEST(BlockPlanTest, SlicesJoinBackIntoTheBucketPlan) {
   EXPECT_EQ(joined.local_means, bucket.local_means);
   EXPECT_EQ(joined.mean_sums, bucket.mean_sums);
   EXPECT_EQ(joined.round.round, 7u);
+}
+
+}  // namespace
+}  // namespace dynamiq::engine
+
+namespace dynamiq::engine {
+namespace {
+
+// A DynamiQ plan of a skewed bucket: the first quarter of the super-groups 1000x larger.
+BucketPlan SkewedDynamiqPlan(const kernels::Codec& codec, size_t d, uint32_t n) {
+  std::vector<float> x(d);
+  for (size_t i = 0; i < d; ++i) x[i] = (i < d / 4 ? 1000.0f : 1.0f) * static_cast<float>((i * 7919) % 1013) / 1013;
+  kernels::Source src{x.data(), kernels::DType::kFloat32, 0, nullptr};
+  std::vector<float> stats(codec.StatsLength(d));
+  codec.ComputeStats(src, d, stats.data());
+  std::vector<float> reduced = stats;
+  for (float& s : reduced) s *= n;
+  return codec.MakePlan(kernels::RoundInfo{1, 0, n}, d, stats, reduced).value();
+}
+
+size_t ChunkBytes(const kernels::Codec& codec, const BucketPlan& plan, const kernels::ChunkRef& c) {
+  return codec.MaxEncodedBytes(plan, c);
+}
+
+TEST(BalancedChunksTest, CoverTheBlockOnSuperGroupsAndEvenOutTheBytes) {
+  kernels::CodecConfig config;
+  config.id = kernels::CodecId::kDynamiq;
+  config.bits = 5;
+  auto codec = std::move(kernels::CreateCodec(config)).value();
+  const size_t d = 64 * 256 + 100;
+  for (uint32_t n : {2u, 3u, 4u, 8u}) {
+    const BucketPlan plan = SkewedDynamiqPlan(*codec, d, n);
+    const std::vector<kernels::ChunkRef> balanced = BalancedChunks(*codec, plan, static_cast<int>(n));
+    ASSERT_EQ(balanced.size(), n);
+    size_t next = 0, most_balanced = 0, most_equal = 0;
+    for (uint32_t c = 0; c < n; ++c) {
+      EXPECT_EQ(balanced[c].chunk_id, c);
+      EXPECT_EQ(balanced[c].begin, next) << "contiguous, in order";
+      EXPECT_TRUE(balanced[c].begin % 256 == 0 || balanced[c].count == 0) << "on super-group boundaries";
+      next = balanced[c].begin + balanced[c].count;
+      most_balanced = std::max(most_balanced, ChunkBytes(*codec, plan, balanced[c]));
+      most_equal = std::max(most_equal, ChunkBytes(*codec, plan, ChunkOf(d, static_cast<int>(n), static_cast<int>(c))));
+    }
+    EXPECT_EQ(next, d) << "the chunks cover the block";
+    EXPECT_LT(most_balanced, most_equal) << n << " ranks: the skewed plan's largest chunk shrinks";
+  }
+  // Equal costs per super-group: the same split as ChunkOf.
+  auto none = Make(kernels::CodecId::kNone);
+  BucketPlan flat;
+  flat.round = kernels::RoundInfo{1, 0, 4};
+  flat.num_elements = 16 * 256;
+  const auto chunks = BalancedChunks(*none, flat, 4);
+  for (int c = 0; c < 4; ++c) {
+    EXPECT_EQ(chunks[c].begin, ChunkOf(flat.num_elements, 4, c).begin);
+    EXPECT_EQ(chunks[c].count, ChunkOf(flat.num_elements, 4, c).count);
+  }
 }
 
 }  // namespace
