@@ -715,16 +715,18 @@ std::vector<float> ReadFloats(const std::string& path, size_t n) {
 constexpr int kDemoRounds = 8;
 const char* DemoCodec(int round) { return round < 3 ? "dynamiq" : round < 6 ? "bf16" : "none"; }
 
-// Runs the demo's 8 rounds on a two-node cluster of two workers per node (contributors 0..3);
-// `memory(node, local)` is the worker's buffer memory. Writes OUT.node<k>.local<j>.round<r>.
+// Runs the demo's 8 rounds on a two-node cluster of `per_node` workers per node (contributors
+// 0..2 per_node - 1); `memory(node, local)` is the worker's buffer memory. Writes
+// OUT.node<k>.local<j>.round<r>.
 void RunDemoRounds(std::vector<std::unique_ptr<Daemon>>& nodes, const std::string& dir, const std::string& out,
-                   size_t n, const std::function<std::string(int, int)>& memory) {
+                   size_t n, int per_node, const std::function<std::string(int, int)>& memory) {
   std::vector<std::unique_ptr<StepwiseWorker>> workers;
   for (int node = 0; node < 2; ++node) {
-    for (int local = 0; local < 2; ++local) {
+    for (int local = 0; local < per_node; ++local) {
       workers.push_back(std::make_unique<StepwiseWorker>(std::vector<std::string>{
-          absl::StrCat("--socket=", dir, "/node", node, ".sock"), absl::StrCat("--rank=", local), "--size=2",
-          absl::StrCat("--global=", node * 2 + local), "--contributors=4", absl::StrCat("--n=", n),
+          absl::StrCat("--socket=", dir, "/node", node, ".sock"), absl::StrCat("--rank=", local),
+          absl::StrCat("--size=", per_node), absl::StrCat("--global=", node * per_node + local),
+          absl::StrCat("--contributors=", 2 * per_node), absl::StrCat("--n=", n),
           absl::StrCat("--memory=", memory(node, local)), absl::StrCat("--rounds=", kDemoRounds),
           absl::StrCat("--average_round=", kDemoRounds - 1),
           absl::StrCat("--out=", out, ".node", node, ".local", local)}));
@@ -759,11 +761,16 @@ void RunDemoRounds(std::vector<std::unique_ptr<Daemon>>& nodes, const std::strin
   }
 }
 
-constexpr size_t kDemoElements = 300001;  // not a multiple of 256
+// The demo's shape: workers per node and floats per buffer (not a multiple of 256).
+struct DemoShape {
+  int per_node = 2;
+  size_t n = 300001;
+};
 
 // Runs the demo on a fresh two-node cluster in `dir` (GPU nodes over the hybrid path if `cuda`,
-// workers' buffers alternating device and host memory there; else CPU nodes, host buffers).
-void RunDemo(const std::string& dir, bool cuda) {
+// workers' buffers alternating device and host memory there, device only with one worker per
+// node; else CPU nodes, host buffers).
+void RunDemo(const std::string& dir, bool cuda, DemoShape shape = {}) {
   auto nodes =
       ::dynamiq::testing::StartTestCluster(dir, 2, Config("dynamiq", 5), absl::Seconds(20), [cuda](DaemonOptions& o) {
         if (!cuda) return;
@@ -771,16 +778,18 @@ void RunDemo(const std::string& dir, bool cuda) {
         o.transport = "gloo";
       });
   ASSERT_THAT(nodes, IsOk());
-  RunDemoRounds(*nodes, dir, dir + "/r", kDemoElements,
-                [cuda](int node, int local) { return cuda && node == local ? "device" : "host"; });
+  RunDemoRounds(*nodes, dir, dir + "/r", shape.n, shape.per_node, [cuda, shape](int node, int local) {
+    return cuda && (shape.per_node == 1 || node == local) ? "device" : "host";
+  });
   for (auto& node : *nodes) node->Shutdown();
 }
 
 // Checks the demo's results in `dirs` (RunDemo's): in every round, every worker of every run holds
 // the same bits as node 0's worker 0 of the last run; the error against the exact sum is 0 for
 // none and small for the compressed codecs. Prints one line per round.
-void CheckDemo(const std::vector<std::string>& dirs) {
-  const size_t n = kDemoElements;
+void CheckDemo(const std::vector<std::string>& dirs, DemoShape shape = {}) {
+  const size_t n = shape.n;
+  const int contributors = 2 * shape.per_node;
   for (int round = 0; round < kDemoRounds; ++round) {
     const std::string suffix = absl::StrCat(".round", round);
     const std::vector<float> reference = ReadFloats(dirs.back() + "/r.node0.local0" + suffix, n);
@@ -788,7 +797,7 @@ void CheckDemo(const std::vector<std::string>& dirs) {
     int identical = 0;
     for (const std::string& dir : dirs) {
       for (int node = 0; node < 2; ++node) {
-        for (int local = 0; local < 2; ++local) {
+        for (int local = 0; local < shape.per_node; ++local) {
           const std::vector<float> got = ReadFloats(absl::StrCat(dir, "/r.node", node, ".local", local, suffix), n);
           ASSERT_EQ(got.size(), n);
           const bool same = std::memcmp(got.data(), reference.data(), n * sizeof(float)) == 0;
@@ -802,8 +811,9 @@ void CheckDemo(const std::vector<std::string>& dirs) {
     const bool average = round == kDemoRounds - 1;
     for (size_t i = 0; i < n; ++i) {
       float sum = 0;
-      for (int c = 0; c < 4; ++c) sum += 0.5f * static_cast<float>(c + 1) + static_cast<float>((i + round) % 7) - 3.0f;
-      const float exact = average ? sum * 0.25f : sum;
+      for (int c = 0; c < contributors; ++c)
+        sum += 0.5f * static_cast<float>(c + 1) + static_cast<float>((i + round) % 7) - 3.0f;
+      const float exact = average ? sum * (1.0f / static_cast<float>(contributors)) : sum;
       err += (static_cast<double>(reference[i]) - exact) * (static_cast<double>(reference[i]) - exact);
       norm += static_cast<double>(exact) * exact;
     }
@@ -812,16 +822,18 @@ void CheckDemo(const std::vector<std::string>& dirs) {
     const double bound = codec == "none" ? 0 : codec == "bf16" ? 1e-4 : 1e-2;
     EXPECT_LE(vnmse, bound) << "round " << round << " (" << codec << ")";
     std::printf("demo: round %d %-7s vNMSE vs exact sum %.3g; %d of %zu workers' results bit-identical\n", round,
-                codec.c_str(), vnmse, identical, 4 * dirs.size());
+                codec.c_str(), vnmse, identical, contributors * dirs.size());
   }
 }
 
 // The demo's harness on CPU nodes (no GPU needed): the compression changes land at the rounds
 // DemoCodec says, and the results are identical on all workers and exact when uncompressed.
 TEST(DaemonDemoTest, CpuClusterFollowsTheCompressionChangesAtTheAgreedRounds) {
-  TempDir dir;
-  ASSERT_NO_FATAL_FAILURE(RunDemo(dir.path(), false));
-  CheckDemo({dir.path()});
+  for (const DemoShape shape : {DemoShape{2, 300001}, DemoShape{1, 100003}}) {
+    TempDir dir;
+    ASSERT_NO_FATAL_FAILURE(RunDemo(dir.path(), false, shape));
+    CheckDemo({dir.path()}, shape);
+  }
 }
 
 // The GPU demo (scripts/gpu-check's gpu-demo step): two --device=cuda daemons on one GPU over the
@@ -833,6 +845,16 @@ TEST_F(DaemonCudaGpuTest, GpuDemoTwoDaemonsOnOneGpuMatchACpuClusterAcrossCompres
   ASSERT_NO_FATAL_FAILURE(RunDemo(gpu_dir.path(), true));
   ASSERT_NO_FATAL_FAILURE(RunDemo(cpu_dir.path(), false));
   CheckDemo({gpu_dir.path(), cpu_dir.path()});
+}
+
+// One worker per node (the local reduce is a copy), device buffers only, 100003 floats: the
+// shape of dynamiq.torch's two-daemon CUDA tests (tests/python/test_torch_cuda.py).
+TEST_F(DaemonCudaGpuTest, OneDeviceWorkerPerNodeMatchesACpuClusterAcrossCompressionChanges) {
+  TempDir gpu_dir, cpu_dir;
+  const DemoShape shape{1, 100003};
+  ASSERT_NO_FATAL_FAILURE(RunDemo(gpu_dir.path(), true, shape));
+  ASSERT_NO_FATAL_FAILURE(RunDemo(cpu_dir.path(), false, shape));
+  CheckDemo({gpu_dir.path(), cpu_dir.path()}, shape);
 }
 
 #endif  // DQ_DEVICE_WORKER
