@@ -719,7 +719,7 @@ const char* DemoCodec(int round) { return round < 3 ? "dynamiq" : round < 6 ? "b
 // 0..2 per_node - 1); `memory(node, local)` is the worker's buffer memory. Writes
 // OUT.node<k>.local<j>.round<r>.
 void RunDemoRounds(std::vector<std::unique_ptr<Daemon>>& nodes, const std::string& dir, const std::string& out,
-                   size_t n, int per_node, const std::function<std::string(int, int)>& memory) {
+                   size_t n, int per_node, bool reallocate, const std::function<std::string(int, int)>& memory) {
   std::vector<std::unique_ptr<StepwiseWorker>> workers;
   for (int node = 0; node < 2; ++node) {
     for (int local = 0; local < per_node; ++local) {
@@ -728,7 +728,7 @@ void RunDemoRounds(std::vector<std::unique_ptr<Daemon>>& nodes, const std::strin
           absl::StrCat("--size=", per_node), absl::StrCat("--global=", node * per_node + local),
           absl::StrCat("--contributors=", 2 * per_node), absl::StrCat("--n=", n),
           absl::StrCat("--memory=", memory(node, local)), absl::StrCat("--rounds=", kDemoRounds),
-          absl::StrCat("--average_round=", kDemoRounds - 1),
+          absl::StrCat("--average_round=", kDemoRounds - 1), absl::StrCat("--reallocate=", reallocate),
           absl::StrCat("--out=", out, ".node", node, ".local", local)}));
     }
   }
@@ -765,6 +765,7 @@ void RunDemoRounds(std::vector<std::unique_ptr<Daemon>>& nodes, const std::strin
 struct DemoShape {
   int per_node = 2;
   size_t n = 300001;
+  bool reallocate = false;  // a new buffer every round (device_worker.cc --reallocate)
 };
 
 // Runs the demo on a fresh two-node cluster in `dir` (GPU nodes over the hybrid path if `cuda`,
@@ -778,7 +779,7 @@ void RunDemo(const std::string& dir, bool cuda, DemoShape shape = {}) {
         o.transport = "gloo";
       });
   ASSERT_THAT(nodes, IsOk());
-  RunDemoRounds(*nodes, dir, dir + "/r", shape.n, shape.per_node, [cuda, shape](int node, int local) {
+  RunDemoRounds(*nodes, dir, dir + "/r", shape.n, shape.per_node, shape.reallocate, [cuda, shape](int node, int local) {
     return cuda && (shape.per_node == 1 || node == local) ? "device" : "host";
   });
   for (auto& node : *nodes) node->Shutdown();
@@ -829,7 +830,7 @@ void CheckDemo(const std::vector<std::string>& dirs, DemoShape shape = {}) {
 // The demo's harness on CPU nodes (no GPU needed): the compression changes land at the rounds
 // DemoCodec says, and the results are identical on all workers and exact when uncompressed.
 TEST(DaemonDemoTest, CpuClusterFollowsTheCompressionChangesAtTheAgreedRounds) {
-  for (const DemoShape shape : {DemoShape{2, 300001}, DemoShape{1, 100003}}) {
+  for (const DemoShape shape : {DemoShape{2, 300001, false}, DemoShape{1, 100003, true}}) {
     TempDir dir;
     ASSERT_NO_FATAL_FAILURE(RunDemo(dir.path(), false, shape));
     CheckDemo({dir.path()}, shape);
@@ -847,11 +848,12 @@ TEST_F(DaemonCudaGpuTest, GpuDemoTwoDaemonsOnOneGpuMatchACpuClusterAcrossCompres
   CheckDemo({gpu_dir.path(), cpu_dir.path()});
 }
 
-// One worker per node (the local reduce is a copy), device buffers only, 100003 floats: the
-// shape of dynamiq.torch's two-daemon CUDA tests (tests/python/test_torch_cuda.py).
+// One worker per node (the local reduce is a copy), device buffers only, 100003 floats, a new
+// buffer every round: the shape of dynamiq.torch's two-daemon CUDA tests
+// (tests/python/test_torch_cuda.py).
 TEST_F(DaemonCudaGpuTest, OneDeviceWorkerPerNodeMatchesACpuClusterAcrossCompressionChanges) {
   TempDir gpu_dir, cpu_dir;
-  const DemoShape shape{1, 100003};
+  const DemoShape shape{1, 100003, true};
   ASSERT_NO_FATAL_FAILURE(RunDemo(gpu_dir.path(), true, shape));
   ASSERT_NO_FATAL_FAILURE(RunDemo(cpu_dir.path(), false, shape));
   CheckDemo({gpu_dir.path(), cpu_dir.path()}, shape);

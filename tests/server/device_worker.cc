@@ -9,7 +9,7 @@
 // With --out=PREFIX (a stepwise run driven by the test, for compressed codecs and compression
 // changes): before every round but the first it reads one line from stdin (the test's "go"); after
 // each round it writes the result to PREFIX.round<r> (raw fp32) and prints "done <r>" to stdout.
-// The round --average_round is averaged.
+// The round --average_round is averaged. --reallocate: a new buffer every round.
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -33,6 +33,9 @@ ABSL_FLAG(std::string, memory, "device", "Buffer memory: device (needs a --devic
 ABSL_FLAG(int, rounds, 2, "All-reduces to run.");
 ABSL_FLAG(std::string, out, "", "Stepwise mode: write each round's result to OUT.round<r> (see the file comment).");
 ABSL_FLAG(int, average_round, 1, "The round that is averaged (-1: none).");
+ABSL_FLAG(bool, reallocate, false,
+          "Allocate a new buffer for every round and release it after (as dynamiq.torch.all_reduce with a client "
+          "does).");
 
 namespace {
 
