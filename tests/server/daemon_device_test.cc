@@ -82,6 +82,32 @@ TEST(DeviceConfigTest, ParsesDeviceKinds) {
   EXPECT_EQ(DeviceKindName(DeviceKind::kCuda), "cuda");
 }
 
+// NCCL needs every node to launch the collectives of communicators sharing a GPU in one order;
+// nodes run jobs as their workers arrive, so a multi-node NCCL cluster runs one job at a time.
+TEST(DeviceConfigTest, MultiNodeNcclClustersRunOneJobAtATime) {
+  DaemonOptions o;
+  o.device = DeviceKind::kCuda;
+  o.num_nodes = 2;
+  o.max_jobs = 4;
+  EXPECT_THAT(CheckAnotherJob(o, 0, "'a'"), IsOk());
+  EXPECT_THAT(CheckAnotherJob(o, 1, "'b'"),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("one job at a time"), HasSubstr("job 'b' can start"),
+                             HasSubstr("--transport=gloo"), HasSubstr("one dynamiqd per job"))));
+  o.transport = "nccl";
+  EXPECT_THAT(CheckAnotherJob(o, 1, "'b'"), StatusIs(absl::StatusCode::kFailedPrecondition));
+  // The hybrid path, one node, and CPU nodes: up to --max_jobs.
+  for (auto change : std::vector<std::function<void(DaemonOptions&)>>{
+           [](DaemonOptions& d) { d.transport = "gloo"; }, [](DaemonOptions& d) { d.num_nodes = 1; },
+           [](DaemonOptions& d) { d.device = DeviceKind::kCpu; }}) {
+    DaemonOptions other = o;
+    change(other);
+    EXPECT_THAT(CheckAnotherJob(other, 3, "'b'"), IsOk());
+    EXPECT_THAT(CheckAnotherJob(other, 4, "'b'"),
+                StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--max_jobs")));
+  }
+}
+
 TEST(DeviceConfigTest, GpuNodesAcceptOnlyTheCodecsOfTheDeviceAllReduce) {
   for (const char* codec : {"none", "bf16", "dynamiq"}) {
     EXPECT_THAT(CheckConfigForDevice(Config(codec), DeviceKind::kCuda), IsOk()) << codec;
