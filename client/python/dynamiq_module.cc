@@ -161,6 +161,29 @@ BufferRef MakeBufferRef(Buffer buffer) {
   return BufferRef(new Buffer(std::move(buffer)), [](Buffer* b) { WithoutGil([b] { delete b; }); });
 }
 
+// Elements of `item` bytes in the region of `b` that a view asks for (`count`, default: all that
+// fit after `offset_bytes`); ValueError if the offset is misaligned or the region does not fit.
+size_t RegionElements(const Buffer& b, size_t item, std::optional<size_t> count, size_t offset_bytes) {
+  if (offset_bytes % item != 0 || offset_bytes > b.size()) {
+    throw py::value_error(absl::StrCat("offset_bytes ", offset_bytes, " must be a multiple of ", item,
+                                       " within the buffer's ", b.size(), " bytes"));
+  }
+  const size_t fits = (b.size() - offset_bytes) / item;
+  const size_t n = count.value_or(fits);
+  if (n > fits) {
+    throw py::value_error(absl::StrCat(n, " elements of ", item, " bytes at offset ", offset_bytes,
+                                       " do not fit in the buffer's ", b.size(), " bytes"));
+  }
+  return n;
+}
+
+// A capsule owning one more reference to `b`: a view's base keeps the buffer mapped (and counts
+// in its users()).
+py::capsule Owner(const BufferRef& b) {
+  return py::capsule(new BufferRef(b), kBufferCapsule,
+                     [](PyObject* o) { delete static_cast<BufferRef*>(PyCapsule_GetPointer(o, kBufferCapsule)); });
+}
+
 // The Python Buffer: the mapping is shared with every view and pending all-reduce (use_count).
 class PyBuffer {
  public:
@@ -183,20 +206,9 @@ class PyBuffer {
     }
     const py::dtype np_dtype = NumpyDType(dtype);
     const size_t item = static_cast<size_t>(np_dtype.itemsize());
-    if (offset_bytes % item != 0 || offset_bytes > b->size()) {
-      throw py::value_error(absl::StrCat("offset_bytes ", offset_bytes, " must be a multiple of ", item,
-                                         " within the buffer's ", b->size(), " bytes"));
-    }
-    const size_t fits = (b->size() - offset_bytes) / item;
-    const size_t n = count.value_or(fits);
-    if (n > fits) {
-      throw py::value_error(absl::StrCat(n, " elements of ", item, " bytes at offset ", offset_bytes,
-                                         " do not fit in the buffer's ", b->size(), " bytes"));
-    }
-    py::capsule owner(new BufferRef(b), kBufferCapsule,
-                      [](PyObject* o) { delete static_cast<BufferRef*>(PyCapsule_GetPointer(o, kBufferCapsule)); });
+    const size_t n = RegionElements(*b, item, count, offset_bytes);
     return py::array(np_dtype, {static_cast<py::ssize_t>(n)}, {static_cast<py::ssize_t>(item)},
-                     static_cast<uint8_t*>(b->data()) + offset_bytes, owner);
+                     static_cast<uint8_t*>(b->data()) + offset_bytes, Owner(b));
   }
 
   std::string memory() const {
@@ -218,16 +230,7 @@ class PyBuffer {
     } else {
       throw py::value_error(absl::StrCat("cuda_array dtype '", dtype, "': float32 or int16 (bfloat16 bits)"));
     }
-    if (offset_bytes % item != 0 || offset_bytes > b->size()) {
-      throw py::value_error(absl::StrCat("offset_bytes ", offset_bytes, " must be a multiple of ", item,
-                                         " within the buffer's ", b->size(), " bytes"));
-    }
-    const size_t fits = (b->size() - offset_bytes) / item;
-    const size_t n = count.value_or(fits);
-    if (n > fits) {
-      throw py::value_error(absl::StrCat(n, " elements of ", item, " bytes at offset ", offset_bytes,
-                                         " do not fit in the buffer's ", b->size(), " bytes"));
-    }
+    const size_t n = RegionElements(*b, item, count, offset_bytes);
     py::dict interface;
     interface["shape"] = py::make_tuple(n);
     interface["typestr"] = typestr;
@@ -238,9 +241,7 @@ class PyBuffer {
     interface["stream"] = py::none();  // the writes are complete when an all-reduce returns
     py::object holder = py::module_::import("types").attr("SimpleNamespace")();
     holder.attr("__cuda_array_interface__") = interface;
-    holder.attr("_owner") = py::capsule(new BufferRef(b), kBufferCapsule, [](PyObject* o) {
-      delete static_cast<BufferRef*>(PyCapsule_GetPointer(o, kBufferCapsule));
-    });
+    holder.attr("_owner") = Owner(b);
     holder.attr("device") = b->device();
     return holder;
   }
