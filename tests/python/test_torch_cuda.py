@@ -49,7 +49,10 @@ def watchdog():
     timer = threading.Timer(WATCHDOG_SECONDS, dump)
     timer.daemon = True
     timer.start()
+    # If a thread hangs holding the GIL, the timer cannot run: faulthandler's own thread can.
+    faulthandler.dump_traceback_later(WATCHDOG_SECONDS + 10, exit=True, file=sys.__stderr__)
     yield
+    faulthandler.cancel_dump_traceback_later()
     timer.cancel()
     _clusters.clear()
 
