@@ -13,16 +13,17 @@
 // Mapping: one block of kDynamiqBlockThreads = 256 threads per super-group (SG); thread t owns
 // element t of the SG, i.e. position t % 16 of group t / 16. The two halves of a warp are two
 // groups, so a group's max is a 4-step __shfl_xor_sync butterfly inside a 16-lane half warp.
-// Shared memory: one DynamiqBlockShared (~140 bytes) per block.
+// Shared memory: one DynamiqBlockShared (~132 bytes) per block. One barrier per SG.
 //
 // Encoding one SG (EncodeSgInBlock; also the second half of the fused DAR), per block:
 //   1. every thread: |v| and finiteness, butterfly max / AND over its group; lane 0 of each group
 //      stores them; thread 0 computes the SG's stratum (StratumOf).                     Sync
-//   2. thread 0: SG max and finiteness over the groups -> super unit (SuperUnitFor).     Sync
+//   2. every half warp: butterfly max / AND over the groups' values -> super unit
+//      (SuperUnitFor), computed by every thread (no barrier).
 //   3. every thread: its group's scale code (GroupScaleCode) and its element's code
 //      (QuantizeElement); each group's half warp packs its 16 codes with an OR butterfly of
 //      shuffles (PackCode's layout) and writes the group's bytes and scale byte to global
-//      memory; thread 0 writes the super unit. No staging copy, no third barrier.
+//      memory; thread 0 writes the super unit. No staging copy: one barrier per SG.
 // Every float operation is the one EncodeSuperGroup performs, through the same functions of
 // kernels/dynamiq_math.h. The max of non-negative, non-NaN floats is exact and independent of
 // order, so the butterfly and the sequential loop agree bit for bit (NaN counts as 0 in both; a
@@ -55,8 +56,6 @@ struct DynamiqBlockShared {
   float group_max[kGroupsPerSuperGroup];
   int group_finite[kGroupsPerSuperGroup];
   uint32_t stratum;
-  uint32_t unit_bits;
-  int finite;
 };
 
 // Elements in SG j of a run of `count` elements (1..256).
@@ -108,25 +107,24 @@ DQ_DEVICE void EncodeSgInBlock(Block& b, const DynamiqDeviceArgs& a, uint64_t gl
   }
   b.Sync();
 
-  // 2. Super unit from the SG's max.
-  if (tid == 0) {
-    float sg_max = 0.0f;
-    bool all_finite = true;
-    for (int i = 0; i < groups; ++i) {
-      sg_max = s.group_max[i] > sg_max ? s.group_max[i] : sg_max;
-      all_finite = all_finite && s.group_finite[i] != 0;
-    }
-    s.unit_bits = SuperUnitFor(sg_max, all_finite);
-    s.finite = all_finite ? 1 : 0;
+  // 2. Super unit from the SG's max: every half warp reduces the groups' maxima with a butterfly
+  // (the same result in each: the max is exact and order-free), so every thread derives the unit
+  // itself and no second barrier is needed.
+  const int k = tid % kGroupSize;
+  float sg_max = k < groups ? s.group_max[k] : 0.0f;
+  int all_finite = k < groups ? s.group_finite[k] : 1;
+  for (int lanes = kGroupSize / 2; lanes >= 1; lanes /= 2) {
+    const float other = b.ShflXor(sg_max, lanes);
+    sg_max = other > sg_max ? other : sg_max;
+    all_finite &= b.ShflXor(all_finite, lanes);
   }
-  b.Sync();
+  const bool sg_finite = all_finite != 0;
+  const uint16_t unit_bits = static_cast<uint16_t>(SuperUnitFor(sg_max, sg_finite));
 
   // 3. Codes (padding and non-finite SGs: code L, the zero level), packed by each group's half warp:
   // lane k's code takes bits [k b, (k + 1) b) of the group's 16 b-bit field (PackCode's LSB-first
   // layout; at most 128 bits, words w0..w3); an OR butterfly over the 16 lanes gives every lane the
   // whole field, and lane k < 2 b writes byte k straight to global memory (no staging, no barrier).
-  const bool sg_finite = s.finite != 0;
-  const uint16_t unit_bits = static_cast<uint16_t>(s.unit_bits);
   const float unit = sg_finite ? Bf16ToFloat(unit_bits) : 0.0f;
   uint32_t code = static_cast<uint32_t>(t.max_level);
   uint32_t scale_code = 0;
@@ -136,7 +134,6 @@ DQ_DEVICE void EncodeSgInBlock(Block& b, const DynamiqDeviceArgs& a, uint64_t gl
     const uint32_t index = static_cast<uint32_t>(global_sg * kSuperGroupSize) + static_cast<uint32_t>(tid);
     code = QuantizeElement(t, v, inv, RoundingUnit(a.key, index, a.correlated, s.stratum, a.rounding_size));
   }
-  const int k = tid % kGroupSize;
   const int bit = k * bits;
   const int word = bit >> 5;
   const int shift = bit & 31;
@@ -182,7 +179,7 @@ DQ_DEVICE void EncodeBlock(Block& b, const DynamiqDeviceArgs& a, const float* va
 }
 
 // Fused DAR: decode + local, re-encoded at the same width. All reads of in_sgs happen before the
-// first Sync and all writes after the last, so in place (in_sgs == out_sgs) is safe.
+// (only) Sync and all writes after it, so in place (in_sgs == out_sgs) is safe.
 template <typename Block>
 DQ_DEVICE void DarBlock(Block& b, const DynamiqDeviceArgs& a, const uint8_t* in_sgs, const float* local,
                         uint8_t* out_sgs, DynamiqBlockShared& s) {
