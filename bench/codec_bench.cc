@@ -186,15 +186,16 @@ std::string FormatTable(const std::vector<CodecBenchRow>& rows, const CodecBench
   const size_t elements = rows.empty() ? o.elements : rows[0].elements;
   std::string s = absl::StrFormat("# %d workers, %s, %d elements per worker, %d trial(s)\n", o.workers, o.topology,
                                   elements, o.trials);
-  absl::StrAppendFormat(&s, "%-9s %9s %10s %12s %10s %10s %10s %s\n", "codec", "bits", "wire_bits", "vnmse",
+  absl::StrAppendFormat(&s, "%-11s %9s %10s %12s %10s %10s %10s %s\n", "codec", "bits", "wire_bits", "vnmse",
                         "comp_GB/s", "decomp_GB/s", "DAR_GB/s", "identical");
   for (const CodecBenchRow& r : rows) {
     if (!r.skipped.empty()) {
-      absl::StrAppendFormat(&s, "%-9s (skipped: %s)\n", r.codec, r.skipped);
+      absl::StrAppendFormat(&s, "%-11s (skipped: %s)\n", r.codec, r.skipped);
       continue;
     }
-    const bool has_bits = r.config.id == CodecId::kDynamiq || r.config.id == CodecId::kUniform;
-    absl::StrAppendFormat(&s, "%-9s %9s %10.3f %12.4e %10.2f %10.2f %10.2f %s\n", r.codec,
+    const kernels::CodecInfo& info = kernels::GetCodecInfo(r.config.id);
+    const bool has_bits = info.has_bits && info.min_bits < info.max_bits;
+    absl::StrAppendFormat(&s, "%-11s %9s %10.3f %12.4e %10.2f %10.2f %10.2f %s\n", r.codec,
                           has_bits ? absl::StrFormat("%.3g", r.config.bits) : "-", r.wire_bits_per_coord, r.vnmse,
                           r.compress_gbps, r.decompress_gbps, r.dar_gbps, r.identical ? "yes" : "NO");
   }

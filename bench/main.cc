@@ -25,10 +25,13 @@
 #include "kernels/codec.h"
 
 ABSL_FLAG(std::string, codec, "all",
-          "Comma-separated codecs: none,bf16,dynamiq,mxfp8,mxfp6,mxfp4,thc,uniform, or 'all'.");
+          "Comma-separated codecs: none,bf16,dynamiq,mxfp8,mxfp6,mxfp4,thc,uniform,int8,global_qsgd,arc_topk, or "
+          "'all'.");
 ABSL_FLAG(std::string, bits, "",
           "Comma-separated bit budgets for the codecs that take one: dynamiq (average bits/coord incl. metadata, "
-          "3..8; default 5) and uniform (bits per code, 2..8; default 4). Each value is a row.");
+          "3..8; default 5), uniform (bits per code, 2..8; default 4) and global_qsgd (bits per leaf code, 2..8; "
+          "2^(b-1)-1 levels per sign; default 8), and arc_topk's density (fraction of 256-element rows kept, "
+          "0.001..1; default 0.1). Each value is a row.");
 ABSL_FLAG(std::string, allocator, "measured",
           "DynamiQ bit allocator: measured (ours: minimises measured error), paper (the paper's 4x-per-bit "
           "thresholds), or both.");
@@ -119,7 +122,8 @@ int RunCodec() {
 
   std::vector<std::string> names = absl::StrSplit(absl::GetFlag(FLAGS_codec), ',');
   if (absl::GetFlag(FLAGS_codec) == "all") {
-    names = {"none", "bf16", "dynamiq", "mxfp8", "mxfp6", "mxfp4", "thc", "uniform"};
+    names.clear();
+    for (const dynamiq::kernels::CodecInfo& info : dynamiq::kernels::AllCodecs()) names.emplace_back(info.name);
   }
   std::vector<double> bits;
   for (absl::string_view b : absl::StrSplit(absl::GetFlag(FLAGS_bits), ',', absl::SkipEmpty())) {
@@ -146,9 +150,10 @@ int RunCodec() {
     c.levels = levels == "auto"  ? dynamiq::kernels::LevelKind::kAuto
                : levels == "mee" ? dynamiq::kernels::LevelKind::kMee
                                  : dynamiq::kernels::LevelKind::kUniform;
-    if (c.id == CodecId::kDynamiq || c.id == CodecId::kUniform) {
+    const dynamiq::kernels::CodecInfo& info = dynamiq::kernels::GetCodecInfo(c.id);
+    if (info.has_bits && info.min_bits < info.max_bits) {  // a bit setting to sweep
       std::vector<double> values = bits;
-      if (values.empty()) values = {c.id == CodecId::kDynamiq ? 5.0 : 4.0};
+      if (values.empty()) values = {info.default_bits};
       for (BitAllocator a :
            c.id == CodecId::kDynamiq ? allocators : std::vector<BitAllocator>{BitAllocator::kMeasured}) {
         for (double v : values) {
@@ -158,7 +163,7 @@ int RunCodec() {
         }
       }
     } else {
-      c.bits = c.id == CodecId::kThc ? 4.0 : 0.0;
+      c.bits = info.default_bits;  // thc: 4; codecs without a bit setting: 0
       o.configs.push_back(c);
     }
   }
@@ -196,10 +201,8 @@ int RunAllReduce() {
   if (!id.ok()) return Fail(absl::StrCat("--codec: ", id.status().message(), " (allreduce takes one codec)"));
   o.codec.id = *id;
   o.codec.correlated_rounding = absl::GetFlag(FLAGS_correlated);
-  // Only dynamiq (b̄), uniform (b) and thc (4) take a bit setting; the others report 0.
-  double bits = o.codec.id == CodecId::kDynamiq                                    ? 5.0
-                : (o.codec.id == CodecId::kUniform || o.codec.id == CodecId::kThc) ? 4.0
-                                                                                   : 0.0;
+  // The codec's default bit setting (dynamiq 5, uniform 4, thc 4, global_qsgd 8); 0 without one.
+  double bits = dynamiq::kernels::GetCodecInfo(o.codec.id).default_bits;
   if (!absl::GetFlag(FLAGS_bits).empty() && !absl::SimpleAtod(absl::GetFlag(FLAGS_bits), &bits)) {
     return Fail("--bits: allreduce takes one number");
   }

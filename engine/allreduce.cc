@@ -374,6 +374,10 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
   // 3. Reduce-scatter and all-gather, as a wavefront over blocks and steps.
   DQ_RETURN_IF_ERROR(Annotate(RunExecutors(messenger, codec, schedule, num_blocks, make), rank));
   if (per_block) DQ_RETURN_IF_ERROR(Annotate(sums->Finish(messenger), rank));
+  if (options.keep_plan_widths) {
+    for (const BucketPlan& p : plans)
+      result.plan_widths.insert(result.plan_widths.end(), p.widths.begin(), p.widths.end());
+  }
   return result;
 }
 

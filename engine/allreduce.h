@@ -31,6 +31,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "engine/buffer_pool.h"
@@ -55,6 +57,9 @@ struct AllReduceOptions {
   // Message buffers reused across collectives (engine/buffer_pool.h); null: fresh ones for this
   // call. Callers that run collectives in a loop pass one (one per thread).
   BufferPool* buffers = nullptr;
+  // Return the plans' per-super-group widths (AllReduceResult::plan_widths): ARC-Top-K's selected
+  // rows, which its error feedback needs (server/error_feedback.h).
+  bool keep_plan_widths = false;
 };
 
 struct AllReduceResult {
@@ -62,6 +67,9 @@ struct AllReduceResult {
   uint64_t bytes_received = 0;
   uint64_t stats_bytes_sent = 0;  // statistics phase only
   int blocks = 1;
+  // With keep_plan_widths: BucketPlan::widths of the whole bucket (the blocks' plans joined; one
+  // byte per super-group; empty for codecs without widths).
+  std::vector<uint8_t> plan_widths;
 };
 
 // Sums `local` (num_elements values) over all ranks of `transport` into `out`.

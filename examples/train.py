@@ -71,7 +71,8 @@ def parse_args(argv=None):
     p.add_argument("--nodes", type=int, default=1, help="launcher: nodes, one dynamiqd each (default 1)")
     p.add_argument("--workers-per-node", type=int, default=2, help="launcher: worker processes per node (default 2)")
     p.add_argument("--codec", default="dynamiq",
-                   help="dynamiq codec: none, bf16, dynamiq, mxfp8, mxfp6, mxfp4, thc, uniform (default dynamiq)")
+                   help="dynamiq codec: none, bf16, dynamiq, mxfp8, mxfp6, mxfp4, thc, uniform, int8, global_qsgd, "
+                        "arc_topk (default dynamiq)")
     p.add_argument("--bits", type=float, default=0,
                    help="codec bits (dynamiq: average bits/coord 3..8); 0: the codec's default (dynamiq 5)")
     p.add_argument("--topology", default="ring", help="ring or butterfly (default ring)")

@@ -21,6 +21,9 @@ constexpr std::array<CodecInfo, kNumCodecs> kCodecs = {{
     {CodecId::kThc, "thc", true, 4, 4, 4, true, "bits per code", false},
     {CodecId::kUniform, "uniform", true, 4, 2, 8, true, "bits per code", false},
     {CodecId::kInt8, "int8", false, 0, 0, 0, false, "", false},
+    {CodecId::kGlobalQsgd, "global_qsgd", true, 8, 2, 8, true, "bits per code", false},
+    {CodecId::kArcTopK, "arc_topk", true, 0.1, 0.001, 1, false, "density: the fraction of 256-element rows kept",
+     false},
 }};
 
 constexpr bool IdsMatchIndices() {

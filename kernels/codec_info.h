@@ -18,17 +18,19 @@ namespace dynamiq::kernels {
 
 // Codec ids are part of the wire format (ChunkHeader::codec): never renumber.
 enum class CodecId : uint8_t {
-  kNone = 0,     // fp32, lossless
-  kBf16 = 1,     // bf16, round to nearest even at every hop
-  kDynamiq = 2,  // DynamiQ: variable-width non-uniform groups, hierarchical scales
-  kMxfp8 = 3,    // OCP MX, E4M3 elements, E8M0 scale per 32
-  kMxfp6 = 4,    // OCP MX, E3M2
-  kMxfp4 = 5,    // OCP MX, E2M1
-  kThc = 6,      // THC: randomized Hadamard + lookup tables, integer-summable
-  kUniform = 7,  // uniform stochastic b-bit quantizer, bf16 scale per 32
-  kInt8 = 8,     // INTELLECT-1-style: 8-bit stochastic, f32 scale per chunk, clip at +-6 sigma
+  kNone = 0,        // fp32, lossless
+  kBf16 = 1,        // bf16, round to nearest even at every hop
+  kDynamiq = 2,     // DynamiQ: variable-width non-uniform groups, hierarchical scales
+  kMxfp8 = 3,       // OCP MX, E4M3 elements, E8M0 scale per 32
+  kMxfp6 = 4,       // OCP MX, E3M2
+  kMxfp4 = 5,       // OCP MX, E2M1
+  kThc = 6,         // THC: randomized Hadamard + lookup tables, integer-summable
+  kUniform = 7,     // uniform stochastic b-bit quantizer, bf16 scale per 32
+  kInt8 = 8,        // INTELLECT-1-style: 8-bit stochastic, f32 scale per chunk, clip at +-6 sigma
+  kGlobalQsgd = 9,  // Global-QSGD: stochastic levels against a global max |x|, integer-summable
+  kArcTopK = 10,    // ARC-Top-K: rows agreed from a sketch of the sum, their fp32 values index-free
 };
-inline constexpr int kNumCodecs = 9;
+inline constexpr int kNumCodecs = 11;
 
 struct CodecInfo {
   CodecId id;
@@ -39,7 +41,7 @@ struct CodecInfo {
   double min_bits = 0;
   double max_bits = 0;
   bool integer_bits = false;
-  absl::string_view bits_meaning;  // "average incl. metadata", "bits per code"
+  absl::string_view bits_meaning;  // "average incl. metadata", "bits per code", arc_topk: a density
   // The device all-reduce (engine/nccl_allreduce.h) implements it: GPU nodes may run it.
   bool on_cuda = false;
 };

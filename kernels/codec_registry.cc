@@ -2,7 +2,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/arc_topk_codec.h"
 #include "kernels/cpu/dynamiq_codec.h"
+#include "kernels/cpu/global_qsgd_codec.h"
 #include "kernels/cpu/int8_codec.h"
 #include "kernels/cpu/mx_codec.h"
 #include "kernels/cpu/simple_codecs.h"
@@ -36,6 +38,10 @@ absl::StatusOr<std::unique_ptr<Codec>> CreateCodec(const CodecConfig& config) {
       return NewUniformCodec(config);
     case CodecId::kInt8:
       return NewInt8Codec(config);
+    case CodecId::kGlobalQsgd:
+      return NewGlobalQsgdCodec(config);
+    case CodecId::kArcTopK:
+      return NewArcTopKCodec(config);
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown codec id ", static_cast<int>(config.id)));
 }

@@ -298,6 +298,9 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id
   o.timeout = options_.timeout;
   o.observer = observers_.get();
   o.error_sample_rate = error_sample_rate();
+  o.arc_topk_error_feedback = options_.arc_topk_error_feedback;
+  o.arc_topk_momentum = options_.arc_topk_momentum;
+  o.error_feedback_bytes = options_.error_feedback_mib << 20;
   // Engine messages between nodes carry HMAC tags under the job's key (engine/step_auth.h).
   if (!security_.cluster_secret.empty()) {
     o.authenticator = engine::StepAuthenticator::ForJob(security_.cluster_secret, job_id);

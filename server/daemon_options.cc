@@ -53,6 +53,13 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
   if (!(o.error_sample_rate >= 0 && o.error_sample_rate <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat("--error_sample_rate must be in [0, 1], got ", o.error_sample_rate));
   }
+  if (!(o.arc_topk_momentum > 0 && o.arc_topk_momentum <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--arc_topk_momentum must be in (0, 1], got ", o.arc_topk_momentum));
+  }
+  if (o.error_feedback_mib > (size_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--error_feedback_mib must be at most 1073741824 (1 PiB), got ", o.error_feedback_mib));
+  }
   if (!o.transport.empty() && o.transport != "gloo" && o.transport != "nccl") {
     return absl::InvalidArgumentError(absl::StrCat("--transport must be gloo or nccl, got '", o.transport, "'"));
   }

@@ -42,6 +42,11 @@ struct DaemonOptions {
   // Fraction (0..1) of compressed cross-node collectives whose error is measured (see
   // server/error_probe.h). Node 0's value applies to the whole cluster.
   double error_sample_rate = 0.01;
+  // arc_topk jobs: EF21 error feedback per tensor (server/error_feedback.h), at most
+  // error_feedback_mib MiB of it per job.
+  bool arc_topk_error_feedback = false;
+  double arc_topk_momentum = 1.0;  // EF21M's eta in (0, 1]; 1: plain EF21
+  size_t error_feedback_mib = 1024;
   // Operator token, cluster secret and TLS files (server/security.h, docs/security.md); unset: off.
   SecurityOptions security;
   // Where jobs reduce: kCuda needs a build with CUDA and NCCL and CUDA device `cuda_device`

@@ -24,6 +24,7 @@
 #include "engine/transport.h"
 #include "kernels/codec.h"
 #include "kernels/dtype.h"
+#include "server/error_feedback.h"
 
 namespace dynamiq::server {
 
@@ -62,6 +63,9 @@ class DataPath {
   virtual absl::StatusOr<CrossNodeResult> CrossNode(const kernels::Codec& codec, engine::Transport& transport,
                                                     const engine::AllReduceOptions& options, size_t n,
                                                     double error_sample_rate) = 0;
+  // The EF21(M) state and momentum (server/error_feedback.h) the next CrossNode uses if its codec is arc_topk; null:
+  // none. Paths without error feedback (the device path, which runs no arc_topk) ignore it.
+  virtual void SetErrorFeedback(ErrorFeedbackState* state, double momentum) {}
   // Writes the sum (times `scale` for outputs that average), converted to each output's dtype, into
   // every output; returns once all of them hold it.
   virtual absl::Status WriteBack(absl::Span<const Output> outputs, size_t n, float scale) = 0;

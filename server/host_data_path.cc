@@ -65,9 +65,14 @@ absl::StatusOr<DataPath::CrossNodeResult> HostDataPath::CrossNode(const kernels:
   }
   engine::AllReduceOptions o = options;
   o.buffers = &buffers_;
-  DQ_ASSIGN_OR_RETURN(engine::AllReduceResult result,
-                      engine::AllReduce(codec, transport, o, {sum_, kernels::DType::kFloat32, 0, nullptr},
-                                        {sum_, kernels::DType::kFloat32, 0, nullptr}, n));
+  ErrorFeedbackState* error_feedback = error_feedback_;
+  error_feedback_ = nullptr;
+  absl::StatusOr<engine::AllReduceResult> reduced =
+      error_feedback != nullptr && codec.id() == kernels::CodecId::kArcTopK
+          ? ErrorFeedbackAllReduce(codec, transport, o, sum_, n, *error_feedback, momentum_)
+          : engine::AllReduce(codec, transport, o, {sum_, kernels::DType::kFloat32, 0, nullptr},
+                              {sum_, kernels::DType::kFloat32, 0, nullptr}, n);
+  DQ_ASSIGN_OR_RETURN(engine::AllReduceResult result, std::move(reduced));
   CrossNodeResult out;
   out.bytes_sent = result.bytes_sent;
   if (!sampled) return out;

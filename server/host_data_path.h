@@ -28,13 +28,19 @@ class HostDataPath final : public DataPath {
                                             const engine::AllReduceOptions& options, size_t n,
                                             double error_sample_rate) override;
   absl::Status WriteBack(absl::Span<const Output> outputs, size_t n, float scale) override;
+  void SetErrorFeedback(ErrorFeedbackState* state, double momentum) override {
+    error_feedback_ = state;
+    momentum_ = momentum;
+  }
 
  private:
   const std::string job_id_;
   const absl::Duration probe_timeout_;
   float* sum_ = nullptr;  // the current collective's sum: local rank 0's buffer or scratch_
   std::vector<float> scratch_;
-  engine::BufferPool buffers_;  // the engine's per-collective buffers, reused
+  engine::BufferPool buffers_;                    // the engine's per-collective buffers, reused
+  ErrorFeedbackState* error_feedback_ = nullptr;  // for the next CrossNode only
+  double momentum_ = 1.0;
 };
 
 }  // namespace dynamiq::server

@@ -49,7 +49,8 @@ Job::Job(Options options)
     : options_(std::move(options)),
       path_(options_.data_path != nullptr ? options_.data_path
                                           : std::make_shared<HostDataPath>(options_.id, options_.timeout)),
-      group_(options_.id, options_.num_nodes, options_.coordinator) {
+      group_(options_.id, options_.num_nodes, options_.coordinator),
+      error_feedback_(options_.error_feedback_bytes, options_.arc_topk_momentum) {
   {
     absl::MutexLock lock(&mu_);
     config_ = options_.config;
@@ -531,6 +532,21 @@ absl::StatusOr<DataPath::CrossNodeResult> Job::CrossNode(uint64_t sequence, cons
   const double rate = config.error_budget.has_value() && config.error_budget->sample_rate > 0
                           ? config.error_budget->sample_rate
                           : options_.error_sample_rate;
+  // arc_topk's error feedback: the tensor's state, all of it dropped at a compression change.
+  if (epoch != error_feedback_epoch_) {
+    error_feedback_.Clear();
+    error_feedback_epoch_ = epoch;
+  }
+  ErrorFeedbackState* error_feedback = nullptr;
+  if (codec->id() == kernels::CodecId::kArcTopK && options_.arc_topk_error_feedback) {
+    absl::StatusOr<ErrorFeedbackState*> state = error_feedback_.Get(tensor_name, n, epoch);
+    if (!state.ok()) {
+      return absl::Status(state.status().code(), absl::StrCat("collective ", sequence, " of job ", options_.id, ": ",
+                                                              state.status().message()));
+    }
+    error_feedback = *state;
+  }
+  path_->SetErrorFeedback(error_feedback, error_feedback_.momentum());
   absl::StatusOr<DataPath::CrossNodeResult> result = path_->CrossNode(*codec, *transport, o, n, rate);
   if (!result.ok()) {
     group_.Drop(/*abort=*/false);

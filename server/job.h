@@ -89,6 +89,11 @@ class Job {
     // (server/error_probe.h). Every node of the job must use the same rate. A config's error budget
     // may set its own (JobConfig::error_budget->sample_rate), agreed through its epoch.
     double error_sample_rate = 0;
+    // arc_topk jobs keep EF21 error feedback per tensor (server/error_feedback.h), at most this many
+    // bytes of it per job (8 per element of every tensor).
+    bool arc_topk_error_feedback = false;
+    double arc_topk_momentum = 1.0;  // EF21M's eta in (0, 1]; 1: plain EF21
+    size_t error_feedback_bytes = size_t{1} << 30;
     // Authenticates the cross-node engine messages (engine/step_auth.h); null: checksums only.
     std::shared_ptr<const engine::StepAuthenticator> authenticator;
     // Where collectives run (and `connect` must return transports it can drive). Null: a
@@ -217,7 +222,10 @@ class Job {
   CrossNodeGroup group_;
   absl::Time deadline_;         // of the collective the reducer runs (reducer thread only)
   kernels::CodecCache codecs_;  // reducer thread only
-  absl::Mutex close_mu_;        // serialises Close (the reducer is joined once)
+  // arc_topk's error feedback per tensor, dropped at every config epoch change (reducer thread only).
+  ErrorFeedback error_feedback_;
+  uint64_t error_feedback_epoch_ = 0;
+  absl::Mutex close_mu_;  // serialises Close (the reducer is joined once)
   std::thread reducer_ ABSL_GUARDED_BY(close_mu_);
 };
 

@@ -34,8 +34,11 @@ ABSL_FLAG(std::string, worker_socket, "",
           "only (created 0700 if missing). Default: /run/dynamiq/dynamiqd.sock as root, else "
           "/tmp/dynamiq-<uid>/dynamiqd.sock (what workers use when DQ_SOCKET is unset).");
 ABSL_FLAG(std::string, codec, "dynamiq",
-          "Default codec of new jobs: none, bf16, dynamiq, mxfp8, mxfp6, mxfp4, thc, uniform.");
-ABSL_FLAG(double, bits, 5, "Default bits: dynamiq average bits/coord incl. metadata (3..8); uniform bits per code.");
+          "Default codec of new jobs: none, bf16, dynamiq, mxfp8, mxfp6, mxfp4, thc, uniform, int8, global_qsgd, "
+          "arc_topk.");
+ABSL_FLAG(double, bits, 5,
+          "Default bits: dynamiq average bits/coord incl. metadata (3..8); uniform and global_qsgd bits per code "
+          "(2..8); arc_topk the density (fraction of 256-element rows kept, 0.001..1).");
 ABSL_FLAG(double, target_vnmse, 0,
           "Default error budget of new jobs (codec dynamiq): the controller on node 0 picks the lowest average bit "
           "budget in [--min_bits, --max_bits] that keeps the measured vNMSE at or under this (docs/error_budget.md); "
@@ -78,6 +81,16 @@ ABSL_FLAG(int32_t, cuda_device, 0,
 ABSL_FLAG(int32_t, metrics_port, 9400,
           "Port of the Prometheus metrics endpoint (GET /metrics), bound on the host of --listen. 0 picks a free "
           "port (logged at startup and shown by `dynamiqctl status`); -1 turns metrics off. See docs/metrics.md.");
+ABSL_FLAG(bool, arc_topk_error_feedback, false,
+          "Jobs with codec arc_topk keep EF21 error feedback per tensor on this node (what the sparsifier leaves "
+          "behind is sent later; off by default: it trained worse in docs/compressors.md's measurements). Every node "
+          "of a cluster must use the same setting.");
+ABSL_FLAG(double, arc_topk_momentum, 1.0,
+          "arc_topk error feedback: EF21M's momentum eta in (0, 1] (each step v = (1 - eta) v + eta x is what the "
+          "feedback tracks); 1: plain EF21. Every node of a cluster must use the same value.");
+ABSL_FLAG(uint64_t, error_feedback_mib, 1024,
+          "Most memory one job's arc_topk error feedback may hold on this node (8 bytes per element of every "
+          "tensor); a tensor beyond it fails its collectives with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(double, error_sample_rate, 0.01,
           "Fraction (0..1) of compressed cross-node collectives whose compression error is measured against an "
           "exact fp32 sum computed on the side (an extra uncompressed all-reduce; "
@@ -195,6 +208,9 @@ int main(int argc, char** argv) {
   o.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.error_sample_rate = absl::GetFlag(FLAGS_error_sample_rate);
+  o.arc_topk_error_feedback = absl::GetFlag(FLAGS_arc_topk_error_feedback);
+  o.arc_topk_momentum = absl::GetFlag(FLAGS_arc_topk_momentum);
+  o.error_feedback_mib = absl::GetFlag(FLAGS_error_feedback_mib);
   o.device = *device;
   o.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   o.transport = absl::GetFlag(FLAGS_transport);

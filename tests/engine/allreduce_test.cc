@@ -30,7 +30,7 @@ using ::testing::HasSubstr;
 std::unique_ptr<kernels::Codec> Make(CodecId id, double bits = 5) {
   CodecConfig c;
   c.id = id;
-  c.bits = id == CodecId::kUniform ? 4 : (id == CodecId::kThc ? 4 : bits);
+  c.bits = id == CodecId::kUniform ? 4 : (id == CodecId::kThc ? 4 : (id == CodecId::kArcTopK ? 0.3 : bits));
   auto codec = kernels::CreateCodec(c);
   EXPECT_THAT(codec, IsOk());
   return std::move(codec).value();
@@ -112,8 +112,9 @@ TEST(AllReduceTest, BitIdenticalOnAllRanksForEveryCodecAndTopology) {
   const int n = 4;
   const size_t d = 20000;
   auto inputs = Inputs(n, d);
-  for (CodecId id : {CodecId::kNone, CodecId::kBf16, CodecId::kDynamiq, CodecId::kMxfp8, CodecId::kMxfp6,
-                     CodecId::kMxfp4, CodecId::kThc, CodecId::kUniform, CodecId::kInt8}) {
+  for (CodecId id :
+       {CodecId::kNone, CodecId::kBf16, CodecId::kDynamiq, CodecId::kMxfp8, CodecId::kMxfp6, CodecId::kMxfp4,
+        CodecId::kThc, CodecId::kUniform, CodecId::kInt8, CodecId::kGlobalQsgd, CodecId::kArcTopK}) {
     auto codec = Make(id);
     for (Topology t : {Topology::kRing, Topology::kButterfly}) {
       if (t == Topology::kButterfly && !codec->SupportsButterfly()) continue;
@@ -270,8 +271,8 @@ TEST(AllReduceTest, TinyBucketsWithEmptyChunks) {
   // Fewer super-groups than ranks: some chunks are empty and start at the bucket's end.
   for (auto [n, d] : {std::pair<int, size_t>{2, 1}, {3, 777}, {8, 300}, {5, 256}}) {
     auto inputs = Inputs(n, d);
-    for (CodecId id :
-         {CodecId::kDynamiq, CodecId::kNone, CodecId::kMxfp8, CodecId::kUniform, CodecId::kThc, CodecId::kInt8}) {
+    for (CodecId id : {CodecId::kDynamiq, CodecId::kNone, CodecId::kMxfp8, CodecId::kUniform, CodecId::kThc,
+                       CodecId::kInt8, CodecId::kGlobalQsgd, CodecId::kArcTopK}) {
       auto codec = Make(id);
       RankRun run = RunThreads(*codec, inputs, [&](int) { return Options(Topology::kRing, 0); });
       for (int r = 0; r < n; ++r) {

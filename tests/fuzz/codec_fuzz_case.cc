@@ -51,6 +51,15 @@ CodecConfig ConfigFor(CodecId id, int variant) {
       c.bits = 4;
       c.correlated_rounding = variant % 2 == 0;
       break;
+    case CodecId::kGlobalQsgd:
+      c.bits = 2 + variant % 7;
+      c.correlated_rounding = (variant / 7) % 2 == 0;
+      break;
+    case CodecId::kArcTopK: {
+      static constexpr double kDensity[] = {0.001, 0.05, 0.25, 0.5, 1.0};
+      c.bits = kDensity[variant % 5];
+      break;
+    }
     default:
       break;
   }
@@ -129,9 +138,12 @@ int NumVariants(CodecId id) {
     case CodecId::kDynamiq:
       return 96;
     case CodecId::kUniform:
+    case CodecId::kGlobalQsgd:
       return 14;
     case CodecId::kThc:
       return 2;
+    case CodecId::kArcTopK:
+      return 5;
     default:
       return 1;
   }

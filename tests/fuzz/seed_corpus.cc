@@ -173,6 +173,8 @@ bool WriteConfigSeeds(SeedWriter& out) {
       {"dynamiq", 7.5, "", ""},
       {"uniform", 4.0, "ring", ""},
       {"thc", 4.0, "ring", ""},
+      {"global_qsgd", 8.0, "ring", ""},
+      {"arc_topk", 0.1, "butterfly", ""},
       {"mxfp8", 0.0, "butterfly", ""},
       {"mxfp6", 0.0, "ring", ""},
       {"mxfp4", 0.0, "ring", ""},

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "gtest/gtest.h"
 #include "server/job.h"
 #include "tests/testing/daemon_harness.h"
@@ -87,18 +88,79 @@ TEST_P(DaemonCodecTest, EveryWorkerGetsTheSameSumWithinTheCodecsError) {
   for (auto& d : *daemons) d->Shutdown();
 }
 
+// arc_topk with dynamiqd's error feedback (--arc_topk_error_feedback): the first collective of a
+// tensor is the dense exact step; later ones send C(x - g_i), and every worker of every node gets
+// the same estimate G. A step whose gradient does not change keeps G exact; a new gradient is
+// delivered over ceil(1 / density) steps, rows at a time.
+TEST(DaemonErrorFeedbackTest, ArcTopKDeliversWhatItLeftBehindOverTheNextSteps) {
+  TempDir temp;
+  auto config = MakeJobConfig("arc_topk", 0.25, "ring", /*min_compress_elements=*/1024, "measured");
+  ASSERT_THAT(config, IsOk());
+  auto daemons = StartTestCluster(temp.path(), 2, *config, absl::Seconds(20),
+                                  [](server::DaemonOptions& o) { o.arc_topk_error_feedback = true; });
+  ASSERT_THAT(daemons, IsOk());
+  const size_t n = 8 * 256;
+  std::vector<DaemonTestWorker> workers;
+  for (uint32_t node = 0; node < 2; ++node) {
+    auto w = ConnectTestWorker(absl::StrCat(temp.path(), "/node", node, ".sock"), "job", 0, 1, n);
+    ASSERT_THAT(w, IsOk());
+    workers.push_back(std::move(w).value());
+  }
+  // Step 0: round 0's values; steps 1..5: round 1's, unchanged.
+  std::vector<double> errors;
+  for (int step = 0; step < 6; ++step) {
+    const int round = step == 0 ? 0 : 1;
+    for (size_t w = 0; w < workers.size(); ++w) {
+      for (size_t k = 0; k < n; ++k) workers[w].data()[k] = Value(k, w, round);
+    }
+    std::vector<grpc::Status> status(workers.size());
+    std::vector<std::thread> threads;
+    for (size_t w = 0; w < workers.size(); ++w) {
+      threads.emplace_back([&, w] { status[w] = workers[w].AllReduce("grad", n); });
+    }
+    for (auto& t : threads) t.join();
+    double err = 0, norm = 0;
+    for (size_t w = 0; w < workers.size(); ++w) {
+      ASSERT_TRUE(status[w].ok()) << "worker " << w << ": " << status[w].error_message();
+      ASSERT_EQ(0, std::memcmp(workers[w].data(), workers[0].data(), n * 4)) << "worker " << w << " differs";
+    }
+    for (size_t k = 0; k < n; ++k) {
+      const double exact = Value(k, 0, round) + Value(k, 1, round);
+      err += (workers[0].data()[k] - exact) * (workers[0].data()[k] - exact);
+      norm += exact * exact;
+    }
+    errors.push_back(err / norm);
+  }
+  EXPECT_LT(errors[0], 1e-12) << "the dense first step";
+  EXPECT_GT(errors[1], 1e-4) << "a quarter of the rows of the change";
+  EXPECT_LT(errors[2], errors[1]);
+  EXPECT_LT(errors[4], 1e-10) << "after 4 steps at density 0.25 every row of the change has been sent";
+  EXPECT_LT(errors[5], 1e-10);
+  for (auto& d : *daemons) d->Shutdown();
+}
+
 constexpr CodecCase kCodecs[] = {
     // Bounds are about 3x what each codec measures here with 2 nodes (e.g. dynamiq 5-bit 2.5e-4,
     // mxfp8 1.5e-3..2.7e-3, thc 0.11), so a regression of a few x fails.
-    {"none", 0, "ring", 1e-12},        {"bf16", 0, "ring", 1.5e-5}, {"dynamiq", 5, "ring", 1e-3},
-    {"dynamiq", 4, "butterfly", 4e-3}, {"mxfp8", 0, "ring", 8e-3},  {"mxfp6", 0, "ring", 1.5e-2},
-    {"mxfp4", 0, "ring", 8e-2},        {"thc", 4, "ring", 0.35},    {"uniform", 8, "ring", 6e-5},
-    {"int8", 0, "ring", 1e-2},  // 5.6e-4 and 3.4e-3 here: one scale per chunk, outliers clipped at 6 sigma
+    {"none", 0, "ring", 1e-12},
+    {"bf16", 0, "ring", 1.5e-5},
+    {"dynamiq", 5, "ring", 1e-3},
+    {"dynamiq", 4, "butterfly", 4e-3},
+    {"mxfp8", 0, "ring", 8e-3},
+    {"mxfp6", 0, "ring", 1.5e-2},
+    {"mxfp4", 0, "ring", 8e-2},
+    {"thc", 4, "ring", 0.35},
+    {"uniform", 8, "ring", 6e-5},
+    {"int8", 0, "ring", 1e-2},             // 5.6e-4 and 3.4e-3 here: one scale per chunk, outliers clipped at 6 sigma
+    {"global_qsgd", 8, "ring", 1e-3},      // 1.1e-4 and 3.3e-4 here
+    {"arc_topk", 0.25, "butterfly", 0.1},  // 2.8e-2 .. 3.1e-2 here (no error feedback: the default)
 };
 
 std::string CaseName(const ::testing::TestParamInfo<DaemonCodecTest::ParamType>& info) {
   const auto& [c, nodes, local] = info.param;
-  return absl::StrCat(c.codec, static_cast<int>(c.bits), c.topology, "_", nodes, "nodes_", local, "workers");
+  // arc_topk's density 0.25 -> "0p25".
+  return absl::StrCat(c.codec, absl::StrReplaceAll(absl::StrCat(c.bits), {{".", "p"}}), c.topology, "_", nodes,
+                      "nodes_", local, "workers");
 }
 
 INSTANTIATE_TEST_SUITE_P(TwoNodes, DaemonCodecTest,

@@ -112,7 +112,7 @@ TEST(DeviceConfigTest, GpuNodesAcceptOnlyTheCodecsOfTheDeviceAllReduce) {
   for (const char* codec : {"none", "bf16", "dynamiq"}) {
     EXPECT_THAT(CheckConfigForDevice(Config(codec), DeviceKind::kCuda), IsOk()) << codec;
   }
-  for (const char* codec : {"mxfp8", "mxfp6", "mxfp4", "thc", "uniform"}) {
+  for (const char* codec : {"mxfp8", "mxfp6", "mxfp4", "thc", "uniform", "int8", "global_qsgd", "arc_topk"}) {
     EXPECT_THAT(CheckConfigForDevice(Config(codec), DeviceKind::kCuda),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          HasSubstr(absl::StrCat("codec ", codec, " is not available on a --device=cuda node"))))

@@ -240,6 +240,26 @@ TEST(MetricsTest, CollectivesCountIntoTheirLabelSets) {
   EXPECT_EQ(e.Sum("dynamiq_build_info"), 1);
 }
 
+TEST(MetricsTest, EveryCodecOfTheTableIsItsOwnLabel) {
+  // Every codec of kernels/codec_info.h (the newer ones included), named as the table names it.
+  Metrics m(/*node_rank=*/0, /*num_nodes=*/2);
+  for (const kernels::CodecInfo& info : kernels::AllCodecs()) {
+    CollectiveOutcome ok;
+    ok.codec.id = info.id;
+    ok.codec.bits = info.default_bits;
+    ok.topology = engine::Topology::kRing;
+    ok.num_elements = 1000;
+    ok.seconds = 0.001;
+    ok.wire_bytes = 100;
+    m.OnCollective("j", ok);
+  }
+  const Exposition e = Parse(m.Render());
+  for (const kernels::CodecInfo& info : kernels::AllCodecs()) {
+    EXPECT_EQ(e.Sum("dynamiq_collective_duration_seconds_count", {{"job", "j"}, {"codec", std::string(info.name)}}), 1)
+        << info.name;
+  }
+}
+
 TEST(MetricsTest, StateGaugesFollowTheSourceAndDropOldLabelSets) {
   Metrics m(0, 1);
   Metrics::Snapshot snapshot;
@@ -730,8 +750,11 @@ TEST(DaemonMetricsOptionsTest, BadValuesAreRefused) {
   o.metrics_port = 0;
   o.error_sample_rate = 1.5;
   EXPECT_THAT(Daemon(o).Start(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--error_sample_rate")));
-  // Off: no address.
   o.error_sample_rate = 0.01;
+  o.error_feedback_mib = size_t{1} << 40;  // would overflow as bytes
+  EXPECT_THAT(Daemon(o).Start(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--error_feedback_mib")));
+  o.error_feedback_mib = 1024;
+  // Off: no address.
   o.metrics_port = -1;
   Daemon off(o);
   ASSERT_THAT(off.Start(), IsOk());

@@ -304,6 +304,37 @@ TEST_F(DynamiqctlTest, NewCodecWithoutBitsGetsThatCodecsDefault) {
   EXPECT_EQ(job.config().bits(), 4);
 }
 
+TEST_F(DynamiqctlTest, SelectsTheCompressorsOfTheLiterature) {
+  CompressionChange change;
+  change.job_id = "job";
+  change.codec = "global_qsgd";
+  auto result = ChangeCompression(*client_, change);
+  ASSERT_THAT(result, IsOk());
+  EXPECT_EQ(result->config.bits(), 8);  // its default: 127 levels per sign
+  change.bits = 4;
+  ASSERT_THAT(ChangeCompression(*client_, change), IsOk());
+  worker_->AllReduce("a");
+  worker_->AllReduce("b");
+  worker_->AllReduce("c");
+  dynamiq::v1::JobStatus job = JobStatus();
+  EXPECT_EQ(job.config().codec(), "global_qsgd");
+  EXPECT_EQ(job.config().bits(), 4);
+  change.bits = 4.5;
+  EXPECT_THAT(ChangeCompression(*client_, change),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("global_qsgd bits must be an integer 2..8")));
+  // ARC-Top-K: "bits" is its density.
+  change.codec = "arc_topk";
+  change.bits.reset();
+  result = ChangeCompression(*client_, change);
+  ASSERT_THAT(result, IsOk());
+  EXPECT_DOUBLE_EQ(result->config.bits(), 0.1);
+  change.bits = 0.05;
+  ASSERT_THAT(ChangeCompression(*client_, change), IsOk());
+  change.bits = 2;
+  EXPECT_THAT(ChangeCompression(*client_, change),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("arc_topk bits must be between 0.001 and 1")));
+}
+
 TEST_F(DynamiqctlTest, InvalidBitsAreInvalidArgument) {
   CompressionChange change;
   change.job_id = "job";

@@ -1,0 +1,85 @@
+// ErrorFeedback: the EF21 state (Richtarik et al.; the error feedback ARC-Top-K is analysed with)
+// of one job's arc_topk collectives on this node, per tensor name.
+//
+// Why in the daemon: the state must persist across steps and be identical in meaning on every
+// node, and only the daemon sees what the compressor selected (the rows of the plan all nodes
+// agreed on); a client would have to re-derive the selection from the result. The daemon's unit of
+// compression is the node (its workers' local sum is one rank of the cross-node all-reduce), so
+// the state is per node: `local` is this node's g_i, `global` the estimate G = sum_i g_i that
+// every node holds bit-identically.
+//
+// One step of tensor t with this node's sum x (HostDataPath::CrossNode), momentum eta in (0, 1]
+// (EF21M, Fatkhullin et al.; eta = 1 is plain EF21):
+//   first step (or after a reset): v_i = g_i = x; G = all-reduce_none(x) (dense, exact); result G.
+//   later:  v_i = (1 - eta) v_i + eta x; u = v_i - g_i;
+//           R = all-reduce_arc_topk(u) = sum_i C(u_i) (C keeps the agreed rows);
+//           g_i += C(u_i) (the kept rows of u); G += R; result G.
+// Invariant: G = sum_i g_i, so the nodes never drift apart; what is not sent stays in x - g_i and
+// is sent once its rows rank high enough.
+//
+// Bounded: at most `max_bytes` of state per job (8 bytes per element of every tensor, 12 with
+// momentum); a tensor
+// that does not fit fails its collective with RESOURCE_EXHAUSTED naming the limit
+// (--error_feedback_mib). Reset: a state is dropped when the tensor's size or the job's config
+// epoch changes (any compression change), and all states go with the job.
+//
+// Thread safety: none; the job's reducer thread owns it (one collective at a time).
+#ifndef DQ_SERVER_ERROR_FEEDBACK_H_
+#define DQ_SERVER_ERROR_FEEDBACK_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "engine/allreduce.h"
+#include "engine/transport.h"
+#include "kernels/codec.h"
+
+namespace dynamiq::server {
+
+struct ErrorFeedbackState {
+  uint64_t epoch = 0;
+  bool initialized = false;     // false: the next step is the dense first step
+  std::vector<float> local;     // g_i
+  std::vector<float> global;    // G
+  std::vector<float> momentum;  // v_i (empty when eta = 1)
+};
+
+class ErrorFeedback {
+ public:
+  // `momentum` is eta in (0, 1].
+  ErrorFeedback(size_t max_bytes, double momentum = 1.0) : max_bytes_(max_bytes), momentum_(momentum) {}
+  double momentum() const { return momentum_; }
+
+  // The state of `tensor` (n elements) under config `epoch`: reset (uninitialized) when new, when
+  // n changed, or when the epoch changed. RESOURCE_EXHAUSTED if it would not fit in max_bytes.
+  absl::StatusOr<ErrorFeedbackState*> Get(absl::string_view tensor, size_t n, uint64_t epoch);
+
+  size_t bytes() const { return bytes_; }
+  size_t tensors() const { return states_.size(); }
+  void Clear();
+
+ private:
+  size_t PerElement() const;
+  size_t max_bytes_;
+  double momentum_;
+  size_t bytes_ = 0;
+  std::map<std::string, ErrorFeedbackState, std::less<>> states_;
+};
+
+// One EF21(M) step (above, momentum `eta`) of this node's sum `x` (n floats), replaced by the result G, with `codec`
+// (arc_topk) over `transport`. On failure the state is reset (every node fails the collective
+// too, so the next step is the dense first step everywhere) and `x` is unspecified.
+absl::StatusOr<engine::AllReduceResult> ErrorFeedbackAllReduce(const kernels::Codec& codec,
+                                                               engine::Transport& transport,
+                                                               const engine::AllReduceOptions& options, float* x,
+                                                               size_t n, ErrorFeedbackState& state, double eta = 1.0);
+
+}  // namespace dynamiq::server
+
+#endif  // DQ_SERVER_ERROR_FEEDBACK_H_
