@@ -19,8 +19,10 @@ run() {  # model steps dump-steps
   # The layout dynamiq.torch's DDP hook sends (super-group aligned): ..._aligned_r<rank>.bin.
   "$PY" bench/dump_gradients.py --align "$OUT/$1_w8.json" > /dev/null
 }
-run mlp 300 5,300
-run cnn 300 5,300
-run lm4 120 5,120
-run lmemb 120 5,120
+# Each set's preceding step is dumped too: a one-budget-per-step allocation plans step s from
+# step s-1's statistics (corpus_table.py --step-budget).
+run mlp 300 4,5,299,300
+run cnn 300 4,5,299,300
+run lm4 120 4,5,119,120
+run lmemb 120 4,5,119,120
 echo "corpus in $OUT; next: bench/corpus_table.py $OUT" >&2
