@@ -173,7 +173,7 @@ absl::StatusOr<std::vector<CodecBenchRow>> RunCodecBench(const CodecBenchOptions
 
 absl::StatusOr<std::vector<StepBudgetRow>> PlanStepBudgets(const std::vector<std::vector<std::string>>& buckets,
                                                            int workers, const std::vector<CodecConfig>& configs,
-                                                           double min_bits, double max_bits) {
+                                                           double min_bits, double max_bits, StepEnergy energy) {
   if (buckets.empty()) return absl::InvalidArgumentError("step-budget needs at least one bucket");
   if (!(min_bits <= max_bits)) return absl::InvalidArgumentError("--min_bits is above --max_bits");
   std::vector<StepBudgetRow> rows;
@@ -190,13 +190,20 @@ absl::StatusOr<std::vector<StepBudgetRow>> PlanStepBudgets(const std::vector<std
       load.inputs = files;
       DQ_ASSIGN_OR_RETURN(auto inputs, LoadInputs(load));
       const size_t d = inputs[0].size();
-      // Summed in rank order, as the statistics exchange does.
-      std::vector<float> local(codec->StatsLength(d)), reduced(local.size(), 0.0f);
-      for (const std::vector<float>& x : inputs) {
-        codec->ComputeStats(kernels::Source{x.data(), kernels::DType::kFloat32, 0, nullptr}, d, local.data());
-        for (size_t i = 0; i < local.size(); ++i) reduced[i] += local[i];
+      if (energy == StepEnergy::kResult) {
+        const std::vector<double> sum = ExactSum(inputs);
+        std::vector<double> e((d + kernels::kSuperGroupSize - 1) / kernels::kSuperGroupSize, 0.0);
+        for (size_t i = 0; i < d; ++i) e[i / kernels::kSuperGroupSize] += sum[i] * sum[i];
+        energies.push_back(std::move(e));
+      } else {
+        // Summed in rank order, as the statistics exchange does.
+        std::vector<float> local(codec->StatsLength(d)), reduced(local.size(), 0.0f);
+        for (const std::vector<float>& x : inputs) {
+          codec->ComputeStats(kernels::Source{x.data(), kernels::DType::kFloat32, 0, nullptr}, d, local.data());
+          for (size_t i = 0; i < local.size(); ++i) reduced[i] += local[i];
+        }
+        energies.push_back(kernels::EnergiesFromStats(reduced));
       }
-      energies.push_back(kernels::EnergiesFromStats(reduced));
       sizes.push_back(d);
     }
     const std::vector<double> shares =

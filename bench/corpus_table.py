@@ -59,6 +59,9 @@ def parse_args():
     p.add_argument("--plan-from", choices=["previous", "same"], default="previous",
                    help="--step-budget: plan from the previous dumped step (what dynamiqd can do; default) or "
                         "from the measured step itself (the best a per-step split can do)")
+    p.add_argument("--plan-energy", choices=["statistics", "result"], default="statistics",
+                   help="--step-budget: weigh super-groups by the statistics' energy (default) or by the "
+                        "all-reduced result's (dynamiq-bench step-budget --step_energy)")
     p.add_argument("--steps", default="", help="comma-separated steps to report (default all)")
     p.add_argument("--min-elements", type=int, default=4096, help="skip smaller buckets (default 4096)")
     p.add_argument("--models", default="", help="comma-separated models to include (default all)")
@@ -110,7 +113,7 @@ def step_budgets(args, dumps):
     scale = sum(d["elements"] for d in dumps) / sum(os.path.getsize(f[0]) // 4 for f in files)
     bits = [float(b) for b in args.bits.split(",") if b]
     cmd = [args.bench, "step-budget", f"--workers={args.workers}", "--bits=" + ",".join(f"{b * scale:.6f}" for b in bits),
-           "--input=" + ";".join(",".join(f) for f in files)]
+           "--input=" + ";".join(",".join(f) for f in files), f"--step_energy={args.plan_energy}"]
     out = subprocess.run(cmd + [a for a in args.extra.split() if a], check=True, capture_output=True, text=True)
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     return {b: [r["bits"] for r in rows[i * len(dumps):(i + 1) * len(dumps)]] for i, b in enumerate(bits)}

@@ -56,6 +56,10 @@ ABSL_FLAG(std::string, dump_output, "",
           "codec: write each row's all-reduced result (rank 0, last trial; raw float32) to "
           "<dump_output>.<row index>.bin, rows numbered from 0 in output order; DynamiQ rows also write "
           "rank 0's code width per super-group (one byte each) to <dump_output>.<row index>.widths.");
+ABSL_FLAG(std::string, step_energy, "statistics",
+          "step-budget: the per-super-group energy the split weighs: statistics (the square of the sum of the "
+          "ranks' norms, what the allocator sees before an all-reduce) or result (the squared norm of the "
+          "all-reduced sum, known after it, e.g. the previous step's).");
 // allreduce
 ABSL_FLAG(int, rank, 0, "allreduce: this process's rank.");
 ABSL_FLAG(int, world_size, 1, "allreduce: number of ranks.");
@@ -198,8 +202,11 @@ int RunStepBudget() {
                : levels == "mee" ? dynamiq::kernels::LevelKind::kMee
                                  : dynamiq::kernels::LevelKind::kUniform;
   }
-  auto rows = dynamiq::bench::PlanStepBudgets(buckets, absl::GetFlag(FLAGS_workers), configs,
-                                              absl::GetFlag(FLAGS_min_bits), absl::GetFlag(FLAGS_max_bits));
+  const std::string energy = absl::GetFlag(FLAGS_step_energy);
+  if (energy != "statistics" && energy != "result") return Fail("--step_energy must be statistics or result");
+  auto rows = dynamiq::bench::PlanStepBudgets(
+      buckets, absl::GetFlag(FLAGS_workers), configs, absl::GetFlag(FLAGS_min_bits), absl::GetFlag(FLAGS_max_bits),
+      energy == "result" ? dynamiq::bench::StepEnergy::kResult : dynamiq::bench::StepEnergy::kStatistics);
   if (!rows.ok()) return Fail(std::string(rows.status().message()));
   for (const auto& r : *rows) std::printf("%s\n", dynamiq::bench::FormatStepBudgetJson(r).c_str());
   return 0;

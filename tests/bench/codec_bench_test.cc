@@ -159,6 +159,28 @@ TEST(StepBudgetTest, LouderBucketGetsMoreBitsAndTheStepLessError) {
   EXPECT_LT(per_step, 0.5 * per_bucket);
 }
 
+TEST(StepBudgetTest, ResultEnergySeesRanksThatCancel) {
+  // Bucket 0: both ranks hold the same values (the sum doubles them); bucket 1: rank 1 holds the
+  // negation of rank 0 (the sum is zero). The statistics see equal energy; the result sees only
+  // bucket 0's.
+  std::vector<float> a(256 * 32), neg(a.size());
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 0.05f * static_cast<float>((i * 7) % 19) - 0.45f, neg[i] = -a[i];
+  const std::vector<std::string> same = {WriteFloats("step_same_r0.bin", a), WriteFloats("step_same_r1.bin", a)};
+  const std::vector<std::string> cancel = {WriteFloats("step_cancel_r0.bin", a),
+                                           WriteFloats("step_cancel_r1.bin", neg)};
+  kernels::CodecConfig c;
+  c.bits = 5;
+  auto by_stats = PlanStepBudgets({same, cancel}, 2, {c}, 3, 8, StepEnergy::kStatistics);
+  auto by_result = PlanStepBudgets({same, cancel}, 2, {c}, 3, 8, StepEnergy::kResult);
+  ASSERT_TRUE(by_stats.ok()) << by_stats.status();
+  ASSERT_TRUE(by_result.ok()) << by_result.status();
+  // Equal energies: equal shares up to the tie-broken upgrades of the joint allocation.
+  EXPECT_NEAR((*by_stats)[0].bits, (*by_stats)[1].bits, 1.0);
+  EXPECT_GT((*by_stats)[1].bits, 4.5);
+  EXPECT_EQ((*by_result)[1].bits, 3);  // all-zero result: the minimum
+  EXPECT_GT((*by_result)[0].bits, 6.5);
+}
+
 TEST(StepBudgetTest, RejectsMismatchedFilesAndEmptySteps) {
   const TwoBuckets t = WriteTwoBuckets();
   kernels::CodecConfig c;
