@@ -55,6 +55,9 @@ struct AllReduceOptions {
   // Message buffers reused across collectives (engine/buffer_pool.h); null: fresh ones for this
   // call. Callers that run collectives in a loop pass one (one per thread).
   BufferPool* buffers = nullptr;
+  // DynamiQ: this collective's b̄ instead of the codec's bits (0: the codec's), e.g. its bucket's
+  // share of one budget per step. Every rank must pass the same: it travels in the step headers.
+  double bits = 0;
 };
 
 struct AllReduceResult {

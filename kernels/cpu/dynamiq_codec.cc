@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kernels/bf16_math.h"
+#include "kernels/codec_info.h"
 #include "kernels/cpu/buffer_io.h"
 #include "kernels/cpu/dynamiq_simd.h"
 #include "kernels/dynamiq_levels.h"
@@ -134,6 +135,8 @@ absl::StatusOr<BucketPlan> DynamiqCodec::MakePlan(const RoundInfo& round, size_t
                                                    reduced_stats.size(), " reduced"));
   }
   if (num_elements > (size_t{1} << 40)) return absl::InvalidArgumentError("bucket too large");
+  const double bits = round.bits != 0 ? round.bits : config().bits;
+  if (round.bits != 0) DQ_RETURN_IF_ERROR(CheckCodecBits(CodecId::kDynamiq, round.bits));
   BucketPlan plan;
   plan.round = round;
   plan.num_elements = num_elements;
@@ -149,7 +152,7 @@ absl::StatusOr<BucketPlan> DynamiqCodec::MakePlan(const RoundInfo& round, size_t
     plan.mean_sums[j] = mean * n;
   }
   plan.widths =
-      AllocateWidths(EnergiesFromStats(reduced_stats), num_elements, config().bits, config().allocator, errors_).widths;
+      AllocateWidths(EnergiesFromStats(reduced_stats), num_elements, bits, config().allocator, errors_).widths;
   return plan;
 }
 
