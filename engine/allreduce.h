@@ -60,6 +60,9 @@ struct AllReduceOptions {
   // Return the plans' per-super-group widths (AllReduceResult::plan_widths): ARC-Top-K's selected
   // rows, which its error feedback needs (server/error_feedback.h).
   bool keep_plan_widths = false;
+  // DynamiQ: this collective's b̄ instead of the codec's bits (0: the codec's), e.g. its bucket's
+  // share of one budget per step. Every rank must pass the same: it travels in the step headers.
+  double bits = 0;
 };
 
 struct AllReduceResult {
