@@ -17,6 +17,8 @@
 #include "engine/schedule.h"
 #include "engine/simulator.h"
 #include "kernels/codec_registry.h"
+#include "kernels/cpu/dynamiq_codec.h"
+#include "kernels/dynamiq_allocator.h"
 
 namespace dynamiq::bench {
 namespace {
@@ -150,6 +152,53 @@ absl::StatusOr<std::vector<CodecBenchRow>> RunCodecBench(const CodecBenchOptions
     rows.push_back(row);
   }
   return rows;
+}
+
+absl::StatusOr<std::vector<StepBudgetRow>> PlanStepBudgets(const std::vector<std::vector<std::string>>& buckets,
+                                                           int workers, const std::vector<CodecConfig>& configs,
+                                                           double min_bits, double max_bits, StepEnergy energy) {
+  if (buckets.empty()) return absl::InvalidArgumentError("step-budget needs at least one bucket");
+  if (!(min_bits <= max_bits)) return absl::InvalidArgumentError("--min_bits is above --max_bits");
+  std::vector<StepBudgetRow> rows;
+  for (const CodecConfig& config : configs) {
+    if (config.id != CodecId::kDynamiq) continue;
+    DQ_ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, kernels::CreateCodec(config));
+    const auto* dq = dynamic_cast<const kernels::DynamiqCodec*>(codec.get());
+    if (dq == nullptr) return absl::InternalError("the dynamiq codec is not a DynamiqCodec");
+    std::vector<std::vector<double>> energies;
+    std::vector<size_t> sizes;
+    for (const std::vector<std::string>& files : buckets) {
+      CodecBenchOptions load;
+      load.workers = workers;
+      load.inputs = files;
+      DQ_ASSIGN_OR_RETURN(auto inputs, LoadInputs(load));
+      const size_t d = inputs[0].size();
+      if (energy == StepEnergy::kResult) {
+        const std::vector<double> sum = ExactSum(inputs);
+        std::vector<double> e((d + kernels::kSuperGroupSize - 1) / kernels::kSuperGroupSize, 0.0);
+        for (size_t i = 0; i < d; ++i) e[i / kernels::kSuperGroupSize] += sum[i] * sum[i];
+        energies.push_back(std::move(e));
+      } else {
+        // Summed in rank order, as the statistics exchange does.
+        std::vector<float> local(codec->StatsLength(d)), reduced(local.size(), 0.0f);
+        for (const std::vector<float>& x : inputs) {
+          codec->ComputeStats(kernels::Source{x.data(), kernels::DType::kFloat32, 0, nullptr}, d, local.data());
+          for (size_t i = 0; i < local.size(); ++i) reduced[i] += local[i];
+        }
+        energies.push_back(kernels::EnergiesFromStats(reduced));
+      }
+      sizes.push_back(d);
+    }
+    const std::vector<double> shares =
+        kernels::StepBudgets(energies, sizes, config.bits, min_bits, max_bits, config.allocator, dq->width_errors());
+    for (size_t k = 0; k < shares.size(); ++k) rows.push_back(StepBudgetRow{config.bits, k, sizes[k], shares[k]});
+  }
+  return rows;
+}
+
+std::string FormatStepBudgetJson(const StepBudgetRow& r) {
+  return absl::StrFormat(R"({"bits_target":%.4g,"bucket":%d,"elements":%d,"bits":%.6f})", r.bits_target, r.bucket,
+                         r.elements, r.bits);
 }
 
 std::string FormatRowJson(const CodecBenchRow& r, const CodecBenchOptions& o) {

@@ -42,6 +42,32 @@ struct CodecBenchRow {
 
 absl::StatusOr<std::vector<CodecBenchRow>> RunCodecBench(const CodecBenchOptions& options);
 
+// `dynamiq-bench step-budget`: one DynamiQ bit budget per training step. Splits each config's b̄
+// across a step's buckets (kernels::StepBudgets, clamped to [min_bits, max_bits]) from the buckets'
+// per-rank files (`buckets[k]`: one float32 file per worker), computing and summing the statistics
+// as the all-reduce does; dynamiqd would do the same with one step's reduced statistics and apply
+// the budgets to the next step's buckets.
+// Which per-super-group energy the split weighs: the all-reduce's statistics (the square of the sum
+// of the ranks' norms: what MakePlan allocates with, known before the all-reduce) or the all-reduced
+// result's (the squared norm of the sum: known after it, identical on every rank, e.g. from the
+// previous step).
+enum class StepEnergy { kStatistics, kResult };
+
+struct StepBudgetRow {
+  double bits_target = 0;  // the step's average b̄ (a config's bits)
+  size_t bucket = 0;
+  size_t elements = 0;
+  double bits = 0;  // this bucket's b̄
+};
+
+absl::StatusOr<std::vector<StepBudgetRow>> PlanStepBudgets(const std::vector<std::vector<std::string>>& buckets,
+                                                           int workers,
+                                                           const std::vector<kernels::CodecConfig>& configs,
+                                                           double min_bits, double max_bits,
+                                                           StepEnergy energy = StepEnergy::kStatistics);
+
+std::string FormatStepBudgetJson(const StepBudgetRow& row);
+
 std::string FormatRowJson(const CodecBenchRow& row, const CodecBenchOptions& options);
 std::string FormatTable(const std::vector<CodecBenchRow>& rows, const CodecBenchOptions& options);
 

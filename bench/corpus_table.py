@@ -14,6 +14,7 @@ vector), its wire bits the element-weighted mean.
 
     bench/make_corpus.sh /work/corpus20
     bench/corpus_table.py /work/corpus20 > tables.md
+    bench/corpus_table.py /work/corpus20 --step-budget --steps 5,120,300   # one budget per step
 
 Prints markdown: per set, vNMSE of DynamiQ and uniform at --bits (DynamiQ's b̄ includes all its
 metadata; uniform b costs b + 0.5 wire bits), bf16, the MX formats and THC; then a summary with
@@ -51,6 +52,17 @@ def parse_args():
                    help="all-reduce each set's buckets as one vector (concatenated per rank, each bucket "
                         "starting on a 256-element super-group): what one bit budget per step, allocated "
                         "across the step's buckets, would give (dynamiqd allocates per bucket)")
+    p.add_argument("--step-budget", action="store_true",
+                   help="one DynamiQ budget per step: each bucket's b̄ is its share of the step's (dynamiq-bench "
+                        "step-budget) planned from the previous dumped step's buckets, as dynamiqd would plan step "
+                        "s from step s-1's statistics; sets without an earlier dump of the same buckets are left out")
+    p.add_argument("--plan-from", choices=["previous", "same"], default="previous",
+                   help="--step-budget: plan from the previous dumped step (what dynamiqd can do; default) or "
+                        "from the measured step itself (the best a per-step split can do)")
+    p.add_argument("--plan-energy", choices=["statistics", "result"], default="statistics",
+                   help="--step-budget: weigh super-groups by the statistics' energy (default) or by the "
+                        "all-reduced result's (dynamiq-bench step-budget --step_energy)")
+    p.add_argument("--steps", default="", help="comma-separated steps to report (default all)")
     p.add_argument("--min-elements", type=int, default=4096, help="skip smaller buckets (default 4096)")
     p.add_argument("--models", default="", help="comma-separated models to include (default all)")
     p.add_argument("--jobs", type=int, default=1, help="dynamiq-bench processes at once (default 1)")
@@ -85,20 +97,43 @@ def bench(args, files, codecs, bits):
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
-def run_bucket(args, dump):
+def sent_files(args, dump):
+    """The dump's files in the measured layout."""
     files = dump["files"]
     if args.layout == "aligned" and not dump.get("raw"):
         files = [f"{p.rsplit('_r', 1)[0]}_aligned_r{p.rsplit('_r', 1)[1]}" for p in files]
         if not all(os.path.exists(p) for p in files):
             raise SystemExit(f"{files[0]} missing: run bench/dump_gradients.py --align on the manifest first")
+    return files
+
+
+def step_budgets(args, dumps):
+    """{b: [b̄ of each bucket]}: the step budget b (per original coordinate) split over `dumps`' buckets."""
+    files = [sent_files(args, d) for d in dumps]
+    scale = sum(d["elements"] for d in dumps) / sum(os.path.getsize(f[0]) // 4 for f in files)
+    bits = [float(b) for b in args.bits.split(",") if b]
+    cmd = [args.bench, "step-budget", f"--workers={args.workers}", "--bits=" + ",".join(f"{b * scale:.6f}" for b in bits),
+           "--input=" + ";".join(",".join(f) for f in files), f"--step_energy={args.plan_energy}"]
+    out = subprocess.run(cmd + [a for a in args.extra.split() if a], check=True, capture_output=True, text=True)
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return {b: [r["bits"] for r in rows[i * len(dumps):(i + 1) * len(dumps)]] for i, b in enumerate(bits)}
+
+
+def run_bucket(args, dump, budgets=None):
+    """dynamiq-bench codec over one bucket. budgets: {b: this bucket's b̄} (one budget per step) or None."""
+    files = sent_files(args, dump)
     total = os.path.getsize(files[0]) // 4
     scale = dump["elements"] / total  # DynamiQ's b̄ per sent coordinate at b bits per original one
     codecs = args.codecs.split(",")
     rows = []
     if "dynamiq" in codecs:
-        # dynamiq-bench takes b̄ in [3, 8]; padding may push 3 (8) just outside: that cell stays empty.
-        bits = [float(b) for b in args.bits.split(",") if b and 3 <= float(b) * scale <= 8]
-        dq = bench(args, files, "dynamiq", ",".join(f"{b * scale:.6f}" for b in bits))
+        if budgets is not None:  # already per sent coordinate, within [3, 8]
+            bits = [float(b) for b in args.bits.split(",") if b]
+            dq = bench(args, files, "dynamiq", ",".join(f"{budgets[b]:.6f}" for b in bits))
+        else:
+            # dynamiq-bench takes b̄ in [3, 8]; padding may push 3 (8) just outside: that cell stays empty.
+            bits = [float(b) for b in args.bits.split(",") if b and 3 <= float(b) * scale <= 8]
+            dq = bench(args, files, "dynamiq", ",".join(f"{b * scale:.6f}" for b in bits))
         for b, r in zip(bits, dq):
             r["bits_target"], r["wire_bits_per_coord"] = b, r["wire_bits_per_coord"] / scale
             rows.append(r)
@@ -160,14 +195,31 @@ def join_buckets(args, sets):
 def main():
     args = parse_args()
     sets = load_sets(args)
+    budgets = {}  # (set, bucket index) -> {b: b̄}
+    if args.step_budget:
+        for (model, step), dumps in sorted(sets.items()):
+            shape = [d["elements"] for d in dumps]
+            earlier = [st for (m, st), ds in sets.items()
+                       if m == model and [d["elements"] for d in ds] == shape and
+                       (st < step if args.plan_from == "previous" else st == step)]
+            if earlier:
+                plan = step_budgets(args, sets[(model, max(earlier))])
+                for k in range(len(dumps)):
+                    budgets[((model, step), k)] = {b: v[k] for b, v in plan.items()}
+        sets = {s: d for s, d in sets.items() if (s, 0) in budgets}
+        if not sets:
+            raise SystemExit("--step-budget: no set has an earlier dump of the same buckets")
+    wanted_steps = {int(s) for s in args.steps.split(",") if s}
+    if wanted_steps:
+        sets = {s: d for s, d in sets.items() if s[1] in wanted_steps}
     if args.joint:
         sets = join_buckets(args, sets)
     bits = [float(b) for b in args.bits.split(",") if b]
-    jobs = [(s, d) for s, dumps in sorted(sets.items()) for d in dumps]
+    jobs = [(s, k, d) for s, dumps in sorted(sets.items()) for k, d in enumerate(dumps)]
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(lambda j: run_bucket(args, j[1]), jobs))
+        results = list(pool.map(lambda j: run_bucket(args, j[2], budgets.get((j[0], j[1]))), jobs))
     by_set = {}
-    for (s, _), r in zip(jobs, results):
+    for (s, _, _), r in zip(jobs, results):
         by_set.setdefault(s, []).append(r)
     if args.json:
         with open(args.json, "w") as f:
@@ -180,7 +232,9 @@ def main():
         c = combine(buckets)
         n = sum(b["elements"] for b in buckets)
         sent = sum(b["sent"] for b in buckets)
-        print(f"### {model}, step {step}: {'joint budget over the buckets' if args.joint else f'{len(buckets)} bucket(s)'}, {n:,} elements per rank"
+        how = ("joint budget over the buckets" if args.joint else
+               f"{len(buckets)} bucket(s), one budget per step" if args.step_budget else f"{len(buckets)} bucket(s)")
+        print(f"### {model}, step {step}: {how}, {n:,} elements per rank"
               f"{f' ({sent:,} sent, aligned)' if args.layout == 'aligned' else ''}\n")
         print("| codec | " + " | ".join(f"{b:g} b" for b in bits) + " |")
         print("|---" * (len(bits) + 1) + "|")
@@ -188,6 +242,9 @@ def main():
             if any((codec, b) in c for b in bits):
                 print(f"| {label} | " + " | ".join(fmt(c[(codec, b)][0]) if (codec, b) in c else "-" for b in bits) +
                       " |")
+                if codec == "dynamiq":  # what the step actually sent (per original coordinate)
+                    print("| DynamiQ wire bits | " +
+                          " | ".join(f"{c[(codec, b)][1]:.2f}" if (codec, b) in c else "-" for b in bits) + " |")
         fixed = [f for f in FIXED if (f, None) in c]
         if fixed:
             print("\n| codec | wire bits | vNMSE |\n|---|---|---|")

@@ -3,6 +3,8 @@
 //              all-reduce (bench/codec_bench.h).
 //   allreduce  one rank of a compressed all-reduce between processes over Gloo TCP
 //              (bench/allreduce_bench.h); scripts/bench-network runs n of them in namespaces.
+//   step-budget one DynamiQ bit budget per training step: each bucket's share of it, from the
+//              step's per-rank bucket files (bench/codec_bench.h, kernels::StepBudgets).
 //   controller error-budget compression in closed loop on the simulated all-reduce, with a
 //              gradient shift mid-run (bench/controller_sim.h); per-step CSV or JSON.
 #include <algorithm>
@@ -45,7 +47,7 @@ ABSL_FLAG(int64_t, size, 1 << 22, "Elements per worker (synthetic data).");
 ABSL_FLAG(std::string, input, "",
           "Comma-separated raw little-endian float32 files, one per worker (codec) or rank (allreduce: every rank "
           "reads all of them, for the exact sum), to measure your own gradients "
-          "instead of the synthetic data. Synthetic data: per 256-element super-group a log-normal mixture "
+          "(step-budget: one such list per bucket of the step, the lists separated by ';')           "instead of the synthetic data. Synthetic data: per 256-element super-group a log-normal mixture "
           "magnitude (DynamiQ paper, Table 7: .79 N(-3.99, 1.22), .21 N(-16.41, 4.63) in ln), times a normal "
           "value shared by all workers (share --correlation of the variance) plus a private normal value.");
 ABSL_FLAG(double, correlation, 0.5, "Synthetic data: fraction of variance shared by all workers (0..1).");
@@ -57,6 +59,10 @@ ABSL_FLAG(std::string, dump_output, "",
           "codec: write each row's all-reduced result (rank 0, last trial; raw float32) to "
           "<dump_output>.<row index>.bin, rows numbered from 0 in output order; DynamiQ rows also write "
           "rank 0's code width per super-group (one byte each) to <dump_output>.<row index>.widths.");
+ABSL_FLAG(std::string, step_energy, "statistics",
+          "step-budget: the per-super-group energy the split weighs: statistics (the square of the sum of the "
+          "ranks' norms, what the allocator sees before an all-reduce) or result (the squared norm of the "
+          "all-reduced sum, known after it, e.g. the previous step's).");
 // allreduce
 ABSL_FLAG(int, rank, 0, "allreduce: this process's rank.");
 ABSL_FLAG(int, world_size, 1, "allreduce: number of ranks.");
@@ -80,8 +86,8 @@ ABSL_FLAG(std::string, cluster_secret_file, "",
 // controller (also --workers, --topology, --seed, --correlation, --json)
 ABSL_FLAG(int64_t, elements, 1 << 16, "controller: elements per rank (synthetic data).");
 ABSL_FLAG(double, target_vnmse, 1e-3, "controller: the error budget (target vNMSE).");
-ABSL_FLAG(double, min_bits, 3, "controller: lowest b̄ the controller may choose.");
-ABSL_FLAG(double, max_bits, 8, "controller: highest b̄ the controller may choose.");
+ABSL_FLAG(double, min_bits, 3, "controller: lowest b̄ the controller may choose; step-budget: of a bucket.");
+ABSL_FLAG(double, max_bits, 8, "controller: highest b̄ the controller may choose; step-budget: of a bucket.");
 ABSL_FLAG(double, initial_bits, 5, "controller: b̄ of the first step.");
 ABSL_FLAG(int, steps, 60, "controller: simulated training steps (one all-reduce each).");
 ABSL_FLAG(int, shift_step, 20, "controller: the step at which the gradient distribution shifts.");
@@ -178,6 +184,39 @@ int RunCodec() {
   } else {
     std::printf("%s", dynamiq::bench::FormatTable(*rows, o).c_str());
   }
+  return 0;
+}
+
+int RunStepBudget() {
+  std::vector<std::vector<std::string>> buckets;
+  for (absl::string_view list : absl::StrSplit(absl::GetFlag(FLAGS_input), ';', absl::SkipEmpty())) {
+    buckets.push_back(absl::StrSplit(list, ','));
+  }
+  if (buckets.empty())
+    return Fail("step-budget needs --input: per bucket, one file per worker, buckets separated by ';'");
+  std::vector<CodecConfig> configs;
+  for (absl::string_view b : absl::StrSplit(absl::GetFlag(FLAGS_bits), ',', absl::SkipEmpty())) {
+    CodecConfig c;
+    if (!absl::SimpleAtod(b, &c.bits)) return Fail(absl::StrCat("--bits: '", b, "' is not a number"));
+    configs.push_back(c);
+  }
+  if (configs.empty()) configs.push_back(CodecConfig{});
+  const std::string allocator = absl::GetFlag(FLAGS_allocator), levels = absl::GetFlag(FLAGS_levels);
+  if (allocator != "measured" && allocator != "paper") return Fail("--allocator must be measured or paper");
+  if (levels != "auto" && levels != "mee" && levels != "uniform") return Fail("--levels must be auto, mee or uniform");
+  for (CodecConfig& c : configs) {
+    c.allocator = allocator == "paper" ? BitAllocator::kPaper : BitAllocator::kMeasured;
+    c.levels = levels == "auto"  ? dynamiq::kernels::LevelKind::kAuto
+               : levels == "mee" ? dynamiq::kernels::LevelKind::kMee
+                                 : dynamiq::kernels::LevelKind::kUniform;
+  }
+  const std::string energy = absl::GetFlag(FLAGS_step_energy);
+  if (energy != "statistics" && energy != "result") return Fail("--step_energy must be statistics or result");
+  auto rows = dynamiq::bench::PlanStepBudgets(
+      buckets, absl::GetFlag(FLAGS_workers), configs, absl::GetFlag(FLAGS_min_bits), absl::GetFlag(FLAGS_max_bits),
+      energy == "result" ? dynamiq::bench::StepEnergy::kResult : dynamiq::bench::StepEnergy::kStatistics);
+  if (!rows.ok()) return Fail(std::string(rows.status().message()));
+  for (const auto& r : *rows) std::printf("%s\n", dynamiq::bench::FormatStepBudgetJson(r).c_str());
   return 0;
 }
 
@@ -290,15 +329,18 @@ int main(int argc, char** argv) {
       "  dynamiq-bench controller [flags] error-budget compression in closed loop on the simulated all-reduce "
       "(--workers ranks, --elements per rank) with a gradient shift at --shift_step; prints per-step CSV (or --json): "
       "step, target, bits, vnmse, epoch, wire_bits, shifted, decision; then a # summary line.\n"
+      "  dynamiq-bench step-budget [flags] one DynamiQ budget per step: each bucket's b̄ (JSON lines) when "
+      "--bits is the step's average, from --input=<bucket 0 files>;<bucket 1 files>;...\n"
       "Example: dynamiq-bench codec --codec=dynamiq,mxfp8 --bits=4,5,6 --workers=8 --topology=ring\n"
       "Example: dynamiq-bench allreduce --rank=0 --world_size=2 --serve_store --codec=dynamiq --bits=5 &\n"
       "         dynamiq-bench allreduce --rank=1 --world_size=2 --codec=dynamiq --bits=5\n"
       "Example: dynamiq-bench controller --target_vnmse=1e-3 --workers=8 --steps=100 --shift_step=30 --revert_step=60");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() < 2) return Fail("missing subcommand (codec, allreduce or controller); see --help");
+  if (args.size() < 2) return Fail("missing subcommand (codec, step-budget, allreduce or controller); see --help");
   const std::string command = args[1];
   if (command == "codec") return RunCodec();
   if (command == "allreduce") return RunAllReduce();
   if (command == "controller") return RunController();
+  if (command == "step-budget") return RunStepBudget();
   return Fail(absl::StrCat("unknown subcommand '", command, "'; see --help"));
 }

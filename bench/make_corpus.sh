@@ -2,7 +2,8 @@
 # Regenerates the real-gradient corpus of docs/codec_real_gradients.md: 8 DDP ranks, per-rank
 # gradient buckets early (step 5) and late in training, for two byte-level transformer LMs (lm4:
 # 4 layers, d 128; lmemb: 4 layers, d 160, 53% of the parameters in embeddings and head), an MLP and
-# a CNN. About 15 minutes on 2 CPU cores; ~0.5 GB, so keep it outside the repository.
+# a CNN; each set also at the step before it (to plan one budget per step from). About 20 minutes
+# on 2 CPU cores; ~1 GB, so keep it outside the repository.
 #
 #   bench/make_corpus.sh [OUT]        (default /work/corpus20; MODELS="mlp cnn" for a subset)
 #   bench/corpus_table.py OUT         (dynamiq-bench codec over every set; see its --help)
@@ -19,8 +20,10 @@ run() {  # model steps dump-steps
   # The layout dynamiq.torch's DDP hook sends (super-group aligned): ..._aligned_r<rank>.bin.
   "$PY" bench/dump_gradients.py --align "$OUT/$1_w8.json" > /dev/null
 }
-run mlp 300 5,300
-run cnn 300 5,300
-run lm4 120 5,120
-run lmemb 120 5,120
+# Each set's preceding step is dumped too: a one-budget-per-step allocation plans step s from
+# step s-1's statistics (corpus_table.py --step-budget).
+run mlp 300 4,5,299,300
+run cnn 300 4,5,299,300
+run lm4 120 4,5,119,120
+run lmemb 120 4,5,119,120
 echo "corpus in $OUT; next: bench/corpus_table.py $OUT" >&2

@@ -345,7 +345,8 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
       codec.ComputeStats(raw, d, local_stats.data());
       DQ_RETURN_IF_ERROR(Annotate(AllGatherMaxima(messenger, codec, rank, n, local_stats, reduced_stats), rank));
     }
-    const kernels::RoundInfo round{options.sequence, static_cast<uint32_t>(rank), static_cast<uint32_t>(n)};
+    const kernels::RoundInfo round{options.sequence, static_cast<uint32_t>(rank), static_cast<uint32_t>(n),
+                                   options.bits};
     DQ_ASSIGN_OR_RETURN(bucket_plan, codec.MakePlan(round, d, local_stats, reduced_stats));
   }
 
@@ -358,8 +359,9 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
     if (per_block) {
       const BlockStats range = BlockStatsRange(codec, d, block, k);
       DQ_RETURN_IF_ERROR(sums->Await(messenger, range.offset, range.length));
-      DQ_ASSIGN_OR_RETURN(p, codec.MakePlan(BlockRound(options.sequence, k, rank, n), count,
-                                            sums->local().subspan(range.offset, range.length),
+      kernels::RoundInfo round = BlockRound(options.sequence, k, rank, n);
+      round.bits = options.bits;
+      DQ_ASSIGN_OR_RETURN(p, codec.MakePlan(round, count, sums->local().subspan(range.offset, range.length),
                                             sums->reduced().subspan(range.offset, range.length)));
     } else {
       p = SliceBucketPlan(bucket_plan, options.sequence, k, begin, count);

@@ -64,6 +64,9 @@ struct AllReduceOptions {
   // that their encoded sizes are equal rather than their element counts. All ranks must agree.
   // Off by default (docs/compressors.md has the measurements); the CPU engine only.
   bool balanced_chunks = false;
+  // DynamiQ: this collective's b̄ instead of the codec's bits (0: the codec's), e.g. its bucket's
+  // share of one budget per step. Every rank must pass the same: it travels in the step headers.
+  double bits = 0;
 };
 
 struct AllReduceResult {

@@ -47,6 +47,7 @@ kernels::BucketPlan SliceBucketPlan(const kernels::BucketPlan& bucket, uint64_t 
   const size_t sg0 = begin / sg, sgs = (count + sg - 1) / sg;
   kernels::BucketPlan p;
   p.round = BlockRound(sequence, k, static_cast<int>(bucket.round.rank), static_cast<int>(bucket.round.world_size));
+  p.round.bits = bucket.round.bits;
   p.num_elements = count;
   p.global_scale = bucket.global_scale;
   if (!bucket.widths.empty()) p.widths.assign(bucket.widths.begin() + sg0, bucket.widths.begin() + sg0 + sgs);

@@ -181,6 +181,10 @@ absl::StatusOr<AllReduceResult> Run(const Codec& codec, Transport& transport, co
   const int n = transport.size();
   const int rank = transport.rank();
   if (!SupportedCodec(codec.id())) return Unsupported(codec);
+  if (options.bits != 0) {
+    return absl::UnimplementedError(
+        "a per-collective bit budget (AllReduceOptions::bits) is not supported by the device all-reduce");
+  }
   DQ_ASSIGN_OR_RETURN(Schedule schedule, MakeSchedule(options.topology, n));
   if (options.topology == Topology::kButterfly && !codec.SupportsButterfly()) {
     return absl::InvalidArgumentError(

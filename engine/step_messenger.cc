@@ -137,7 +137,11 @@ StepHeader StepMessenger::Expected(Phase phase, uint32_t step, size_t block, con
   StepHeader h;
   h.phase = phase;
   h.codec = static_cast<uint8_t>(codec.id());
-  h.bits_x1000 = BitsX1000(codec);
+  // A per-collective b̄ (AllReduceOptions::bits) replaces DynamiQ's setting, not the statistics'
+  // codec's.
+  h.bits_x1000 = o_.bits != 0 && codec.id() == kernels::CodecId::kDynamiq
+                     ? static_cast<uint32_t>(std::lround(o_.bits * 1000))
+                     : BitsX1000(codec);
   h.sender = static_cast<uint32_t>(sender);
   h.job_id = o_.job_id;
   h.config_epoch = o_.config_epoch;

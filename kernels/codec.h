@@ -66,6 +66,9 @@ struct RoundInfo {
   uint64_t round = 0;  // collective sequence number within the job
   uint32_t rank = 0;
   uint32_t world_size = 1;
+  // DynamiQ: this collective's average bits per coordinate instead of CodecConfig::bits (0: the
+  // config's). One bit budget per step gives each bucket its share (kernels::StepBudgets).
+  double bits = 0;
 };
 
 // A contiguous range of elements of a bucket. Chunk boundaries other than the bucket's end are

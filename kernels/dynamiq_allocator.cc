@@ -7,6 +7,7 @@
 #include <numeric>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "kernels/dynamiq_math.h"
 
 namespace dynamiq::kernels {
@@ -73,6 +74,16 @@ std::vector<uint32_t> ByEnergyDescending(absl::Span<const double> energy) {
     order.swap(next);
   }
   return order;
+}
+
+std::vector<double> EnergiesFromStats(absl::Span<const float> reduced_stats) {
+  std::vector<double> energy(reduced_stats.size() / 2);
+  for (size_t j = 0; j < energy.size(); ++j) {
+    const double norm = reduced_stats[2 * j + 1];
+    // Non-finite norms (Inf/NaN gradients) sort first and get 8 bits; the super-group decodes to NaN.
+    energy[j] = std::isfinite(norm) ? norm * norm : HUGE_VAL;
+  }
+  return energy;
 }
 
 double SuperGroupPayloadBits(int width) { return width == 0 ? 0.0 : 256.0 * width + 144.0; }
@@ -166,6 +177,56 @@ Allocation AllocateWidths(absl::Span<const double> energy, size_t num_elements, 
   for (size_t p = 0; p < active; ++p) out.widths[order[p]] = static_cast<uint8_t>(hull[level[p]].width);
   out.bits_per_coord = (used + kFixedBitsPerSuperGroup * m) / static_cast<double>(num_elements);
   return out;
+}
+
+std::vector<double> StepBudgets(absl::Span<const std::vector<double>> energies, absl::Span<const size_t> num_elements,
+                                double bits_per_coord, double min_bits, double max_bits, BitAllocator allocator,
+                                const WidthErrors& errors) {
+  const size_t buckets = energies.size();
+  DQ_CHECK(num_elements.size() == buckets);
+  DQ_CHECK(min_bits <= max_bits);
+  double total_elements = 0;
+  for (size_t k = 0; k < buckets; ++k) {
+    DQ_CHECK(num_elements[k] > 0);
+    total_elements += static_cast<double>(num_elements[k]);
+  }
+  std::vector<double> share(buckets, std::clamp(bits_per_coord, min_bits, max_bits));
+  std::vector<bool> clamped(buckets, false);
+  // Each round clamps at least one more bucket or ends, so at most buckets + 1 rounds.
+  for (size_t round = 0; round <= buckets; ++round) {
+    std::vector<double> joint;
+    size_t joint_elements = 0;
+    double budget = bits_per_coord * total_elements;
+    for (size_t k = 0; k < buckets; ++k) {
+      if (clamped[k]) {
+        budget -= share[k] * static_cast<double>(num_elements[k]);
+      } else {
+        joint.insert(joint.end(), energies[k].begin(), energies[k].end());
+        joint_elements += num_elements[k];
+      }
+    }
+    if (joint_elements == 0) break;
+    const Allocation a =
+        AllocateWidths(joint, joint_elements, budget / static_cast<double>(joint_elements), allocator, errors);
+    size_t pos = 0;
+    for (size_t k = 0; k < buckets; ++k) {
+      if (clamped[k]) continue;
+      double bits = 0;
+      for (size_t j = 0; j < energies[k].size(); ++j) {
+        bits += kFixedBitsPerSuperGroup + SuperGroupPayloadBits(a.widths[pos + j]);
+      }
+      pos += energies[k].size();
+      share[k] = bits / static_cast<double>(num_elements[k]);
+    }
+    bool changed = false;
+    for (size_t k = 0; k < buckets; ++k) {
+      if (clamped[k] || (share[k] >= min_bits && share[k] <= max_bits)) continue;
+      share[k] = std::clamp(share[k], min_bits, max_bits);
+      clamped[k] = changed = true;
+    }
+    if (!changed) break;
+  }
+  return share;
 }
 
 }  // namespace dynamiq::kernels

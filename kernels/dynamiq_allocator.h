@@ -43,6 +43,10 @@ struct Allocation {
   double bits_per_coord = 0;  // achieved, metadata included
 };
 
+// Per-super-group energies from a bucket's reduced statistics ((mean, norm) pairs summed over the
+// ranks, as DynamiqCodec::MakePlan reads them): the squared norm, +inf where it is not finite.
+std::vector<double> EnergiesFromStats(absl::Span<const float> reduced_stats);
+
 // Super-group indices by energy, descending; equal energies by index (so every rank agrees).
 // Energies are >= 0 (+inf allowed, no NaN).
 std::vector<uint32_t> ByEnergyDescending(absl::Span<const double> energy);
@@ -50,6 +54,20 @@ std::vector<uint32_t> ByEnergyDescending(absl::Span<const double> energy);
 // `energy[j]` >= 0 per super-group; `num_elements` the bucket size.
 Allocation AllocateWidths(absl::Span<const double> energy, size_t num_elements, double bits_per_coord,
                           BitAllocator allocator, const WidthErrors& errors);
+
+// One bit budget per step. A training step all-reduces several buckets, and a per-bucket budget
+// gives each bucket the same b̄ however much of the step's energy it holds. StepBudgets splits
+// `bits_per_coord`, the average over all elements of the step, across the buckets as AllocateWidths
+// would allocate the step's super-groups all at once (equal error removed per bit everywhere), and
+// returns each bucket's b̄ (metadata included, per element of that bucket). A share outside
+// [min_bits, max_bits] (what the codec accepts) is clamped and the rest of the budget re-split among
+// the other buckets. `energies[k]` are bucket k's per-super-group energies (EnergiesFromStats; e.g.
+// the previous step's reduced statistics, which every rank holds identically), `num_elements[k]`
+// its size (> 0). Deterministic: identical inputs give identical budgets on every rank. The shares
+// average to at most `bits_per_coord` (element-weighted) unless clamping at `min_bits` forces more.
+std::vector<double> StepBudgets(absl::Span<const std::vector<double>> energies, absl::Span<const size_t> num_elements,
+                                double bits_per_coord, double min_bits, double max_bits, BitAllocator allocator,
+                                const WidthErrors& errors);
 
 }  // namespace dynamiq::kernels
 

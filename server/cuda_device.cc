@@ -3,9 +3,11 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/cuda_check.h"
 #include "common/status_macros.h"
 #include "engine/host_staged_transport.h"
@@ -21,6 +23,21 @@ using kernels::StoreSumCuda;
 
 using common::ScopedDevice;
 
+// Devices DeviceCollectiveMutex distinguishes (more than any node has).
+constexpr int kMaxCudaDevices = 64;
+
+// Held by a job's NCCL all-reduce on `device` for its whole duration, and by every allocation and
+// free of workers' device buffers on it. cudaMalloc and cudaFree may wait for the device to go
+// idle; in the middle of an NCCL collective that can mean waiting for a kernel that waits for a
+// peer node, which may in turn wait for this node's next NCCL launch, blocked behind the free: a
+// hang. With the lock, buffers are allocated and freed between collectives. (Multi-node NCCL
+// clusters run one job at a time, CheckAnotherJob, so the lock never orders two jobs' collectives;
+// the hybrid path's collectives never wait on peers inside a kernel and do not take it.)
+absl::Mutex& DeviceCollectiveMutex(int device) {
+  static absl::Mutex mutexes[kMaxCudaDevices];
+  return mutexes[device >= 0 && device < kMaxCudaDevices ? device : 0];
+}
+
 absl::Status MakeCurrent(const ScopedDevice& scoped, int device) {
   if (scoped.ok()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat("cannot make CUDA device ", device, " current"));
@@ -32,6 +49,7 @@ class CudaDeviceMemory final : public ipc::DeviceMemory {
   CudaDeviceMemory(int device, std::string uuid) : device_(device), uuid_(std::move(uuid)) {}
 
   absl::StatusOr<Allocation> Allocate(size_t bytes) override {
+    absl::MutexLock between_collectives(&DeviceCollectiveMutex(device_));
     ScopedDevice scoped(device_);
     DQ_RETURN_IF_ERROR(MakeCurrent(scoped, device_));
     void* data = nullptr;
@@ -70,6 +88,7 @@ class CudaDeviceMemory final : public ipc::DeviceMemory {
 
   void Free(void* data) override {
     if (data == nullptr) return;
+    absl::MutexLock between_collectives(&DeviceCollectiveMutex(device_));
     ScopedDevice scoped(device_);
     const cudaError_t error = cudaFree(data);
     if (error != cudaSuccess) {
@@ -169,6 +188,8 @@ class CudaDataPath final : public DataPath {
                        transport.name(), " transport"));
     }
     if (sum_data_ == nullptr) return absl::FailedPreconditionError("CrossNode before LocalReduce");
+    std::optional<absl::MutexLock> no_allocation;
+    if (nccl != nullptr) no_allocation.emplace(&DeviceCollectiveMutex(device_));
     // In place on the sum; the device all-reduce orders its work after the local reduce queued on stream_.
     DQ_ASSIGN_OR_RETURN(engine::AllReduceResult result,
                         engine::DeviceAllReduce(codec, transport, device_, options, sum_data_, sum_data_, n, stream_,

@@ -387,11 +387,7 @@ absl::StatusOr<Daemon::Registration> Daemon::Register(const std::string& job_id,
     if (r.has_value()) return *r;
     // Every job has its reducer thread and transport: a bound keeps a runaway launcher (or a
     // hostile worker) from exhausting the node's threads. Creations are serialized by create_mu_.
-    if (jobs_.size() >= options_.max_jobs) {
-      return absl::ResourceExhaustedError(absl::StrCat("dynamiqd already runs ", jobs_.size(),
-                                                       " jobs, its limit (--max_jobs); job ", QuoteName(job_id),
-                                                       " can start when one of them ends"));
-    }
+    DQ_RETURN_IF_ERROR(CheckAnotherJob(options_, jobs_.size(), QuoteName(job_id)));
   }
   DQ_ASSIGN_OR_RETURN(uint64_t incarnation, cluster_->ClaimIncarnation(job_id));
   DQ_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, CreateJob(job_id, incarnation, local_world_size));

@@ -21,6 +21,23 @@ std::string DataPathName(const DaemonOptions& o) {
   return UsesNccl(o) ? "cuda" : "cuda --transport=gloo";
 }
 
+absl::Status CheckAnotherJob(const DaemonOptions& o, size_t live_jobs, absl::string_view job) {
+  if (live_jobs >= o.max_jobs) {
+    return absl::ResourceExhaustedError(absl::StrCat("dynamiqd already runs ", live_jobs,
+                                                     " jobs, its limit (--max_jobs); job ", job,
+                                                     " can start when one of them ends"));
+  }
+  if (live_jobs >= 1 && UsesNccl(o) && o.num_nodes > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dynamiqd --device=cuda --transport=nccl runs one job at a time on a cluster of several nodes (NCCL needs "
+        "every node to launch the jobs' collectives on its GPU in the same order); job ",
+        job,
+        " can start when the running one ends. To run several jobs on these GPUs at once, use --transport=gloo "
+        "(the hybrid path), or one dynamiqd per job (its own --cuda_device, --listen and --worker_socket)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
   if (o.num_nodes == 0 || o.node_rank >= o.num_nodes) {
     return absl::InvalidArgumentError(

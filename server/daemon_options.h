@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/env.h"
 #include "server/job_config.h"
@@ -69,6 +70,12 @@ bool DaemonHasCudaSupport();
 bool UsesNccl(const DaemonOptions& options);
 // What every node of a cluster must agree on: "cpu", "cuda" or "cuda --transport=gloo".
 std::string DataPathName(const DaemonOptions& options);
+// OK if a node already running `live_jobs` jobs may start another: RESOURCE_EXHAUSTED at
+// --max_jobs; FAILED_PRECONDITION for a second job of a multi-node cluster over NCCL, where every
+// node would have to launch the jobs' NCCL collectives on its GPU in one agreed order (NCCL's rule
+// for communicators sharing a device; nodes run jobs as their workers arrive, so the orders
+// differ and the GPUs can deadlock). `quoted_job`: the refused job's name as messages quote it.
+absl::Status CheckAnotherJob(const DaemonOptions& options, size_t live_jobs, absl::string_view quoted_job);
 
 // INVALID_ARGUMENT naming the flag for options that contradict each other or are out of range;
 // FAILED_PRECONDITION for --device=cuda in a build without CUDA and NCCL. The device itself is

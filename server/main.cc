@@ -73,7 +73,8 @@ ABSL_FLAG(std::string, transport, "",
           "(InfiniBand, RoCE or NCCL's own sockets). gloo: the hybrid path for GPU nodes on ordinary Ethernet: "
           "reduce and compress on the GPU, move only the compressed chunks through pinned host memory over Gloo "
           "TCP, decode and accumulate on the GPU (bit-identical to the CPU engine). CPU nodes always use gloo. Every "
-          "node of a cluster must run the same --transport.");
+          "node of a cluster must run the same --transport. Several nodes over nccl run one job at a time (NCCL "
+          "needs one launch order on every GPU); gloo runs up to --max_jobs.");
 ABSL_FLAG(int32_t, cuda_device, 0,
           "With --device=cuda: the CUDA device (ordinal as this process sees it, after CUDA_VISIBLE_DEVICES) that "
           "holds the workers' device buffers and runs the reduction.");

@@ -161,6 +161,29 @@ BufferRef MakeBufferRef(Buffer buffer) {
   return BufferRef(new Buffer(std::move(buffer)), [](Buffer* b) { WithoutGil([b] { delete b; }); });
 }
 
+// Elements of `item` bytes in the region of `b` that a view asks for (`count`, default: all that
+// fit after `offset_bytes`); ValueError if the offset is misaligned or the region does not fit.
+size_t RegionElements(const Buffer& b, size_t item, std::optional<size_t> count, size_t offset_bytes) {
+  if (offset_bytes % item != 0 || offset_bytes > b.size()) {
+    throw py::value_error(absl::StrCat("offset_bytes ", offset_bytes, " must be a multiple of ", item,
+                                       " within the buffer's ", b.size(), " bytes"));
+  }
+  const size_t fits = (b.size() - offset_bytes) / item;
+  const size_t n = count.value_or(fits);
+  if (n > fits) {
+    throw py::value_error(absl::StrCat(n, " elements of ", item, " bytes at offset ", offset_bytes,
+                                       " do not fit in the buffer's ", b.size(), " bytes"));
+  }
+  return n;
+}
+
+// A capsule owning one more reference to `b`: a view's base keeps the buffer mapped (and counts
+// in its users()).
+py::capsule Owner(const BufferRef& b) {
+  return py::capsule(new BufferRef(b), kBufferCapsule,
+                     [](PyObject* o) { delete static_cast<BufferRef*>(PyCapsule_GetPointer(o, kBufferCapsule)); });
+}
+
 // The Python Buffer: the mapping is shared with every view and pending all-reduce (use_count).
 class PyBuffer {
  public:
@@ -178,22 +201,49 @@ class PyBuffer {
 
   py::array Numpy(py::object dtype, std::optional<size_t> count, size_t offset_bytes) const {
     const BufferRef& b = ref();
+    if (b->data() == nullptr) {
+      throw py::value_error("a CUDA device buffer has no host memory to view: use Buffer.cuda_array()");
+    }
     const py::dtype np_dtype = NumpyDType(dtype);
     const size_t item = static_cast<size_t>(np_dtype.itemsize());
-    if (offset_bytes % item != 0 || offset_bytes > b->size()) {
-      throw py::value_error(absl::StrCat("offset_bytes ", offset_bytes, " must be a multiple of ", item,
-                                         " within the buffer's ", b->size(), " bytes"));
-    }
-    const size_t fits = (b->size() - offset_bytes) / item;
-    const size_t n = count.value_or(fits);
-    if (n > fits) {
-      throw py::value_error(absl::StrCat(n, " elements of ", item, " bytes at offset ", offset_bytes,
-                                         " do not fit in the buffer's ", b->size(), " bytes"));
-    }
-    py::capsule owner(new BufferRef(b), kBufferCapsule,
-                      [](PyObject* o) { delete static_cast<BufferRef*>(PyCapsule_GetPointer(o, kBufferCapsule)); });
+    const size_t n = RegionElements(*b, item, count, offset_bytes);
     return py::array(np_dtype, {static_cast<py::ssize_t>(n)}, {static_cast<py::ssize_t>(item)},
-                     static_cast<uint8_t*>(b->data()) + offset_bytes, owner);
+                     static_cast<uint8_t*>(b->data()) + offset_bytes, Owner(b));
+  }
+
+  std::string memory() const {
+    return buffer_ != nullptr && buffer_->memory_kind() == MemoryKind::kCudaDevice ? "cuda" : "host";
+  }
+  int device() const { return buffer_ == nullptr ? -1 : buffer_->device(); }
+
+  // A device buffer's region as an object with __cuda_array_interface__ (version 3), which keeps
+  // the buffer mapped while it lives: torch.as_tensor(buffer.cuda_array(...), device="cuda:N").
+  py::object CudaArray(const std::string& dtype, std::optional<size_t> count, size_t offset_bytes) const {
+    const BufferRef& b = ref();
+    if (b->device_data() == nullptr) throw py::value_error("cuda_array() of a host buffer: use Buffer.numpy()");
+    size_t item = 0;
+    std::string typestr;
+    if (dtype == "float32") {
+      item = 4, typestr = "<f4";
+    } else if (dtype == "int16") {  // bfloat16 bits: no typestr for bfloat16
+      item = 2, typestr = "<i2";
+    } else {
+      throw py::value_error(absl::StrCat("cuda_array dtype '", dtype, "': float32 or int16 (bfloat16 bits)"));
+    }
+    const size_t n = RegionElements(*b, item, count, offset_bytes);
+    py::dict interface;
+    interface["shape"] = py::make_tuple(n);
+    interface["typestr"] = typestr;
+    interface["data"] =
+        py::make_tuple(reinterpret_cast<uintptr_t>(static_cast<uint8_t*>(b->device_data()) + offset_bytes), false);
+    interface["version"] = 3;
+    interface["strides"] = py::none();
+    interface["stream"] = py::none();  // the writes are complete when an all-reduce returns
+    py::object holder = py::module_::import("types").attr("SimpleNamespace")();
+    holder.attr("__cuda_array_interface__") = interface;
+    holder.attr("_owner") = Owner(b);
+    holder.attr("device") = b->device();
+    return holder;
   }
 
   void Release() {
@@ -309,12 +359,16 @@ class PyClient {
     return client_;
   }
 
-  PyBuffer Allocate(size_t bytes) {
+  PyBuffer Allocate(size_t bytes, const std::string& memory) {
     std::shared_ptr<Client> c = client();
+    if (memory != "host" && memory != "cuda") {
+      throw py::value_error(absl::StrCat("memory '", memory, "': host or cuda"));
+    }
+    const MemoryKind kind = memory == "cuda" ? MemoryKind::kCudaDevice : MemoryKind::kHost;
     absl::StatusOr<Buffer> buffer;
     {
       py::gil_scoped_release release;
-      buffer = c->Allocate(bytes);
+      buffer = c->Allocate(bytes, kind);
     }
     Check(buffer.status());
     return PyBuffer(MakeBufferRef(*std::move(buffer)));
@@ -464,7 +518,9 @@ class PyControl {
   // An explicit token wins over token_file, which wins over $DQ_TOKEN_FILE (as for dynamiqctl).
   static ctl::ConnectOptions Options(const std::string& address, double timeout, std::optional<std::string> token,
                                      std::optional<std::string> token_file, std::optional<std::string> tls_ca) {
-    ctl::ConnectOptions o{address, absl::Seconds(timeout)};
+    ctl::ConnectOptions o;
+    o.daemon = address;
+    o.timeout = absl::Seconds(timeout);
     std::string file = token_file.value_or("");
     const char* file_name = "token_file";  // errors name the argument (or variable) it came from
     if (const char* env = std::getenv("DQ_TOKEN_FILE"); file.empty() && !token && env != nullptr) {
@@ -540,6 +596,12 @@ PYBIND11_MODULE(_dynamiq, m) {
       .def_property_readonly("size", &PyBuffer::size, "Usable bytes (at least what was asked).")
       .def_property_readonly("id", &PyBuffer::id)
       .def_property_readonly("valid", &PyBuffer::valid)
+      .def_property_readonly("memory", &PyBuffer::memory, "'host' (shared memory) or 'cuda' (a device buffer).")
+      .def_property_readonly("device", &PyBuffer::device, "CUDA device ordinal of a device buffer; -1 otherwise.")
+      .def("cuda_array", &PyBuffer::CudaArray, py::arg("dtype") = "float32", py::arg("count") = py::none(),
+           py::arg("offset_bytes") = 0,
+           "A device buffer's region as an object with __cuda_array_interface__ that keeps the buffer mapped: "
+           "torch.as_tensor(b.cuda_array(), device=f'cuda:{b.device}'). dtype float32 or int16 (bfloat16 bits).")
       .def_property_readonly("users", &PyBuffer::users, "Live array views and pending all-reduces of the buffer.")
       .def("numpy", &PyBuffer::Numpy, py::arg("dtype") = "float32", py::arg("count") = py::none(),
            py::arg("offset_bytes") = 0,
@@ -565,7 +627,10 @@ PYBIND11_MODULE(_dynamiq, m) {
            py::arg("local_world_size") = py::none(), py::arg("timeout") = py::none(),
            "Connects and registers. Unset arguments come from DQ_SOCKET, DQ_JOB, DQ_LOCAL_RANK, "
            "DQ_LOCAL_WORLD_SIZE, DQ_TIMEOUT_SECONDS (timeout in seconds).")
-      .def("allocate", &PyClient::Allocate, py::arg("bytes"), "A shared-memory Buffer of at least `bytes` bytes.")
+      .def("allocate", &PyClient::Allocate, py::arg("bytes"), py::arg("memory") = "host",
+           "A Buffer of at least `bytes` bytes: memory='host' shared memory (Buffer.numpy()); 'cuda' memory of "
+           "a --device=cuda daemon's GPU opened through CUDA IPC (Buffer.cuda_array(); FAILED_PRECONDITION "
+           "from a --device=cpu daemon).")
       .def("all_reduce", &PyClient::AllReduce, py::arg("target"), py::arg("name"), py::kw_only(),
            py::arg("count") = py::none(), py::arg("offset_bytes") = 0, py::arg("dtype") = py::none(),
            py::arg("average") = false,
@@ -582,6 +647,10 @@ PYBIND11_MODULE(_dynamiq, m) {
       .def_property_readonly("num_nodes", [](const PyClient& c) { return c.client()->num_nodes(); })
       .def_property_readonly("config_epoch", [](const PyClient& c) { return c.client()->config_epoch(); })
       .def_property_readonly("config", [](const PyClient& c) { return c.client()->config(); })
+      .def_property_readonly(
+          "daemon_device",
+          [](const PyClient& c) { return c.client()->daemon_device() == DeviceKind::kCuda ? "cuda" : "cpu"; },
+          "Where the daemon reduces (its --device): 'cuda' daemons also hand out device buffers.")
       .def_property_readonly("socket", [](const PyClient& c) { return c.client()->options().socket_path; })
       .def_property_readonly("job", [](const PyClient& c) { return c.client()->options().job_id; })
       .def_property_readonly("local_rank", [](const PyClient& c) { return c.client()->options().local_rank; })

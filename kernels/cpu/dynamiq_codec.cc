@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kernels/bf16_math.h"
+#include "kernels/codec_info.h"
 #include "kernels/cpu/buffer_io.h"
 #include "kernels/cpu/dynamiq_simd.h"
 #include "kernels/dynamiq_levels.h"
@@ -134,12 +135,13 @@ absl::StatusOr<BucketPlan> DynamiqCodec::MakePlan(const RoundInfo& round, size_t
                                                    reduced_stats.size(), " reduced"));
   }
   if (num_elements > (size_t{1} << 40)) return absl::InvalidArgumentError("bucket too large");
+  const double bits = round.bits != 0 ? round.bits : config().bits;
+  if (round.bits != 0) DQ_RETURN_IF_ERROR(CheckCodecBits(CodecId::kDynamiq, round.bits));
   BucketPlan plan;
   plan.round = round;
   plan.num_elements = num_elements;
   plan.local_means.resize(m);
   plan.mean_sums.resize(m);
-  std::vector<double> energy(m);
   const float n = static_cast<float>(round.world_size);
   for (size_t j = 0; j < m; ++j) {
     // Every rank subtracts the same bf16 value; n times it is exact in fp32 (8 + 16 mantissa
@@ -148,11 +150,9 @@ absl::StatusOr<BucketPlan> DynamiqCodec::MakePlan(const RoundInfo& round, size_t
     if (!std::isfinite(mean) || !std::isfinite(mean * n)) mean = 0.0f;
     plan.local_means[j] = mean;
     plan.mean_sums[j] = mean * n;
-    const double norm = reduced_stats[2 * j + 1];
-    // Non-finite norms (Inf/NaN gradients) sort first and get 8 bits; the super-group decodes to NaN.
-    energy[j] = std::isfinite(norm) ? norm * norm : HUGE_VAL;
   }
-  plan.widths = AllocateWidths(energy, num_elements, config().bits, config().allocator, errors_).widths;
+  plan.widths =
+      AllocateWidths(EnergiesFromStats(reduced_stats), num_elements, bits, config().allocator, errors_).widths;
   return plan;
 }
 

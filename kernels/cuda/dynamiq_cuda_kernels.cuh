@@ -13,17 +13,17 @@
 // Mapping: one block of kDynamiqBlockThreads = 256 threads per super-group (SG); thread t owns
 // element t of the SG, i.e. position t % 16 of group t / 16. The two halves of a warp are two
 // groups, so a group's max is a 4-step __shfl_xor_sync butterfly inside a 16-lane half warp.
-// Shared memory: one DynamiqBlockShared (~0.7 KB) per block.
+// Shared memory: one DynamiqBlockShared (~132 bytes) per block. One barrier per SG.
 //
 // Encoding one SG (EncodeSgInBlock; also the second half of the fused DAR), per block:
 //   1. every thread: |v| and finiteness, butterfly max / AND over its group; lane 0 of each group
 //      stores them; thread 0 computes the SG's stratum (StratumOf).                     Sync
-//   2. thread 0: SG max and finiteness over the groups -> super unit (SuperUnitFor).     Sync
+//   2. every half warp: butterfly max / AND over the groups' values -> super unit
+//      (SuperUnitFor), computed by every thread (no barrier).
 //   3. every thread: its group's scale code (GroupScaleCode) and its element's code
-//      (QuantizeElement) into codes[]; the staging copy of the SG's bytes is zeroed.     Sync
-//   4. thread g < groups packs group g's codes (PackCode) and its scale byte; thread 0
-//      writes the super unit.                                                            Sync
-//   5. all threads copy the staged bytes to global memory (consecutive bytes, coalesced).
+//      (QuantizeElement); each group's half warp packs its 16 codes with an OR butterfly of
+//      shuffles (PackCode's layout) and writes the group's bytes and scale byte to global
+//      memory; thread 0 writes the super unit. No staging copy: one barrier per SG.
 // Every float operation is the one EncodeSuperGroup performs, through the same functions of
 // kernels/dynamiq_math.h. The max of non-negative, non-NaN floats is exact and independent of
 // order, so the butterfly and the sequential loop agree bit for bit (NaN counts as 0 in both; a
@@ -56,10 +56,6 @@ struct DynamiqBlockShared {
   float group_max[kGroupsPerSuperGroup];
   int group_finite[kGroupsPerSuperGroup];
   uint32_t stratum;
-  uint32_t unit_bits;
-  int finite;
-  uint8_t codes[kSuperGroupSize];
-  uint8_t bytes[kGroupsPerSuperGroup * (2 * kMaxWidth + 1) + 2];  // staged SG, at most 274 bytes
 };
 
 // Elements in SG j of a run of `count` elements (1..256).
@@ -111,50 +107,62 @@ DQ_DEVICE void EncodeSgInBlock(Block& b, const DynamiqDeviceArgs& a, uint64_t gl
   }
   b.Sync();
 
-  // 2. Super unit from the SG's max.
-  if (tid == 0) {
-    float sg_max = 0.0f;
-    bool all_finite = true;
-    for (int i = 0; i < groups; ++i) {
-      sg_max = s.group_max[i] > sg_max ? s.group_max[i] : sg_max;
-      all_finite = all_finite && s.group_finite[i] != 0;
-    }
-    s.unit_bits = SuperUnitFor(sg_max, all_finite);
-    s.finite = all_finite ? 1 : 0;
+  // 2. Super unit from the SG's max: every half warp reduces the groups' maxima with a butterfly
+  // (the same result in each: the max is exact and order-free), so every thread derives the unit
+  // itself and no second barrier is needed.
+  const int k = tid % kGroupSize;
+  float sg_max = k < groups ? s.group_max[k] : 0.0f;
+  int all_finite = k < groups ? s.group_finite[k] : 1;
+  for (int lanes = kGroupSize / 2; lanes >= 1; lanes /= 2) {
+    const float other = b.ShflXor(sg_max, lanes);
+    sg_max = other > sg_max ? other : sg_max;
+    all_finite &= b.ShflXor(all_finite, lanes);
   }
-  b.Sync();
+  const bool sg_finite = all_finite != 0;
+  const uint16_t unit_bits = static_cast<uint16_t>(SuperUnitFor(sg_max, sg_finite));
 
-  // 3. Codes (padding and non-finite SGs: code L, the zero level).
-  const bool sg_finite = s.finite != 0;
-  const uint16_t unit_bits = static_cast<uint16_t>(s.unit_bits);
+  // 3. Codes (padding and non-finite SGs: code L, the zero level), packed by each group's half warp:
+  // lane k's code takes bits [k b, (k + 1) b) of the group's 16 b-bit field (PackCode's LSB-first
+  // layout; at most 128 bits, words w0..w3); an OR butterfly over the 16 lanes gives every lane the
+  // whole field, and lane k < 2 b writes byte k straight to global memory (no staging, no barrier).
   const float unit = sg_finite ? Bf16ToFloat(unit_bits) : 0.0f;
   uint32_t code = static_cast<uint32_t>(t.max_level);
+  uint32_t scale_code = 0;
+  if (g < groups) scale_code = GroupScaleCode(s.group_max[g], unit);
   if (tid < count && sg_finite) {
-    const uint32_t r = GroupScaleCode(s.group_max[g], unit);
-    const float inv = InverseScale(static_cast<float>(r) * unit);
+    const float inv = InverseScale(static_cast<float>(scale_code) * unit);
     const uint32_t index = static_cast<uint32_t>(global_sg * kSuperGroupSize) + static_cast<uint32_t>(tid);
     code = QuantizeElement(t, v, inv, RoundingUnit(a.key, index, a.correlated, s.stratum, a.rounding_size));
   }
-  s.codes[tid] = static_cast<uint8_t>(code);
-  const int sg_bytes = static_cast<int>(SuperGroupBytes(bits, count));
-  for (int i = tid; i < sg_bytes; i += kDynamiqBlockThreads) s.bytes[i] = 0;
-  b.Sync();
-
-  // 4. Pack: one thread per group, into the zeroed staging bytes.
-  if (tid < groups) {
-    uint8_t* group = s.bytes + tid * group_bytes;
-    for (int k = 0; k < kGroupSize; ++k) PackCode(group, k, bits, s.codes[tid * kGroupSize + k]);
-    group[2 * bits] = static_cast<uint8_t>(GroupScaleCode(s.group_max[tid], unit));
+  const int bit = k * bits;
+  const int word = bit >> 5;
+  const int shift = bit & 31;
+  const uint32_t low = code << shift;                                   // into `word`
+  const uint32_t high = shift + bits > 32 ? code >> (32 - shift) : 0u;  // into word + 1
+  uint32_t w0 = word == 0 ? low : 0u;
+  uint32_t w1 = word == 1 ? low : word == 0 ? high : 0u;
+  uint32_t w2 = word == 2 ? low : word == 1 ? high : 0u;
+  uint32_t w3 = word == 3 ? low : word == 2 ? high : 0u;
+  for (int lanes = kGroupSize / 2; lanes >= 1; lanes /= 2) {
+    w0 |= static_cast<uint32_t>(b.ShflXor(static_cast<int>(w0), lanes));
+    w1 |= static_cast<uint32_t>(b.ShflXor(static_cast<int>(w1), lanes));
+    w2 |= static_cast<uint32_t>(b.ShflXor(static_cast<int>(w2), lanes));
+    w3 |= static_cast<uint32_t>(b.ShflXor(static_cast<int>(w3), lanes));
+  }
+  if (g < groups) {
+    uint8_t* group = out + g * group_bytes;
+    if (k < 2 * bits) {
+      const int q = k >> 2;
+      const uint32_t field = q == 0 ? w0 : q == 1 ? w1 : q == 2 ? w2 : w3;
+      group[k] = static_cast<uint8_t>(field >> ((k & 3) * 8));
+    }
+    if (k == 0) group[2 * bits] = static_cast<uint8_t>(scale_code);
   }
   if (tid == 0) {
-    uint8_t* tail = s.bytes + groups * group_bytes;
+    uint8_t* tail = out + groups * group_bytes;
     tail[0] = static_cast<uint8_t>(unit_bits);
     tail[1] = static_cast<uint8_t>(unit_bits >> 8);
   }
-  b.Sync();
-
-  // 5. Write out.
-  for (int i = tid; i < sg_bytes; i += kDynamiqBlockThreads) out[i] = s.bytes[i];
 }
 
 // Compress: block b.block() encodes SG j = b.block() of the run.
@@ -171,7 +179,7 @@ DQ_DEVICE void EncodeBlock(Block& b, const DynamiqDeviceArgs& a, const float* va
 }
 
 // Fused DAR: decode + local, re-encoded at the same width. All reads of in_sgs happen before the
-// first Sync and all writes after the last, so in place (in_sgs == out_sgs) is safe.
+// (only) Sync and all writes after it, so in place (in_sgs == out_sgs) is safe.
 template <typename Block>
 DQ_DEVICE void DarBlock(Block& b, const DynamiqDeviceArgs& a, const uint8_t* in_sgs, const float* local,
                         uint8_t* out_sgs, DynamiqBlockShared& s) {

@@ -21,7 +21,8 @@
 #               rank i is 10.77.S.<i+1>/24 (S = 1 + $$ mod 254); loopback up everywhere
 #   shaping     tc tbf on BOTH ends of every veth (rank egress = what the rank sends, bridge-port
 #               egress = what it receives): rate RATE, burst max(128 KiB, 2 ms at RATE), latency
-#               25 ms (tail-drop queue). Every rank pings rank 0 before netns_up returns.
+#               25 ms (tail-drop queue); RATE "none": no shaping at all (veths as fast as the CPU
+#               moves packets; NETNS_RATE_BPS is 0). Every rank pings rank 0 before netns_up returns.
 # After netns_init: NETNS_RATE, NETNS_RATE_BPS (bytes/s), NETNS_BURST (bytes), NETNS_LATENCY,
 # NETNS_SUBNET, NETNS_CREATED_NS and NETNS_CREATED_LINKS ("namespace link" pairs) are set.
 
@@ -40,8 +41,12 @@ netns_rate_bps() {
 
 netns_init() { # PREFIX RANKS RATE
   NETNS_PREFIX=$1 NETNS_RANKS=$2 NETNS_RATE=$3
-  NETNS_RATE_BPS=$(netns_rate_bps "$NETNS_RATE") ||
-    die "--rate '$NETNS_RATE': need a number and a tc unit (e.g. 1gbit, 100mbit, 50mbps), at least 8kbit"
+  if [[ $NETNS_RATE == none ]]; then
+    NETNS_RATE_BPS=0
+  else
+    NETNS_RATE_BPS=$(netns_rate_bps "$NETNS_RATE") ||
+      die "--rate '$NETNS_RATE': need a number and a tc unit (e.g. 1gbit, 100mbit, 50mbps), at least 8kbit, or none"
+  fi
   NETNS_BURST=$(awk -v b="$NETNS_RATE_BPS" 'BEGIN { x = b * 0.002; if (x < 131072) x = 131072; printf "%.0f\n", x }')
   NETNS_LATENCY=25ms
   NETNS_SUBNET=$((1 + $$ % 254))
@@ -61,13 +66,16 @@ _netns_make() {
 }
 
 _netns_shape() { # namespace device
+  [[ $NETNS_RATE != none ]] || return 0
   timeout 10 tc -n "$1" qdisc add dev "$2" root tbf rate "$NETNS_RATE" burst "$NETNS_BURST" latency "$NETNS_LATENCY" ||
     die "tc qdisc add on $2 in $1 failed (kernel module sch_tbf?)"
 }
 
 netns_up() {
   local hub=$NETNS_PREFIX-hub i ns ok
-  note "network: $NETNS_RANKS ranks, links ${NETNS_RATE} each way (tbf burst ${NETNS_BURST} B, latency $NETNS_LATENCY), 10.77.$NETNS_SUBNET.0/24, namespaces $NETNS_PREFIX-*"
+  local shaping="links ${NETNS_RATE} each way (tbf burst ${NETNS_BURST} B, latency $NETNS_LATENCY)"
+  [[ $NETNS_RATE != none ]] || shaping="links not shaped (CPU-bound)"
+  note "network: $NETNS_RANKS ranks, $shaping, 10.77.$NETNS_SUBNET.0/24, namespaces $NETNS_PREFIX-*"
   _netns_make "$hub"
   timeout 10 ip -n "$hub" link add dqbr0 type bridge || die "cannot create a bridge (kernel module bridge?)"
   NETNS_CREATED_LINKS+=("$hub dqbr0")

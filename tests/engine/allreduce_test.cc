@@ -197,6 +197,64 @@ TEST(AllReduceTest, ConfigMismatchFailsOnEveryRankNamingTheRank) {
   EXPECT_GE(saw_mismatch, 1);
 }
 
+TEST(AllReduceTest, PerCollectiveBitsReplaceTheCodecsBudget) {
+  // A 5-bit codec told to run this collective at 7 bits: the same bytes and result as a 7-bit
+  // codec (pipelined, so every block's plan takes it), bit-identical on all ranks.
+  const int n = 4;
+  const size_t d = 1 << 15;
+  auto inputs = Inputs(n, d, 5);
+  auto five = Make(CodecId::kDynamiq, 5);
+  auto seven = Make(CodecId::kDynamiq, 7);
+  for (size_t block : {size_t{0}, size_t{8192}}) {
+    RankRun at7 = RunThreads(*seven, inputs, [&](int) { return Options(Topology::kRing, block); });
+    RankRun told7 = RunThreads(*five, inputs, [&](int) {
+      AllReduceOptions o = Options(Topology::kRing, block);
+      o.bits = 7;
+      return o;
+    });
+    RankRun at5 = RunThreads(*five, inputs, [&](int) { return Options(Topology::kRing, block); });
+    for (int r = 0; r < n; ++r) {
+      ASSERT_THAT(told7.results[r], IsOk());
+      ASSERT_THAT(at7.results[r], IsOk());
+      EXPECT_EQ(told7.outputs[r], at7.outputs[0]) << "rank " << r << " block " << block;
+    }
+    EXPECT_EQ(told7.results[0]->bytes_sent, at7.results[0]->bytes_sent);
+    EXPECT_GT(told7.results[0]->bytes_sent, at5.results[0]->bytes_sent * 13 / 10);
+  }
+}
+
+TEST(AllReduceTest, RanksThatDisagreeOnPerCollectiveBitsFailNamingTheBits) {
+  const int n = 3;
+  auto inputs = Inputs(n, 3000);
+  auto codec = Make(CodecId::kDynamiq, 5);
+  RankRun run = RunThreads(*codec, inputs, [&](int r) {
+    AllReduceOptions o = Options();
+    o.timeout = absl::Seconds(3);
+    o.bits = r == 1 ? 6.5 : 6.25;
+    return o;
+  });
+  int saw_bits = 0;
+  for (int r = 0; r < n; ++r) {
+    EXPECT_FALSE(run.results[r].ok()) << "rank " << r;
+    saw_bits += !run.results[r].ok() && absl::StrContains(run.results[r].status().message(), "bits");
+  }
+  EXPECT_GE(saw_bits, 1);
+  // Outside the codec's range: every rank's plan refuses it.
+  RankRun bad = RunThreads(*codec, inputs, [&](int) {
+    AllReduceOptions o = Options();
+    o.timeout = absl::Seconds(3);
+    o.bits = 9;
+    return o;
+  });
+  // (The first rank to fail aborts the group: the others may see that instead.)
+  int invalid = 0;
+  for (int r = 0; r < n; ++r) {
+    EXPECT_FALSE(bad.results[r].ok()) << "rank " << r;
+    invalid += !bad.results[r].ok() && bad.results[r].status().code() == absl::StatusCode::kInvalidArgument;
+  }
+  EXPECT_GE(invalid, 1);
+}
+
 TEST(AllReduceTest, DifferentSizesOrCodecsFail) {
   const int n = 3;
   auto inputs = Inputs(n, 3000);

@@ -12,6 +12,9 @@ Modes:
   ddp_error    DDP without a hook, but rank 1 all-reduces an extra tensor first: the daemon fails
                the collective (the workers submitted different tensors) and DDP raises it from
                backward() on rank 0, the extra all_reduce raises it on rank 1.
+  cuda         (needs a GPU and --device=cuda daemons) all_reduce of CUDA tensors (SUM, AVG, bf16),
+               which must use device buffers, and one DDP step of a CUDA model next to each rank's
+               local gradient.
   die          all_reduce once, write OUT_DIR/ready<r>, rank 1 then waits for OUT_DIR/go before its
                second all_reduce (the test kills the daemon meanwhile); records the error and time.
 """
@@ -178,6 +181,33 @@ def die(rank, world, pg, out_dir):
         return {"died_error": str(e), "seconds": time.monotonic() - started}
 
 
+def cuda(rank, world, pg):
+    out = {}
+    n = 50_000
+    t = values(rank, n, 1).cuda()
+    dist.all_reduce(t)
+    out["sum"] = t.cpu()
+    out["sum_want"] = exact_sum(world, n, 1)
+    t = values(rank, n, 2, torch.bfloat16).cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    out["bf16_avg"] = t.cpu()
+    out["bf16_avg_want"] = (sum(values(r, n, 2, torch.bfloat16).float() for r in range(world)) / world).to(
+        torch.bfloat16)
+    out["devices"] = sorted({str(t.device)})
+    out["memory"] = sorted({s.buffer.memory for s in pg._pool._free})
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.ReLU(), torch.nn.Linear(300, 8)).cuda()
+    local = copy.deepcopy(net)
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    g = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(16, 64, generator=g).cuda(), torch.randn(16, 8, generator=g).cuda()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    torch.nn.functional.mse_loss(local(x), y).backward()
+    out["ddp_grads"] = [p.grad.cpu() for p in net.parameters()]
+    out["local_grads"] = [p.grad.cpu() for p in local.parameters()]
+    return out
+
+
 def main():
     mode, out_dir = sys.argv[1], sys.argv[2]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -193,6 +223,8 @@ def main():
             result.update(ddp(rank, world, pg))
         elif mode == "ddp_error":
             result.update(ddp_error(rank, world, pg))
+        elif mode == "cuda":
+            result.update(cuda(rank, world, pg))
         elif mode == "die":
             result.update(die(rank, world, pg, out_dir))
     except Exception as e:  # noqa: BLE001 -- the test checks the message

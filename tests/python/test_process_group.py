@@ -69,7 +69,7 @@ def test_every_collective_on_two_compressed_nodes(cluster, workdir):
         assert torch.equal(x["reduce_scatter_exact"], x["reduce_scatter_want"])
         errors = x["errors"]
         assert errors["bool"].startswith("TypeError: dynamiq backend: allreduce of torch.bool tensors is not supported")
-        assert errors["meta"].startswith("ValueError: dynamiq backend: allreduce takes CPU tensors")
+        assert errors["meta"].startswith("ValueError: dynamiq backend: allreduce takes CPU or CUDA tensors")
         assert errors["sparse"].startswith("ValueError: dynamiq backend: allreduce takes dense tensors")
         assert errors["band"].startswith("ValueError: dynamiq backend: allreduce does not support op BAND")
 

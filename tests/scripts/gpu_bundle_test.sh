@@ -30,5 +30,16 @@ if ! timeout 300 "$TMP/bundle/scripts/gpu-check" "$TMP/report" > "$TMP/check.log
   echo "FAIL: gpu-check"; cat "$TMP/check.log"; status=1
 fi
 grep -q "gpu-check: every step passed" "$TMP/report/report.md" || { echo "FAIL: no report"; status=1; }
+# --python-include: the Python package with its extension compiled for a given Python's headers
+# (here this machine's own, so that it can be imported here from the bundle).
+PYINC=$(/usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null || true)
+if [[ -f "$PYINC/Python.h" && -f "$BUILD/compile_commands.json" ]] && ls "$BUILD"/python/dynamiq/_dynamiq*.so >/dev/null 2>&1; then
+  BUILD_DIR=$BUILD "$REPO/scripts/gpu-bundle" --out "$TMP/pybundle" --python-include "$PYINC" > /dev/null
+  [[ -f "$TMP/pybundle/tests/python/test_torch_cuda.py" ]] || { echo "FAIL: no Python tests in the bundle"; status=1; }
+  if ! (cd "$TMP" && PYTHONPATH="$TMP/pybundle/python" LD_LIBRARY_PATH="$TMP/pybundle/lib" /usr/bin/python3 -c \
+        'import dynamiq, dynamiq._dynamiq as m; assert m.__file__.startswith("'"$TMP"'/pybundle/"), m.__file__; print(dynamiq.Client)'); then
+    echo "FAIL: the bundled Python package does not import"; status=1
+  fi
+fi
 [[ $status -eq 0 ]] && echo "gpu bundle: complete, $(du -sh "$TMP/bundle" | cut -f1)"
 exit $status

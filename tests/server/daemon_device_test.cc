@@ -17,6 +17,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -32,6 +34,7 @@
 #include "gtest/gtest.h"
 #include "ipc/device_buffers.h"
 #include "kernels/bf16_math.h"
+#include "kernels/codec_info.h"
 #include "server/daemon.h"
 #include "server/data_path.h"
 #include "server/job.h"
@@ -77,6 +80,32 @@ TEST(DeviceConfigTest, ParsesDeviceKinds) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown device 'gpu' (cpu or cuda)")));
   EXPECT_THAT(ParseDeviceKind(""), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_EQ(DeviceKindName(DeviceKind::kCuda), "cuda");
+}
+
+// NCCL needs every node to launch the collectives of communicators sharing a GPU in one order;
+// nodes run jobs as their workers arrive, so a multi-node NCCL cluster runs one job at a time.
+TEST(DeviceConfigTest, MultiNodeNcclClustersRunOneJobAtATime) {
+  DaemonOptions o;
+  o.device = DeviceKind::kCuda;
+  o.num_nodes = 2;
+  o.max_jobs = 4;
+  EXPECT_THAT(CheckAnotherJob(o, 0, "'a'"), IsOk());
+  EXPECT_THAT(CheckAnotherJob(o, 1, "'b'"),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("one job at a time"), HasSubstr("job 'b' can start"),
+                             HasSubstr("--transport=gloo"), HasSubstr("one dynamiqd per job"))));
+  o.transport = "nccl";
+  EXPECT_THAT(CheckAnotherJob(o, 1, "'b'"), StatusIs(absl::StatusCode::kFailedPrecondition));
+  // The hybrid path, one node, and CPU nodes: up to --max_jobs.
+  for (auto change : std::vector<std::function<void(DaemonOptions&)>>{
+           [](DaemonOptions& d) { d.transport = "gloo"; }, [](DaemonOptions& d) { d.num_nodes = 1; },
+           [](DaemonOptions& d) { d.device = DeviceKind::kCpu; }}) {
+    DaemonOptions other = o;
+    change(other);
+    EXPECT_THAT(CheckAnotherJob(other, 3, "'b'"), IsOk());
+    EXPECT_THAT(CheckAnotherJob(other, 4, "'b'"),
+                StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--max_jobs")));
+  }
 }
 
 TEST(DeviceConfigTest, GpuNodesAcceptOnlyTheCodecsOfTheDeviceAllReduce) {
@@ -544,20 +573,29 @@ TEST(DynamiqdFlagsTest, VersionHelpDashesStrayWordsAndABudgetOnOneNode) {
 // GPU: real device buffers through a --device=cuda daemon (skips without a GPU).
 
 #ifdef DQ_DEVICE_WORKER
-// Starts tests/server/device_worker.cc: local rank `rank` of `size` at `socket`, contributor
-// `global` of `contributors`, `n` floats; returns its pid.
-pid_t SpawnDeviceWorker(const std::string& socket, int rank, int size, int global, int contributors, size_t n) {
+// Starts tests/server/device_worker.cc with `flags` (--name=value each); returns its pid. With
+// `stdin_fd` / `stdout_fd` (>= 0) the worker's stdin and stdout are those descriptors.
+pid_t SpawnWorkerProcess(const std::vector<std::string>& flags, int stdin_fd = -1, int stdout_fd = -1) {
+  const std::string worker = BinaryPath("DQ_DEVICE_WORKER", DQ_DEVICE_WORKER);
+  std::vector<char*> argv{const_cast<char*>(worker.c_str())};
+  for (const std::string& f : flags) argv.push_back(const_cast<char*>(f.c_str()));
+  argv.push_back(nullptr);
   const pid_t pid = fork();
   if (pid == 0) {
-    const std::string args[] = {
-        socket,         absl::StrCat(rank), absl::StrCat(size), absl::StrCat(global), absl::StrCat(contributors),
-        absl::StrCat(n)};
-    const std::string worker = BinaryPath("DQ_DEVICE_WORKER", DQ_DEVICE_WORKER);
-    execl(worker.c_str(), worker.c_str(), args[0].c_str(), args[1].c_str(), args[2].c_str(), args[3].c_str(),
-          args[4].c_str(), args[5].c_str(), static_cast<char*>(nullptr));
+    if (stdin_fd >= 0) dup2(stdin_fd, 0);
+    if (stdout_fd >= 0) dup2(stdout_fd, 1);
+    execv(worker.c_str(), argv.data());
     _exit(127);
   }
   return pid;
+}
+
+// A worker checking exact sums: local rank `rank` of `size` at `socket`, contributor `global` of
+// `contributors`, `n` floats in a device buffer.
+pid_t SpawnDeviceWorker(const std::string& socket, int rank, int size, int global, int contributors, size_t n) {
+  return SpawnWorkerProcess({absl::StrCat("--socket=", socket), absl::StrCat("--rank=", rank),
+                             absl::StrCat("--size=", size), absl::StrCat("--global=", global),
+                             absl::StrCat("--contributors=", contributors), absl::StrCat("--n=", n)});
 }
 
 int WaitExit(pid_t pid) {
@@ -648,6 +686,205 @@ TEST_F(DaemonCudaGpuTest, TwoDaemonsOnOneGpuAllReduceOverTheHybridPath) {
   node1.Shutdown();
   node0.Shutdown();
 }
+// A stepwise worker (device_worker.cc --out): the test says "go" before each round but the first
+// and waits for its "done <r>".
+class StepwiseWorker {
+ public:
+  explicit StepwiseWorker(const std::vector<std::string>& flags) {
+    int in[2], out[2];
+    if (pipe(in) != 0 || pipe(out) != 0) return;
+    pid_ = SpawnWorkerProcess(flags, in[0], out[1]);
+    close(in[0]);
+    close(out[1]);
+    to_ = in[1];
+    from_ = fdopen(out[0], "r");
+  }
+  ~StepwiseWorker() {
+    if (to_ >= 0) close(to_);
+    if (from_ != nullptr) fclose(from_);
+    if (pid_ > 0) Exit();
+  }
+  void Go() { (void)!write(to_, "go\n", 3); }
+  // True once the worker reported round `round` done; false if it ended first.
+  bool Done(int round) {
+    char line[64];
+    return from_ != nullptr && fgets(line, sizeof line, from_) != nullptr &&
+           std::string(line) == absl::StrCat("done ", round, "\n");
+  }
+  int Exit() {
+    if (to_ >= 0) close(to_);
+    to_ = -1;
+    const int code = WaitExit(pid_);
+    pid_ = -1;
+    return code;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int to_ = -1;
+  FILE* from_ = nullptr;
+};
+
+std::vector<float> ReadFloats(const std::string& path, size_t n) {
+  std::vector<float> v(n);
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return {};
+  const size_t read = std::fread(v.data(), sizeof(float), n, f);
+  std::fclose(f);
+  if (read != n) return {};
+  return v;
+}
+
+// The demo's schedule: 8 rounds, a compression change after round 0 (to bf16) and after round 3
+// (to none). A change made while the job is idle before collective s applies from s + 2 (Daemon::
+// SetCompression), so rounds 0-2 run DynamiQ 5 bits, 3-5 bf16, 6-7 none (round 7 averaged).
+constexpr int kDemoRounds = 8;
+const char* DemoCodec(int round) { return round < 3 ? "dynamiq" : round < 6 ? "bf16" : "none"; }
+
+// Runs the demo's 8 rounds on a two-node cluster of `per_node` workers per node (contributors
+// 0..2 per_node - 1); `memory(node, local)` is the worker's buffer memory. Writes
+// OUT.node<k>.local<j>.round<r>.
+void RunDemoRounds(std::vector<std::unique_ptr<Daemon>>& nodes, const std::string& dir, const std::string& out,
+                   size_t n, int per_node, bool reallocate, const std::function<std::string(int, int)>& memory) {
+  std::vector<std::unique_ptr<StepwiseWorker>> workers;
+  for (int node = 0; node < 2; ++node) {
+    for (int local = 0; local < per_node; ++local) {
+      workers.push_back(std::make_unique<StepwiseWorker>(std::vector<std::string>{
+          absl::StrCat("--socket=", dir, "/node", node, ".sock"), absl::StrCat("--rank=", local),
+          absl::StrCat("--size=", per_node), absl::StrCat("--global=", node * per_node + local),
+          absl::StrCat("--contributors=", 2 * per_node), absl::StrCat("--n=", n),
+          absl::StrCat("--memory=", memory(node, local)), absl::StrCat("--rounds=", kDemoRounds),
+          absl::StrCat("--average_round=", kDemoRounds - 1), absl::StrCat("--reallocate=", reallocate),
+          absl::StrCat("--out=", out, ".node", node, ".local", local)}));
+    }
+  }
+  for (int round = 0; round < kDemoRounds; ++round) {
+    if (round > 0) {
+      for (auto& w : workers) w->Go();
+    }
+    for (size_t w = 0; w < workers.size(); ++w)
+      ASSERT_TRUE(workers[w]->Done(round)) << "worker " << w << " round " << round;
+    if (round == 0 || round == 3) {
+      const char* next = round == 0 ? "bf16" : "none";
+      auto changed = nodes[round == 0 ? 0 : 1]->SetCompression(
+          "device-job",
+          [next](const JobConfig&) -> absl::StatusOr<JobConfig> {
+            return MakeJobConfig(next, 0, "ring", 0, "measured");
+          },
+          std::nullopt);
+      ASSERT_THAT(changed, IsOk());
+    }
+  }
+  for (auto& w : workers) EXPECT_EQ(w->Exit(), 0);
+  for (auto& node : nodes) {
+    auto records = node->FlightRecorder("device-job", 0);
+    ASSERT_THAT(records, IsOk());
+    ASSERT_EQ(records->size(), static_cast<size_t>(kDemoRounds));
+    for (int r = 0; r < kDemoRounds; ++r) {
+      EXPECT_EQ((*records)[r].state, "ok") << (*records)[r].error;
+      EXPECT_EQ(kernels::CodecName((*records)[r].config.codec.id), DemoCodec(r)) << "round " << r;
+    }
+  }
+}
+
+// The demo's shape: workers per node and floats per buffer (not a multiple of 256).
+struct DemoShape {
+  int per_node = 2;
+  size_t n = 300001;
+  bool reallocate = false;  // a new buffer every round (device_worker.cc --reallocate)
+};
+
+// Runs the demo on a fresh two-node cluster in `dir` (GPU nodes over the hybrid path if `cuda`,
+// workers' buffers alternating device and host memory there, device only with one worker per
+// node; else CPU nodes, host buffers).
+void RunDemo(const std::string& dir, bool cuda, DemoShape shape = {}) {
+  auto nodes =
+      ::dynamiq::testing::StartTestCluster(dir, 2, Config("dynamiq", 5), absl::Seconds(20), [cuda](DaemonOptions& o) {
+        if (!cuda) return;
+        o.device = DeviceKind::kCuda;
+        o.transport = "gloo";
+      });
+  ASSERT_THAT(nodes, IsOk());
+  RunDemoRounds(*nodes, dir, dir + "/r", shape.n, shape.per_node, shape.reallocate, [cuda, shape](int node, int local) {
+    return cuda && (shape.per_node == 1 || node == local) ? "device" : "host";
+  });
+  for (auto& node : *nodes) node->Shutdown();
+}
+
+// Checks the demo's results in `dirs` (RunDemo's): in every round, every worker of every run holds
+// the same bits as node 0's worker 0 of the last run; the error against the exact sum is 0 for
+// none and small for the compressed codecs. Prints one line per round.
+void CheckDemo(const std::vector<std::string>& dirs, DemoShape shape = {}) {
+  const size_t n = shape.n;
+  const int contributors = 2 * shape.per_node;
+  for (int round = 0; round < kDemoRounds; ++round) {
+    const std::string suffix = absl::StrCat(".round", round);
+    const std::vector<float> reference = ReadFloats(dirs.back() + "/r.node0.local0" + suffix, n);
+    ASSERT_EQ(reference.size(), n) << "round " << round;
+    int identical = 0;
+    for (const std::string& dir : dirs) {
+      for (int node = 0; node < 2; ++node) {
+        for (int local = 0; local < shape.per_node; ++local) {
+          const std::vector<float> got = ReadFloats(absl::StrCat(dir, "/r.node", node, ".local", local, suffix), n);
+          ASSERT_EQ(got.size(), n);
+          const bool same = std::memcmp(got.data(), reference.data(), n * sizeof(float)) == 0;
+          EXPECT_TRUE(same) << dir << " node " << node << " local " << local << " round " << round << " differs from "
+                            << dirs.back() << "'s node 0 worker 0";
+          identical += same;
+        }
+      }
+    }
+    double err = 0, norm = 0;
+    const bool average = round == kDemoRounds - 1;
+    for (size_t i = 0; i < n; ++i) {
+      float sum = 0;
+      for (int c = 0; c < contributors; ++c)
+        sum += 0.5f * static_cast<float>(c + 1) + static_cast<float>((i + round) % 7) - 3.0f;
+      const float exact = average ? sum * (1.0f / static_cast<float>(contributors)) : sum;
+      err += (static_cast<double>(reference[i]) - exact) * (static_cast<double>(reference[i]) - exact);
+      norm += static_cast<double>(exact) * exact;
+    }
+    const double vnmse = err / norm;
+    const std::string codec = DemoCodec(round);
+    const double bound = codec == "none" ? 0 : codec == "bf16" ? 1e-4 : 1e-2;
+    EXPECT_LE(vnmse, bound) << "round " << round << " (" << codec << ")";
+    std::printf("demo: round %d %-7s vNMSE vs exact sum %.3g; %d of %zu workers' results bit-identical\n", round,
+                codec.c_str(), vnmse, identical, contributors * dirs.size());
+  }
+}
+
+// The demo's harness on CPU nodes (no GPU needed): the compression changes land at the rounds
+// DemoCodec says, and the results are identical on all workers and exact when uncompressed.
+TEST(DaemonDemoTest, CpuClusterFollowsTheCompressionChangesAtTheAgreedRounds) {
+  for (const DemoShape shape : {DemoShape{2, 300001, false}, DemoShape{1, 100003, true}}) {
+    TempDir dir;
+    ASSERT_NO_FATAL_FAILURE(RunDemo(dir.path(), false, shape));
+    CheckDemo({dir.path()}, shape);
+  }
+}
+
+// The GPU demo (scripts/gpu-check's gpu-demo step): two --device=cuda daemons on one GPU over the
+// hybrid path, two workers each (device and host buffers mixed), DynamiQ 5 bits changed at run
+// time to bf16 and then to none. Every round's result must be bit for bit that of a CPU cluster
+// running the same rounds (and the same on every worker), exact in the uncompressed rounds.
+TEST_F(DaemonCudaGpuTest, GpuDemoTwoDaemonsOnOneGpuMatchACpuClusterAcrossCompressionChanges) {
+  TempDir gpu_dir, cpu_dir;
+  ASSERT_NO_FATAL_FAILURE(RunDemo(gpu_dir.path(), true));
+  ASSERT_NO_FATAL_FAILURE(RunDemo(cpu_dir.path(), false));
+  CheckDemo({gpu_dir.path(), cpu_dir.path()});
+}
+
+// One worker per node (the local reduce is a copy), device buffers only, 100003 floats, a new
+// buffer every round: the shape of dynamiq.torch's two-daemon CUDA tests
+// (tests/python/test_torch_cuda.py).
+TEST_F(DaemonCudaGpuTest, OneDeviceWorkerPerNodeMatchesACpuClusterAcrossCompressionChanges) {
+  TempDir gpu_dir, cpu_dir;
+  const DemoShape shape{1, 100003, true};
+  ASSERT_NO_FATAL_FAILURE(RunDemo(gpu_dir.path(), true, shape));
+  ASSERT_NO_FATAL_FAILURE(RunDemo(cpu_dir.path(), false, shape));
+  CheckDemo({gpu_dir.path(), cpu_dir.path()}, shape);
+}
+
 #endif  // DQ_DEVICE_WORKER
 
 }  // namespace

@@ -178,14 +178,14 @@ class _SlotPool:
         self._free = []
         self._lock = threading.Lock()
 
-    def acquire(self, nbytes):
+    def acquire(self, nbytes, device=None):
         with self._lock:
-            fitting = [s for s in self._free if s.fits(nbytes)]
+            fitting = [s for s in self._free if s.fits(nbytes, device)]
             if fitting:
                 slot = min(fitting, key=lambda s: s.buffer.size)
                 self._free.remove(slot)
                 return slot
-        return _dqtorch._Slot(self._client, nbytes)
+        return _dqtorch._Slot(self._client, nbytes, device)
 
     def release(self, slot):
         with self._lock:
@@ -211,9 +211,8 @@ def _op_name(op):
 def _check_device(tensor, what):
     if tensor.layout != torch.strided:
         raise ValueError(f"dynamiq backend: {what} takes dense tensors, not {tensor.layout}")
-    if tensor.device.type != "cpu":
-        raise ValueError(f"dynamiq backend: {what} takes CPU tensors, got one on {tensor.device} "
-                         f"(copy it to the CPU; dynamiqd's workers share host memory)")
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"dynamiq backend: {what} takes CPU or CUDA tensors, got one on {tensor.device}")
 
 
 class ProcessGroupDynamiq(ProcessGroup):
@@ -362,12 +361,13 @@ class ProcessGroupDynamiq(ProcessGroup):
         itemsize = torch.tensor([], dtype=send_dtype).element_size()
         future = torch.futures.Future()
         with self._submit_lock:
-            slot = self._pool.acquire(max(1, n) * itemsize)
+            slot = self._pool.acquire(max(1, n) * itemsize, tensors[0].device)
             view = slot.view(send_dtype, n)
             offset = 0
             for t in tensors:
                 view[offset:offset + t.numel()].copy_(t.reshape(-1))
                 offset += t.numel()
+            slot.before_submit(tensors)
             name = f"torch.{kind}.{self._sequence}"
             self._sequence += 1
             started = time.perf_counter()
@@ -418,6 +418,9 @@ class ProcessGroupDynamiq(ProcessGroup):
             raise ValueError(f"dynamiq backend: {what} of no tensors")
         for t in tensors:
             _check_device(t, what)
+        if any(t.device != tensors[0].device for t in tensors):
+            raise ValueError(f"dynamiq backend: {what} of tensors on different devices "
+                             f"{sorted({str(t.device) for t in tensors})}")
         dtype = tensors[0].dtype
         if any(t.dtype != dtype for t in tensors):
             raise TypeError(f"dynamiq backend: {what} of mixed dtypes {sorted({str(t.dtype) for t in tensors})}")
@@ -585,6 +588,7 @@ def _complete_loop(pending_queue, pool, records):
             for t in tensors:
                 t.copy_(view[offset:offset + t.numel()].reshape(t.shape))
                 offset += t.numel()
+            slot.after_copy_back(tensors)
             records.append({"name": name, "elements": n, "dtype": str(dtype).replace("torch.", ""),
                             "sequence": result.sequence, "config_epoch": result.config_epoch, "codec": result.codec,
                             "bits": result.bits, "wire_bytes": result.wire_bytes,

@@ -81,27 +81,64 @@ def _dq_dtype(torch_dtype):
     return dynamiq.bfloat16 if torch_dtype == torch.bfloat16 else dynamiq.float32
 
 
-class _Slot:
-    """A shared-memory buffer and a torch view of it per dtype (no copies)."""
+def _on_gpu_daemon(client, device):
+    """True if tensors on `device` go into device buffers of client's daemon (a CUDA tensor and a
+    --device=cuda daemon); else they are staged through host shared memory."""
+    return device is not None and device.type == "cuda" and client.daemon_device == "cuda"
 
-    def __init__(self, client, nbytes):
+
+def _sync_streams(devices):
+    """Waits for the work queued on the current stream of every CUDA device in `devices`."""
+    for d in {d for d in devices if d.type == "cuda"}:
+        torch.cuda.current_stream(d).synchronize()
+
+
+class _Slot:
+    """A buffer of the daemon and a torch view of it per dtype (no copies): host shared memory, or,
+    for CUDA tensors on a --device=cuda daemon (device given), the daemon GPU's memory opened through
+    CUDA IPC, so a CUDA bucket moves device to device and never through host memory.
+
+    Ordering with torch's streams: before_submit() after filling the view (the daemon reads the buffer
+    as soon as the request arrives), after_copy_back() after copying results out of it (the future's
+    consumer may run on another stream)."""
+
+    def __init__(self, client, nbytes, device=None):
         size = -(-nbytes // _ALLOCATION_QUANTUM) * _ALLOCATION_QUANTUM
-        self.buffer = client.allocate(size)
+        self._gpu_daemon = client.daemon_device == "cuda"
+        self.on_device = _on_gpu_daemon(client, device)
+        self.buffer = client.allocate(size, memory="cuda" if self.on_device else "host")
         self._views = {}
 
     def view(self, dtype, count):
         full = self._views.get(dtype)
         if full is None:
-            if dtype == torch.bfloat16:
-                # torch 1.13 takes no uint16 arrays: int16 bits, reinterpreted.
-                full = torch.from_numpy(self.buffer.numpy(np.int16)).view(torch.bfloat16)
+            bf16 = dtype == torch.bfloat16
+            if self.on_device:
+                array = self.buffer.cuda_array("int16" if bf16 else "float32")
+                full = torch.as_tensor(array, device=torch.device("cuda", self.buffer.device))
             else:
-                full = torch.from_numpy(self.buffer.numpy(np.float32))
+                # torch 1.13 takes no uint16 arrays: int16 bits, reinterpreted.
+                full = torch.from_numpy(self.buffer.numpy(np.int16 if bf16 else np.float32))
+            if bf16:
+                full = full.view(torch.bfloat16)
             self._views[dtype] = full
         return full[:count]
 
-    def fits(self, nbytes):
-        return self.buffer.size >= nbytes
+    def fits(self, nbytes, device=None):
+        """True if the slot can carry `nbytes` of tensors on `device` (the same kind of memory)."""
+        wants_device = device is not None and device.type == "cuda" and self._gpu_daemon
+        return self.buffer.size >= nbytes and self.on_device == wants_device
+
+    def before_submit(self, tensors):
+        """The view holds the tensors' values: wait for the copies (device to device, or from another
+        GPU) before the daemon reads. (A copy from a CUDA tensor into host memory has already
+        completed when copy_ returns.)"""
+        if self.on_device:
+            _sync_streams([t.device for t in tensors] + [torch.device("cuda", self.buffer.device)])
+
+    def after_copy_back(self, tensors):
+        """Results were copied out of the view into `tensors`: make them visible to every stream."""
+        _sync_streams([t.device for t in tensors])
 
     def release(self):
         """Frees the buffer now, or, if something still maps it (a traceback holding a view after
@@ -214,15 +251,15 @@ class DynamiqState:
 
     # -- the hook ----------------------------------------------------------------------------
 
-    def _slot(self, index, nbytes):
+    def _slot(self, index, nbytes, device):
         slot = self._slots.get(index)
-        if slot is not None and not slot.fits(nbytes):
+        if slot is not None and not slot.fits(nbytes, device):
             # The bucket grew (DDP rebuilds buckets after the first step); its last all-reduce
             # completed before this step's backward began.
             slot.release()
             slot = None
         if slot is None:
-            slot = _Slot(self.client, nbytes)
+            slot = _Slot(self.client, nbytes, device)
             self._slots[index] = slot
         return slot
 
@@ -252,7 +289,7 @@ class DynamiqState:
                 gaps = [(end, start) for (_, end), start in zip(ends, starts) if start > end]
                 n = total
         with self._lock:
-            slot = self._slot(index, n * torch.tensor([], dtype=send_dtype).element_size())
+            slot = self._slot(index, n * torch.tensor([], dtype=send_dtype).element_size(), tensor.device)
             view = slot.view(send_dtype, n)
             if segments is None:
                 view.copy_(flat)
@@ -261,6 +298,7 @@ class DynamiqState:
                     view[begin:end].zero_()
                 for src, dst, k in segments:
                     view[dst:dst + k].copy_(flat[src:src + k])
+            slot.before_submit([tensor])
             reference = work = None
             if self.record_error:
                 reference = tensor.detach().reshape(-1).to(torch.float32, copy=True)
@@ -271,7 +309,7 @@ class DynamiqState:
                                                    average=self.average)
             future = torch.futures.Future()
             self._ensure_thread()
-            self._queue.put((pending, view, tensor, future, step, index, count, started, reference, work,
+            self._queue.put((pending, slot, view, tensor, future, step, index, count, started, reference, work,
                              segments))
         return future
 
@@ -282,7 +320,7 @@ class DynamiqState:
             item = self._queue.get()
             if item is None:
                 return
-            pending, view, tensor, future, step, index, n, started, reference, work, segments = item
+            pending, slot, view, tensor, future, step, index, n, started, reference, work, segments = item
             try:
                 result = pending.wait()
                 if segments is None:
@@ -291,6 +329,7 @@ class DynamiqState:
                     flat = tensor.view(-1)
                     for src, dst, k in segments:
                         flat[src:src + k].copy_(view[dst:dst + k])
+                slot.after_copy_back([tensor])
                 record = {"step": step, "bucket": index, "elements": n, "sequence": result.sequence,
                           "config_epoch": result.config_epoch, "codec": result.codec,
                           "bits": result.bits, "wire_bytes": result.wire_bytes,
@@ -303,6 +342,7 @@ class DynamiqState:
                         reference /= dist.get_world_size(self.process_group)
                     got = view.to(torch.float32) if segments is None else torch.cat(
                         [view[dst:dst + k] for _, dst, k in segments]).to(torch.float32)
+                    got = got.to(reference.device)
                     record["sq_error"] = float(((got - reference) ** 2).sum(dtype=torch.float64))
                     record["sq_norm"] = float((reference ** 2).sum(dtype=torch.float64))
                 self.records.append(record)
@@ -310,7 +350,7 @@ class DynamiqState:
             except BaseException as e:  # noqa: B902 -- DDP must see every failure
                 future.set_exception(e)
             # Drop this item's views now: a slot can only be released once nothing maps it.
-            del item, pending, view, tensor, future, reference, work, segments
+            del item, pending, slot, view, tensor, future, reference, work, segments
 
     def close(self):
         """Stops the completion thread (after the pending all-reduces), releases the buffers and,
@@ -377,8 +417,9 @@ _default_names = itertools.count()
 
 def all_reduce(tensor, average=False, *, client=None, name=None):
     """All-reduces `tensor` in place through dynamiqd (synchronously; the GIL is released while
-    waiting) and returns it. float32 and bfloat16 travel as they are, float16 as float32; tensors
-    on other devices are staged through host shared memory.
+    waiting) and returns it. float32 and bfloat16 travel as they are, float16 as float32. CUDA
+    tensors go into device buffers when the daemon runs --device=cuda (device to device, CUDA IPC),
+    else they are staged through host shared memory.
 
     client: default, one dynamiq.Client per process from the DQ_* environment, created on first use.
     name: the collective's name (every worker must pass the same); default "all_reduce.<k>" for
@@ -394,16 +435,16 @@ def all_reduce(tensor, average=False, *, client=None, name=None):
                 _default_client = dynamiq.Client()
             if name is None:
                 name = f"all_reduce.{next(_default_names)}"
-            if _default_slot is None or not _default_slot.fits(nbytes):
+            if _default_slot is None or not _default_slot.fits(nbytes, tensor.device):
                 if _default_slot is not None:
                     _default_slot.release()
-                _default_slot = _Slot(_default_client, nbytes)
+                _default_slot = _Slot(_default_client, nbytes, tensor.device)
             _all_reduce_through(_default_client, _default_slot, tensor, send_dtype, name, average)
         return tensor
     if name is None:
         with _default_lock:
             name = f"all_reduce.{next(_default_names)}"
-    slot = _Slot(client, nbytes)
+    slot = _Slot(client, nbytes, tensor.device)
     try:
         _all_reduce_through(client, slot, tensor, send_dtype, name, average)
     finally:
@@ -415,8 +456,10 @@ def _all_reduce_through(client, slot, tensor, send_dtype, name, average):
     n = tensor.numel()
     view = slot.view(send_dtype, n)
     view.copy_(tensor.reshape(-1))
+    slot.before_submit([tensor])
     client.all_reduce(slot.buffer, name, count=n, dtype=_dq_dtype(send_dtype), average=average)
     tensor.copy_(view.reshape(tensor.shape))
+    slot.after_copy_back([tensor])
 
 
 # The torch.distributed backend "dynamiq" (registered on import): dist.init_process_group("dynamiq").
