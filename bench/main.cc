@@ -47,7 +47,8 @@ ABSL_FLAG(int64_t, size, 1 << 22, "Elements per worker (synthetic data).");
 ABSL_FLAG(std::string, input, "",
           "Comma-separated raw little-endian float32 files, one per worker (codec) or rank (allreduce: every rank "
           "reads all of them, for the exact sum), to measure your own gradients "
-          "(step-budget: one such list per bucket of the step, the lists separated by ';')           "instead of the synthetic data. Synthetic data: per 256-element super-group a log-normal mixture "
+          "(step-budget: one such list per bucket of the step, the lists separated by ';') "
+          "instead of the synthetic data. Synthetic data: per 256-element super-group a log-normal mixture "
           "magnitude (DynamiQ paper, Table 7: .79 N(-3.99, 1.22), .21 N(-16.41, 4.63) in ln), times a normal "
           "value shared by all workers (share --correlation of the variance) plus a private normal value.");
 ABSL_FLAG(double, correlation, 0.5, "Synthetic data: fraction of variance shared by all workers (0..1).");

@@ -541,8 +541,11 @@ absl::StatusOr<DataPath::CrossNodeResult> Job::CrossNode(uint64_t sequence, cons
   if (codec->id() == kernels::CodecId::kArcTopK && options_.arc_topk_error_feedback) {
     absl::StatusOr<ErrorFeedbackState*> state = error_feedback_.Get(tensor_name, n, epoch);
     if (!state.ok()) {
-      return absl::Status(state.status().code(), absl::StrCat("collective ", sequence, " of job ", options_.id, ": ",
-                                                              state.status().message()));
+      const absl::Status failed(state.status().code(), absl::StrCat("collective ", sequence, " of job ", options_.id,
+                                                                    ": ", state.status().message()));
+      // Like a failed local reduce: the other nodes learn why instead of waiting for this one.
+      group_.Announce(group_.Decide({{sequence, failed}}));
+      return failed;
     }
     error_feedback = *state;
   }
