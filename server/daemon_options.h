@@ -41,6 +41,10 @@ struct DaemonOptions {
   // Fraction (0..1) of compressed cross-node collectives whose error is measured (see
   // server/error_probe.h). Node 0's value applies to the whole cluster.
   double error_sample_rate = 0.01;
+  // One DynamiQ bit budget per training step (server/step_budget_planner.h): each bucket's
+  // cross-node collective runs at its share of the job's b̄, planned from the previous step. Every
+  // node must set the same (Start fails otherwise). CPU nodes only: GPU nodes keep the job's b̄.
+  bool step_budget = false;
   // Operator token, cluster secret and TLS files (server/security.h, docs/security.md); unset: off.
   SecurityOptions security;
   // Where jobs reduce: kCuda needs a build with CUDA and NCCL and CUDA device `cuda_device`

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include <optional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -62,6 +63,10 @@ class DataPath {
   virtual absl::StatusOr<CrossNodeResult> CrossNode(const kernels::Codec& codec, engine::Transport& transport,
                                                     const engine::AllReduceOptions& options, size_t n,
                                                     double error_sample_rate) = 0;
+  // Per 256-element super-group, the sum of squares of the cross-node result of `n` elements (call
+  // after CrossNode, before WriteBack) into `energies`; false where the path cannot read it (the
+  // sum lives in device memory). One budget per step plans from it (server/step_budget_planner.h).
+  virtual bool ResultEnergies(size_t /*n*/, std::vector<double>* /*energies*/) { return false; }
   // Writes the sum (times `scale` for outputs that average), converted to each output's dtype, into
   // every output; returns once all of them hold it.
   virtual absl::Status WriteBack(absl::Span<const Output> outputs, size_t n, float scale) = 0;

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -130,14 +131,16 @@ inline server::DaemonOptions TestDaemonOptions(const std::string& dir, uint32_t 
   return o;
 }
 
-// Starts `nodes` daemons that form one cluster (node 0 coordinates), with --timeout `timeout`.
-// Start() returns only once every node has joined, so the nodes start on their own threads.
+// Starts `nodes` daemons that form one cluster (node 0 coordinates), with --timeout `timeout`;
+// `adjust` (if set) edits every node's options first. Start() returns only once every node has
+// joined, so the nodes start on their own threads.
 inline absl::StatusOr<std::vector<std::unique_ptr<server::Daemon>>> StartTestCluster(
-    const std::string& dir, uint32_t nodes, const server::JobConfig& config,
-    absl::Duration timeout = absl::Seconds(20)) {
+    const std::string& dir, uint32_t nodes, const server::JobConfig& config, absl::Duration timeout = absl::Seconds(20),
+    const std::function<void(server::DaemonOptions&)>& adjust = nullptr) {
   std::vector<std::unique_ptr<server::Daemon>> daemons;
   server::DaemonOptions first = TestDaemonOptions(dir, 0, nodes, config);
   first.timeout = timeout;
+  if (adjust) adjust(first);
   daemons.push_back(std::make_unique<server::Daemon>(first));
   std::vector<absl::Status> status(nodes);
   std::vector<std::thread> threads;
@@ -148,6 +151,7 @@ inline absl::StatusOr<std::vector<std::unique_ptr<server::Daemon>>> StartTestClu
     server::DaemonOptions o = TestDaemonOptions(dir, r, nodes, config);
     o.coordinator = coordinator;
     o.timeout = timeout;
+    if (adjust) adjust(o);
     daemons.push_back(std::make_unique<server::Daemon>(o));
   }
   for (uint32_t r = 1; r < nodes; ++r) threads.emplace_back([&, r] { status[r] = daemons[r]->Start(); });
