@@ -104,5 +104,16 @@ TEST(DaemonStepBudgetTest, TheLoudBucketGetsMoreBitsAndTheStepLessError) {
                                                     << ", per step " << per_step.error / per_step.energy;
 }
 
+TEST(DaemonStepBudgetTest, NodesThatDisagreeDoNotStart) {
+  TempDir temp;
+  auto config = MakeJobConfig("dynamiq", 5, "ring", /*min_compress_elements=*/1024, "measured");
+  ASSERT_THAT(config, IsOk());
+  auto daemons = StartTestCluster(temp.path(), 2, *config, absl::Seconds(20),
+                                  [](DaemonOptions& o) { o.step_budget = o.node_rank == 0; });
+  ASSERT_FALSE(daemons.ok());
+  EXPECT_EQ(daemons.status().code(), absl::StatusCode::kFailedPrecondition) << daemons.status();
+  EXPECT_NE(daemons.status().message().find("--step_budget"), absl::string_view::npos) << daemons.status();
+}
+
 }  // namespace
 }  // namespace dynamiq::server
