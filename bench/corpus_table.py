@@ -195,6 +195,8 @@ def join_buckets(args, sets):
 def main():
     args = parse_args()
     sets = load_sets(args)
+    if args.joint and args.step_budget:
+        raise SystemExit("--joint and --step-budget are two ways to share one budget: pick one")
     budgets = {}  # (set, bucket index) -> {b: b̄}
     if args.step_budget:
         for (model, step), dumps in sorted(sets.items()):

@@ -61,7 +61,7 @@ kernels::BucketPlan SliceBucketPlan(const kernels::BucketPlan& bucket, uint64_t 
 kernels::BucketPlan JoinBlockPlans(absl::Span<const kernels::BucketPlan> blocks, uint64_t sequence) {
   kernels::BucketPlan joined;
   if (blocks.empty()) return joined;
-  joined.round = kernels::RoundInfo{sequence, blocks[0].round.rank, blocks[0].round.world_size};
+  joined.round = kernels::RoundInfo{sequence, blocks[0].round.rank, blocks[0].round.world_size, blocks[0].round.bits};
   joined.global_scale = blocks[0].global_scale;
   for (const kernels::BucketPlan& b : blocks) {
     joined.num_elements += b.num_elements;

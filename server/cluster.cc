@@ -173,6 +173,20 @@ absl::StatusOr<double> Cluster::AgreeOnErrorSampleRate(double mine) {
   return rate;
 }
 
+absl::Status Cluster::AgreeOnStepBudget(bool mine) {
+  if (options_.num_nodes <= 1) return absl::OkStatus();
+  const std::string key = "cluster/step_budget";
+  const std::string value = mine ? "true" : "false";
+  if (options_.node_rank == 0) return store_->Set(key, value);
+  DQ_ASSIGN_OR_RETURN(std::string theirs, WaitForStartKey(key));
+  if (theirs != value) {
+    return absl::FailedPreconditionError(absl::StrCat("node 0 runs --step_budget=", theirs,
+                                                      " but this node --step_budget=", value,
+                                                      ": every node of a cluster must set the same"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Cluster::AgreeOnDevice(absl::string_view mine) {
   if (options_.num_nodes <= 1) return absl::OkStatus();
   // A CPU node runs Gloo, a GPU node NCCL or staged Gloo: they would never meet. Say so at startup.

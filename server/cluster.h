@@ -63,6 +63,9 @@ class Cluster {
   // Start-up agreements: node 0 publishes its value, the others adopt it (the sample rate, with a
   // log line when theirs differed) or must match it (the device: FAILED_PRECONDITION otherwise).
   absl::StatusOr<double> AgreeOnErrorSampleRate(double mine);
+  // Every node must plan one bit budget per step or none (the shares travel in the step headers):
+  // FAILED_PRECONDITION naming both settings otherwise.
+  absl::Status AgreeOnStepBudget(bool mine);
   absl::Status AgreeOnDevice(absl::string_view mine);
 
   // A coordinator that answers but no longer knows this node restarted with an empty store: join it

@@ -143,6 +143,7 @@ absl::Status Daemon::Start() {
     error_sample_rate_ = rate;
   }
   DQ_RETURN_IF_ERROR(cluster_->AgreeOnDevice(DataPathName(options_)));
+  DQ_RETURN_IF_ERROR(cluster_->AgreeOnStepBudget(options_.step_budget));
   if (options_.num_nodes > 1) {
     DQ_RETURN_IF_ERROR(AgreeOnClusterAuthentication(cluster_->store(), options_.node_rank,
                                                     !security_.cluster_secret.empty(), options_.timeout));
@@ -301,6 +302,7 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id
   o.arc_topk_error_feedback = options_.arc_topk_error_feedback;
   o.arc_topk_momentum = options_.arc_topk_momentum;
   o.error_feedback_bytes = options_.error_feedback_mib << 20;
+  o.step_budget = options_.step_budget;
   // Engine messages between nodes carry HMAC tags under the job's key (engine/step_auth.h).
   if (!security_.cluster_secret.empty()) {
     o.authenticator = engine::StepAuthenticator::ForJob(security_.cluster_secret, job_id);

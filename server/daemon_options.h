@@ -47,6 +47,10 @@ struct DaemonOptions {
   bool arc_topk_error_feedback = false;
   double arc_topk_momentum = 1.0;  // EF21M's eta in (0, 1]; 1: plain EF21
   size_t error_feedback_mib = 1024;
+  // One DynamiQ bit budget per training step (server/step_budget_planner.h): each bucket's
+  // cross-node collective runs at its share of the job's b̄, planned from the previous step. Every
+  // node must set the same (Start fails otherwise). CPU nodes only: GPU nodes keep the job's b̄.
+  bool step_budget = false;
   // Operator token, cluster secret and TLS files (server/security.h, docs/security.md); unset: off.
   SecurityOptions security;
   // Where jobs reduce: kCuda needs a build with CUDA and NCCL and CUDA device `cuda_device`

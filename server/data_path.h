@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include <optional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -66,6 +67,10 @@ class DataPath {
   // The EF21(M) state and momentum (server/error_feedback.h) the next CrossNode uses if its codec is arc_topk; null:
   // none. Paths without error feedback (the device path, which runs no arc_topk) ignore it.
   virtual void SetErrorFeedback(ErrorFeedbackState* state, double momentum) {}
+  // Per 256-element super-group, the sum of squares of the cross-node result of `n` elements (call
+  // after CrossNode, before WriteBack) into `energies`; false where the path cannot read it (the
+  // sum lives in device memory). One budget per step plans from it (server/step_budget_planner.h).
+  virtual bool ResultEnergies(size_t /*n*/, std::vector<double>* /*energies*/) { return false; }
   // Writes the sum (times `scale` for outputs that average), converted to each output's dtype, into
   // every output; returns once all of them hold it.
   virtual absl::Status WriteBack(absl::Span<const Output> outputs, size_t n, float scale) = 0;

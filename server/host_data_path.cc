@@ -7,6 +7,7 @@
 #include "common/status_macros.h"
 #include "kernels/bf16_math.h"
 #include "kernels/codec_registry.h"
+#include "kernels/dynamiq_math.h"
 #include "server/error_probe.h"
 
 namespace dynamiq::server {
@@ -103,6 +104,16 @@ absl::StatusOr<DataPath::CrossNodeResult> HostDataPath::CrossNode(const kernels:
   }
   out.vnmse = Vnmse(sum_, exact.data(), n);
   return out;
+}
+
+bool HostDataPath::ResultEnergies(size_t n, std::vector<double>* energies) {
+  if (sum_ == nullptr) return false;
+  energies->assign((n + kernels::kSuperGroupSize - 1) / kernels::kSuperGroupSize, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    const double x = sum_[i];
+    (*energies)[i / kernels::kSuperGroupSize] += x * x;
+  }
+  return true;
 }
 
 absl::Status HostDataPath::WriteBack(absl::Span<const Output> outputs, size_t n, float scale) {

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -13,6 +15,7 @@
 #include "engine/allreduce.h"
 #include "engine/step_header.h"
 #include "kernels/bf16_math.h"
+#include "kernels/cpu/dynamiq_codec.h"
 #include "server/error_probe.h"
 #include "server/host_data_path.h"
 
@@ -434,13 +437,32 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   // The local workers disagree, or the local reduce failed: this node skips the cross-node step.
   if (!status.ok()) group_.Announce(group_.Decide({{sequence, status}}));
   DataPath::CrossNodeResult cross;
+  // One budget per step: this bucket's share of the job's b̄ (0: the job's own).
+  const kernels::CodecConfig codec = EffectiveCodec(config, n);
+  const std::string bucket = absl::StrCat(entries[0]->request.tensor_name, "/", n);
+  const bool plan = options_.step_budget && options_.num_nodes > 1;
+  if (plan && epoch != planner_epoch_) {
+    planner_.Reset();
+    planner_epoch_ = epoch;
+  }
+  const double bits = plan ? planner_.BitsFor(bucket, codec) : 0;
   if (status.ok() && options_.num_nodes > 1) {
     absl::StatusOr<DataPath::CrossNodeResult> r =
-        CrossNode(sequence, config, epoch, entries[0]->request.tensor_name, entries[0]->request.dtype, n);
+        CrossNode(sequence, config, epoch, entries[0]->request.tensor_name, entries[0]->request.dtype, n, bits);
     if (r.ok()) {
       cross = *std::move(r);
     } else {
       status = WithRemoteCause(sequence, r.status());
+    }
+  }
+  if (plan && codec.id == kernels::CodecId::kDynamiq) {
+    std::vector<double> energies;
+    absl::StatusOr<kernels::Codec*> dq = codecs_.Get(codec);
+    const auto* dynamiq = dq.ok() ? dynamic_cast<const kernels::DynamiqCodec*>(*dq) : nullptr;
+    if (status.ok() && dynamiq != nullptr && path_->ResultEnergies(n, &energies)) {
+      planner_.Record(bucket, n, std::move(energies), codec, dynamiq->width_errors());
+    } else {
+      planner_.Reset();  // a failed collective (on every node), or a path that cannot plan
     }
   }
   if (status.ok()) {
@@ -517,8 +539,8 @@ void Job::CountFailure(uint64_t num_elements, Classification how) {
 }
 
 absl::StatusOr<DataPath::CrossNodeResult> Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch,
-                                                         absl::string_view tensor_name, kernels::DType dtype,
-                                                         size_t n) {
+                                                         absl::string_view tensor_name, kernels::DType dtype, size_t n,
+                                                         double bits) {
   DQ_ASSIGN_OR_RETURN(engine::Transport * transport, group_.Connected(sequence));
   DQ_ASSIGN_OR_RETURN(kernels::Codec * codec, codecs_.Get(EffectiveCodec(config, n)));
   engine::AllReduceOptions o;
@@ -526,6 +548,7 @@ absl::StatusOr<DataPath::CrossNodeResult> Job::CrossNode(uint64_t sequence, cons
   o.job_id = CollectiveId(options_.id, options_.incarnation, tensor_name, n, dtype);
   o.config_epoch = epoch;
   o.sequence = sequence;
+  o.bits = bits;
   o.timeout = std::max(absl::Milliseconds(1), deadline_ - absl::Now());
   o.authenticator = options_.authenticator.get();
   // A job under an error budget may sample more often than the daemon's default rate.

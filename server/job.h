@@ -49,6 +49,7 @@
 #include "server/job_config.h"
 #include "server/job_coordinator.h"
 #include "server/job_observer.h"
+#include "server/step_budget_planner.h"
 
 namespace dynamiq::server {
 
@@ -99,6 +100,11 @@ class Job {
     // Where collectives run (and `connect` must return transports it can drive). Null: a
     // HostDataPath (CPU node).
     std::shared_ptr<DataPath> data_path;
+    // One DynamiQ bit budget per training step (server/step_budget_planner.h): each bucket's
+    // cross-node collective runs at its share of the job's b̄, planned from the previous step's
+    // results. Every node of the job must agree (dynamiqd --step_budget, checked at startup). Data
+    // paths that cannot read the result (GPU nodes) keep the job's b̄.
+    bool step_budget = false;
   };
 
   struct Request {
@@ -190,7 +196,8 @@ class Job {
   // then the data path's all-reduce (and error probe). The tensor's name and the workers' dtype
   // identify the collective on the wire. A failure drops the group (re-formed at the next one).
   absl::StatusOr<DataPath::CrossNodeResult> CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch,
-                                                      absl::string_view tensor_name, kernels::DType dtype, size_t n);
+                                                      absl::string_view tensor_name, kernels::DType dtype, size_t n,
+                                                      double bits);
   // The codec collectives of `num_elements` use across nodes (none below min_compress_elements).
   static kernels::CodecConfig EffectiveCodec(const JobConfig& config, uint64_t num_elements);
   // Counts a failed collective and reports it to the observer.
@@ -225,7 +232,9 @@ class Job {
   // arc_topk's error feedback per tensor, dropped at every config epoch change (reducer thread only).
   ErrorFeedback error_feedback_;
   uint64_t error_feedback_epoch_ = 0;
-  absl::Mutex close_mu_;  // serialises Close (the reducer is joined once)
+  StepBudgetPlanner planner_;   // reducer thread only (options_.step_budget)
+  uint64_t planner_epoch_ = 0;  // the config epoch planner_ plans for (reducer thread only)
+  absl::Mutex close_mu_;        // serialises Close (the reducer is joined once)
   std::thread reducer_ ABSL_GUARDED_BY(close_mu_);
 };
 

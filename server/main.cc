@@ -96,6 +96,12 @@ ABSL_FLAG(double, error_sample_rate, 0.01,
           "exact fp32 sum computed on the side (an extra uncompressed all-reduce; "
           "dynamiq_compression_error_vnmse). Node 0's value applies to the whole cluster.");
 
+ABSL_FLAG(bool, step_budget, false,
+          "One DynamiQ bit budget per training step: the job's b̄ is the average over a step's buckets (a step: "
+          "until a bucket's tensor name comes round again), split so that buckets holding more of the gradient's "
+          "energy get more bits, planned from the previous step's results (docs/codec_real_gradients.md). Every "
+          "node must set the same. CPU nodes only (GPU nodes keep the job's b̄).");
+
 // Security (docs/security.md). Each is off when unset, as suits a trusted network only.
 ABSL_FLAG(std::string, operator_token_file, "",
           "File holding the operator bearer token(s), one per line (mode 0600 or stricter, else dynamiqd refuses to "
@@ -211,6 +217,7 @@ int main(int argc, char** argv) {
   o.arc_topk_error_feedback = absl::GetFlag(FLAGS_arc_topk_error_feedback);
   o.arc_topk_momentum = absl::GetFlag(FLAGS_arc_topk_momentum);
   o.error_feedback_mib = absl::GetFlag(FLAGS_error_feedback_mib);
+  o.step_budget = absl::GetFlag(FLAGS_step_budget);
   o.device = *device;
   o.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   o.transport = absl::GetFlag(FLAGS_transport);

@@ -78,6 +78,11 @@ TEST_F(ClusterTest, JoinGivesEveryNodeTheMembersAndStartUpSettingsAgree) {
   ASSERT_THAT(nodes_[0]->AgreeOnDevice("cpu"), IsOk());
   EXPECT_THAT(nodes_[1]->AgreeOnDevice("cuda"),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("node 0 runs --device=cpu")));
+  // One budget per step: all nodes or none.
+  ASSERT_THAT(nodes_[0]->AgreeOnStepBudget(true), IsOk());
+  EXPECT_THAT(nodes_[1]->AgreeOnStepBudget(false),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("node 0 runs --step_budget=true")));
+  EXPECT_THAT(nodes_[1]->AgreeOnStepBudget(true), IsOk());
 }
 
 TEST_F(ClusterTest, JoinNamesTheMissingRankAndStopsWhenCancelled) {

@@ -1,0 +1,119 @@
+// End-to-end: dynamiqd --step_budget on two nodes. A step all-reduces a large bucket of small
+// gradients and a small bucket of large ones (a CNN's dense and conv layers); with one budget per
+// step the second gets more bits and the first fewer, the step sends about what it did, every
+// worker still gets the same bits, and the step's error drops.
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "server/job.h"
+#include "tests/testing/daemon_harness.h"
+#include "tests/testing/status_matchers.h"
+
+namespace dynamiq::server {
+namespace {
+
+using ::dynamiq::testing::ConnectTestWorker;
+using ::dynamiq::testing::DaemonTestWorker;
+using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::StartTestCluster;
+using ::dynamiq::testing::TempDir;
+
+constexpr size_t kQuiet = 64 * 1024, kLoud = 8 * 1024;
+
+// Worker w's gradient element k of bucket `loud` at `step`: uncorrelated across workers (flat
+// buckets, like late training), the loud bucket 30x larger.
+float Value(bool loud, size_t k, size_t w, int step) {
+  const double x = static_cast<double>(k);
+  const double v = std::sin(0.37 * x * (w + 2) + 1.3 * step) + 0.5 * std::cos(0.011 * x + w);
+  return static_cast<float>(loud ? 30 * v : v);
+}
+
+struct StepRun {
+  double error = 0, energy = 0;  // of the whole step, summed over its buckets
+  uint64_t wire_bytes[2] = {0, 0};
+};
+
+// Runs `steps` steps on a fresh 2-node cluster (1 worker each); returns what the last one did.
+StepRun RunSteps(bool step_budget, int steps) {
+  TempDir temp;
+  auto config = MakeJobConfig("dynamiq", 5, "ring", /*min_compress_elements=*/1024, "measured");
+  EXPECT_THAT(config, IsOk());
+  auto daemons = StartTestCluster(temp.path(), 2, *config, absl::Seconds(20),
+                                  [&](DaemonOptions& o) { o.step_budget = step_budget; });
+  EXPECT_THAT(daemons, IsOk());
+  if (!daemons.ok()) return {};
+  std::vector<DaemonTestWorker> workers;
+  for (uint32_t node = 0; node < 2; ++node) {
+    auto w = ConnectTestWorker(absl::StrCat(temp.path(), "/node", node, ".sock"), "job", 0, 1, kQuiet);
+    EXPECT_THAT(w, IsOk());
+    if (!w.ok()) return {};
+    workers.push_back(std::move(w).value());
+  }
+  StepRun last;
+  for (int step = 0; step < steps; ++step) {
+    last = StepRun{};
+    for (int b = 0; b < 2; ++b) {
+      const bool loud = b == 1;
+      const size_t n = loud ? kLoud : kQuiet;
+      for (size_t w = 0; w < 2; ++w) {
+        for (size_t k = 0; k < n; ++k) workers[w].data()[k] = Value(loud, k, w, step);
+      }
+      grpc::Status status[2];
+      dynamiq::v1::AllReduceResponse response[2];
+      std::vector<std::thread> threads;
+      for (size_t w = 0; w < 2; ++w) {
+        threads.emplace_back(
+            [&, w] { status[w] = workers[w].AllReduce(absl::StrCat("model.bucket", b), n, false, &response[w]); });
+      }
+      for (auto& t : threads) t.join();
+      for (size_t w = 0; w < 2; ++w) EXPECT_TRUE(status[w].ok()) << status[w].error_message();
+      EXPECT_EQ(0, std::memcmp(workers[0].data(), workers[1].data(), n * 4)) << "step " << step << " bucket " << b;
+      last.wire_bytes[b] = response[0].wire_bytes();
+      for (size_t k = 0; k < n; ++k) {
+        const double exact = static_cast<double>(Value(loud, k, 0, step)) + Value(loud, k, 1, step);
+        const double d = workers[0].data()[k] - exact;
+        last.error += d * d;
+        last.energy += exact * exact;
+      }
+    }
+  }
+  for (auto& d : *daemons) d->Shutdown();
+  return last;
+}
+
+TEST(DaemonStepBudgetTest, TheLoudBucketGetsMoreBitsAndTheStepLessError) {
+  const StepRun per_bucket = RunSteps(false, 3);
+  const StepRun per_step = RunSteps(true, 3);
+  ASSERT_GT(per_bucket.energy, 0);
+  ASSERT_EQ(per_step.energy, per_bucket.energy);
+  EXPECT_GT(per_step.wire_bytes[1], per_bucket.wire_bytes[1] * 13 / 10);  // ~8 bits instead of 5
+  EXPECT_LT(per_step.wire_bytes[0], per_bucket.wire_bytes[0]);
+  const uint64_t step_bytes = per_step.wire_bytes[0] + per_step.wire_bytes[1];
+  const uint64_t bucket_bytes = per_bucket.wire_bytes[0] + per_bucket.wire_bytes[1];
+  EXPECT_LE(step_bytes, bucket_bytes * 101 / 100);
+  RecordProperty("vnmse_per_bucket", absl::StrCat(per_bucket.error / per_bucket.energy));
+  RecordProperty("vnmse_per_step", absl::StrCat(per_step.error / per_step.energy));
+  RecordProperty("wire_bytes_per_bucket", absl::StrCat(per_bucket.wire_bytes[0], " + ", per_bucket.wire_bytes[1]));
+  RecordProperty("wire_bytes_per_step", absl::StrCat(per_step.wire_bytes[0], " + ", per_step.wire_bytes[1]));
+  EXPECT_LT(per_step.error, 0.5 * per_bucket.error) << "vNMSE per bucket " << per_bucket.error / per_bucket.energy
+                                                    << ", per step " << per_step.error / per_step.energy;
+}
+
+TEST(DaemonStepBudgetTest, NodesThatDisagreeDoNotStart) {
+  TempDir temp;
+  auto config = MakeJobConfig("dynamiq", 5, "ring", /*min_compress_elements=*/1024, "measured");
+  ASSERT_THAT(config, IsOk());
+  auto daemons = StartTestCluster(temp.path(), 2, *config, absl::Seconds(20),
+                                  [](DaemonOptions& o) { o.step_budget = o.node_rank == 0; });
+  ASSERT_FALSE(daemons.ok());
+  EXPECT_EQ(daemons.status().code(), absl::StatusCode::kFailedPrecondition) << daemons.status();
+  EXPECT_NE(daemons.status().message().find("--step_budget"), absl::string_view::npos) << daemons.status();
+}
+
+}  // namespace
+}  // namespace dynamiq::server
