@@ -1,4 +1,5 @@
 #include "kernels/cpu/arc_topk_codec.h"
+#include "tests/kernels/malformed_chunk.h"
 
 #include <algorithm>
 #include <cmath>
@@ -244,22 +245,11 @@ class ArcTopKMalformedTest : public ::testing::Test {
   }
 
   void ExpectRejected(const std::vector<uint8_t>& bytes, absl::StatusCode code, const std::string& substr) {
-    std::vector<float> out(chunk_.count, 42.0f);
-    EXPECT_THAT(codec_->Decompress(plan_, chunk_, bytes, Dst(out, chunk_.begin)), StatusIs(code, HasSubstr(substr)));
-    EXPECT_THAT(out, ::testing::Each(42.0f));
-    EXPECT_THAT(codec_->DecompressAccumulate(plan_, chunk_, bytes, out.data()), StatusIs(code, HasSubstr(substr)));
-    EXPECT_THAT(out, ::testing::Each(42.0f));
-    std::vector<uint8_t> dar(codec_->MaxEncodedBytes(plan_, chunk_), 0x5a);
-    EXPECT_THAT(codec_->DecompressAccumulateRecompress(plan_, chunk_, bytes, Src(x_), absl::MakeSpan(dar)),
-                StatusIs(code, HasSubstr(substr)));
-    EXPECT_THAT(dar, ::testing::Each(0x5a));
+    testing::ExpectChunkRejected(*codec_, plan_, chunk_, Src(x_), bytes, code, substr);
   }
 
   static std::vector<uint8_t> WithHeader(std::vector<uint8_t> bytes, const std::function<void(ChunkHeader&)>& edit) {
-    ChunkHeader h = *ParseChunkHeader(bytes);
-    edit(h);
-    WriteChunkHeader(h, absl::MakeSpan(bytes));
-    return bytes;
+    return testing::WithChunkHeader(std::move(bytes), edit);
   }
 
   std::unique_ptr<Codec> codec_;

@@ -1,4 +1,5 @@
 #include "kernels/cpu/uniform_codec.h"
+#include "tests/kernels/malformed_chunk.h"
 
 #include <cmath>
 #include <cstring>
@@ -431,23 +432,11 @@ class UniformMalformedTest : public ::testing::Test {
   // Runs Decompress, DecompressAccumulate and DAR on `bytes`; each must fail with `code` and a
   // message containing `substr`, and leave its output untouched.
   void ExpectRejected(const std::vector<uint8_t>& bytes, absl::StatusCode code, const std::string& substr) {
-    std::vector<float> out(chunk_.count, 42.0f);
-    EXPECT_THAT(codec_->Decompress(plan_, chunk_, bytes, Dst(out, chunk_.begin)), StatusIs(code, HasSubstr(substr)));
-    EXPECT_THAT(out, ::testing::Each(42.0f));
-    EXPECT_THAT(codec_->DecompressAccumulate(plan_, chunk_, bytes, out.data()), StatusIs(code, HasSubstr(substr)));
-    EXPECT_THAT(out, ::testing::Each(42.0f));
-    std::vector<uint8_t> dar(codec_->MaxEncodedBytes(plan_, chunk_), 0x5a);
-    EXPECT_THAT(codec_->DecompressAccumulateRecompress(plan_, chunk_, bytes, Src(x_), absl::MakeSpan(dar)),
-                StatusIs(code, HasSubstr(substr)));
-    EXPECT_THAT(dar, ::testing::Each(0x5a));
+    testing::ExpectChunkRejected(*codec_, plan_, chunk_, Src(x_), bytes, code, substr);
   }
 
   std::vector<uint8_t> WithHeader(const std::function<void(ChunkHeader&)>& edit) {
-    auto bytes = good_;
-    ChunkHeader h = *ParseChunkHeader(bytes);
-    edit(h);
-    WriteChunkHeader(h, absl::MakeSpan(bytes));
-    return bytes;
+    return testing::WithChunkHeader(good_, edit);
   }
 
   std::unique_ptr<Codec> codec_;
