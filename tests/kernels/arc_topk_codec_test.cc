@@ -1,5 +1,5 @@
 #include "kernels/cpu/arc_topk_codec.h"
-#include "tests/kernels/malformed_chunk.h"
+#include "tests/kernels/codec_test_util.h"
 
 #include <algorithm>
 #include <cmath>
@@ -22,7 +22,12 @@ namespace dynamiq::kernels {
 namespace {
 
 using ::dynamiq::testing::StatusIs;
+using testing::Dst;
 using ::testing::HasSubstr;
+using testing::MustCompress;
+using testing::MustDar;
+using testing::MustDecompress;
+using testing::Src;
 
 constexpr uint64_t kSeed = 0x5eed5eed5eed5eedull;
 
@@ -38,20 +43,6 @@ std::unique_ptr<Codec> MustCreate(double density = 0.25) {
   auto codec = CreateCodec(Config(density));
   EXPECT_TRUE(codec.ok()) << codec.status();
   return codec.ok() ? *std::move(codec) : nullptr;
-}
-
-Source Src(const std::vector<float>& v, size_t first = 0) {
-  Source s;
-  s.data = v.data();
-  s.first = first;
-  return s;
-}
-
-Dest Dst(std::vector<float>& v, size_t first = 0) {
-  Dest d;
-  d.data = v.data();
-  d.first = first;
-  return d;
 }
 
 // Rows of 256 with row g's scale scales[g] (Gaussian within a row).
@@ -80,31 +71,6 @@ BucketPlan MustPlan(const Codec& codec, size_t n, uint64_t round, uint32_t rank,
   auto plan = codec.MakePlan(RoundInfo{round, rank, world_size}, n, local, reduced);
   EXPECT_TRUE(plan.ok()) << plan.status();
   return *plan;
-}
-
-std::vector<uint8_t> MustCompress(const Codec& codec, const BucketPlan& plan, const ChunkRef& chunk,
-                                  const Source& src) {
-  std::vector<uint8_t> out(codec.MaxEncodedBytes(plan, chunk));
-  auto n = codec.Compress(plan, chunk, src, absl::MakeSpan(out));
-  EXPECT_TRUE(n.ok()) << n.status();
-  if (n.ok()) out.resize(*n);
-  return out;
-}
-
-std::vector<uint8_t> MustDar(const Codec& codec, const BucketPlan& plan, const ChunkRef& chunk,
-                             const std::vector<uint8_t>& in, const Source& src) {
-  std::vector<uint8_t> out(codec.MaxEncodedBytes(plan, chunk));
-  auto n = codec.DecompressAccumulateRecompress(plan, chunk, in, src, absl::MakeSpan(out));
-  EXPECT_TRUE(n.ok()) << n.status();
-  if (n.ok()) out.resize(*n);
-  return out;
-}
-
-std::vector<float> MustDecompress(const Codec& codec, const BucketPlan& plan, const ChunkRef& chunk,
-                                  const std::vector<uint8_t>& in) {
-  std::vector<float> out(chunk.count, -12345.0f);
-  DQ_EXPECT_OK(codec.Decompress(plan, chunk, in, Dst(out, chunk.begin)));
-  return out;
 }
 
 size_t Kept(const BucketPlan& plan) { return std::count(plan.widths.begin(), plan.widths.end(), 1); }

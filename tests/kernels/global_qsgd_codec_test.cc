@@ -1,5 +1,5 @@
 #include "kernels/cpu/global_qsgd_codec.h"
-#include "tests/kernels/malformed_chunk.h"
+#include "tests/kernels/codec_test_util.h"
 
 #include <algorithm>
 #include <cmath>
@@ -22,7 +22,13 @@ namespace dynamiq::kernels {
 namespace {
 
 using ::dynamiq::testing::StatusIs;
+using testing::Dst;
+using testing::Gaussian;
 using ::testing::HasSubstr;
+using testing::MustCompress;
+using testing::MustDar;
+using testing::MustDecompress;
+using testing::Src;
 
 constexpr uint64_t kSeed = 0x5eed5eed5eed5eedull;
 
@@ -41,28 +47,6 @@ std::unique_ptr<Codec> MustCreate(int bits = 8, bool correlated = true) {
   return codec.ok() ? *std::move(codec) : nullptr;
 }
 
-Source Src(const std::vector<float>& v, size_t first = 0) {
-  Source s;
-  s.data = v.data();
-  s.first = first;
-  return s;
-}
-
-Dest Dst(std::vector<float>& v, size_t first = 0) {
-  Dest d;
-  d.data = v.data();
-  d.first = first;
-  return d;
-}
-
-std::vector<float> Gaussian(size_t n, uint32_t seed, float sigma = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sigma);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
 // The plan every rank of the round computes: local max |x| reduced with max, then MakePlan.
 BucketPlan MustPlan(const Codec& codec, size_t n, uint64_t round, uint32_t rank, uint32_t world_size,
                     const std::vector<const std::vector<float>*>& all_ranks) {
@@ -79,31 +63,6 @@ BucketPlan MustPlan(const Codec& codec, size_t n, uint64_t round, uint32_t rank,
   auto plan = codec.MakePlan(info, n, absl::MakeConstSpan(&local, 1), absl::MakeConstSpan(&reduced, 1));
   EXPECT_TRUE(plan.ok()) << plan.status();
   return *plan;
-}
-
-std::vector<uint8_t> MustCompress(const Codec& codec, const BucketPlan& plan, const ChunkRef& chunk,
-                                  const Source& src) {
-  std::vector<uint8_t> out(codec.MaxEncodedBytes(plan, chunk));
-  auto n = codec.Compress(plan, chunk, src, absl::MakeSpan(out));
-  EXPECT_TRUE(n.ok()) << n.status();
-  if (n.ok()) out.resize(*n);
-  return out;
-}
-
-std::vector<uint8_t> MustDar(const Codec& codec, const BucketPlan& plan, const ChunkRef& chunk,
-                             const std::vector<uint8_t>& in, const Source& src) {
-  std::vector<uint8_t> out(codec.MaxEncodedBytes(plan, chunk));
-  auto n = codec.DecompressAccumulateRecompress(plan, chunk, in, src, absl::MakeSpan(out));
-  EXPECT_TRUE(n.ok()) << n.status();
-  if (n.ok()) out.resize(*n);
-  return out;
-}
-
-std::vector<float> MustDecompress(const Codec& codec, const BucketPlan& plan, const ChunkRef& chunk,
-                                  const std::vector<uint8_t>& in) {
-  std::vector<float> out(chunk.count, -12345.0f);
-  DQ_EXPECT_OK(codec.Decompress(plan, chunk, in, Dst(out, chunk.begin)));
-  return out;
 }
 
 // A ring along ranks 0..n-1 for one chunk: rank 0 compresses, every later rank runs DAR. Returns

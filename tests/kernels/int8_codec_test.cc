@@ -1,5 +1,5 @@
 #include "kernels/cpu/int8_codec.h"
-#include "tests/kernels/malformed_chunk.h"
+#include "tests/kernels/codec_test_util.h"
 
 #include <cmath>
 #include <cstring>
@@ -20,7 +20,13 @@ namespace dynamiq::kernels {
 namespace {
 
 using ::dynamiq::testing::StatusIs;
+using testing::Dst;
+using testing::Gaussian;
 using ::testing::HasSubstr;
+using testing::MustCompress;
+using testing::MustDar;
+using testing::MustDecompress;
+using testing::Src;
 
 CodecConfig Config() {
   CodecConfig c;
@@ -36,53 +42,6 @@ BucketPlan Plan(size_t num_elements, uint64_t round = 7, uint32_t rank = 0, uint
   p.round.world_size = world_size;
   p.num_elements = num_elements;
   return p;
-}
-
-Source Src(const std::vector<float>& v, size_t first = 0) {
-  Source s;
-  s.data = v.data();
-  s.first = first;
-  return s;
-}
-
-Dest Dst(std::vector<float>& v, size_t first = 0) {
-  Dest d;
-  d.data = v.data();
-  d.first = first;
-  return d;
-}
-
-std::vector<uint8_t> MustCompress(const Codec& codec, const BucketPlan& plan, const ChunkRef& chunk,
-                                  const Source& src) {
-  std::vector<uint8_t> out(codec.MaxEncodedBytes(plan, chunk));
-  auto n = codec.Compress(plan, chunk, src, absl::MakeSpan(out));
-  EXPECT_TRUE(n.ok()) << n.status();
-  if (n.ok()) out.resize(*n);
-  return out;
-}
-
-std::vector<uint8_t> MustDar(const Codec& codec, const BucketPlan& plan, const ChunkRef& chunk,
-                             const std::vector<uint8_t>& in, const Source& src) {
-  std::vector<uint8_t> out(codec.MaxEncodedBytes(plan, chunk));
-  auto n = codec.DecompressAccumulateRecompress(plan, chunk, in, src, absl::MakeSpan(out));
-  EXPECT_TRUE(n.ok()) << n.status();
-  if (n.ok()) out.resize(*n);
-  return out;
-}
-
-std::vector<float> MustDecompress(const Codec& codec, const BucketPlan& plan, const ChunkRef& chunk,
-                                  const std::vector<uint8_t>& in) {
-  std::vector<float> out(chunk.count, -12345.0f);
-  DQ_EXPECT_OK(codec.Decompress(plan, chunk, in, Dst(out, chunk.begin)));
-  return out;
-}
-
-std::vector<float> Gaussian(size_t n, uint32_t seed, float sigma = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sigma);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
 }
 
 float ScaleOf(const std::vector<uint8_t>& bytes) {
