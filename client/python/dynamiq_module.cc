@@ -83,6 +83,10 @@ DType ParseDType(py::handle dtype) {
                                     " (convert the data first; the daemon accumulates in fp32)"));
 }
 
+// A numpy dtype's or array's item size through its Python attribute: pybind11 2.10 reads it from the
+// dtype struct, whose layout numpy 2 changed (it reads 0 there, and the division by it is SIGFPE).
+size_t ItemSize(py::handle dtype_or_array) { return dtype_or_array.attr("itemsize").cast<size_t>(); }
+
 // The numpy dtype of a view: any numpy dtype, or bfloat16 as its raw bits (numpy has none).
 py::dtype NumpyDType(py::handle dtype) {
   if (py::isinstance<DType>(dtype)) {
@@ -205,7 +209,7 @@ class PyBuffer {
       throw py::value_error("a CUDA device buffer has no host memory to view: use Buffer.cuda_array()");
     }
     const py::dtype np_dtype = NumpyDType(dtype);
-    const size_t item = static_cast<size_t>(np_dtype.itemsize());
+    const size_t item = ItemSize(np_dtype);
     const size_t n = RegionElements(*b, item, count, offset_bytes);
     return py::array(np_dtype, {static_cast<py::ssize_t>(n)}, {static_cast<py::ssize_t>(item)},
                      static_cast<uint8_t*>(b->data()) + offset_bytes, Owner(b));
@@ -409,7 +413,7 @@ class PyClient {
                                           " array: float32 views carry their type; for bfloat16 views (uint16 "
                                           "bits) pass dtype=dynamiq.bfloat16"));
       }
-      if (static_cast<size_t>(a.itemsize()) != DTypeSize(r.dtype)) {
+      if (ItemSize(a) != DTypeSize(r.dtype)) {
         throw py::type_error(absl::StrCat("array of ", kind, " is not a ", DTypeName(r.dtype), " view"));
       }
       r.count = static_cast<size_t>(a.size());
@@ -549,6 +553,16 @@ PYBIND11_MODULE(_dynamiq, m) {
   using namespace dynamiq;          // NOLINT(build/namespaces): module definition only
   using namespace dynamiq::python;  // NOLINT(build/namespaces)
   m.doc() = "dynamiq client: shared-memory buffers and all-reduce through the node's dynamiqd (see docs/python.md)";
+
+  // pybind11 (2.10) sets up its numpy API on first use under a C++ static guard that it holds across
+  // a Python import, which lets go of the GIL: two threads making their first Buffer.numpy() call at
+  // once deadlock (one holds the guard and waits for the GIL, the other holds the GIL and waits for
+  // the guard; seen with numpy 2, whose import is slower). Set it up here, at import, on one thread.
+  try {
+    (void)py::dtype::of<float>();
+  } catch (const py::error_already_set&) {
+    // No numpy: Buffer.numpy() raises its ImportError when called.
+  }
 
   static py::exception<StatusException> error(m, "Error", PyExc_RuntimeError);
   py::register_exception_translator([](std::exception_ptr p) {

@@ -19,6 +19,7 @@ Modes:
                second all_reduce (the test kills the daemon meanwhile); records the error and time.
 """
 
+import _thread
 import copy
 import os
 import sys
@@ -64,6 +65,18 @@ def collectives(rank, world, pg):
         out[key] = tensors[key]
     out["future_value"] = bool(works["avg"].get_future().wait()[0] is tensors["avg"])
     out["avg_want"] = exact_sum(world, n, 2) / world
+    # allreduce called from C with no Python frame above it, as DDP's reducer calls it from a CUDA
+    # autograd thread: the backend gives C++ a Work (it once raised "call stack is not deep enough").
+    # extend() and map() are C, so pg.allreduce's frame is the thread's first.
+    t, works = values(rank, n, 8), []
+    _thread.start_new_thread(works.extend, (map(pg.allreduce, [[t]]),))
+    deadline = time.monotonic() + 60
+    while not works and time.monotonic() < deadline:
+        time.sleep(0.01)
+    out["c_caller_work"] = type(works[0]).__name__ if works else None
+    if works:
+        works[0].wait()
+    out["c_caller_sum"], out["c_caller_want"] = t, exact_sum(world, n, 8)
     # exact(): the same size, exact, through the inner Gloo group.
     records_before = len(pg.records)
     t = values(rank, n, 1)

@@ -46,6 +46,9 @@ def test_every_collective_on_two_compressed_nodes(cluster, workdir):
             assert x[key].dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[key]
             assert torch.equal(x[key], ranks[0][key])
         assert x["async_types"] == ["_PythonWork"] and x["future_value"]
+        assert x["c_caller_work"] is not None and x["c_caller_work"] != "_PythonWork"
+        assert 0 < vnmse(x["c_caller_sum"], x["c_caller_want"]) < 0.2
+        assert torch.equal(x["c_caller_sum"], ranks[0]["c_caller_sum"])
         # The daemon ran them with the job's codec: sequence numbers in order, wire bytes ~4 bits.
         daemon = x["records"]
         assert [d["codec"] for d in daemon] == ["dynamiq"] * len(daemon)

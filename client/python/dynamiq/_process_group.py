@@ -146,6 +146,15 @@ class _PythonWork(Work):
         pass
 
 
+def _caller():
+    """The code object of whoever called the ProcessGroup method that calls this, or None when
+    C++ called it directly (DDP's reducer runs allreduce from an autograd thread: no Python frame)."""
+    try:
+        return sys._getframe(2).f_code
+    except ValueError:
+        return None
+
+
 def _work_for(future, caller):
     """`future` (completing with the output tensors, or failing) as the Work `caller` expects."""
     if caller in _PYTHON_API:
@@ -454,11 +463,11 @@ class ProcessGroupDynamiq(ProcessGroup):
         op = dist.ReduceOp.SUM if opts is None else opts.reduceOp
         if len(tensors) != 1:
             raise ValueError(f"dynamiq backend: allreduce takes one tensor per process, got {len(tensors)}")
-        return _work_for(self._all_reduce(list(tensors), op, "allreduce"), sys._getframe(1).f_code)
+        return _work_for(self._all_reduce(list(tensors), op, "allreduce"), _caller())
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = dist.ReduceOp.SUM if opts is None else opts.reduceOp
-        return _work_for(self._all_reduce(list(tensors), op, "allreduce_coalesced"), sys._getframe(1).f_code)
+        return _work_for(self._all_reduce(list(tensors), op, "allreduce_coalesced"), _caller())
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         """Each rank's output is its slice of the all-reduced inputs: one all-reduce of the
@@ -477,7 +486,7 @@ class ProcessGroupDynamiq(ProcessGroup):
             output.copy_(reduced[mine])
             return [output]
 
-        return _work_for(_chain(future, finish), sys._getframe(1).f_code)
+        return _work_for(_chain(future, finish), _caller())
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002 -- torch's name
         chunks = list(input.reshape(-1).chunk(self.size()))
