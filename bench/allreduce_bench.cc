@@ -1,6 +1,7 @@
 #include "bench/allreduce_bench.h"
 
 #include <algorithm>
+#include <fstream>
 #include <memory>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "engine/step_auth.h"
 #include "engine/step_header.h"
 #include "engine/store.h"
+#include "engine/timeline.h"
 #include "kernels/codec_registry.h"
 
 namespace dynamiq::bench {
@@ -79,6 +81,8 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
 
   AllReduceBenchResult result;
   std::vector<double> seconds;
+  std::vector<engine::Timeline> timelines;  // per timed iteration, with time_breakdown
+  engine::Timeline timeline;
   engine::BufferPool buffers;  // as a daemon's job reuses its message buffers
   for (int it = 0; it < o.warmup + o.iterations; ++it) {
     DQ_RETURN_IF_ERROR(barrier());
@@ -90,6 +94,8 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
     ar.authenticator = auth.get();
     ar.buffers = &buffers;
     ar.balanced_chunks = o.balanced_chunks;
+    timeline.Clear();
+    if (o.time_breakdown) ar.timeline = &timeline;
     const absl::Time start = absl::Now();
     DQ_ASSIGN_OR_RETURN(
         engine::AllReduceResult r,
@@ -101,6 +107,22 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
       result.timeline_unix_us.emplace_back(absl::ToUnixMicros(start),
                                            absl::ToUnixMicros(start) + static_cast<int64_t>(t * 1e6));
       result.wire_bytes_per_rank = r.bytes_sent;
+      if (o.time_breakdown) timelines.push_back(timeline);
+    }
+  }
+  if (o.time_breakdown) {
+    result.time_ms.assign(engine::Timeline::kNumKinds, 0);
+    for (const engine::Timeline& t : timelines) {
+      const std::vector<int64_t> totals = t.Totals();
+      for (int k = 0; k < engine::Timeline::kNumKinds; ++k) result.time_ms[k] += totals[k] / 1e6 / timelines.size();
+    }
+    if (!o.trace_out.empty()) {
+      std::vector<size_t> order(seconds.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return seconds[a] < seconds[b]; });
+      std::ofstream trace(o.trace_out);
+      trace << timelines[order[order.size() / 2]].ToChromeTrace(o.rank);
+      if (!trace) return absl::UnavailableError(absl::StrCat("cannot write the trace to ", o.trace_out));
     }
   }
   std::sort(seconds.begin(), seconds.end());
@@ -125,6 +147,14 @@ std::string FormatAllReduceJson(const AllReduceBenchResult& r, const AllReduceBe
     std::vector<std::string> spans;
     for (const auto& [begin, end] : r.timeline_unix_us) spans.push_back(absl::StrCat("[", begin, ",", end, "]"));
     timeline = absl::StrCat(",\"timeline_unix_us\":[", absl::StrJoin(spans, ","), "]");
+  }
+  if (!r.time_ms.empty()) {
+    std::vector<std::string> kinds;
+    for (int k = 0; k < engine::Timeline::kNumKinds; ++k) {
+      kinds.push_back(
+          absl::StrFormat("\"%s\":%.3f", engine::Timeline::Name(static_cast<engine::Timeline::Kind>(k)), r.time_ms[k]));
+    }
+    absl::StrAppend(&timeline, ",\"time_ms\":{", absl::StrJoin(kinds, ","), "}");
   }
   return absl::StrFormat(
       R"({"method":"%s","codec":"%s","bits":%g,"topology":"%s","world_size":%d,"rank":%d,"elements":%d,)"

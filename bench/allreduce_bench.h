@@ -28,7 +28,7 @@ struct AllReduceBenchOptions {
   int iterations = 5;
   int warmup = 1;
   absl::Duration timeout = absl::Seconds(120);
-  size_t block_elements = size_t{2} << 20;
+  size_t block_elements = size_t{4} << 20;
   uint64_t seed = 1;
   // Non-empty: every message carries an HMAC tag under a key derived from this secret
   // (engine/step_auth.h), as dynamiqd's --cluster_secret_file does; all ranks need the same one.
@@ -36,6 +36,11 @@ struct AllReduceBenchOptions {
   // The JSON line lists every timed iteration's start and end (scripts/bench-network
   // --link-profile lines them up with the link's byte counter).
   bool timeline = false;
+  // Records where each timed all-reduce's time goes (engine/timeline.h): the JSON line gets the
+  // mean milliseconds per kind of work (time_ms), and with a non-empty `trace_out` the median
+  // iteration's spans are written there as a Chrome trace.
+  bool time_breakdown = false;
+  std::string trace_out;
   // engine::AllReduceOptions::balanced_chunks.
   bool balanced_chunks = false;
   // Non-empty: one raw little-endian float32 file per rank (all ranks read all of them, for the
@@ -52,6 +57,8 @@ struct AllReduceBenchResult {
   double vnmse = 0;
   uint64_t output_checksum = 0;                               // of the result bytes: equal on all ranks
   std::vector<std::pair<int64_t, int64_t>> timeline_unix_us;  // per timed iteration: start, end
+  // With time_breakdown: mean milliseconds per all-reduce of each engine::Timeline::Kind.
+  std::vector<double> time_ms;
 };
 
 absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptions& options);

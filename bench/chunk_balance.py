@@ -14,7 +14,7 @@ model of the link time, not a network measurement: it says how much idle time ba
 at most (the link bound is the mean chunk).
 
     build/bin/dynamiq-bench codec --codec=dynamiq --bits=5 --dump_output=/tmp/cb [--input=...]
-    bench/chunk_balance.py /tmp/cb.0.widths --ranks 4 8 --block 2097152
+    bench/chunk_balance.py /tmp/cb.0.widths --ranks 4 8 --block 4194304
 """
 
 import argparse
@@ -65,7 +65,7 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("widths", nargs="+", help="PREFIX.<row>.widths files of dynamiq-bench codec --dump_output")
     p.add_argument("--ranks", type=int, nargs="+", default=[4, 8])
-    p.add_argument("--block", type=int, default=2 << 20, help="pipelining block in elements (default 2097152)")
+    p.add_argument("--block", type=int, default=4 << 20, help="pipelining block in elements (default 4194304, the engine's)")
     args = p.parse_args(argv)
     print("| widths | ranks | mean width | equal-element: max/mean chunk | idle | balanced: max/mean | idle | "
           "time saved |")

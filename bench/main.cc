@@ -73,10 +73,16 @@ ABSL_FLAG(std::string, hostname, "127.0.0.1", "allreduce: IP address this rank's
 ABSL_FLAG(int, iterations, 5, "allreduce: timed all-reduces (the median is reported).");
 ABSL_FLAG(int, warmup, 1, "allreduce: untimed all-reduces first.");
 ABSL_FLAG(double, timeout, 120, "allreduce: seconds before a rendezvous or collective fails.");
-ABSL_FLAG(int64_t, block, 2 << 20, "allreduce: pipelining block in elements (0 = no pipelining).");
+ABSL_FLAG(int64_t, block, 4 << 20, "allreduce: pipelining block in elements (0 = no pipelining).");
 ABSL_FLAG(bool, timeline, false,
           "allreduce: the JSON line lists every timed iteration as [start, end] in Unix microseconds "
           "(timeline_unix_us).");
+ABSL_FLAG(bool, time_breakdown, false,
+          "allreduce: record where each timed all-reduce's time goes (codec work, checksums, waiting for "
+          "the network; engine/timeline.h): the JSON line gets time_ms, the mean milliseconds per kind.");
+ABSL_FLAG(std::string, trace_out, "",
+          "allreduce: with --time_breakdown, write the median iteration's spans to this file as a Chrome "
+          "trace (chrome://tracing, Perfetto; one file per rank, opened together they line up).");
 ABSL_FLAG(bool, balanced_chunks, false,
           "allreduce: size-balanced splitting: cut every block's chunks so that their encoded sizes, not their "
           "element counts, are equal (engine/block_plan.h BalancedChunks; all ranks must agree).");
@@ -236,6 +242,8 @@ int RunAllReduce() {
   o.block_elements = static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_block)));
   o.seed = absl::GetFlag(FLAGS_seed);
   o.timeline = absl::GetFlag(FLAGS_timeline);
+  o.time_breakdown = absl::GetFlag(FLAGS_time_breakdown) || !absl::GetFlag(FLAGS_trace_out).empty();
+  o.trace_out = absl::GetFlag(FLAGS_trace_out);
   o.balanced_chunks = absl::GetFlag(FLAGS_balanced_chunks);
   if (!absl::GetFlag(FLAGS_input).empty()) o.inputs = absl::StrSplit(absl::GetFlag(FLAGS_input), ',');
   if (!absl::GetFlag(FLAGS_cluster_secret_file).empty()) {

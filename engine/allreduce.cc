@@ -44,7 +44,8 @@ absl::Status Annotate(const absl::Status& s, int rank) { return common::Annotate
 // when it is planned, an index before its first message is sent), so the payloads of trusted peers
 // flow without waiting for this rank.
 absl::Status RunExecutors(StepMessenger& messenger, const Codec& codec, const Schedule& schedule, size_t num_blocks,
-                          const std::function<absl::StatusOr<std::unique_ptr<RankExecutor>>(size_t)>& make) {
+                          const std::function<absl::StatusOr<std::unique_ptr<RankExecutor>>(size_t)>& make,
+                          Timeline* timeline) {
   const size_t rs_steps = schedule.reduce_scatter.size(), steps = rs_steps + schedule.all_gather.size();
   // Step g of the whole collective: reduce-scatter steps first (numbered from 0 on the wire), then
   // all-gather steps (from n).
@@ -85,14 +86,19 @@ absl::Status RunExecutors(StepMessenger& messenger, const Codec& codec, const Sc
   // is final and decoded).
   const auto send = [&](size_t g, size_t k) -> absl::Status {
     RankExecutor& x = *blocks[k];
+    const uint32_t block = static_cast<uint32_t>(k);
     if (g >= rs_steps && !finished[k]) {
+      TimelineSpan span(timeline, Timeline::Kind::kDecompress, block);
       DQ_RETURN_IF_ERROR(x.FinishReduceScatter());
       finished[k] = true;
     }
     const int s = local_step(g);
     const int peer = g < rs_steps ? x.ReduceScatterSendPeer(s) : x.AllGatherSendPeer(s);
     if (peer < 0) return absl::OkStatus();
+    std::optional<TimelineSpan> span;
+    if (g < rs_steps && x.ReduceScatterSendCompresses(s)) span.emplace(timeline, Timeline::Kind::kCompress, block);
     DQ_ASSIGN_OR_RETURN(absl::Span<const uint8_t> bytes, g < rs_steps ? x.ReduceScatterSend(s) : x.AllGatherSend(s));
+    span.reset();
     return messenger.Send(phase(g), wire_step(g), static_cast<uint32_t>(k), peer, codec, bytes);
   };
   // Decodes block k's message of step g (if it receives one) and sends its next.
@@ -102,8 +108,13 @@ absl::Status RunExecutors(StepMessenger& messenger, const Codec& codec, const Sc
     if (recv_peer(g) >= 0) {
       DQ_ASSIGN_OR_RETURN(absl::Span<const uint8_t> payload, messenger.Receive(phase(g), wire_step(g), block, codec));
       const int s = local_step(g);
-      DQ_RETURN_IF_ERROR(g < rs_steps ? x.ReduceScatterReceive(s, payload) : x.AllGatherReceive(s, payload));
-      messenger.Release(phase(g), wire_step(g), block);
+      TimelineSpan span(timeline, g < rs_steps ? Timeline::Kind::kDar : Timeline::Kind::kDecompress, block);
+      if (g < rs_steps) {
+        DQ_RETURN_IF_ERROR(x.ReduceScatterReceive(s, payload));
+        messenger.Release(phase(g), wire_step(g), block);
+      } else {  // the payload's buffer is forwarded as it is
+        DQ_RETURN_IF_ERROR(x.AllGatherReceive(s, messenger.TakePayload(phase(g), wire_step(g), block)));
+      }
     }
     // The executor reuses the buffer of this step's message for the next one.
     DQ_RETURN_IF_ERROR(messenger.WaitSent(phase(g), wire_step(g), block));
@@ -196,7 +207,7 @@ class SumStatsExchange {
   absl::Span<const float> local() const { return local_; }
   absl::Span<const float> reduced() const { return reduced_; }
 
-  absl::Status Start(StepMessenger& messenger, const kernels::Source& raw) {
+  absl::Status Start(StepMessenger& messenger, const kernels::Source& raw, Timeline* timeline) {
     // The parts of this rank's chunk, and every other owner's sum.
     const size_t mine = Chunk(rank_).count;
     for (int q = 0; q < n_; ++q) {
@@ -216,6 +227,7 @@ class SumStatsExchange {
         kernels::Source part = raw;
         part.data = static_cast<const uint8_t*>(raw.data) + (begin - raw.first) * elem;
         part.first = 0;
+        TimelineSpan span(timeline, Timeline::Kind::kStats);
         codec_.ComputeStats(part, end - begin, local_.data() + c.begin);
       }
       parts_[p] = EncodeStatsBf16(absl::MakeConstSpan(local_).subspan(c.begin, c.count));
@@ -338,11 +350,14 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
   raw.subtract_per_group = nullptr;
   BucketPlan bucket_plan;
   if (per_block) {
-    DQ_RETURN_IF_ERROR(Annotate(sums->Start(messenger, raw), rank));
+    DQ_RETURN_IF_ERROR(Annotate(sums->Start(messenger, raw, options.timeline), rank));
   } else {
     local_stats.resize(stats_len);
     if (stats_len > 0) {
-      codec.ComputeStats(raw, d, local_stats.data());
+      {
+        TimelineSpan span(options.timeline, Timeline::Kind::kStats);
+        codec.ComputeStats(raw, d, local_stats.data());
+      }
       DQ_RETURN_IF_ERROR(Annotate(AllGatherMaxima(messenger, codec, rank, n, local_stats, reduced_stats), rank));
     }
     const kernels::RoundInfo round{options.sequence, static_cast<uint32_t>(rank), static_cast<uint32_t>(n),
@@ -358,9 +373,13 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
     BucketPlan& p = plans[k];
     if (per_block) {
       const BlockStats range = BlockStatsRange(codec, d, block, k);
-      DQ_RETURN_IF_ERROR(sums->Await(messenger, range.offset, range.length));
+      {
+        TimelineSpan span(options.timeline, Timeline::Kind::kWaitStats, static_cast<uint32_t>(k));
+        DQ_RETURN_IF_ERROR(sums->Await(messenger, range.offset, range.length));
+      }
       kernels::RoundInfo round = BlockRound(options.sequence, k, rank, n);
       round.bits = options.bits;
+      TimelineSpan span(options.timeline, Timeline::Kind::kPlan, static_cast<uint32_t>(k));
       DQ_ASSIGN_OR_RETURN(p, codec.MakePlan(round, count, sums->local().subspan(range.offset, range.length),
                                             sums->reduced().subspan(range.offset, range.length)));
     } else {
@@ -376,7 +395,7 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
   };
 
   // 3. Reduce-scatter and all-gather, as a wavefront over blocks and steps.
-  DQ_RETURN_IF_ERROR(Annotate(RunExecutors(messenger, codec, schedule, num_blocks, make), rank));
+  DQ_RETURN_IF_ERROR(Annotate(RunExecutors(messenger, codec, schedule, num_blocks, make, options.timeline), rank));
   if (per_block) DQ_RETURN_IF_ERROR(Annotate(sums->Finish(messenger), rank));
   if (options.keep_plan_widths) {
     for (const BucketPlan& p : plans)

@@ -38,6 +38,7 @@
 #include "engine/buffer_pool.h"
 #include "engine/schedule.h"
 #include "engine/step_auth.h"
+#include "engine/timeline.h"
 #include "engine/transport.h"
 #include "kernels/codec.h"
 
@@ -50,7 +51,7 @@ struct AllReduceOptions {
   uint64_t sequence = 0;  // collective number within the job; also keys the codec's randomness
   absl::Duration timeout = absl::Seconds(60);
   // Pipelining block size in elements (rounded up to a multiple of 256); 0 = one block.
-  size_t block_elements = size_t{2} << 20;
+  size_t block_elements = size_t{4} << 20;
   // Authenticates every message with the job's key (null: checksums only, for trusted networks).
   // Must outlive the call.
   const StepAuthenticator* authenticator = nullptr;
@@ -67,6 +68,8 @@ struct AllReduceOptions {
   // DynamiQ: this collective's b̄ instead of the codec's bits (0: the codec's), e.g. its bucket's
   // share of one budget per step. Every rank must pass the same: it travels in the step headers.
   double bits = 0;
+  // Records where this rank's time goes (engine/timeline.h); null: nothing is recorded.
+  Timeline* timeline = nullptr;
 };
 
 struct AllReduceResult {

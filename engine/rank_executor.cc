@@ -169,16 +169,25 @@ absl::StatusOr<absl::Span<const uint8_t>> RankExecutor::AllGatherSend(int step) 
 }
 
 absl::Status RankExecutor::AllGatherReceive(int step, absl::Span<const uint8_t> message) {
+  Bytes copy = pool_->Take(message.size());
+  copy.assign(message.begin(), message.end());
+  return AllGatherReceive(step, std::move(copy));
+}
+
+absl::Status RankExecutor::AllGatherReceive(int step, Bytes message) {
   const Move m = ag_recv_[step];
-  if (m.chunk < 0) return absl::OkStatus();
+  if (m.chunk < 0) {
+    pool_->Give(std::move(message));
+    return absl::OkStatus();
+  }
   const ChunkRef chunk = chunks_[m.chunk];
   absl::Status s = codec_.Decompress(plan_, chunk, message, out_);
+  pool_->Give(std::move(forward_));
+  forward_ = std::move(message);
   if (!s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat("all-gather from rank ", m.peer, ", chunk ", m.chunk, ": ", s.message()));
   }
-  Fit(forward_, message.size());
-  std::copy(message.begin(), message.end(), forward_.begin());
   return absl::OkStatus();
 }
 

@@ -56,11 +56,19 @@ class RankExecutor {
 
   // The bytes to send at the step (valid until the next call on this executor).
   absl::StatusOr<absl::Span<const uint8_t>> ReduceScatterSend(int step);
+  // Whether ReduceScatterSend(step) compresses local values (else it sends a partial sum that a
+  // receive already re-encoded, or nothing).
+  bool ReduceScatterSendCompresses(int step) const {
+    return rs_send_[step].chunk >= 0 && pending_.count(rs_send_[step].chunk) == 0;
+  }
   absl::Status ReduceScatterReceive(int step, absl::Span<const uint8_t> message);
   // After the last reduce-scatter step: decodes the owned chunk into the output.
   absl::Status FinishReduceScatter();
   absl::StatusOr<absl::Span<const uint8_t>> AllGatherSend(int step);
   absl::Status AllGatherReceive(int step, absl::Span<const uint8_t> message);
+  // The same, taking the received message's buffer (sized to the message): it is forwarded as it
+  // is, with no copy.
+  absl::Status AllGatherReceive(int step, Bytes message);
 
   // Bytes of the owned chunk's final compressed form (after FinishReduceScatter).
   size_t owned_bytes() const { return owned_.size(); }

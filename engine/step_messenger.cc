@@ -47,7 +47,10 @@ absl::Status StepMessenger::Announce(Phase phase, uint32_t step, uint32_t block,
   Incoming& in = it->second;
   if (in.announced) return absl::OkStatus();
   const int peer = in.peer;
-  DQ_RETURN_IF_ERROR(Peer(t_.Wait(in.header, deadline_), peer));
+  {
+    TimelineSpan span(o_.timeline, Timeline::Kind::kWaitHeader, block);
+    DQ_RETURN_IF_ERROR(Peer(t_.Wait(in.header, deadline_), peer));
+  }
   DQ_ASSIGN_OR_RETURN(in.decoded, Peer(DecodeStepHeader(in.header_bytes), peer));
   DQ_RETURN_IF_ERROR(MatchStepHeader(in.decoded, Expected(phase, step, block, codec, peer)));
   DQ_RETURN_IF_ERROR(CheckAuthenticationMode(in.decoded, peer));
@@ -78,11 +81,14 @@ absl::Status StepMessenger::Send(Phase phase, uint32_t step, uint32_t block, int
   Outgoing& out = it->second;
   StepHeader h = Expected(phase, step, block, codec, t_.rank());
   h.payload_bytes = static_cast<uint32_t>(payload.size());
-  if (o_.authenticator != nullptr) {
-    out.header_bytes = o_.authenticator->Seal(h, static_cast<uint32_t>(peer), payload);
-  } else {
-    h.checksum = PayloadChecksum(payload);
-    out.header_bytes = EncodeStepHeader(h);
+  {
+    TimelineSpan span(o_.timeline, Timeline::Kind::kChecksum, block);
+    if (o_.authenticator != nullptr) {
+      out.header_bytes = o_.authenticator->Seal(h, static_cast<uint32_t>(peer), payload);
+    } else {
+      h.checksum = PayloadChecksum(payload);
+      out.header_bytes = EncodeStepHeader(h);
+    }
   }
   DQ_ASSIGN_OR_RETURN(out.header,
                       Peer(t_.PostSend(peer, Tag(o_.sequence, phase, step, block, kHeader), out.header_bytes), peer));
@@ -96,6 +102,7 @@ absl::Status StepMessenger::Send(Phase phase, uint32_t step, uint32_t block, int
 absl::Status StepMessenger::WaitSent(Phase phase, uint32_t step, uint32_t block) {
   auto it = outgoing_.find(Key(phase, step, block));
   if (it == outgoing_.end()) return absl::OkStatus();
+  TimelineSpan span(o_.timeline, Timeline::Kind::kWaitSent, block);
   DQ_RETURN_IF_ERROR(Peer(t_.Wait(it->second.header, deadline_), it->second.peer));
   DQ_RETURN_IF_ERROR(Peer(t_.Wait(it->second.body, deadline_), it->second.peer));
   outgoing_.erase(it);
@@ -107,10 +114,14 @@ absl::StatusOr<absl::Span<const uint8_t>> StepMessenger::Receive(Phase phase, ui
   DQ_RETURN_IF_ERROR(Announce(phase, step, block, codec));
   Incoming& in = incoming_.at(Key(phase, step, block));
   const int peer = in.peer;
-  DQ_RETURN_IF_ERROR(Peer(t_.Wait(in.body, deadline_), peer));
+  {
+    TimelineSpan span(o_.timeline, Timeline::Kind::kWaitPayload, block);
+    DQ_RETURN_IF_ERROR(Peer(t_.Wait(in.body, deadline_), peer));
+  }
   const absl::Span<const uint8_t> payload(in.payload.data(), in.decoded.payload_bytes);
   result_.bytes_received += kStepHeaderBytes + payload.size();
   // Verified before anything decodes it.
+  TimelineSpan span(o_.timeline, Timeline::Kind::kChecksum, block);
   if (o_.authenticator != nullptr) {
     if (!o_.authenticator->Verify(in.header_bytes, static_cast<uint32_t>(t_.rank()), payload)) {
       return absl::UnauthenticatedError(absl::StrCat(
@@ -131,6 +142,15 @@ void StepMessenger::Release(Phase phase, uint32_t step, uint32_t block) {
   if (it == incoming_.end() || !it->second.received) return;
   pool_.Give(std::move(it->second.payload));
   incoming_.erase(it);
+}
+
+Bytes StepMessenger::TakePayload(Phase phase, uint32_t step, uint32_t block) {
+  auto it = incoming_.find(Key(phase, step, block));
+  if (it == incoming_.end() || !it->second.received) return Bytes();
+  Bytes payload = std::move(it->second.payload);
+  payload.resize(it->second.decoded.payload_bytes);
+  incoming_.erase(it);
+  return payload;
 }
 
 StepHeader StepMessenger::Expected(Phase phase, uint32_t step, size_t block, const Codec& codec, int sender) const {

@@ -74,6 +74,9 @@ class StepMessenger {
 
   // Hands a received payload's buffer back.
   void Release(Phase phase, uint32_t step, uint32_t block);
+  // Instead of Release: the received payload's buffer, sized to the payload, for the caller to keep
+  // (e.g. to forward it) and give back to the pool.
+  Bytes TakePayload(Phase phase, uint32_t step, uint32_t block);
 
  private:
   StepHeader Expected(Phase phase, uint32_t step, size_t block, const kernels::Codec& codec, int sender) const;

@@ -26,12 +26,13 @@ DQ_HOST_DEVICE float BitsToFloat(uint32_t u) {
 
 DQ_HOST_DEVICE float Bf16ToFloat(uint16_t h) { return BitsToFloat(static_cast<uint32_t>(h) << 16); }
 
-// Round to nearest, ties to even. NaN stays NaN (quiet); overflow goes to Inf as in IEEE.
+// Round to nearest, ties to even. NaN stays NaN (quiet); overflow goes to Inf as in IEEE. A select,
+// not a branch, so that loops of it vectorize.
 DQ_HOST_DEVICE uint16_t FloatToBf16(float f) {
-  uint32_t u = FloatBits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  uint32_t rounding_bias = 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>((u + rounding_bias) >> 16);
+  const uint32_t u = FloatBits(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
 // Smallest bf16 >= f for finite f >= 0 (rounds the magnitude up). Used for scales, which must

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "bench/synthetic_gradients.h"
 #include "engine/gloo_transport.h"
 #include "engine/memory_transport.h"
@@ -357,6 +358,46 @@ TEST(AllReduceTest, BalancedChunksAreBitIdenticalOnAllRanksAndWithinTheCodecsErr
       EXPECT_LE(err_balanced / norm, 2 * err_plain / norm + 1e-12) << kernels::CodecName(id) << " " << TopologyName(t);
     }
   }
+}
+
+TEST(AllReduceTest, TimelinesRecordEveryRanksCodecWorkChecksumsAndWaits) {
+  const int n = 4;
+  const size_t d = 3 * 4096 + 100;
+  auto codec = Make(CodecId::kDynamiq);
+  std::vector<Timeline> timelines(n);
+  const auto inputs = Inputs(n, d);
+  RankRun run = RunThreads(*codec, inputs, [&](int r) {
+    AllReduceOptions o = Options(Topology::kRing, 4096);
+    o.timeline = &timelines[r];
+    return o;
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_THAT(run.results[r].status(), IsOk());
+    const std::vector<int64_t> totals = timelines[r].Totals();
+    std::vector<int> count(Timeline::kNumKinds, 0);
+    std::vector<bool> blocks(run.results[r]->blocks, false);
+    for (const Timeline::Span& s : timelines[r].spans()) {
+      EXPECT_LE(s.begin_ns, s.end_ns);
+      ++count[static_cast<int>(s.kind)];
+      if (s.kind == Timeline::Kind::kDar) blocks.at(s.block) = true;
+    }
+    // Ring of 4, 4 blocks; per block each rank compresses its first message, decodes, accumulates
+    // and re-encodes 3 received partial sums, and decodes its own final chunk and 3 others.
+    EXPECT_EQ(count[static_cast<int>(Timeline::Kind::kCompress)], 4) << "rank " << r;
+    EXPECT_EQ(count[static_cast<int>(Timeline::Kind::kDar)], 4 * 3) << "rank " << r;
+    EXPECT_EQ(count[static_cast<int>(Timeline::Kind::kDecompress)], 4 * 4) << "rank " << r;
+    EXPECT_GT(count[static_cast<int>(Timeline::Kind::kStats)], 0);
+    EXPECT_EQ(count[static_cast<int>(Timeline::Kind::kPlan)], 4);
+    EXPECT_GT(count[static_cast<int>(Timeline::Kind::kChecksum)], 2 * 4 * 6);  // both sides of every message
+    EXPECT_EQ(blocks, std::vector<bool>(4, true));
+    EXPECT_GT(totals[static_cast<int>(Timeline::Kind::kDar)], 0);
+    const std::string trace = timelines[r].ToChromeTrace(r);
+    EXPECT_TRUE(absl::StartsWith(trace, R"({"traceEvents":[{"name":")")) << trace.substr(0, 80);
+    EXPECT_THAT(trace, HasSubstr(absl::StrCat(R"("ph":"X","pid":)", r, R"(,"tid":0,"ts":)")));
+  }
+  // Without a timeline nothing is recorded, and the results are the same bits.
+  RankRun plain = RunThreads(*codec, inputs, [&](int) { return Options(Topology::kRing, 4096); });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(std::memcmp(plain.outputs[r].data(), run.outputs[r].data(), 4 * d), 0);
 }
 
 TEST(AllReduceTest, TinyBucketsWithEmptyChunks) {
