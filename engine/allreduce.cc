@@ -99,7 +99,7 @@ absl::Status RunExecutors(StepMessenger& messenger, const Codec& codec, const Sc
     if (g < rs_steps && x.ReduceScatterSendCompresses(s)) span.emplace(timeline, Timeline::Kind::kCompress, block);
     DQ_ASSIGN_OR_RETURN(absl::Span<const uint8_t> bytes, g < rs_steps ? x.ReduceScatterSend(s) : x.AllGatherSend(s));
     span.reset();
-    return messenger.Send(phase(g), wire_step(g), static_cast<uint32_t>(k), peer, codec, bytes);
+    return messenger.Send(phase(g), wire_step(g), static_cast<uint32_t>(k), peer, codec, bytes, x.SentChecksum());
   };
   // Decodes block k's message of step g (if it receives one) and sends its next.
   const auto advance = [&](size_t g, size_t k) -> absl::Status {
@@ -112,8 +112,9 @@ absl::Status RunExecutors(StepMessenger& messenger, const Codec& codec, const Sc
       if (g < rs_steps) {
         DQ_RETURN_IF_ERROR(x.ReduceScatterReceive(s, payload));
         messenger.Release(phase(g), wire_step(g), block);
-      } else {  // the payload's buffer is forwarded as it is
-        DQ_RETURN_IF_ERROR(x.AllGatherReceive(s, messenger.TakePayload(phase(g), wire_step(g), block)));
+      } else {  // the payload's buffer is forwarded as it is, with its checksum
+        StepMessenger::TakenPayload taken = messenger.TakePayload(phase(g), wire_step(g), block);
+        DQ_RETURN_IF_ERROR(x.AllGatherReceive(s, std::move(taken.bytes), taken.checksum));
       }
     }
     // The executor reuses the buffer of this step's message for the next one.
@@ -389,9 +390,12 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
                         p.local_means.empty() ? nullptr : p.local_means.data()};
     kernels::Dest dst{static_cast<uint8_t*>(out.data) + (begin - out.first) * out_elem, out.dtype, 0,
                       p.mean_sums.empty() ? nullptr : p.mean_sums.data()};
-    return std::make_unique<RankExecutor>(
+    auto executor = std::make_unique<RankExecutor>(
         codec, schedule, p, src, dst, &pool,
         options.balanced_chunks ? BalancedChunks(codec, p, n) : std::vector<kernels::ChunkRef>{});
+    // Step headers carry payload checksums (a MAC instead with an authenticator).
+    if (options.authenticator == nullptr) executor->ChecksumMessages();
+    return executor;
   };
 
   // 3. Reduce-scatter and all-gather, as a wavefront over blocks and steps.

@@ -96,6 +96,7 @@ kernels::Source RankExecutor::AccumulatorSource(int chunk) const {
 
 absl::StatusOr<absl::Span<const uint8_t>> RankExecutor::ReduceScatterSend(int step) {
   const Move m = rs_send_[step];
+  sent_sum_.reset();
   if (m.chunk < 0) return absl::Span<const uint8_t>();
   const ChunkRef chunk = chunks_[m.chunk];
   auto it = pending_.find(m.chunk);
@@ -103,6 +104,8 @@ absl::StatusOr<absl::Span<const uint8_t>> RankExecutor::ReduceScatterSend(int st
     pool_->Give(std::move(scratch_));
     scratch_ = std::move(it->second);
     pending_.erase(it);
+    scratch_sum_ = sent_sum_ = pending_sums_[m.chunk];
+    pending_sums_.erase(m.chunk);
     return absl::Span<const uint8_t>(scratch_);
   }
   if (children_left_[m.chunk] != 0) {
@@ -111,7 +114,15 @@ absl::StatusOr<absl::Span<const uint8_t>> RankExecutor::ReduceScatterSend(int st
   }
   const ChunkRef ref = CompressRef(m.chunk);
   Fit(scratch_, codec_.MaxEncodedBytes(plan_, chunk));
-  DQ_ASSIGN_OR_RETURN(size_t bytes, codec_.Compress(plan_, ref, local_, absl::MakeSpan(scratch_)));
+  scratch_sum_.reset();
+  size_t bytes = 0;
+  if (checksum_messages_) {
+    uint64_t sum = 0;
+    DQ_ASSIGN_OR_RETURN(bytes, codec_.CompressChecksummed(plan_, ref, local_, absl::MakeSpan(scratch_), sum));
+    scratch_sum_ = sent_sum_ = sum;
+  } else {
+    DQ_ASSIGN_OR_RETURN(bytes, codec_.Compress(plan_, ref, local_, absl::MakeSpan(scratch_)));
+  }
   return absl::Span<const uint8_t>(scratch_.data(), bytes);
 }
 
@@ -135,10 +146,21 @@ absl::Status RankExecutor::ReduceScatterReceive(int step, absl::Span<const uint8
   const bool accumulated = accumulators_.count(m.chunk) != 0;
   const kernels::Source source = accumulated ? AccumulatorSource(m.chunk) : local_;
   const size_t max_bytes = codec_.MaxEncodedBytes(plan_, chunk);
-  Bytes* target = m.chunk == owned_chunk_ ? &owned_ : &pending_[m.chunk];
+  const bool owned = m.chunk == owned_chunk_;
+  Bytes* target = owned ? &owned_ : &pending_[m.chunk];
+  std::optional<uint64_t>& target_sum = owned ? owned_sum_ : pending_sums_[m.chunk];
   Fit(*target, max_bytes);
-  auto bytes =
-      codec_.DecompressAccumulateRecompress(plan_, CompressRef(m.chunk), message, source, absl::MakeSpan(*target));
+  target_sum.reset();
+  absl::StatusOr<size_t> bytes;
+  if (checksum_messages_) {
+    uint64_t sum = 0;
+    bytes = codec_.DecompressAccumulateRecompressChecksummed(plan_, CompressRef(m.chunk), message, source,
+                                                             absl::MakeSpan(*target), sum);
+    if (bytes.ok()) target_sum = sum;
+  } else {
+    bytes =
+        codec_.DecompressAccumulateRecompress(plan_, CompressRef(m.chunk), message, source, absl::MakeSpan(*target));
+  }
   if (accumulated) accumulators_.erase(m.chunk);
   if (!bytes.ok()) {
     return absl::Status(bytes.status().code(),
@@ -162,9 +184,15 @@ absl::Status RankExecutor::FinishReduceScatter() {
 
 absl::StatusOr<absl::Span<const uint8_t>> RankExecutor::AllGatherSend(int step) {
   const Move m = ag_send_[step];
+  sent_sum_.reset();
   if (m.chunk < 0) return absl::Span<const uint8_t>();
-  if (m.chunk == owned_chunk_) return absl::Span<const uint8_t>(owned_);
+  if (m.chunk == owned_chunk_) {
+    sent_sum_ = owned_sum_;
+    return absl::Span<const uint8_t>(owned_);
+  }
   scratch_.swap(forward_);  // the next receive refills forward_ while this send may be in flight
+  scratch_sum_.swap(forward_sum_);
+  sent_sum_ = scratch_sum_;
   return absl::Span<const uint8_t>(scratch_);
 }
 
@@ -174,7 +202,7 @@ absl::Status RankExecutor::AllGatherReceive(int step, absl::Span<const uint8_t> 
   return AllGatherReceive(step, std::move(copy));
 }
 
-absl::Status RankExecutor::AllGatherReceive(int step, Bytes message) {
+absl::Status RankExecutor::AllGatherReceive(int step, Bytes message, std::optional<uint64_t> checksum) {
   const Move m = ag_recv_[step];
   if (m.chunk < 0) {
     pool_->Give(std::move(message));
@@ -184,6 +212,7 @@ absl::Status RankExecutor::AllGatherReceive(int step, Bytes message) {
   absl::Status s = codec_.Decompress(plan_, chunk, message, out_);
   pool_->Give(std::move(forward_));
   forward_ = std::move(message);
+  forward_sum_ = checksum;
   if (!s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat("all-gather from rank ", m.peer, ", chunk ", m.chunk, ": ", s.message()));

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -54,6 +55,13 @@ class RankExecutor {
   int ReduceScatterRecvChunk(int step) const { return rs_recv_[step].chunk; }
   int AllGatherRecvChunk(int step) const { return ag_recv_[step].chunk; }
 
+  // Have the codec checksum the messages it encodes as it writes them (Codec::CompressChecksummed),
+  // for the step headers: one pass over a message instead of two where the codec can.
+  void ChecksumMessages() { checksum_messages_ = true; }
+  // PayloadChecksum of the bytes the last ReduceScatterSend or AllGatherSend returned, when known
+  // (ChecksumMessages, or a forwarded message received with its checksum).
+  std::optional<uint64_t> SentChecksum() const { return sent_sum_; }
+
   // The bytes to send at the step (valid until the next call on this executor).
   absl::StatusOr<absl::Span<const uint8_t>> ReduceScatterSend(int step);
   // Whether ReduceScatterSend(step) compresses local values (else it sends a partial sum that a
@@ -66,9 +74,9 @@ class RankExecutor {
   absl::Status FinishReduceScatter();
   absl::StatusOr<absl::Span<const uint8_t>> AllGatherSend(int step);
   absl::Status AllGatherReceive(int step, absl::Span<const uint8_t> message);
-  // The same, taking the received message's buffer (sized to the message): it is forwarded as it
-  // is, with no copy.
-  absl::Status AllGatherReceive(int step, Bytes message);
+  // The same, taking the received message's buffer (sized to the message) and its verified
+  // checksum if any: it is forwarded as it is, with no copy.
+  absl::Status AllGatherReceive(int step, Bytes message, std::optional<uint64_t> checksum = std::nullopt);
 
   // Bytes of the owned chunk's final compressed form (after FinishReduceScatter).
   size_t owned_bytes() const { return owned_.size(); }
@@ -107,6 +115,10 @@ class RankExecutor {
   int owned_chunk_;
   Bytes owned_;
   Bytes forward_;  // all-gather bytes received last step
+  // With ChecksumMessages: the PayloadChecksum of each message buffer above, where known.
+  bool checksum_messages_ = false;
+  std::map<int, std::optional<uint64_t>> pending_sums_;
+  std::optional<uint64_t> scratch_sum_, owned_sum_, forward_sum_, sent_sum_;
 };
 
 }  // namespace dynamiq::engine

@@ -126,47 +126,4 @@ bool IsDifferentCollective(const absl::Status& status) {
   return status.GetPayload(kDifferentCollectivePayload).has_value();
 }
 
-// x86-64 builds with GCC also get an AVX-512 clone of the checksum, picked at load time (4x faster
-// there; AVX2 alone does not help, as 64-bit lanes lack what the loop needs). Integer arithmetic:
-// every clone computes the same value.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DQ_CHECKSUM_CLONES __attribute__((target_clones("arch=x86-64-v4", "default")))
-#else
-#define DQ_CHECKSUM_CLONES
-#endif
-
-DQ_CHECKSUM_CLONES uint64_t PayloadChecksum(absl::Span<const uint8_t> p) {
-  // Eight 64-bit lanes over 64-byte stripes, each adding the 32x32-bit product of its word's halves
-  // (keyed per lane and, through a Weyl sequence, per stripe, so moved stripes change the sum) and
-  // its neighbour lane's raw word. Written so compilers vectorize it (32x32-bit products are one
-  // SIMD instruction where 64-bit multiplies are not): this runs on every message, both sides.
-  constexpr uint64_t kLaneKeys[8] = {0x9e3779b97f4a7c15ull, 0xc2b2ae3d27d4eb4full, 0x165667b19e3779f9ull,
-                                     0x27d4eb2f165667c5ull, 0x85ebca77c2b2ae63ull, 0xff51afd7ed558ccdull,
-                                     0xc4ceb9fe1a85ec53ull, 0x94d049bb133111ebull};
-  uint64_t acc[8] = {0x1234567890abcdefull, 0x0fedcba987654321ull, 0x3c6ef372fe94f82bull, 0xa54ff53a5f1d36f1ull,
-                     0x510e527fade682d1ull, 0x9b05688c2b3e6c1full, 0x1f83d9abfb41bd6bull, 0x5be0cd19137e2179ull};
-  uint64_t salt = 0;
-  size_t i = 0;
-  for (; i + 64 <= p.size(); i += 64) {
-    salt += 0x9e3779b97f4a7c15ull;
-    uint64_t w[8], product[8];
-    std::memcpy(w, p.data() + i, 64);
-    for (int lane = 0; lane < 8; ++lane) {
-      const uint64_t k = w[lane] ^ kLaneKeys[lane] ^ salt;
-      product[lane] = static_cast<uint64_t>(static_cast<uint32_t>(k)) * static_cast<uint32_t>(k >> 32);
-    }
-    for (int lane = 0; lane < 8; lane += 2) {
-      acc[lane] += product[lane] + w[lane + 1];
-      acc[lane + 1] += product[lane + 1] + w[lane];
-    }
-  }
-  uint64_t h = p.size() * 0x9e3779b97f4a7c15ull;
-  for (; i < p.size(); ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  for (int lane = 0; lane < 8; ++lane) {
-    h = (h ^ acc[lane]) * 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-  }
-  return h;
-}
-
 }  // namespace dynamiq::engine

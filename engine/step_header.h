@@ -37,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kernels/payload_checksum.h"
 
 namespace dynamiq::engine {
 
@@ -81,8 +82,9 @@ absl::Status MatchStepHeader(const StepHeader& received, const StepHeader& expec
 // name, size or dtype. In a daemon that means the nodes' workers submitted different tensors.
 bool IsDifferentCollective(const absl::Status& status);
 
-// 64-bit checksum of a payload (detects corruption, not forgery).
-uint64_t PayloadChecksum(absl::Span<const uint8_t> payload);
+// 64-bit checksum of a payload (detects corruption, not forgery; kernels/payload_checksum.h, where
+// codecs can compute it while they encode).
+using kernels::PayloadChecksum;
 
 }  // namespace dynamiq::engine
 

@@ -71,7 +71,7 @@ absl::Status StepMessenger::Announce(Phase phase, uint32_t step, uint32_t block,
 }
 
 absl::Status StepMessenger::Send(Phase phase, uint32_t step, uint32_t block, int peer, const Codec& codec,
-                                 absl::Span<const uint8_t> payload) {
+                                 absl::Span<const uint8_t> payload, std::optional<uint64_t> checksum) {
   if (payload.size() > UINT32_MAX) {
     return absl::InvalidArgumentError(
         absl::StrCat("message of ", payload.size(), " bytes exceeds 4 GiB; use smaller pipelining blocks"));
@@ -81,14 +81,16 @@ absl::Status StepMessenger::Send(Phase phase, uint32_t step, uint32_t block, int
   Outgoing& out = it->second;
   StepHeader h = Expected(phase, step, block, codec, t_.rank());
   h.payload_bytes = static_cast<uint32_t>(payload.size());
-  {
+  if (o_.authenticator != nullptr) {
     TimelineSpan span(o_.timeline, Timeline::Kind::kChecksum, block);
-    if (o_.authenticator != nullptr) {
-      out.header_bytes = o_.authenticator->Seal(h, static_cast<uint32_t>(peer), payload);
-    } else {
-      h.checksum = PayloadChecksum(payload);
-      out.header_bytes = EncodeStepHeader(h);
-    }
+    out.header_bytes = o_.authenticator->Seal(h, static_cast<uint32_t>(peer), payload);
+  } else if (checksum.has_value()) {
+    h.checksum = *checksum;
+    out.header_bytes = EncodeStepHeader(h);
+  } else {
+    TimelineSpan span(o_.timeline, Timeline::Kind::kChecksum, block);
+    h.checksum = PayloadChecksum(payload);
+    out.header_bytes = EncodeStepHeader(h);
   }
   DQ_ASSIGN_OR_RETURN(out.header,
                       Peer(t_.PostSend(peer, Tag(o_.sequence, phase, step, block, kHeader), out.header_bytes), peer));
@@ -144,13 +146,14 @@ void StepMessenger::Release(Phase phase, uint32_t step, uint32_t block) {
   incoming_.erase(it);
 }
 
-Bytes StepMessenger::TakePayload(Phase phase, uint32_t step, uint32_t block) {
+StepMessenger::TakenPayload StepMessenger::TakePayload(Phase phase, uint32_t step, uint32_t block) {
   auto it = incoming_.find(Key(phase, step, block));
-  if (it == incoming_.end() || !it->second.received) return Bytes();
-  Bytes payload = std::move(it->second.payload);
-  payload.resize(it->second.decoded.payload_bytes);
+  if (it == incoming_.end() || !it->second.received) return {};
+  TakenPayload taken{std::move(it->second.payload), std::nullopt};
+  taken.bytes.resize(it->second.decoded.payload_bytes);
+  if (o_.authenticator == nullptr) taken.checksum = it->second.decoded.checksum;  // verified by Receive
   incoming_.erase(it);
-  return payload;
+  return taken;
 }
 
 StepHeader StepMessenger::Expected(Phase phase, uint32_t step, size_t block, const Codec& codec, int sender) const {

@@ -22,6 +22,7 @@
 
 #include <array>
 #include <map>
+#include <optional>
 #include <set>
 #include <type_traits>
 
@@ -60,8 +61,10 @@ class StepMessenger {
   absl::Status Announce(Phase phase, uint32_t step, uint32_t block, const kernels::Codec& codec);
 
   // Sends `payload` as message (phase, step, block) to `peer`; it must stay valid until WaitSent.
+  // `checksum`: its PayloadChecksum when the caller knows it (computed while encoding, or received
+  // with it), so it is not computed again.
   absl::Status Send(Phase phase, uint32_t step, uint32_t block, int peer, const kernels::Codec& codec,
-                    absl::Span<const uint8_t> payload);
+                    absl::Span<const uint8_t> payload, std::optional<uint64_t> checksum = std::nullopt);
 
   // Waits until the message (phase, step, block) has left (its payload may then be reused); no-op
   // when none was sent.
@@ -75,8 +78,12 @@ class StepMessenger {
   // Hands a received payload's buffer back.
   void Release(Phase phase, uint32_t step, uint32_t block);
   // Instead of Release: the received payload's buffer, sized to the payload, for the caller to keep
-  // (e.g. to forward it) and give back to the pool.
-  Bytes TakePayload(Phase phase, uint32_t step, uint32_t block);
+  // (e.g. to forward it) and give back to the pool, with its verified checksum (none with a MAC).
+  struct TakenPayload {
+    Bytes bytes;
+    std::optional<uint64_t> checksum;
+  };
+  TakenPayload TakePayload(Phase phase, uint32_t step, uint32_t block);
 
  private:
   StepHeader Expected(Phase phase, uint32_t step, size_t block, const kernels::Codec& codec, int sender) const;

@@ -1,5 +1,8 @@
 #include "kernels/codec.h"
 
+#include "common/status_macros.h"
+#include "kernels/payload_checksum.h"
+
 namespace dynamiq::kernels {
 
 size_t Codec::StatsLength(size_t) const { return 0; }
@@ -12,6 +15,22 @@ absl::StatusOr<BucketPlan> Codec::MakePlan(const RoundInfo& round, size_t num_el
   plan.round = round;
   plan.num_elements = num_elements;
   return plan;
+}
+
+absl::StatusOr<size_t> Codec::CompressChecksummed(const BucketPlan& plan, const ChunkRef& chunk, const Source& local,
+                                                  absl::Span<uint8_t> out, uint64_t& checksum) const {
+  DQ_ASSIGN_OR_RETURN(const size_t bytes, Compress(plan, chunk, local, out));
+  checksum = PayloadChecksum(out.first(bytes));
+  return bytes;
+}
+
+absl::StatusOr<size_t> Codec::DecompressAccumulateRecompressChecksummed(const BucketPlan& plan, const ChunkRef& chunk,
+                                                                        absl::Span<const uint8_t> in,
+                                                                        const Source& local, absl::Span<uint8_t> out,
+                                                                        uint64_t& checksum) const {
+  DQ_ASSIGN_OR_RETURN(const size_t bytes, DecompressAccumulateRecompress(plan, chunk, in, local, out));
+  checksum = PayloadChecksum(out.first(bytes));
+  return bytes;
 }
 
 }  // namespace dynamiq::kernels

@@ -162,6 +162,17 @@ class Codec {
   virtual absl::StatusOr<size_t> DecompressAccumulateRecompress(const BucketPlan& plan, const ChunkRef& chunk,
                                                                 absl::Span<const uint8_t> in, const Source& local,
                                                                 absl::Span<uint8_t> out) const = 0;
+  // Compress and DecompressAccumulateRecompress that also set `checksum` to PayloadChecksum of the
+  // bytes written (kernels/payload_checksum.h), which the engine's step header carries. The
+  // defaults checksum the output afterwards; none and bf16 checksum as they write (one pass over
+  // the message instead of two).
+  virtual absl::StatusOr<size_t> CompressChecksummed(const BucketPlan& plan, const ChunkRef& chunk, const Source& local,
+                                                     absl::Span<uint8_t> out, uint64_t& checksum) const;
+  virtual absl::StatusOr<size_t> DecompressAccumulateRecompressChecksummed(const BucketPlan& plan,
+                                                                           const ChunkRef& chunk,
+                                                                           absl::Span<const uint8_t> in,
+                                                                           const Source& local, absl::Span<uint8_t> out,
+                                                                           uint64_t& checksum) const;
 
  protected:
   explicit Codec(const CodecConfig& config) : config_(config) {}

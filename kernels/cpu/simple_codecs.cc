@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "kernels/bf16_math.h"
 #include "kernels/cpu/buffer_io.h"
+#include "kernels/payload_checksum.h"
 #include "kernels/wire_format.h"
 
 namespace dynamiq::kernels {
@@ -58,10 +59,15 @@ class SimpleCodec final : public Codec {
 
   absl::StatusOr<size_t> Compress(const BucketPlan& plan, const ChunkRef& chunk, const Source& local,
                                   absl::Span<uint8_t> out) const override {
-    if (const float* src = chunk.count > 0 ? PlainFloats(local, chunk.begin) : nullptr) {
-      return EncodeDirect(plan, chunk, 1, out, [&](size_t k) { return src[k]; });
-    }
-    return Encode(plan, chunk, 1, out, [&](size_t begin, size_t n, float* tile) { LoadSource(local, begin, n, tile); });
+    return CompressImpl(plan, chunk, local, out, nullptr);
+  }
+
+  absl::StatusOr<size_t> CompressChecksummed(const BucketPlan& plan, const ChunkRef& chunk, const Source& local,
+                                             absl::Span<uint8_t> out, uint64_t& checksum) const override {
+    PayloadChecksummer summer;
+    DQ_ASSIGN_OR_RETURN(const size_t bytes, CompressImpl(plan, chunk, local, out, &summer));
+    checksum = summer.Finish();
+    return bytes;
   }
 
   absl::Status Decompress(const BucketPlan& plan, const ChunkRef& chunk, absl::Span<const uint8_t> in,
@@ -102,18 +108,44 @@ class SimpleCodec final : public Codec {
   absl::StatusOr<size_t> DecompressAccumulateRecompress(const BucketPlan& plan, const ChunkRef& chunk,
                                                         absl::Span<const uint8_t> in, const Source& local,
                                                         absl::Span<uint8_t> out) const override {
+    return DarImpl(plan, chunk, in, local, out, nullptr);
+  }
+
+  absl::StatusOr<size_t> DecompressAccumulateRecompressChecksummed(const BucketPlan& plan, const ChunkRef& chunk,
+                                                                   absl::Span<const uint8_t> in, const Source& local,
+                                                                   absl::Span<uint8_t> out,
+                                                                   uint64_t& checksum) const override {
+    PayloadChecksummer summer;
+    DQ_ASSIGN_OR_RETURN(const size_t bytes, DarImpl(plan, chunk, in, local, out, &summer));
+    checksum = summer.Finish();
+    return bytes;
+  }
+
+ private:
+  // Compress and DAR, checksumming the bytes as they are written when `summer` is set.
+  absl::StatusOr<size_t> CompressImpl(const BucketPlan& plan, const ChunkRef& chunk, const Source& local,
+                                      absl::Span<uint8_t> out, PayloadChecksummer* summer) const {
+    if (const float* src = chunk.count > 0 ? PlainFloats(local, chunk.begin) : nullptr) {
+      return EncodeDirect(plan, chunk, 1, out, summer, [&](size_t k) { return src[k]; });
+    }
+    return Encode(plan, chunk, 1, out, summer,
+                  [&](size_t begin, size_t n, float* tile) { LoadSource(local, begin, n, tile); });
+  }
+
+  absl::StatusOr<size_t> DarImpl(const BucketPlan& plan, const ChunkRef& chunk, absl::Span<const uint8_t> in,
+                                 const Source& local, absl::Span<uint8_t> out, PayloadChecksummer* summer) const {
     DQ_ASSIGN_OR_RETURN(ChunkHeader h, Check(plan, chunk, in));
     const uint16_t summands = h.num_summands == 0xffff ? h.num_summands : h.num_summands + 1;
     if (const float* src = chunk.count > 0 ? PlainFloats(local, chunk.begin) : nullptr) {
       const uint8_t* received = in.data() + kChunkHeaderBytes;
       if (bytes_ == 4) {
-        return EncodeDirect(plan, chunk, summands, out,
+        return EncodeDirect(plan, chunk, summands, out, summer,
                             [&](size_t k) { return LoadWireFloat(received + 4 * k) + src[k]; });
       }
-      return EncodeDirect(plan, chunk, summands, out,
+      return EncodeDirect(plan, chunk, summands, out, summer,
                           [&](size_t k) { return LoadWireBf16(received + 2 * k) + src[k]; });
     }
-    return Encode(plan, chunk, summands, out, [&](size_t begin, size_t n, float* tile) {
+    return Encode(plan, chunk, summands, out, summer, [&](size_t begin, size_t n, float* tile) {
       float received[kTile];
       LoadSource(local, begin, n, tile);
       DecodeTile(in, begin - chunk.begin, n, received);
@@ -121,7 +153,6 @@ class SimpleCodec final : public Codec {
     });
   }
 
- private:
   absl::StatusOr<ChunkHeader> Check(const BucketPlan& plan, const ChunkRef& chunk, absl::Span<const uint8_t> in) const {
     DQ_ASSIGN_OR_RETURN(ChunkHeader h, ParseChunkHeader(in));
     DQ_RETURN_IF_ERROR(ValidateChunkHeader(h, id(), plan, chunk, bytes_ * chunk.count));
@@ -141,9 +172,9 @@ class SimpleCodec final : public Codec {
     }
   }
 
-  // Checks `out` and writes the chunk header; the elements go after it.
-  absl::Status WriteHeader(const BucketPlan& plan, const ChunkRef& chunk, uint16_t summands,
-                           absl::Span<uint8_t> out) const {
+  // Checks `out` and writes the chunk header (and checksums it); the elements go after it.
+  absl::Status WriteHeader(const BucketPlan& plan, const ChunkRef& chunk, uint16_t summands, absl::Span<uint8_t> out,
+                           PayloadChecksummer* summer) const {
     const size_t total = MaxEncodedBytes(plan, chunk);
     if (out.size() < total || chunk.count > kMaxChunkElements) {
       return absl::InvalidArgumentError(absl::StrCat("output buffer of ", out.size(), " bytes, need ", total));
@@ -157,29 +188,33 @@ class SimpleCodec final : public Codec {
     h.num_summands = summands;
     h.payload_bytes = static_cast<uint32_t>(bytes_ * chunk.count);
     WriteChunkHeader(h, out);
+    if (summer != nullptr) summer->Update(out.first(kChunkHeaderBytes));
     return absl::OkStatus();
   }
 
-  // Encodes value(k), k < chunk.count, in one pass (the fast path: `value` reads plain memory).
+  // Encodes value(k), k < chunk.count, in one pass (the fast path: `value` reads plain memory), in
+  // tiles small enough that the checksum of each (when `summer` is set) reads it from L1.
   template <typename Fn>
   absl::StatusOr<size_t> EncodeDirect(const BucketPlan& plan, const ChunkRef& chunk, uint16_t summands,
-                                      absl::Span<uint8_t> out, Fn&& value) const {
-    DQ_RETURN_IF_ERROR(WriteHeader(plan, chunk, summands, out));
+                                      absl::Span<uint8_t> out, PayloadChecksummer* summer, Fn&& value) const {
+    DQ_RETURN_IF_ERROR(WriteHeader(plan, chunk, summands, out, summer));
     uint8_t* p = out.data() + kChunkHeaderBytes;
-    if (bytes_ == 4) {
-      for (size_t k = 0; k < chunk.count; ++k) {
-        const float v = value(k);
-        std::memcpy(p + 4 * k, &v, 4);
-      }
-    } else {  // through small tiles, so that both loops vectorize
-      for (size_t i = 0; i < chunk.count; i += kTile) {
-        const size_t n = std::min(kTile, chunk.count - i);
+    for (size_t i = 0; i < chunk.count; i += kTile) {
+      const size_t n = std::min(kTile, chunk.count - i);
+      uint8_t* dst = p + bytes_ * i;
+      if (bytes_ == 4) {
+        for (size_t k = 0; k < n; ++k) {
+          const float v = value(i + k);
+          std::memcpy(dst + 4 * k, &v, 4);
+        }
+      } else {  // two loops, so that both vectorize
         float sums[kTile];
         uint16_t codes[kTile];
         for (size_t k = 0; k < n; ++k) sums[k] = value(i + k);
         for (size_t k = 0; k < n; ++k) codes[k] = FloatToBf16(sums[k]);
-        std::memcpy(p + 2 * i, codes, 2 * n);
+        std::memcpy(dst, codes, 2 * n);
       }
+      if (summer != nullptr) summer->Update({dst, bytes_ * n});
     }
     return MaxEncodedBytes(plan, chunk);
   }
@@ -187,23 +222,23 @@ class SimpleCodec final : public Codec {
   // Encodes through tiles that `fill(begin, n, tile)` loads (conversions, per-group offsets).
   template <typename Fn>
   absl::StatusOr<size_t> Encode(const BucketPlan& plan, const ChunkRef& chunk, uint16_t summands,
-                                absl::Span<uint8_t> out, Fn&& fill) const {
+                                absl::Span<uint8_t> out, PayloadChecksummer* summer, Fn&& fill) const {
     const size_t total = MaxEncodedBytes(plan, chunk);
-    DQ_RETURN_IF_ERROR(WriteHeader(plan, chunk, summands, out));
+    DQ_RETURN_IF_ERROR(WriteHeader(plan, chunk, summands, out, summer));
     uint8_t* p = out.data() + kChunkHeaderBytes;
     float tile[kTile];
     for (size_t i = 0; i < chunk.count; i += kTile) {
       const size_t n = std::min(kTile, chunk.count - i);
       fill(chunk.begin + i, n, tile);
+      uint8_t* dst = p + bytes_ * i;
       if (bytes_ == 4) {
-        std::memcpy(p + 4 * i, tile, 4 * n);
+        std::memcpy(dst, tile, 4 * n);
       } else {
-        for (size_t k = 0; k < n; ++k) {
-          const uint16_t b = FloatToBf16(tile[k]);
-          p[2 * (i + k)] = static_cast<uint8_t>(b);
-          p[2 * (i + k) + 1] = static_cast<uint8_t>(b >> 8);
-        }
+        uint16_t codes[kTile];
+        for (size_t k = 0; k < n; ++k) codes[k] = FloatToBf16(tile[k]);
+        std::memcpy(dst, codes, 2 * n);
       }
+      if (summer != nullptr) summer->Update({dst, bytes_ * n});
     }
     return total;
   }

@@ -1,0 +1,74 @@
+// kernels/payload_checksum.h: the streaming checksummer gives PayloadChecksum of the whole for any
+// split of the bytes, and every codec's *Checksummed encoders return PayloadChecksum of what they
+// wrote (none and bf16 compute it while they write).
+#include "kernels/payload_checksum.h"
+
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/codec_info.h"
+#include "kernels/codec_registry.h"
+#include "tests/kernels/codec_test_util.h"
+
+namespace dynamiq::kernels {
+namespace {
+
+std::vector<uint8_t> Bytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> b(n);
+  for (auto& x : b) x = static_cast<uint8_t>(rng());
+  return b;
+}
+
+TEST(PayloadChecksummerTest, AnySplitGivesTheOneShotChecksum) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{65}, size_t{1000}, size_t{4133}}) {
+    const std::vector<uint8_t> b = Bytes(n, static_cast<uint32_t>(n));
+    const uint64_t want = PayloadChecksum(b);
+    std::mt19937 rng(7);
+    for (int trial = 0; trial < 20; ++trial) {
+      PayloadChecksummer summer;
+      size_t at = 0;
+      while (at < n) {
+        const size_t piece = std::min<size_t>(n - at, rng() % 150);
+        summer.Update(absl::MakeConstSpan(b).subspan(at, piece));
+        at += piece;
+      }
+      ASSERT_EQ(summer.Finish(), want) << "n " << n << " trial " << trial;
+    }
+  }
+  PayloadChecksummer empty;
+  EXPECT_EQ(empty.Finish(), PayloadChecksum({}));
+}
+
+TEST(CodecChecksummedTest, EveryCodecsChecksummedEncodersChecksumWhatTheyWrote) {
+  for (CodecId id : {CodecId::kNone, CodecId::kBf16, CodecId::kDynamiq, CodecId::kMxfp8, CodecId::kUniform}) {
+    SCOPED_TRACE(std::string(CodecName(id)));
+    CodecConfig config;
+    config.id = id;
+    config.bits = id == CodecId::kUniform ? 4 : 5;
+    auto codec = CreateCodec(config).value();
+    const size_t d = 5000;
+    const std::vector<float> a = testing::Gaussian(d, 1), b = testing::Gaussian(d, 2);
+    std::vector<float> stats(codec->StatsLength(d)), reduced;
+    codec->ComputeStats(testing::Src(a), d, stats.data());
+    reduced = stats;
+    const BucketPlan plan = codec->MakePlan(RoundInfo{3, 0, 2, 0}, d, stats, reduced).value();
+    ChunkRef chunk;
+    chunk.count = d;
+    std::vector<uint8_t> sent(codec->MaxEncodedBytes(plan, chunk)), summed(sent.size());
+    uint64_t sum = 0;
+    const size_t n = codec->CompressChecksummed(plan, chunk, testing::Src(a), absl::MakeSpan(sent), sum).value();
+    EXPECT_EQ(sum, PayloadChecksum(absl::MakeConstSpan(sent).first(n)));
+    EXPECT_EQ(testing::MustCompress(*codec, plan, chunk, testing::Src(a)),
+              std::vector<uint8_t>(sent.begin(), sent.begin() + n));
+    const size_t m = codec
+                         ->DecompressAccumulateRecompressChecksummed(plan, chunk, absl::MakeConstSpan(sent).first(n),
+                                                                     testing::Src(b), absl::MakeSpan(summed), sum)
+                         .value();
+    EXPECT_EQ(sum, PayloadChecksum(absl::MakeConstSpan(summed).first(m)));
+  }
+}
+
+}  // namespace
+}  // namespace dynamiq::kernels
