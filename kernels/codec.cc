@@ -33,4 +33,29 @@ absl::StatusOr<size_t> Codec::DecompressAccumulateRecompressChecksummed(const Bu
   return bytes;
 }
 
+void Codec::ComputeStatsOn(common::ThreadPool*, const Source& local, size_t num_elements, float* stats) const {
+  ComputeStats(local, num_elements, stats);
+}
+
+absl::StatusOr<size_t> Codec::CompressOn(common::ThreadPool*, const BucketPlan& plan, const ChunkRef& chunk,
+                                         const Source& local, absl::Span<uint8_t> out) const {
+  return Compress(plan, chunk, local, out);
+}
+
+absl::Status Codec::DecompressOn(common::ThreadPool*, const BucketPlan& plan, const ChunkRef& chunk,
+                                 absl::Span<const uint8_t> in, const Dest& out) const {
+  return Decompress(plan, chunk, in, out);
+}
+
+absl::Status Codec::DecompressAccumulateOn(common::ThreadPool*, const BucketPlan& plan, const ChunkRef& chunk,
+                                           absl::Span<const uint8_t> in, float* acc) const {
+  return DecompressAccumulate(plan, chunk, in, acc);
+}
+
+absl::StatusOr<size_t> Codec::DecompressAccumulateRecompressOn(common::ThreadPool*, const BucketPlan& plan,
+                                                               const ChunkRef& chunk, absl::Span<const uint8_t> in,
+                                                               const Source& local, absl::Span<uint8_t> out) const {
+  return DecompressAccumulateRecompress(plan, chunk, in, local, out);
+}
+
 }  // namespace dynamiq::kernels

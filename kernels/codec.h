@@ -15,6 +15,11 @@
 // across ranks (stats_reduction) and turns into a BucketPlan with MakePlan. Every rank must pass
 // bit-identical reduced statistics; MakePlan is deterministic, so all ranks get the same plan.
 //
+// One call's work may be split across threads: ComputeStats and the chunk-level calls have variants
+// taking a common::ThreadPool (ComputeStatsOn, CompressOn, ...), and ParallelCodec
+// (kernels/parallel_codec.h) routes a codec's plain calls to them: that is how the engine's calls
+// reach them.
+//
 // Thread safety: a Codec is immutable after construction; all methods are const and may be
 // called concurrently from many threads.
 #ifndef DQ_KERNELS_CODEC_H_
@@ -32,6 +37,10 @@
 #include "absl/types/span.h"
 #include "kernels/codec_info.h"
 #include "kernels/dtype.h"
+
+namespace dynamiq::common {
+class ThreadPool;
+}  // namespace dynamiq::common
 
 namespace dynamiq::kernels {
 
@@ -165,7 +174,8 @@ class Codec {
   // Compress and DecompressAccumulateRecompress that also set `checksum` to PayloadChecksum of the
   // bytes written (kernels/payload_checksum.h), which the engine's step header carries. The
   // defaults checksum the output afterwards; none and bf16 checksum as they write (one pass over
-  // the message instead of two).
+  // the message instead of two) and say so with ChecksumsWhileEncoding.
+  virtual bool ChecksumsWhileEncoding() const { return false; }
   virtual absl::StatusOr<size_t> CompressChecksummed(const BucketPlan& plan, const ChunkRef& chunk, const Source& local,
                                                      absl::Span<uint8_t> out, uint64_t& checksum) const;
   virtual absl::StatusOr<size_t> DecompressAccumulateRecompressChecksummed(const BucketPlan& plan,
@@ -173,6 +183,21 @@ class Codec {
                                                                            absl::Span<const uint8_t> in,
                                                                            const Source& local, absl::Span<uint8_t> out,
                                                                            uint64_t& checksum) const;
+
+  // ---- The same calls with one call's work split across the threads of `pool` (null: this
+  // thread only). A codec whose work falls into independent ranges (DynamiQ: its super-groups)
+  // overrides them, with results (bytes, values, errors) bit-identical to the plain calls for any
+  // pool size; the defaults make the plain call on the calling thread.
+  virtual void ComputeStatsOn(common::ThreadPool* pool, const Source& local, size_t num_elements, float* stats) const;
+  virtual absl::StatusOr<size_t> CompressOn(common::ThreadPool* pool, const BucketPlan& plan, const ChunkRef& chunk,
+                                            const Source& local, absl::Span<uint8_t> out) const;
+  virtual absl::Status DecompressOn(common::ThreadPool* pool, const BucketPlan& plan, const ChunkRef& chunk,
+                                    absl::Span<const uint8_t> in, const Dest& out) const;
+  virtual absl::Status DecompressAccumulateOn(common::ThreadPool* pool, const BucketPlan& plan, const ChunkRef& chunk,
+                                              absl::Span<const uint8_t> in, float* acc) const;
+  virtual absl::StatusOr<size_t> DecompressAccumulateRecompressOn(common::ThreadPool* pool, const BucketPlan& plan,
+                                                                  const ChunkRef& chunk, absl::Span<const uint8_t> in,
+                                                                  const Source& local, absl::Span<uint8_t> out) const;
 
  protected:
   explicit Codec(const CodecConfig& config) : config_(config) {}

@@ -85,6 +85,9 @@ absl::Status Daemon::Start() {
         orphans);
   }
   DQ_RETURN_IF_ERROR(ValidateDaemonOptions(options_));
+  if (options_.device == DeviceKind::kCpu && options_.codec_threads > 1) {
+    codec_pool_ = std::make_shared<common::ThreadPool>(options_.codec_threads);
+  }
   const bool coordinator_here = options_.coordinator.empty() && options_.node_rank == 0;
   // GPU nodes: the device itself, before anything is bound.
   if (options_.device == DeviceKind::kCuda) DQ_RETURN_IF_ERROR(OpenDevice());
@@ -303,6 +306,7 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id
   o.arc_topk_momentum = options_.arc_topk_momentum;
   o.error_feedback_bytes = options_.error_feedback_mib << 20;
   o.step_budget = options_.step_budget;
+  o.codec_pool = codec_pool_;
   // Engine messages between nodes carry HMAC tags under the job's key (engine/step_auth.h).
   if (!security_.cluster_secret.empty()) {
     o.authenticator = engine::StepAuthenticator::ForJob(security_.cluster_secret, job_id);

@@ -47,6 +47,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/env.h"
+#include "common/thread_pool.h"
 #include "engine/store.h"
 #include "ipc/device_buffers.h"
 #include "ipc/node_buffers.h"
@@ -189,6 +190,7 @@ class Daemon {
   std::unique_ptr<RejectLog> reject_log_;             // RecordRejected
   std::unique_ptr<ErrorBudgetService> error_budget_;  // node 0 only; outlives the jobs too
   std::unique_ptr<JobObserverList> observers_;        // what jobs report to: metrics (+ error budget)
+  std::shared_ptr<common::ThreadPool> codec_pool_;    // CPU nodes with codec_threads > 1; created by Start
   std::unique_ptr<RendezvousService> rendezvous_;     // coordinator node only
   std::unique_ptr<Cluster> cluster_;                  // the coordinator protocol; created by Start
   std::unique_ptr<grpc::Server> operator_server_;

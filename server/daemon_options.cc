@@ -60,6 +60,10 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--error_feedback_mib must be at most 1073741824 (1 PiB), got ", o.error_feedback_mib));
   }
+  if (o.codec_threads < 1 || o.codec_threads > kMaxCodecThreads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--codec_threads must be in [1, ", kMaxCodecThreads, "], got ", o.codec_threads));
+  }
   if (!o.transport.empty() && o.transport != "gloo" && o.transport != "nccl") {
     return absl::InvalidArgumentError(absl::StrCat("--transport must be gloo or nccl, got '", o.transport, "'"));
   }

@@ -63,9 +63,16 @@ struct DaemonOptions {
   // compressed chunks through pinned host memory over Gloo TCP; engine/host_staged_transport.h).
   // Empty: nccl on GPU nodes, gloo on CPU nodes (which only run gloo).
   std::string transport;
+  // Threads that split the codec work of one cross-node collective on a CPU node (statistics,
+  // compress, DAR, decompress; results bit-identical for any count), the reducer thread's
+  // included, shared by all jobs: 1..kMaxCodecThreads. 1 here (in-process daemons start no
+  // threads); dynamiqd's flag defaults to the CPUs it may use (common::AvailableCpus()).
+  int codec_threads = 1;
   // Device memory limit of all workers' device buffers together (kCuda).
   size_t max_device_bytes = std::numeric_limits<size_t>::max();
 };
+
+inline constexpr int kMaxCodecThreads = 256;
 
 // True if this dynamiqd was built with the device path (CUDA and NCCL found).
 bool DaemonHasCudaSupport();

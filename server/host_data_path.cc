@@ -8,12 +8,14 @@
 #include "kernels/bf16_math.h"
 #include "kernels/codec_registry.h"
 #include "kernels/dynamiq_math.h"
+#include "kernels/parallel_codec.h"
 #include "server/error_probe.h"
 
 namespace dynamiq::server {
 
-HostDataPath::HostDataPath(std::string job_id, absl::Duration probe_timeout)
-    : job_id_(std::move(job_id)), probe_timeout_(probe_timeout) {}
+HostDataPath::HostDataPath(std::string job_id, absl::Duration probe_timeout,
+                           std::shared_ptr<common::ThreadPool> codec_pool)
+    : job_id_(std::move(job_id)), probe_timeout_(probe_timeout), codec_pool_(std::move(codec_pool)) {}
 
 absl::Status HostDataPath::LocalReduce(absl::Span<const Region> inputs, size_t n) {
   sum_ = nullptr;
@@ -46,10 +48,12 @@ absl::Status HostDataPath::LocalReduce(absl::Span<const Region> inputs, size_t n
   return absl::OkStatus();
 }
 
-absl::StatusOr<DataPath::CrossNodeResult> HostDataPath::CrossNode(const kernels::Codec& codec,
+absl::StatusOr<DataPath::CrossNodeResult> HostDataPath::CrossNode(const kernels::Codec& job_codec,
                                                                   engine::Transport& transport,
                                                                   const engine::AllReduceOptions& options, size_t n,
                                                                   double error_sample_rate) {
+  // The engine's codec calls split their work across the pool (bit-identical to one thread).
+  const kernels::ParallelCodec codec(job_codec, codec_pool_.get());
   if (sum_ == nullptr) return absl::FailedPreconditionError("CrossNode before LocalReduce");
   // Error probe: keep this node's exact local sum of a sampled compressed collective. Every node
   // decides the same way (SampleForError is a function of job, sequence and the shared rate).

@@ -8,10 +8,12 @@
 #ifndef DQ_SERVER_HOST_DATA_PATH_H_
 #define DQ_SERVER_HOST_DATA_PATH_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/thread_pool.h"
 #include "engine/buffer_pool.h"
 #include "server/data_path.h"
 
@@ -20,8 +22,10 @@ namespace dynamiq::server {
 class HostDataPath final : public DataPath {
  public:
   // `job_id` decides which collectives are sampled (the same on every node); `probe_timeout` bounds
-  // the exact side all-reduce.
-  HostDataPath(std::string job_id, absl::Duration probe_timeout);
+  // the exact side all-reduce; `codec_pool` splits each collective's codec work (statistics,
+  // compress, DAR, decompress) across its threads (kernels/parallel_codec.h; null: this thread).
+  HostDataPath(std::string job_id, absl::Duration probe_timeout,
+               std::shared_ptr<common::ThreadPool> codec_pool = nullptr);
 
   absl::Status LocalReduce(absl::Span<const Region> inputs, size_t n) override;
   absl::StatusOr<CrossNodeResult> CrossNode(const kernels::Codec& codec, engine::Transport& transport,
@@ -37,6 +41,7 @@ class HostDataPath final : public DataPath {
  private:
   const std::string job_id_;
   const absl::Duration probe_timeout_;
+  const std::shared_ptr<common::ThreadPool> codec_pool_;
   float* sum_ = nullptr;  // the current collective's sum: local rank 0's buffer or scratch_
   std::vector<float> scratch_;
   engine::BufferPool buffers_;                    // the engine's per-collective buffers, reused

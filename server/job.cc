@@ -50,8 +50,9 @@ constexpr uint64_t kMaxCollectivesAhead = uint64_t{1} << 16;
 
 Job::Job(Options options)
     : options_(std::move(options)),
-      path_(options_.data_path != nullptr ? options_.data_path
-                                          : std::make_shared<HostDataPath>(options_.id, options_.timeout)),
+      path_(options_.data_path != nullptr
+                ? options_.data_path
+                : std::make_shared<HostDataPath>(options_.id, options_.timeout, options_.codec_pool)),
       group_(options_.id, options_.num_nodes, options_.coordinator),
       error_feedback_(options_.error_feedback_bytes, options_.arc_topk_momentum) {
   {

@@ -39,6 +39,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/thread_pool.h"
 #include "engine/schedule.h"
 #include "engine/step_auth.h"
 #include "engine/transport.h"
@@ -98,8 +99,9 @@ class Job {
     // Authenticates the cross-node engine messages (engine/step_auth.h); null: checksums only.
     std::shared_ptr<const engine::StepAuthenticator> authenticator;
     // Where collectives run (and `connect` must return transports it can drive). Null: a
-    // HostDataPath (CPU node).
+    // HostDataPath (CPU node), whose codec work `codec_pool` splits (null: the reducer thread only).
     std::shared_ptr<DataPath> data_path;
+    std::shared_ptr<common::ThreadPool> codec_pool;
     // One DynamiQ bit budget per training step (server/step_budget_planner.h): each bucket's
     // cross-node collective runs at its share of the job's b̄, planned from the previous step's
     // results. Every node of the job must agree (dynamiqd --step_budget, checked at startup). Data

@@ -1,6 +1,7 @@
 // dynamiqd: the per-node dynamiq daemon. See docs/design.md and `dynamiqd --help`.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <iostream>
@@ -18,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/flag_names.h"
+#include "common/thread_pool.h"
 #include "server/build_info.h"
 #include "server/daemon.h"
 
@@ -95,6 +97,11 @@ ABSL_FLAG(double, error_sample_rate, 0.01,
           "Fraction (0..1) of compressed cross-node collectives whose compression error is measured against an "
           "exact fp32 sum computed on the side (an extra uncompressed all-reduce; "
           "dynamiq_compression_error_vnmse). Node 0's value applies to the whole cluster.");
+ABSL_FLAG(int32_t, codec_threads, std::min(dynamiq::common::AvailableCpus(), dynamiq::server::kMaxCodecThreads),
+          "CPU nodes: threads (1..256) that split the codec work of one cross-node collective (statistics, "
+          "compress, DAR, decompress of each chunk, in ranges of super-groups), shared by all jobs; the results are "
+          "bit-identical for any count. 1: the job's reducer thread only. Default: the CPUs this dynamiqd may run "
+          "on (its affinity mask).");
 
 ABSL_FLAG(bool, step_budget, false,
           "One DynamiQ bit budget per training step: the job's b̄ is the average over a step's buckets (a step: "
@@ -218,6 +225,7 @@ int main(int argc, char** argv) {
   o.arc_topk_momentum = absl::GetFlag(FLAGS_arc_topk_momentum);
   o.error_feedback_mib = absl::GetFlag(FLAGS_error_feedback_mib);
   o.step_budget = absl::GetFlag(FLAGS_step_budget);
+  o.codec_threads = absl::GetFlag(FLAGS_codec_threads);
   o.device = *device;
   o.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   o.transport = absl::GetFlag(FLAGS_transport);

@@ -1,13 +1,16 @@
 #include "kernels/cpu/dynamiq_codec.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "common/thread_pool.h"
 #include "kernels/bf16_math.h"
 #include "kernels/codec_info.h"
 #include "kernels/cpu/buffer_io.h"
@@ -27,6 +30,26 @@ int CountInSg(const ChunkRef& chunk, size_t j) {
 
 size_t MapBytes(size_t num_sg) { return (num_sg + 1) / 2; }
 int MapWidth(const uint8_t* map, size_t j) { return (map[j / 2] >> (4 * (j % 2))) & 15; }
+
+// fn(first, last) over ranges covering super-groups [0, n): split across `pool` (if any) in ranges of at
+// least DynamiqCodec::kMinSuperGroupsPerThread.
+void ForSuperGroups(common::ThreadPool* pool, size_t n, absl::FunctionRef<void(size_t, size_t)> fn) {
+  if (pool != nullptr) {
+    pool->ParallelFor(n, DynamiqCodec::kMinSuperGroupsPerThread, fn);
+  } else if (n > 0) {
+    fn(0, n);
+  }
+}
+
+// Bytes of the chunk's super-groups [0, j), j < the chunk's super-groups (widths from the plan, starting at
+// super-group first_sg). They are all full: only a chunk's last super-group may be shorter.
+size_t SuperGroupsBytes(const BucketPlan& plan, size_t first_sg, size_t j) {
+  size_t full[kMaxWidth + 1];
+  for (int w = 0; w <= kMaxWidth; ++w) full[w] = SuperGroupBytes(w, kSuperGroupSize);
+  size_t bytes = 0;
+  for (size_t i = 0; i < j; ++i) bytes += full[plan.widths[first_sg + i]];
+  return bytes;
+}
 
 // Standard normal samples from the counter-based generator (Box-Muller), for error calibration.
 float Gaussian(uint32_t key, uint32_t i) {
@@ -105,17 +128,29 @@ uint8_t DynamiqCodec::UniformMask() const {
 size_t DynamiqCodec::StatsLength(size_t num_elements) const { return 2 * NumSuperGroups(num_elements); }
 
 void DynamiqCodec::ComputeStats(const Source& local, size_t num_elements, float* stats) const {
+  ComputeStatsOn(nullptr, local, num_elements, stats);
+}
+
+void DynamiqCodec::ComputeStatsOn(common::ThreadPool* pool, const Source& local, size_t num_elements,
+                                  float* stats) const {
   Source raw = local;
   raw.subtract_per_group = nullptr;
-  const size_t m = NumSuperGroups(num_elements);
-  size_t j = 0;
+  ForSuperGroups(pool, NumSuperGroups(num_elements),
+                 [&](size_t first, size_t last) { StatsRange(raw, num_elements, first, last, stats); });
+}
+
+void DynamiqCodec::StatsRange(const Source& raw, size_t num_elements, size_t first, size_t last, float* stats) const {
+  size_t j = first;
   if (kernel_ == Kernel::kSimd && raw.dtype == DType::kFloat32 && raw.first == 0) {
     // fp32 is read in place; the SIMD kernel sums in SuperGroupMoments' order.
-    j = num_elements / kSuperGroupSize;
-    ComputeStatsSimd(static_cast<const float*>(raw.data), j, stats);
+    const size_t full = std::min(last, num_elements / kSuperGroupSize);
+    if (full > first) {
+      ComputeStatsSimd(static_cast<const float*>(raw.data) + first * kSuperGroupSize, full - first, stats + 2 * first);
+      j = full;
+    }
   }
   float tile[kSuperGroupSize];
-  for (; j < m; ++j) {
+  for (; j < last; ++j) {
     const size_t begin = j * kSuperGroupSize;
     const int count = static_cast<int>(std::min<size_t>(kSuperGroupSize, num_elements - begin));
     LoadSource(raw, begin, count, tile);
@@ -193,9 +228,9 @@ void DynamiqCodec::DecodeSg(int width, const uint8_t* sg, int count, float* out,
   }
 }
 
-absl::StatusOr<const uint8_t*> DynamiqCodec::CheckInput(const BucketPlan& plan, const ChunkRef& chunk,
-                                                        const Layout& layout, absl::Span<const uint8_t> in,
-                                                        uint16_t* summands) const {
+absl::StatusOr<const uint8_t*> DynamiqCodec::CheckInput(common::ThreadPool* pool, const BucketPlan& plan,
+                                                        const ChunkRef& chunk, const Layout& layout,
+                                                        absl::Span<const uint8_t> in, uint16_t* summands) const {
   DQ_ASSIGN_OR_RETURN(ChunkHeader h, ParseChunkHeader(in));
   DQ_RETURN_IF_ERROR(ValidateChunkHeader(h, CodecId::kDynamiq, plan, chunk, layout.payload_bytes));
   if (h.element_bits != UniformMask()) {
@@ -209,31 +244,47 @@ absl::StatusOr<const uint8_t*> DynamiqCodec::CheckInput(const BucketPlan& plan, 
                                                    " (ranks disagree on rounding or level settings)"));
   }
   const uint8_t* payload = in.data() + kChunkHeaderBytes;
-  const uint8_t* sg = payload + layout.map_bytes;
-  for (size_t j = 0; j < layout.num_sg; ++j) {
-    const int w = MapWidth(payload, j);
-    const int expected = plan.widths[layout.first_sg + j];
-    if (w != expected) {
-      return absl::InvalidArgumentError(absl::StrCat("super-group ", layout.first_sg + j, " arrived with ", w,
-                                                     "-bit codes, the plan says ", expected,
-                                                     " (ranks disagree on the bit allocation)"));
+  // The error is the first super-group's, in order, with a wrong width or malformed codes: the
+  // widths first (the codes of super-groups past a wrong width are not where the plan puts them),
+  // then the codes before the first wrong width, range by range.
+  size_t wrong_width = layout.num_sg;
+  for (size_t j = 0; j < layout.num_sg && wrong_width == layout.num_sg; ++j) {
+    if (MapWidth(payload, j) != plan.widths[layout.first_sg + j]) wrong_width = j;
+  }
+  std::atomic<size_t> malformed{wrong_width};
+  ForSuperGroups(pool, wrong_width, [&](size_t first, size_t last) {
+    const uint8_t* sg = payload + layout.map_bytes + SuperGroupsBytes(plan, layout.first_sg, first);
+    for (size_t j = first; j < last; ++j) {
+      const int w = plan.widths[layout.first_sg + j];
+      const int count = CountInSg(chunk, j);
+      const bool simd = kernel_ == Kernel::kSimd && count == kSuperGroupSize;
+      if (w != 0 && !(simd ? ValidateSuperGroupSimd(simd_tables_[w], sg) : ValidateSuperGroup(tables_[w], sg, count))) {
+        size_t seen = malformed.load();
+        while (j < seen && !malformed.compare_exchange_weak(seen, j)) {
+        }
+        return;
+      }
+      sg += SuperGroupBytes(w, count);
     }
-    const int count = CountInSg(chunk, j);
-    const bool simd = kernel_ == Kernel::kSimd && count == kSuperGroupSize;
-    if (w != 0 && !(simd ? ValidateSuperGroupSimd(simd_tables_[w], sg) : ValidateSuperGroup(tables_[w], sg, count))) {
-      return absl::InvalidArgumentError(absl::StrCat("super-group ", layout.first_sg + j,
-                                                     " is malformed (illegal code, zero group scale or bad super "
-                                                     "unit)"));
-    }
-    sg += SuperGroupBytes(w, count);
+  });
+  if (const size_t j = malformed.load(); j < wrong_width) {
+    return absl::InvalidArgumentError(absl::StrCat("super-group ", layout.first_sg + j,
+                                                   " is malformed (illegal code, zero group scale or bad super "
+                                                   "unit)"));
+  }
+  if (wrong_width < layout.num_sg) {
+    return absl::InvalidArgumentError(absl::StrCat("super-group ", layout.first_sg + wrong_width, " arrived with ",
+                                                   MapWidth(payload, wrong_width), "-bit codes, the plan says ",
+                                                   static_cast<int>(plan.widths[layout.first_sg + wrong_width]),
+                                                   " (ranks disagree on the bit allocation)"));
   }
   *summands = h.num_summands;
   return payload;
 }
 
-absl::StatusOr<size_t> DynamiqCodec::Encode(const BucketPlan& plan, const ChunkRef& chunk, const Layout& layout,
-                                            uint16_t summands, const Source& local, const uint8_t* received,
-                                            absl::Span<uint8_t> out) const {
+absl::StatusOr<size_t> DynamiqCodec::Encode(common::ThreadPool* pool, const BucketPlan& plan, const ChunkRef& chunk,
+                                            const Layout& layout, uint16_t summands, const Source& local,
+                                            const uint8_t* received, absl::Span<uint8_t> out) const {
   const size_t total = kChunkHeaderBytes + layout.payload_bytes;
   if (out.size() < total) {
     return absl::InvalidArgumentError(absl::StrCat("output buffer of ", out.size(), " bytes, need ", total));
@@ -250,17 +301,29 @@ absl::StatusOr<size_t> DynamiqCodec::Encode(const BucketPlan& plan, const ChunkR
   WriteChunkHeader(h, out);
   uint8_t* payload = out.data() + kChunkHeaderBytes;
   std::memset(payload, 0, layout.map_bytes);
+  for (size_t j = 0; j < layout.num_sg; ++j) {
+    payload[j / 2] = static_cast<uint8_t>(payload[j / 2] | (plan.widths[layout.first_sg + j] << (4 * (j % 2))));
+  }
+  uint8_t* const sgs = payload + layout.map_bytes;
+  ForSuperGroups(pool, layout.num_sg, [&](size_t first, size_t last) {
+    const size_t offset = SuperGroupsBytes(plan, layout.first_sg, first);
+    EncodeRange(plan, chunk, layout, first, last, local, received == nullptr ? nullptr : received + offset,
+                sgs + offset);
+  });
+  return total;
+}
+
+void DynamiqCodec::EncodeRange(const BucketPlan& plan, const ChunkRef& chunk, const Layout& layout, size_t first,
+                               size_t last, const Source& local, const uint8_t* received, uint8_t* sg) const {
   const RoundInfo& round = plan.round;
   const uint32_t key = StreamKey(config().seed, round.round, round.rank);
   // Siblings of one aggregation-tree node share a permutation of strata (see ChunkRef).
   const bool correlated = config().correlated_rounding && chunk.rounding_size > 1;
   const uint32_t shared_key = StreamKey(config().seed, round.round, kSharedStream ^ Mix32(chunk.rounding_group));
-  uint8_t* sg = payload + layout.map_bytes;
   alignas(64) float tile[kSuperGroupSize];
-  for (size_t j = 0; j < layout.num_sg; ++j) {
+  for (size_t j = first; j < last; ++j) {
     const size_t global_sg = layout.first_sg + j;
     const int w = plan.widths[global_sg];
-    payload[j / 2] = static_cast<uint8_t>(payload[j / 2] | (w << (4 * (j % 2))));
     const int count = CountInSg(chunk, j);
     if (w == 0) continue;
     const uint32_t stratum =
@@ -290,71 +353,97 @@ absl::StatusOr<size_t> DynamiqCodec::Encode(const BucketPlan& plan, const ChunkR
     sg += SuperGroupBytes(w, count);
     if (received != nullptr) received += SuperGroupBytes(w, count);
   }
-  return total;
 }
 
 absl::StatusOr<size_t> DynamiqCodec::Compress(const BucketPlan& plan, const ChunkRef& chunk, const Source& local,
                                               absl::Span<uint8_t> out) const {
+  return CompressOn(nullptr, plan, chunk, local, out);
+}
+
+absl::StatusOr<size_t> DynamiqCodec::CompressOn(common::ThreadPool* pool, const BucketPlan& plan, const ChunkRef& chunk,
+                                                const Source& local, absl::Span<uint8_t> out) const {
   DQ_ASSIGN_OR_RETURN(Layout layout, ChunkLayout(plan, chunk));
-  return Encode(plan, chunk, layout, 1, local, nullptr, out);
+  return Encode(pool, plan, chunk, layout, 1, local, nullptr, out);
 }
 
 absl::StatusOr<size_t> DynamiqCodec::DecompressAccumulateRecompress(const BucketPlan& plan, const ChunkRef& chunk,
                                                                     absl::Span<const uint8_t> in, const Source& local,
                                                                     absl::Span<uint8_t> out) const {
+  return DecompressAccumulateRecompressOn(nullptr, plan, chunk, in, local, out);
+}
+
+absl::StatusOr<size_t> DynamiqCodec::DecompressAccumulateRecompressOn(common::ThreadPool* pool, const BucketPlan& plan,
+                                                                      const ChunkRef& chunk,
+                                                                      absl::Span<const uint8_t> in, const Source& local,
+                                                                      absl::Span<uint8_t> out) const {
   DQ_ASSIGN_OR_RETURN(Layout layout, ChunkLayout(plan, chunk));
   uint16_t summands = 0;
-  DQ_ASSIGN_OR_RETURN(const uint8_t* payload, CheckInput(plan, chunk, layout, in, &summands));
+  DQ_ASSIGN_OR_RETURN(const uint8_t* payload, CheckInput(pool, plan, chunk, layout, in, &summands));
   const uint16_t out_summands = summands == 0xffff ? summands : static_cast<uint16_t>(summands + 1);
   // Encode walks the received super-groups alongside the ones it writes.
-  return Encode(plan, chunk, layout, out_summands, local, payload + layout.map_bytes, out);
+  return Encode(pool, plan, chunk, layout, out_summands, local, payload + layout.map_bytes, out);
 }
 
 absl::Status DynamiqCodec::Decompress(const BucketPlan& plan, const ChunkRef& chunk, absl::Span<const uint8_t> in,
                                       const Dest& out) const {
+  return DecompressOn(nullptr, plan, chunk, in, out);
+}
+
+absl::Status DynamiqCodec::DecompressOn(common::ThreadPool* pool, const BucketPlan& plan, const ChunkRef& chunk,
+                                        absl::Span<const uint8_t> in, const Dest& out) const {
   DQ_ASSIGN_OR_RETURN(Layout layout, ChunkLayout(plan, chunk));
   uint16_t summands = 0;
-  DQ_ASSIGN_OR_RETURN(const uint8_t* payload, CheckInput(plan, chunk, layout, in, &summands));
-  const uint8_t* sg = payload + layout.map_bytes;
-  alignas(64) float tile[kSuperGroupSize];
-  for (size_t j = 0; j < layout.num_sg; ++j) {
-    const int w = plan.widths[layout.first_sg + j];
-    const int count = CountInSg(chunk, j);
-    const size_t begin = chunk.begin + j * kSuperGroupSize;
-    if (w != 0 && kernel_ == Kernel::kSimd && count == kSuperGroupSize && out.dtype == DType::kFloat32) {
-      // Straight into the destination, as StoreDest would write it.
-      float* dest = static_cast<float*>(out.data) + (begin - out.first);
-      if (out.add_per_group == nullptr) {
-        DecodeSuperGroupSimd(simd_tables_[w], sg, dest);
-      } else {
-        DecodeOffsetSuperGroupSimd(simd_tables_[w], sg, out.add_per_group[begin / kSuperGroupSize], dest);
+  DQ_ASSIGN_OR_RETURN(const uint8_t* payload, CheckInput(pool, plan, chunk, layout, in, &summands));
+  ForSuperGroups(pool, layout.num_sg, [&](size_t first, size_t last) {
+    const uint8_t* sg = payload + layout.map_bytes + SuperGroupsBytes(plan, layout.first_sg, first);
+    alignas(64) float tile[kSuperGroupSize];
+    for (size_t j = first; j < last; ++j) {
+      const int w = plan.widths[layout.first_sg + j];
+      const int count = CountInSg(chunk, j);
+      const size_t begin = chunk.begin + j * kSuperGroupSize;
+      if (w != 0 && kernel_ == Kernel::kSimd && count == kSuperGroupSize && out.dtype == DType::kFloat32) {
+        // Straight into the destination, as StoreDest would write it.
+        float* dest = static_cast<float*>(out.data) + (begin - out.first);
+        if (out.add_per_group == nullptr) {
+          DecodeSuperGroupSimd(simd_tables_[w], sg, dest);
+        } else {
+          DecodeOffsetSuperGroupSimd(simd_tables_[w], sg, out.add_per_group[begin / kSuperGroupSize], dest);
+        }
+        sg += SuperGroupBytes(w, count);
+        continue;
       }
+      if (w == 0) {
+        std::fill(tile, tile + count, 0.0f);
+      } else {
+        DecodeSg(w, sg, count, tile, /*add=*/false);
+      }
+      StoreDest(out, begin, count, tile);
       sg += SuperGroupBytes(w, count);
-      continue;
     }
-    if (w == 0) {
-      std::fill(tile, tile + count, 0.0f);
-    } else {
-      DecodeSg(w, sg, count, tile, /*add=*/false);
-    }
-    StoreDest(out, begin, count, tile);
-    sg += SuperGroupBytes(w, count);
-  }
+  });
   return absl::OkStatus();
 }
 
 absl::Status DynamiqCodec::DecompressAccumulate(const BucketPlan& plan, const ChunkRef& chunk,
                                                 absl::Span<const uint8_t> in, float* acc) const {
+  return DecompressAccumulateOn(nullptr, plan, chunk, in, acc);
+}
+
+absl::Status DynamiqCodec::DecompressAccumulateOn(common::ThreadPool* pool, const BucketPlan& plan,
+                                                  const ChunkRef& chunk, absl::Span<const uint8_t> in,
+                                                  float* acc) const {
   DQ_ASSIGN_OR_RETURN(Layout layout, ChunkLayout(plan, chunk));
   uint16_t summands = 0;
-  DQ_ASSIGN_OR_RETURN(const uint8_t* payload, CheckInput(plan, chunk, layout, in, &summands));
-  const uint8_t* sg = payload + layout.map_bytes;
-  for (size_t j = 0; j < layout.num_sg; ++j) {
-    const int w = plan.widths[layout.first_sg + j];
-    const int count = CountInSg(chunk, j);
-    if (w != 0) DecodeSg(w, sg, count, acc + j * kSuperGroupSize, /*add=*/true);
-    sg += SuperGroupBytes(w, count);
-  }
+  DQ_ASSIGN_OR_RETURN(const uint8_t* payload, CheckInput(pool, plan, chunk, layout, in, &summands));
+  ForSuperGroups(pool, layout.num_sg, [&](size_t first, size_t last) {
+    const uint8_t* sg = payload + layout.map_bytes + SuperGroupsBytes(plan, layout.first_sg, first);
+    for (size_t j = first; j < last; ++j) {
+      const int w = plan.widths[layout.first_sg + j];
+      const int count = CountInSg(chunk, j);
+      if (w != 0) DecodeSg(w, sg, count, acc + j * kSuperGroupSize, /*add=*/true);
+      sg += SuperGroupBytes(w, count);
+    }
+  });
   return absl::OkStatus();
 }
 

@@ -53,6 +53,8 @@ class SimpleCodec final : public Codec {
                        : "bf16: round to nearest even at every hop, 16 bits/coord + 32 B header per chunk";
   }
 
+  bool ChecksumsWhileEncoding() const override { return true; }
+
   size_t MaxEncodedBytes(const BucketPlan&, const ChunkRef& chunk) const override {
     return kChunkHeaderBytes + bytes_ * chunk.count;
   }

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "bench/synthetic_gradients.h"
+#include "common/thread_pool.h"
 #include "engine/gloo_transport.h"
 #include "engine/memory_transport.h"
 #include "engine/simulator.h"
@@ -16,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "kernels/bf16_math.h"
 #include "kernels/codec_registry.h"
+#include "kernels/parallel_codec.h"
 #include "tests/testing/status_matchers.h"
 
 namespace dynamiq::engine {
@@ -321,6 +323,58 @@ TEST(AllReduceTest, EveryMixOfBlocksAndStepsCompletesBitIdentically) {
         // up to 4.5e-2 at n = 8; a wrong or missing block would be ~1).
         EXPECT_LT(bench::Vnmse(run.outputs[0].data(), exact), block == 256 ? 0.1 : 1e-2)
             << TopologyName(t) << " n " << n << " block " << block;
+      }
+    }
+  }
+}
+
+TEST(AllReduceTest, CodecWorkSplitAcrossThreadsGivesTheResultsOfOneThread) {
+  // The CPU data path's ParallelCodec (statistics, compress, DAR, decompress split into ranges of
+  // super-groups) with 1, 2, 3 and 8 threads: every rank's result and byte count is the plain
+  // codec's, on both topologies, one block or several, each rank with its own pool or all four
+  // sharing one (concurrent callers).
+  const int n = 4;
+  const size_t d = 4 * 70000 + 123;  // chunks of ~273 super-groups: split from 2 threads on
+  auto inputs = Inputs(n, d, 21);
+  for (CodecId id : {CodecId::kDynamiq, CodecId::kUniform}) {
+    auto codec = Make(id, 4);
+    for (Topology t : {Topology::kRing, Topology::kButterfly}) {
+      for (size_t block : {size_t{0}, size_t{150000}}) {
+        SCOPED_TRACE(::testing::Message() << codec->Describe() << ", " << TopologyName(t) << ", block " << block);
+        RankRun one = RunThreads(*codec, inputs, [&](int) { return Options(t, block); });
+        for (int r = 0; r < n; ++r) ASSERT_THAT(one.results[r], IsOk());
+        for (int threads : {1, 2, 3, 8}) {
+          for (bool shared : {false, true}) {
+            std::vector<std::unique_ptr<common::ThreadPool>> pools;
+            for (int r = 0; r < (shared ? 1 : n); ++r) pools.push_back(std::make_unique<common::ThreadPool>(threads));
+            std::vector<std::unique_ptr<kernels::ParallelCodec>> codecs;
+            for (int r = 0; r < n; ++r) {
+              codecs.push_back(std::make_unique<kernels::ParallelCodec>(*codec, pools[shared ? 0 : r].get()));
+            }
+            // As RunThreads, with each rank's own codec.
+            std::vector<std::vector<float>> outputs(n, std::vector<float>(d, NAN));
+            std::vector<absl::StatusOr<AllReduceResult>> results(n, absl::UnknownError("not run"));
+            auto transports = MakeMemoryTransports(n);
+            std::vector<std::thread> ranks;
+            for (int r = 0; r < n; ++r) {
+              ranks.emplace_back([&, r] {
+                kernels::Source src{inputs[r].data(), kernels::DType::kFloat32, 0, nullptr};
+                kernels::Dest dst{outputs[r].data(), kernels::DType::kFloat32, 0, nullptr};
+                results[r] = AllReduce(*codecs[r], *transports[r], Options(t, block), src, dst, d);
+              });
+            }
+            for (auto& th : ranks) th.join();
+            for (int r = 0; r < n; ++r) {
+              ASSERT_THAT(results[r], IsOk()) << threads << " threads";
+              EXPECT_EQ(results[r]->bytes_sent, one.results[r]->bytes_sent) << threads << " threads, rank " << r;
+              ASSERT_EQ(0, std::memcmp(outputs[r].data(), one.outputs[r].data(), d * sizeof(float)))
+                  << threads << " threads (" << (shared ? "shared" : "own") << " pools), rank " << r;
+            }
+            if (id == CodecId::kDynamiq && threads > 1) {
+              EXPECT_GT(pools[0]->split_calls(), 0u);
+            }
+          }
+        }
       }
     }
   }

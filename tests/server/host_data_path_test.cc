@@ -1,12 +1,20 @@
-// HostDataPath (server/host_data_path.h): the local reduce and write-back of CPU nodes. (Its
-// cross-node step is the engine's all-reduce, covered by the daemon's multi-node tests.)
+// HostDataPath (server/host_data_path.h): the local reduce and write-back of CPU nodes, and its
+// codec thread pool. (Its cross-node step is the engine's all-reduce, covered by the daemon's
+// multi-node tests.)
 #include "server/host_data_path.h"
 
+#include <cstring>
+#include <memory>
+#include <thread>
 #include <vector>
 
+#include "bench/synthetic_gradients.h"
+#include "common/thread_pool.h"
+#include "engine/memory_transport.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/bf16_math.h"
+#include "kernels/codec_registry.h"
 #include "tests/testing/status_matchers.h"
 
 namespace dynamiq::server {
@@ -59,6 +67,46 @@ TEST(HostDataPathTest, RefusesDeviceRegionsAndStepsOutOfOrder) {
   EXPECT_THAT(path.LocalReduce(inputs, 1), StatusIs(absl::StatusCode::kInvalidArgument));
   const DataPath::Output outputs[] = {{Fp32(a), false}};
   EXPECT_THAT(path.WriteBack(outputs, 1, 1.0f), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+// Three nodes' CrossNode of `d` synthetic values with DynamiQ, each node's path splitting its codec
+// work across `pool` (null: none): every node's sum afterwards.
+std::vector<std::vector<float>> CrossNodeSums(size_t d, const std::shared_ptr<common::ThreadPool>& pool) {
+  constexpr int kNodes = 3;
+  bench::SyntheticOptions synthetic;
+  synthetic.workers = kNodes;
+  synthetic.elements = d;
+  std::vector<std::vector<float>> sums = bench::SyntheticGradients(synthetic);
+  absl::StatusOr<std::unique_ptr<kernels::Codec>> codec = kernels::CreateCodec(kernels::CodecConfig{});
+  EXPECT_THAT(codec, IsOk());
+  auto transports = engine::MakeMemoryTransports(kNodes);
+  std::vector<std::thread> nodes;
+  for (int r = 0; r < kNodes; ++r) {
+    nodes.emplace_back([&, r] {
+      HostDataPath path("j", absl::Seconds(10), pool);
+      const DataPath::Region inputs[] = {Fp32(sums[r])};
+      ASSERT_THAT(path.LocalReduce(inputs, d), IsOk());
+      engine::AllReduceOptions options;
+      options.sequence = 7;
+      options.timeout = absl::Seconds(20);
+      EXPECT_THAT(path.CrossNode(**codec, *transports[r], options, d, 0.0), IsOk());
+    });
+  }
+  for (std::thread& t : nodes) t.join();
+  return sums;
+}
+
+TEST(HostDataPathTest, CodecThreadsGiveTheSumOfOneThread) {
+  const size_t d = 3 * 50000 + 7;
+  const std::vector<std::vector<float>> one = CrossNodeSums(d, nullptr);
+  for (int threads : {2, 3, 8}) {
+    auto pool = std::make_shared<common::ThreadPool>(threads);
+    const std::vector<std::vector<float>> split = CrossNodeSums(d, pool);
+    EXPECT_GT(pool->split_calls(), 0u) << threads << " threads: the engine's codec calls did not use the pool";
+    for (size_t r = 0; r < one.size(); ++r) {
+      EXPECT_EQ(0, std::memcmp(split[r].data(), one[r].data(), d * sizeof(float))) << threads << " threads, node " << r;
+    }
+  }
 }
 
 }  // namespace
