@@ -11,6 +11,7 @@
 #include "bench/synthetic_gradients.h"
 #include "bench/tcp_store.h"
 #include "common/status_macros.h"
+#include "common/thread_pool.h"
 #include "engine/allreduce.h"
 #include "engine/gloo_transport.h"
 #include "engine/step_auth.h"
@@ -18,6 +19,7 @@
 #include "engine/store.h"
 #include "engine/timeline.h"
 #include "kernels/codec_registry.h"
+#include "kernels/parallel_codec.h"
 
 namespace dynamiq::bench {
 
@@ -28,7 +30,14 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
   if (o.iterations < 1) return absl::InvalidArgumentError("--iterations must be >= 1");
   if (o.warmup < 0) return absl::InvalidArgumentError("--warmup must be >= 0");
   DQ_ASSIGN_OR_RETURN(engine::Topology topology, engine::ParseTopology(o.topology));
-  DQ_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Codec> codec, kernels::CreateCodec(o.codec));
+  DQ_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Codec> plain_codec, kernels::CreateCodec(o.codec));
+  if (o.codec_threads < 1 || o.codec_threads > 256) {
+    return absl::InvalidArgumentError(absl::StrCat("--codec_threads must be in [1, 256], got ", o.codec_threads));
+  }
+  std::unique_ptr<common::ThreadPool> pool;
+  if (o.codec_threads > 1) pool = std::make_unique<common::ThreadPool>(o.codec_threads);
+  const kernels::ParallelCodec parallel(*plain_codec, pool.get());
+  const kernels::Codec* codec = &parallel;
 
   std::unique_ptr<TcpStoreServer> server;
   if (o.serve_store) {

@@ -41,6 +41,9 @@ struct AllReduceBenchOptions {
   // iteration's spans are written there as a Chrome trace.
   bool time_breakdown = false;
   std::string trace_out;
+  // Codec work of each collective split across this many threads (kernels/parallel_codec.h, as
+  // dynamiqd --codec_threads); results are the same bits for any value.
+  int codec_threads = 1;
   // engine::AllReduceOptions::balanced_chunks.
   bool balanced_chunks = false;
   // Non-empty: one raw little-endian float32 file per rank (all ranks read all of them, for the

@@ -83,6 +83,9 @@ ABSL_FLAG(bool, time_breakdown, false,
 ABSL_FLAG(std::string, trace_out, "",
           "allreduce: with --time_breakdown, write the median iteration's spans to this file as a Chrome "
           "trace (chrome://tracing, Perfetto; one file per rank, opened together they line up).");
+ABSL_FLAG(int, codec_threads, 1,
+          "allreduce: split each collective's codec work across this many threads (as dynamiqd --codec_threads; "
+          "same results for any value).");
 ABSL_FLAG(bool, balanced_chunks, false,
           "allreduce: size-balanced splitting: cut every block's chunks so that their encoded sizes, not their "
           "element counts, are equal (engine/block_plan.h BalancedChunks; all ranks must agree).");
@@ -244,6 +247,7 @@ int RunAllReduce() {
   o.timeline = absl::GetFlag(FLAGS_timeline);
   o.time_breakdown = absl::GetFlag(FLAGS_time_breakdown) || !absl::GetFlag(FLAGS_trace_out).empty();
   o.trace_out = absl::GetFlag(FLAGS_trace_out);
+  o.codec_threads = absl::GetFlag(FLAGS_codec_threads);
   o.balanced_chunks = absl::GetFlag(FLAGS_balanced_chunks);
   if (!absl::GetFlag(FLAGS_input).empty()) o.inputs = absl::StrSplit(absl::GetFlag(FLAGS_input), ',');
   if (!absl::GetFlag(FLAGS_cluster_secret_file).empty()) {

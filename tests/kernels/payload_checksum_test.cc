@@ -4,11 +4,15 @@
 #include "kernels/payload_checksum.h"
 
 #include <random>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "common/thread_pool.h"
 #include "gtest/gtest.h"
 #include "kernels/codec_info.h"
 #include "kernels/codec_registry.h"
+#include "kernels/parallel_codec.h"
 #include "tests/kernels/codec_test_util.h"
 
 namespace dynamiq::kernels {
@@ -42,32 +46,36 @@ TEST(PayloadChecksummerTest, AnySplitGivesTheOneShotChecksum) {
 }
 
 TEST(CodecChecksummedTest, EveryCodecsChecksummedEncodersChecksumWhatTheyWrote) {
-  for (CodecId id : {CodecId::kNone, CodecId::kBf16, CodecId::kDynamiq, CodecId::kMxfp8, CodecId::kUniform}) {
-    SCOPED_TRACE(std::string(CodecName(id)));
-    CodecConfig config;
-    config.id = id;
-    config.bits = id == CodecId::kUniform ? 4 : 5;
-    auto codec = CreateCodec(config).value();
-    const size_t d = 5000;
-    const std::vector<float> a = testing::Gaussian(d, 1), b = testing::Gaussian(d, 2);
-    std::vector<float> stats(codec->StatsLength(d)), reduced;
-    codec->ComputeStats(testing::Src(a), d, stats.data());
-    reduced = stats;
-    const BucketPlan plan = codec->MakePlan(RoundInfo{3, 0, 2, 0}, d, stats, reduced).value();
-    ChunkRef chunk;
-    chunk.count = d;
-    std::vector<uint8_t> sent(codec->MaxEncodedBytes(plan, chunk)), summed(sent.size());
-    uint64_t sum = 0;
-    const size_t n = codec->CompressChecksummed(plan, chunk, testing::Src(a), absl::MakeSpan(sent), sum).value();
-    EXPECT_EQ(sum, PayloadChecksum(absl::MakeConstSpan(sent).first(n)));
-    EXPECT_EQ(testing::MustCompress(*codec, plan, chunk, testing::Src(a)),
-              std::vector<uint8_t>(sent.begin(), sent.begin() + n));
-    const size_t m = codec
-                         ->DecompressAccumulateRecompressChecksummed(plan, chunk, absl::MakeConstSpan(sent).first(n),
-                                                                     testing::Src(b), absl::MakeSpan(summed), sum)
-                         .value();
-    EXPECT_EQ(sum, PayloadChecksum(absl::MakeConstSpan(summed).first(m)));
-  }
+  common::ThreadPool pool(3);
+  for (CodecId id : {CodecId::kNone, CodecId::kBf16, CodecId::kDynamiq, CodecId::kMxfp8, CodecId::kUniform})
+    for (bool split : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(CodecName(id), split ? " split across 3 threads" : ""));
+      CodecConfig config;
+      config.id = id;
+      config.bits = id == CodecId::kUniform ? 4 : 5;
+      auto plain = CreateCodec(config).value();
+      ParallelCodec parallel(*plain, &pool);
+      const Codec* codec = split ? static_cast<const Codec*>(&parallel) : plain.get();
+      const size_t d = 70001;  // DynamiQ splits from 128 super-groups on
+      const std::vector<float> a = testing::Gaussian(d, 1), b = testing::Gaussian(d, 2);
+      std::vector<float> stats(codec->StatsLength(d)), reduced;
+      codec->ComputeStats(testing::Src(a), d, stats.data());
+      reduced = stats;
+      const BucketPlan plan = codec->MakePlan(RoundInfo{3, 0, 2, 0}, d, stats, reduced).value();
+      ChunkRef chunk;
+      chunk.count = d;
+      std::vector<uint8_t> sent(codec->MaxEncodedBytes(plan, chunk)), summed(sent.size());
+      uint64_t sum = 0;
+      const size_t n = codec->CompressChecksummed(plan, chunk, testing::Src(a), absl::MakeSpan(sent), sum).value();
+      EXPECT_EQ(sum, PayloadChecksum(absl::MakeConstSpan(sent).first(n)));
+      EXPECT_EQ(testing::MustCompress(*codec, plan, chunk, testing::Src(a)),
+                std::vector<uint8_t>(sent.begin(), sent.begin() + n));
+      const size_t m = codec
+                           ->DecompressAccumulateRecompressChecksummed(plan, chunk, absl::MakeConstSpan(sent).first(n),
+                                                                       testing::Src(b), absl::MakeSpan(summed), sum)
+                           .value();
+      EXPECT_EQ(sum, PayloadChecksum(absl::MakeConstSpan(summed).first(m)));
+    }
 }
 
 }  // namespace
