@@ -106,15 +106,18 @@ absl::Status RunExecutors(StepMessenger& messenger, const Codec& codec, const Sc
     RankExecutor& x = *blocks[k];
     const uint32_t block = static_cast<uint32_t>(k);
     if (recv_peer(g) >= 0) {
-      DQ_ASSIGN_OR_RETURN(absl::Span<const uint8_t> payload, messenger.Receive(phase(g), wire_step(g), block, codec));
+      // Without an authenticator the executor verifies each payload's checksum as it decodes it.
+      std::optional<uint64_t> unverified;
+      DQ_ASSIGN_OR_RETURN(absl::Span<const uint8_t> payload,
+                          messenger.Receive(phase(g), wire_step(g), block, codec, &unverified));
       const int s = local_step(g);
       TimelineSpan span(timeline, g < rs_steps ? Timeline::Kind::kDar : Timeline::Kind::kDecompress, block);
       if (g < rs_steps) {
-        DQ_RETURN_IF_ERROR(x.ReduceScatterReceive(s, payload));
+        DQ_RETURN_IF_ERROR(x.ReduceScatterReceive(s, payload, unverified));
         messenger.Release(phase(g), wire_step(g), block);
       } else {  // the payload's buffer is forwarded as it is, with its checksum
         StepMessenger::TakenPayload taken = messenger.TakePayload(phase(g), wire_step(g), block);
-        DQ_RETURN_IF_ERROR(x.AllGatherReceive(s, std::move(taken.bytes), taken.checksum));
+        DQ_RETURN_IF_ERROR(x.AllGatherReceive(s, std::move(taken.bytes), taken.checksum, unverified.has_value()));
       }
     }
     // The executor reuses the buffer of this step's message for the next one.

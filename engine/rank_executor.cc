@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/buffer_io.h"
+#include "kernels/payload_checksum.h"
 
 namespace dynamiq::engine {
 
@@ -126,11 +127,17 @@ absl::StatusOr<absl::Span<const uint8_t>> RankExecutor::ReduceScatterSend(int st
   return absl::Span<const uint8_t>(scratch_.data(), bytes);
 }
 
-absl::Status RankExecutor::ReduceScatterReceive(int step, absl::Span<const uint8_t> message) {
+absl::Status RankExecutor::ReduceScatterReceive(int step, absl::Span<const uint8_t> message,
+                                                std::optional<uint64_t> verify) {
   const Move m = rs_recv_[step];
   if (m.chunk < 0) return absl::OkStatus();
   const ChunkRef chunk = chunks_[m.chunk];
   const bool last = --children_left_[m.chunk] == 0;
+  if (verify.has_value() && !(last && checksum_messages_) && kernels::PayloadChecksum(message) != *verify) {
+    return absl::Status(
+        kernels::PayloadChecksumError().code(),
+        absl::StrCat("from rank ", m.peer, ", chunk ", m.chunk, ": ", kernels::PayloadChecksumError().message()));
+  }
   if (!last) {
     auto [it, fresh] = accumulators_.try_emplace(m.chunk);
     if (fresh) {
@@ -154,8 +161,11 @@ absl::Status RankExecutor::ReduceScatterReceive(int step, absl::Span<const uint8
   absl::StatusOr<size_t> bytes;
   if (checksum_messages_) {
     uint64_t sum = 0;
-    bytes = codec_.DecompressAccumulateRecompressChecksummed(plan_, CompressRef(m.chunk), message, source,
-                                                             absl::MakeSpan(*target), sum);
+    bytes = verify.has_value()
+                ? codec_.DecompressAccumulateRecompressVerified(plan_, CompressRef(m.chunk), message, *verify, source,
+                                                                absl::MakeSpan(*target), sum)
+                : codec_.DecompressAccumulateRecompressChecksummed(plan_, CompressRef(m.chunk), message, source,
+                                                                   absl::MakeSpan(*target), sum);
     if (bytes.ok()) target_sum = sum;
   } else {
     bytes =
@@ -202,14 +212,15 @@ absl::Status RankExecutor::AllGatherReceive(int step, absl::Span<const uint8_t> 
   return AllGatherReceive(step, std::move(copy));
 }
 
-absl::Status RankExecutor::AllGatherReceive(int step, Bytes message, std::optional<uint64_t> checksum) {
+absl::Status RankExecutor::AllGatherReceive(int step, Bytes message, std::optional<uint64_t> checksum, bool verify) {
   const Move m = ag_recv_[step];
   if (m.chunk < 0) {
     pool_->Give(std::move(message));
     return absl::OkStatus();
   }
   const ChunkRef chunk = chunks_[m.chunk];
-  absl::Status s = codec_.Decompress(plan_, chunk, message, out_);
+  absl::Status s = verify && checksum.has_value() ? codec_.DecompressVerified(plan_, chunk, message, out_, *checksum)
+                                                  : codec_.Decompress(plan_, chunk, message, out_);
   pool_->Give(std::move(forward_));
   forward_ = std::move(message);
   forward_sum_ = checksum;

@@ -69,14 +69,18 @@ class RankExecutor {
   bool ReduceScatterSendCompresses(int step) const {
     return rs_send_[step].chunk >= 0 && pending_.count(rs_send_[step].chunk) == 0;
   }
-  absl::Status ReduceScatterReceive(int step, absl::Span<const uint8_t> message);
+  // `verify`: the message's checksum from its header, still to be verified (StepMessenger::Receive
+  // deferred it): DATA_LOSS if it does not match, checked while decoding where the codec can.
+  absl::Status ReduceScatterReceive(int step, absl::Span<const uint8_t> message,
+                                    std::optional<uint64_t> verify = std::nullopt);
   // After the last reduce-scatter step: decodes the owned chunk into the output.
   absl::Status FinishReduceScatter();
   absl::StatusOr<absl::Span<const uint8_t>> AllGatherSend(int step);
   absl::Status AllGatherReceive(int step, absl::Span<const uint8_t> message);
-  // The same, taking the received message's buffer (sized to the message) and its verified
-  // checksum if any: it is forwarded as it is, with no copy.
-  absl::Status AllGatherReceive(int step, Bytes message, std::optional<uint64_t> checksum = std::nullopt);
+  // The same, taking the received message's buffer (sized to the message) and its header's checksum
+  // if any (verified here when `verify`, as it is decoded): it is forwarded as it is, with no copy.
+  absl::Status AllGatherReceive(int step, Bytes message, std::optional<uint64_t> checksum = std::nullopt,
+                                bool verify = false);
 
   // Bytes of the owned chunk's final compressed form (after FinishReduceScatter).
   size_t owned_bytes() const { return owned_.size(); }

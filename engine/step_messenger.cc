@@ -112,7 +112,8 @@ absl::Status StepMessenger::WaitSent(Phase phase, uint32_t step, uint32_t block)
 }
 
 absl::StatusOr<absl::Span<const uint8_t>> StepMessenger::Receive(Phase phase, uint32_t step, uint32_t block,
-                                                                 const Codec& codec) {
+                                                                 const Codec& codec,
+                                                                 std::optional<uint64_t>* deferred) {
   DQ_RETURN_IF_ERROR(Announce(phase, step, block, codec));
   Incoming& in = incoming_.at(Key(phase, step, block));
   const int peer = in.peer;
@@ -130,6 +131,8 @@ absl::StatusOr<absl::Span<const uint8_t>> StepMessenger::Receive(Phase phase, ui
           "authentication failed: the message from rank ", peer, " at step ", step, " block ", block,
           " has a bad MAC (a different cluster secret, or altered in transit); its payload was not decoded"));
     }
+  } else if (deferred != nullptr) {
+    *deferred = in.decoded.checksum;
   } else if (PayloadChecksum(payload) != in.decoded.checksum) {
     return absl::DataLossError(absl::StrCat("payload from rank ", peer, " at step ", step, " block ", block,
                                             " failed its checksum (corrupted in transit)"));
@@ -151,7 +154,7 @@ StepMessenger::TakenPayload StepMessenger::TakePayload(Phase phase, uint32_t ste
   if (it == incoming_.end() || !it->second.received) return {};
   TakenPayload taken{std::move(it->second.payload), std::nullopt};
   taken.bytes.resize(it->second.decoded.payload_bytes);
-  if (o_.authenticator == nullptr) taken.checksum = it->second.decoded.checksum;  // verified by Receive
+  if (o_.authenticator == nullptr) taken.checksum = it->second.decoded.checksum;
   incoming_.erase(it);
   return taken;
 }

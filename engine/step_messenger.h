@@ -14,7 +14,8 @@
 // headers, and its payloads flow without waiting for this rank at all (Gloo completes a shorter
 // message into a larger receive; the header says how many bytes are the message). Callers
 // announce the messages of not-yet-trusted peers before they decode them. Receive verifies the
-// checksum or MAC before anyone decodes the payload.
+// MAC before anyone decodes the payload, and the checksum too unless the caller defers it to the
+// decoding (Codec::DecompressVerified: one pass over the payload).
 #ifndef DQ_ENGINE_STEP_MESSENGER_H_
 #define DQ_ENGINE_STEP_MESSENGER_H_
 
@@ -71,14 +72,19 @@ class StepMessenger {
   absl::Status WaitSent(Phase phase, uint32_t step, uint32_t block);
 
   // Waits for the posted message (phase, step, block) and checks it (see the class comment). The
-  // payload stays valid until Release.
+  // payload stays valid until Release. With `deferred` and no authenticator, the payload's checksum
+  // is not verified here but returned there, for the caller to verify as it decodes
+  // (Codec::DecompressVerified): one pass over the payload instead of two. A MAC is always
+  // verified here, before anything decodes the payload.
   absl::StatusOr<absl::Span<const uint8_t>> Receive(Phase phase, uint32_t step, uint32_t block,
-                                                    const kernels::Codec& codec);
+                                                    const kernels::Codec& codec,
+                                                    std::optional<uint64_t>* deferred = nullptr);
 
   // Hands a received payload's buffer back.
   void Release(Phase phase, uint32_t step, uint32_t block);
   // Instead of Release: the received payload's buffer, sized to the payload, for the caller to keep
-  // (e.g. to forward it) and give back to the pool, with its verified checksum (none with a MAC).
+  // (e.g. to forward it) and give back to the pool, with its header's checksum (none with a MAC;
+  // verified by Receive unless deferred).
   struct TakenPayload {
     Bytes bytes;
     std::optional<uint64_t> checksum;

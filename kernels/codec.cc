@@ -33,6 +33,24 @@ absl::StatusOr<size_t> Codec::DecompressAccumulateRecompressChecksummed(const Bu
   return bytes;
 }
 
+absl::Status PayloadChecksumError() {
+  return absl::DataLossError("payload failed its checksum (corrupted in transit)");
+}
+
+absl::Status Codec::DecompressVerified(const BucketPlan& plan, const ChunkRef& chunk, absl::Span<const uint8_t> in,
+                                       const Dest& out, uint64_t expected) const {
+  if (PayloadChecksum(in) != expected) return PayloadChecksumError();
+  return Decompress(plan, chunk, in, out);
+}
+
+absl::StatusOr<size_t> Codec::DecompressAccumulateRecompressVerified(const BucketPlan& plan, const ChunkRef& chunk,
+                                                                     absl::Span<const uint8_t> in, uint64_t expected,
+                                                                     const Source& local, absl::Span<uint8_t> out,
+                                                                     uint64_t& checksum) const {
+  if (PayloadChecksum(in) != expected) return PayloadChecksumError();
+  return DecompressAccumulateRecompressChecksummed(plan, chunk, in, local, out, checksum);
+}
+
 void Codec::ComputeStatsOn(common::ThreadPool*, const Source& local, size_t num_elements, float* stats) const {
   ComputeStats(local, num_elements, stats);
 }

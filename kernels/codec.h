@@ -134,6 +134,10 @@ struct BucketPlan {
 
 enum class StatsReduction : uint8_t { kSum, kMax };
 
+// DATA_LOSS "payload failed its checksum (corrupted in transit)": what the *Verified calls return
+// for a message whose checksum does not match.
+absl::Status PayloadChecksumError();
+
 class Codec {
  public:
   virtual ~Codec() = default;
@@ -178,6 +182,16 @@ class Codec {
   virtual bool ChecksumsWhileEncoding() const { return false; }
   virtual absl::StatusOr<size_t> CompressChecksummed(const BucketPlan& plan, const ChunkRef& chunk, const Source& local,
                                                      absl::Span<uint8_t> out, uint64_t& checksum) const;
+  // Decompress and DecompressAccumulateRecompress of a received message whose PayloadChecksum must
+  // be `expected` (its step header's): DATA_LOSS "failed its checksum" otherwise, and then what was
+  // written is garbage (the collective fails). The defaults verify, then decode; codecs that
+  // ChecksumsWhileEncoding verify as they decode (one pass over the message instead of two).
+  virtual absl::Status DecompressVerified(const BucketPlan& plan, const ChunkRef& chunk, absl::Span<const uint8_t> in,
+                                          const Dest& out, uint64_t expected) const;
+  virtual absl::StatusOr<size_t> DecompressAccumulateRecompressVerified(const BucketPlan& plan, const ChunkRef& chunk,
+                                                                        absl::Span<const uint8_t> in, uint64_t expected,
+                                                                        const Source& local, absl::Span<uint8_t> out,
+                                                                        uint64_t& checksum) const;
   virtual absl::StatusOr<size_t> DecompressAccumulateRecompressChecksummed(const BucketPlan& plan,
                                                                            const ChunkRef& chunk,
                                                                            absl::Span<const uint8_t> in,

@@ -58,8 +58,9 @@ class ParallelCodec final : public Codec {
     return codec_.DecompressAccumulateRecompressOn(pool_, plan, chunk, in, local, out);
   }
 
-  // A codec that checksums while it encodes does not split (none, bf16): its own calls. The others
-  // split (the plain calls above) and are checksummed afterwards (Codec's defaults).
+  // A codec that checksums while it encodes and verifies while it decodes does not split (none,
+  // bf16): its own calls. The others split (the plain calls above) and are checksummed and
+  // verified before or after (Codec's defaults).
   bool ChecksumsWhileEncoding() const override { return codec_.ChecksumsWhileEncoding(); }
   absl::StatusOr<size_t> CompressChecksummed(const BucketPlan& plan, const ChunkRef& chunk, const Source& local,
                                              absl::Span<uint8_t> out, uint64_t& checksum) const override {
@@ -73,6 +74,20 @@ class ParallelCodec final : public Codec {
     return codec_.ChecksumsWhileEncoding()
                ? codec_.DecompressAccumulateRecompressChecksummed(plan, chunk, in, local, out, checksum)
                : Codec::DecompressAccumulateRecompressChecksummed(plan, chunk, in, local, out, checksum);
+  }
+
+  absl::Status DecompressVerified(const BucketPlan& plan, const ChunkRef& chunk, absl::Span<const uint8_t> in,
+                                  const Dest& out, uint64_t expected) const override {
+    return codec_.ChecksumsWhileEncoding() ? codec_.DecompressVerified(plan, chunk, in, out, expected)
+                                           : Codec::DecompressVerified(plan, chunk, in, out, expected);
+  }
+  absl::StatusOr<size_t> DecompressAccumulateRecompressVerified(const BucketPlan& plan, const ChunkRef& chunk,
+                                                                absl::Span<const uint8_t> in, uint64_t expected,
+                                                                const Source& local, absl::Span<uint8_t> out,
+                                                                uint64_t& checksum) const override {
+    return codec_.ChecksumsWhileEncoding()
+               ? codec_.DecompressAccumulateRecompressVerified(plan, chunk, in, expected, local, out, checksum)
+               : Codec::DecompressAccumulateRecompressVerified(plan, chunk, in, expected, local, out, checksum);
   }
 
   // A pool given explicitly (a ParallelCodec of a ParallelCodec) wins over this one's.

@@ -30,6 +30,14 @@ float* PlainFloats(const Dest& d, size_t begin) {
   return static_cast<float*>(d.data) + (begin - d.first);
 }
 
+// The checksums a pass computes as it goes: of the bytes written (`out`), and of the received
+// message it reads (`in`, over `in_bytes`), each when set.
+struct PassSums {
+  PayloadChecksummer* out = nullptr;
+  PayloadChecksummer* in = nullptr;
+  absl::Span<const uint8_t> in_bytes;
+};
+
 // Wire elements are little-endian, like every host this runs on (the wire format says so).
 static_assert(std::endian::native == std::endian::little, "wire elements are little-endian");
 
@@ -61,13 +69,13 @@ class SimpleCodec final : public Codec {
 
   absl::StatusOr<size_t> Compress(const BucketPlan& plan, const ChunkRef& chunk, const Source& local,
                                   absl::Span<uint8_t> out) const override {
-    return CompressImpl(plan, chunk, local, out, nullptr);
+    return CompressImpl(plan, chunk, local, out, PassSums{});
   }
 
   absl::StatusOr<size_t> CompressChecksummed(const BucketPlan& plan, const ChunkRef& chunk, const Source& local,
                                              absl::Span<uint8_t> out, uint64_t& checksum) const override {
     PayloadChecksummer summer;
-    DQ_ASSIGN_OR_RETURN(const size_t bytes, CompressImpl(plan, chunk, local, out, &summer));
+    DQ_ASSIGN_OR_RETURN(const size_t bytes, CompressImpl(plan, chunk, local, out, PassSums{&summer}));
     checksum = summer.Finish();
     return bytes;
   }
@@ -94,6 +102,32 @@ class SimpleCodec final : public Codec {
     return absl::OkStatus();
   }
 
+  absl::Status DecompressVerified(const BucketPlan& plan, const ChunkRef& chunk, absl::Span<const uint8_t> in,
+                                  const Dest& out, uint64_t expected) const override {
+    absl::StatusOr<ChunkHeader> h = Check(plan, chunk, in);
+    if (!h.ok()) return PayloadChecksum(in) != expected ? PayloadChecksumError() : h.status();
+    PayloadChecksummer summer;
+    summer.Update(in.first(kChunkHeaderBytes));
+    const uint8_t* p = in.data() + kChunkHeaderBytes;
+    float* dst = chunk.count > 0 ? PlainFloats(out, chunk.begin) : nullptr;
+    float tile[kTile];
+    for (size_t i = 0; i < chunk.count; i += kTile) {  // each tile checksummed while in L1
+      const size_t n = std::min(kTile, chunk.count - i);
+      const uint8_t* src = p + bytes_ * i;
+      if (dst == nullptr) {
+        DecodeTile(in, i, n, tile);
+        StoreDest(out, chunk.begin + i, n, tile);
+      } else if (bytes_ == 4) {
+        std::memcpy(dst + i, src, 4 * n);
+      } else {
+        for (size_t k = 0; k < n; ++k) dst[i + k] = LoadWireBf16(src + 2 * k);
+      }
+      summer.Update({src, bytes_ * n});
+    }
+    summer.Update(in.subspan(kChunkHeaderBytes + bytes_ * chunk.count));
+    return summer.Finish() == expected ? absl::OkStatus() : PayloadChecksumError();
+  }
+
   absl::Status DecompressAccumulate(const BucketPlan& plan, const ChunkRef& chunk, absl::Span<const uint8_t> in,
                                     float* acc) const override {
     DQ_ASSIGN_OR_RETURN(ChunkHeader h, Check(plan, chunk, in));
@@ -110,7 +144,7 @@ class SimpleCodec final : public Codec {
   absl::StatusOr<size_t> DecompressAccumulateRecompress(const BucketPlan& plan, const ChunkRef& chunk,
                                                         absl::Span<const uint8_t> in, const Source& local,
                                                         absl::Span<uint8_t> out) const override {
-    return DarImpl(plan, chunk, in, local, out, nullptr);
+    return DarImpl(plan, chunk, in, local, out, PassSums{});
   }
 
   absl::StatusOr<size_t> DecompressAccumulateRecompressChecksummed(const BucketPlan& plan, const ChunkRef& chunk,
@@ -118,36 +152,51 @@ class SimpleCodec final : public Codec {
                                                                    absl::Span<uint8_t> out,
                                                                    uint64_t& checksum) const override {
     PayloadChecksummer summer;
-    DQ_ASSIGN_OR_RETURN(const size_t bytes, DarImpl(plan, chunk, in, local, out, &summer));
+    DQ_ASSIGN_OR_RETURN(const size_t bytes, DarImpl(plan, chunk, in, local, out, PassSums{&summer}));
     checksum = summer.Finish();
     return bytes;
   }
 
+  absl::StatusOr<size_t> DecompressAccumulateRecompressVerified(const BucketPlan& plan, const ChunkRef& chunk,
+                                                                absl::Span<const uint8_t> in, uint64_t expected,
+                                                                const Source& local, absl::Span<uint8_t> out,
+                                                                uint64_t& checksum) const override {
+    absl::StatusOr<ChunkHeader> h = Check(plan, chunk, in);
+    if (!h.ok()) return PayloadChecksum(in) != expected ? PayloadChecksumError() : h.status();
+    PayloadChecksummer in_sum, out_sum;
+    in_sum.Update(in.first(kChunkHeaderBytes));
+    DQ_ASSIGN_OR_RETURN(const size_t bytes, DarImpl(plan, chunk, in, local, out, PassSums{&out_sum, &in_sum, in}));
+    in_sum.Update(in.subspan(kChunkHeaderBytes + bytes_ * chunk.count));
+    if (in_sum.Finish() != expected) return PayloadChecksumError();
+    checksum = out_sum.Finish();
+    return bytes;
+  }
+
  private:
-  // Compress and DAR, checksumming the bytes as they are written when `summer` is set.
+  // Compress and DAR, checksumming as they go what `sums` asks for.
   absl::StatusOr<size_t> CompressImpl(const BucketPlan& plan, const ChunkRef& chunk, const Source& local,
-                                      absl::Span<uint8_t> out, PayloadChecksummer* summer) const {
+                                      absl::Span<uint8_t> out, const PassSums& sums) const {
     if (const float* src = chunk.count > 0 ? PlainFloats(local, chunk.begin) : nullptr) {
-      return EncodeDirect(plan, chunk, 1, out, summer, [&](size_t k) { return src[k]; });
+      return EncodeDirect(plan, chunk, 1, out, sums, [&](size_t k) { return src[k]; });
     }
-    return Encode(plan, chunk, 1, out, summer,
+    return Encode(plan, chunk, 1, out, sums,
                   [&](size_t begin, size_t n, float* tile) { LoadSource(local, begin, n, tile); });
   }
 
   absl::StatusOr<size_t> DarImpl(const BucketPlan& plan, const ChunkRef& chunk, absl::Span<const uint8_t> in,
-                                 const Source& local, absl::Span<uint8_t> out, PayloadChecksummer* summer) const {
+                                 const Source& local, absl::Span<uint8_t> out, const PassSums& sums) const {
     DQ_ASSIGN_OR_RETURN(ChunkHeader h, Check(plan, chunk, in));
     const uint16_t summands = h.num_summands == 0xffff ? h.num_summands : h.num_summands + 1;
     if (const float* src = chunk.count > 0 ? PlainFloats(local, chunk.begin) : nullptr) {
       const uint8_t* received = in.data() + kChunkHeaderBytes;
       if (bytes_ == 4) {
-        return EncodeDirect(plan, chunk, summands, out, summer,
+        return EncodeDirect(plan, chunk, summands, out, sums,
                             [&](size_t k) { return LoadWireFloat(received + 4 * k) + src[k]; });
       }
-      return EncodeDirect(plan, chunk, summands, out, summer,
+      return EncodeDirect(plan, chunk, summands, out, sums,
                           [&](size_t k) { return LoadWireBf16(received + 2 * k) + src[k]; });
     }
-    return Encode(plan, chunk, summands, out, summer, [&](size_t begin, size_t n, float* tile) {
+    return Encode(plan, chunk, summands, out, sums, [&](size_t begin, size_t n, float* tile) {
       float received[kTile];
       LoadSource(local, begin, n, tile);
       DecodeTile(in, begin - chunk.begin, n, received);
@@ -194,12 +243,18 @@ class SimpleCodec final : public Codec {
     return absl::OkStatus();
   }
 
+  // Checksums tile [i, i + n) as `sums` asks: the bytes just written at `dst`, the received ones.
+  void AddTile(const PassSums& sums, const uint8_t* dst, size_t i, size_t n) const {
+    if (sums.out != nullptr) sums.out->Update({dst, bytes_ * n});
+    if (sums.in != nullptr) sums.in->Update(sums.in_bytes.subspan(kChunkHeaderBytes + bytes_ * i, bytes_ * n));
+  }
+
   // Encodes value(k), k < chunk.count, in one pass (the fast path: `value` reads plain memory), in
-  // tiles small enough that the checksum of each (when `summer` is set) reads it from L1.
+  // tiles small enough that the checksums of each (`sums`) read it from L1.
   template <typename Fn>
   absl::StatusOr<size_t> EncodeDirect(const BucketPlan& plan, const ChunkRef& chunk, uint16_t summands,
-                                      absl::Span<uint8_t> out, PayloadChecksummer* summer, Fn&& value) const {
-    DQ_RETURN_IF_ERROR(WriteHeader(plan, chunk, summands, out, summer));
+                                      absl::Span<uint8_t> out, const PassSums& sums, Fn&& value) const {
+    DQ_RETURN_IF_ERROR(WriteHeader(plan, chunk, summands, out, sums.out));
     uint8_t* p = out.data() + kChunkHeaderBytes;
     for (size_t i = 0; i < chunk.count; i += kTile) {
       const size_t n = std::min(kTile, chunk.count - i);
@@ -216,7 +271,7 @@ class SimpleCodec final : public Codec {
         for (size_t k = 0; k < n; ++k) codes[k] = FloatToBf16(sums[k]);
         std::memcpy(dst, codes, 2 * n);
       }
-      if (summer != nullptr) summer->Update({dst, bytes_ * n});
+      AddTile(sums, dst, i, n);
     }
     return MaxEncodedBytes(plan, chunk);
   }
@@ -224,9 +279,9 @@ class SimpleCodec final : public Codec {
   // Encodes through tiles that `fill(begin, n, tile)` loads (conversions, per-group offsets).
   template <typename Fn>
   absl::StatusOr<size_t> Encode(const BucketPlan& plan, const ChunkRef& chunk, uint16_t summands,
-                                absl::Span<uint8_t> out, PayloadChecksummer* summer, Fn&& fill) const {
+                                absl::Span<uint8_t> out, const PassSums& sums, Fn&& fill) const {
     const size_t total = MaxEncodedBytes(plan, chunk);
-    DQ_RETURN_IF_ERROR(WriteHeader(plan, chunk, summands, out, summer));
+    DQ_RETURN_IF_ERROR(WriteHeader(plan, chunk, summands, out, sums.out));
     uint8_t* p = out.data() + kChunkHeaderBytes;
     float tile[kTile];
     for (size_t i = 0; i < chunk.count; i += kTile) {
@@ -240,7 +295,7 @@ class SimpleCodec final : public Codec {
         for (size_t k = 0; k < n; ++k) codes[k] = FloatToBf16(tile[k]);
         std::memcpy(dst, codes, 2 * n);
       }
-      if (summer != nullptr) summer->Update({dst, bytes_ * n});
+      AddTile(sums, dst, i, n);
     }
     return total;
   }

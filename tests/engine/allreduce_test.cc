@@ -442,8 +442,9 @@ TEST(AllReduceTest, TimelinesRecordEveryRanksCodecWorkChecksumsAndWaits) {
     EXPECT_EQ(count[static_cast<int>(Timeline::Kind::kDecompress)], 4 * 4) << "rank " << r;
     EXPECT_GT(count[static_cast<int>(Timeline::Kind::kStats)], 0);
     EXPECT_EQ(count[static_cast<int>(Timeline::Kind::kPlan)], 4);
-    // Every received payload is verified; sent ones are checksummed by the codec as it encodes them.
-    EXPECT_GE(count[static_cast<int>(Timeline::Kind::kChecksum)], 4 * 6);
+    // The statistics messages' checksums; the blocks' messages are checksummed and verified inside
+    // the codec's spans (Codec::*Checksummed, *Verified).
+    EXPECT_GT(count[static_cast<int>(Timeline::Kind::kChecksum)], 0);
     EXPECT_EQ(blocks, std::vector<bool>(4, true));
     EXPECT_GT(totals[static_cast<int>(Timeline::Kind::kDar)], 0);
     const std::string trace = timelines[r].ToChromeTrace(r);

@@ -297,7 +297,7 @@ TEST(WireFaultTest, MalformedMessagesFromAPeerFailTheCollectiveClearlyAndTheDaem
       h.checksum = engine::PayloadChecksum(p) ^ 1;
     };
     v.code = "DATA_LOSS";
-    v.message = {"payload from rank 1", "failed its checksum"};
+    v.message = {"from rank 1", "failed its checksum"};
     variants.push_back(v);
   }
   {
@@ -305,7 +305,7 @@ TEST(WireFaultTest, MalformedMessagesFromAPeerFailTheCollectiveClearlyAndTheDaem
     v.stage = Variant::kPayload;
     v.send_bytes = 1000;  // of 8224 announced
     v.code = "DATA_LOSS";
-    v.message = {"payload from rank 1", "failed its checksum"};
+    v.message = {"from rank 1", "failed its checksum"};
     variants.push_back(v);
   }
   {

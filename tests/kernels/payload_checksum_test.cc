@@ -3,12 +3,14 @@
 // wrote (none and bf16 compute it while they write).
 #include "kernels/payload_checksum.h"
 
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/thread_pool.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/codec_info.h"
 #include "kernels/codec_registry.h"
@@ -75,6 +77,62 @@ TEST(CodecChecksummedTest, EveryCodecsChecksummedEncodersChecksumWhatTheyWrote) 
                                                                        testing::Src(b), absl::MakeSpan(summed), sum)
                            .value();
       EXPECT_EQ(sum, PayloadChecksum(absl::MakeConstSpan(summed).first(m)));
+    }
+}
+
+TEST(CodecVerifiedTest, VerifiedDecodersDecodeAsThePlainOnesAndRefuseABadChecksumWithDataLoss) {
+  common::ThreadPool pool(3);
+  for (CodecId id : {CodecId::kNone, CodecId::kBf16, CodecId::kDynamiq, CodecId::kMxfp8})
+    for (bool split : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(CodecName(id), split ? " split across 3 threads" : ""));
+      CodecConfig config;
+      config.id = id;
+      config.bits = 5;
+      auto plain = CreateCodec(config).value();
+      ParallelCodec parallel(*plain, &pool);
+      const Codec* codec = split ? static_cast<const Codec*>(&parallel) : plain.get();
+      const size_t d = 70001;
+      const std::vector<float> a = testing::Gaussian(d, 3), b = testing::Gaussian(d, 4);
+      std::vector<float> stats(codec->StatsLength(d));
+      codec->ComputeStats(testing::Src(a), d, stats.data());
+      const BucketPlan plan = codec->MakePlan(RoundInfo{5, 0, 2, 0}, d, stats, stats).value();
+      ChunkRef chunk;
+      chunk.count = d;
+      const std::vector<uint8_t> sent = testing::MustCompress(*codec, plan, chunk, testing::Src(a));
+      const uint64_t good = PayloadChecksum(sent);
+      // Decompress.
+      std::vector<float> want(d), got(d);
+      ASSERT_TRUE(codec->Decompress(plan, chunk, sent, testing::Dst(want)).ok());
+      ASSERT_TRUE(codec->DecompressVerified(plan, chunk, sent, testing::Dst(got), good).ok());
+      EXPECT_EQ(std::memcmp(want.data(), got.data(), 4 * d), 0);
+      absl::Status bad = codec->DecompressVerified(plan, chunk, sent, testing::Dst(got), good ^ 1);
+      EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss) << bad;
+      EXPECT_THAT(std::string(bad.message()), ::testing::HasSubstr("failed its checksum"));
+      // DAR: the same bytes and checksum as the unverified call; a bad checksum is DATA_LOSS.
+      const std::vector<uint8_t> summed = testing::MustDar(*codec, plan, chunk, sent, testing::Src(b));
+      std::vector<uint8_t> out(codec->MaxEncodedBytes(plan, chunk));
+      uint64_t sum = 0;
+      const size_t n = codec
+                           ->DecompressAccumulateRecompressVerified(plan, chunk, sent, good, testing::Src(b),
+                                                                    absl::MakeSpan(out), sum)
+                           .value();
+      EXPECT_EQ(std::vector<uint8_t>(out.begin(), out.begin() + n), summed);
+      EXPECT_EQ(sum, PayloadChecksum(summed));
+      EXPECT_EQ(codec
+                    ->DecompressAccumulateRecompressVerified(plan, chunk, sent, good ^ 1, testing::Src(b),
+                                                             absl::MakeSpan(out), sum)
+                    .status()
+                    .code(),
+                absl::StatusCode::kDataLoss);
+      // A malformed chunk: DATA_LOSS when its checksum is wrong too, the codec's own error when right.
+      std::vector<uint8_t> broken = sent;
+      broken[0] ^= 0xff;
+      EXPECT_EQ(codec->DecompressVerified(plan, chunk, broken, testing::Dst(got), good).code(),
+                absl::StatusCode::kDataLoss);
+      const absl::Status refused =
+          codec->DecompressVerified(plan, chunk, broken, testing::Dst(got), PayloadChecksum(broken));
+      EXPECT_FALSE(refused.ok());
+      EXPECT_NE(refused.code(), absl::StatusCode::kDataLoss) << refused;
     }
 }
 
