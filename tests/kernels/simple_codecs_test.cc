@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "kernels/bf16_math.h"
 #include "kernels/codec_registry.h"
+#include "kernels/payload_checksum.h"
 #include "tests/kernels/codec_test_util.h"
 
 namespace dynamiq::kernels {
@@ -84,6 +85,28 @@ TEST_P(SimpleCodecPathsTest, OnePassPathsEqualTheTiledPathAcrossTileBoundaries) 
     ASSERT_TRUE(codec->Decompress(plan, chunk, summed, Dst(plain_out)).ok());
     ASSERT_TRUE(codec->Decompress(plan, chunk, summed, tiled).ok());
     EXPECT_EQ(std::memcmp(plain_out.data(), tiled_out.data(), 4 * (first + n)), 0);
+    // The checksummed and verified variants (one pass) on both paths: the same bytes and values.
+    const uint64_t sent_sum = PayloadChecksum(sent), summed_sum = PayloadChecksum(summed);
+    for (const Source* src : {&plain_b, &tiled_b}) {
+      std::vector<uint8_t> again(summed.size());
+      uint64_t sum = 0;
+      auto bytes =
+          codec->DecompressAccumulateRecompressVerified(plan, chunk, sent, sent_sum, *src, absl::MakeSpan(again), sum);
+      ASSERT_TRUE(bytes.ok()) << bytes.status();
+      EXPECT_EQ(*bytes, summed.size());
+      EXPECT_EQ(again, summed);
+      EXPECT_EQ(sum, summed_sum);
+      EXPECT_EQ(codec->CompressChecksummed(plan, chunk, *src, absl::MakeSpan(again), sum).value(), sent.size());
+      EXPECT_EQ(sum, PayloadChecksum(again));
+    }
+    for (bool tiled_path : {false, true}) {
+      std::vector<float> verified(first + n, -1.0f);
+      Dest d = Dst(verified);
+      if (tiled_path) d.add_per_group = zeros.data();
+      ASSERT_TRUE(codec->DecompressVerified(plan, chunk, summed, d, summed_sum).ok());
+      EXPECT_EQ(std::memcmp(verified.data(), plain_out.data(), 4 * (first + n)), 0);
+      EXPECT_EQ(codec->DecompressVerified(plan, chunk, summed, d, summed_sum + 1).code(), absl::StatusCode::kDataLoss);
+    }
     // And the sums are what the format says: a + b rounded once (bf16: each input rounded first).
     for (size_t i = 0; i < n; ++i) {
       const size_t k = first + i;
