@@ -31,9 +31,7 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
   if (o.warmup < 0) return absl::InvalidArgumentError("--warmup must be >= 0");
   DQ_ASSIGN_OR_RETURN(engine::Topology topology, engine::ParseTopology(o.topology));
   DQ_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Codec> plain_codec, kernels::CreateCodec(o.codec));
-  if (o.codec_threads < 1 || o.codec_threads > 256) {
-    return absl::InvalidArgumentError(absl::StrCat("--codec_threads must be in [1, 256], got ", o.codec_threads));
-  }
+  DQ_RETURN_IF_ERROR(common::CheckPoolThreads("--codec_threads", o.codec_threads));
   std::unique_ptr<common::ThreadPool> pool;
   if (o.codec_threads > 1) pool = std::make_unique<common::ThreadPool>(o.codec_threads);
   const kernels::ParallelCodec parallel(*plain_codec, pool.get());

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace dynamiq::common {
 
 struct ThreadPool::Loop {
@@ -72,6 +74,11 @@ void ThreadPool::ParallelFor(size_t n, size_t min_range, absl::FunctionRef<void(
 uint64_t ThreadPool::split_calls() const {
   absl::MutexLock lock(&mu_);
   return split_calls_;
+}
+
+absl::Status CheckPoolThreads(absl::string_view flag, int threads) {
+  if (threads >= 1 && threads <= kMaxPoolThreads) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(flag, " must be in [1, ", kMaxPoolThreads, "], got ", threads));
 }
 
 int AvailableCpus() {

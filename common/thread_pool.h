@@ -20,6 +20,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 
 namespace dynamiq::common {
@@ -62,6 +64,11 @@ class ThreadPool {
 
 // The number of CPUs this process may run on (its affinity mask; at least 1).
 int AvailableCpus();
+
+// The most threads a pool given by a flag may have, and the check of such a flag's value
+// (INVALID_ARGUMENT "<flag> must be in [1, 256], got N").
+inline constexpr int kMaxPoolThreads = 256;
+absl::Status CheckPoolThreads(absl::string_view flag, int threads);
 
 }  // namespace dynamiq::common
 

@@ -133,10 +133,10 @@ absl::Status RankExecutor::ReduceScatterReceive(int step, absl::Span<const uint8
   if (m.chunk < 0) return absl::OkStatus();
   const ChunkRef chunk = chunks_[m.chunk];
   const bool last = --children_left_[m.chunk] == 0;
+  // Verified here unless the DAR below verifies it as it decodes.
   if (verify.has_value() && !(last && checksum_messages_) && kernels::PayloadChecksum(message) != *verify) {
-    return absl::Status(
-        kernels::PayloadChecksumError().code(),
-        absl::StrCat("from rank ", m.peer, ", chunk ", m.chunk, ": ", kernels::PayloadChecksumError().message()));
+    const absl::Status bad = kernels::PayloadChecksumError();
+    return absl::Status(bad.code(), absl::StrCat("from rank ", m.peer, ", chunk ", m.chunk, ": ", bad.message()));
   }
   if (!last) {
     auto [it, fresh] = accumulators_.try_emplace(m.chunk);

@@ -1,6 +1,7 @@
 #include "server/daemon_options.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace dynamiq::server {
 
@@ -60,10 +61,7 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--error_feedback_mib must be at most 1073741824 (1 PiB), got ", o.error_feedback_mib));
   }
-  if (o.codec_threads < 1 || o.codec_threads > kMaxCodecThreads) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--codec_threads must be in [1, ", kMaxCodecThreads, "], got ", o.codec_threads));
-  }
+  DQ_RETURN_IF_ERROR(common::CheckPoolThreads("--codec_threads", o.codec_threads));
   if (!o.transport.empty() && o.transport != "gloo" && o.transport != "nccl") {
     return absl::InvalidArgumentError(absl::StrCat("--transport must be gloo or nccl, got '", o.transport, "'"));
   }

@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/env.h"
+#include "common/thread_pool.h"
 #include "server/job_config.h"
 #include "server/security.h"
 
@@ -72,7 +73,7 @@ struct DaemonOptions {
   size_t max_device_bytes = std::numeric_limits<size_t>::max();
 };
 
-inline constexpr int kMaxCodecThreads = 256;
+inline constexpr int kMaxCodecThreads = common::kMaxPoolThreads;
 
 // True if this dynamiqd was built with the device path (CUDA and NCCL found).
 bool DaemonHasCudaSupport();

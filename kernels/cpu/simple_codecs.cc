@@ -219,7 +219,7 @@ class SimpleCodec final : public Codec {
     if (bytes_ == 4) {
       std::memcpy(tile, p, 4 * n);
     } else {
-      for (size_t k = 0; k < n; ++k) tile[k] = Bf16ToFloat(static_cast<uint16_t>(p[2 * k] | (p[2 * k + 1] << 8)));
+      for (size_t k = 0; k < n; ++k) tile[k] = LoadWireBf16(p + 2 * k);
     }
   }
 
@@ -265,10 +265,10 @@ class SimpleCodec final : public Codec {
           std::memcpy(dst + 4 * k, &v, 4);
         }
       } else {  // two loops, so that both vectorize
-        float sums[kTile];
+        float values[kTile];
         uint16_t codes[kTile];
-        for (size_t k = 0; k < n; ++k) sums[k] = value(i + k);
-        for (size_t k = 0; k < n; ++k) codes[k] = FloatToBf16(sums[k]);
+        for (size_t k = 0; k < n; ++k) values[k] = value(i + k);
+        for (size_t k = 0; k < n; ++k) codes[k] = FloatToBf16(values[k]);
         std::memcpy(dst, codes, 2 * n);
       }
       AddTile(sums, dst, i, n);

@@ -4,7 +4,6 @@
 #include <cstring>
 #include <ostream>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -18,6 +17,7 @@
 namespace dynamiq::server {
 namespace {
 
+using ::dynamiq::testing::AllReduceTogether;
 using ::dynamiq::testing::ConnectTestWorker;
 using ::dynamiq::testing::DaemonTestWorker;
 using ::dynamiq::testing::IsOk;
@@ -62,12 +62,7 @@ TEST_P(DaemonCodecTest, EveryWorkerGetsTheSameSumWithinTheCodecsError) {
     for (size_t w = 0; w < workers.size(); ++w) {
       for (size_t k = 0; k < n; ++k) workers[w].data()[k] = Value(k, w, round);
     }
-    std::vector<grpc::Status> status(workers.size());
-    std::vector<std::thread> threads;
-    for (size_t w = 0; w < workers.size(); ++w) {
-      threads.emplace_back([&, w] { status[w] = workers[w].AllReduce("grad", n); });
-    }
-    for (auto& t : threads) t.join();
+    const std::vector<grpc::Status> status = AllReduceTogether(workers, "grad", n);
     for (size_t w = 0; w < workers.size(); ++w) {
       ASSERT_TRUE(status[w].ok()) << "worker " << w << ": " << status[w].error_message();
       ASSERT_EQ(0, std::memcmp(workers[w].data(), workers[0].data(), n * 4)) << "worker " << w << " differs";
@@ -113,12 +108,7 @@ TEST(DaemonErrorFeedbackTest, ArcTopKDeliversWhatItLeftBehindOverTheNextSteps) {
     for (size_t w = 0; w < workers.size(); ++w) {
       for (size_t k = 0; k < n; ++k) workers[w].data()[k] = Value(k, w, round);
     }
-    std::vector<grpc::Status> status(workers.size());
-    std::vector<std::thread> threads;
-    for (size_t w = 0; w < workers.size(); ++w) {
-      threads.emplace_back([&, w] { status[w] = workers[w].AllReduce("grad", n); });
-    }
-    for (auto& t : threads) t.join();
+    const std::vector<grpc::Status> status = AllReduceTogether(workers, "grad", n);
     double err = 0, norm = 0;
     for (size_t w = 0; w < workers.size(); ++w) {
       ASSERT_TRUE(status[w].ok()) << "worker " << w << ": " << status[w].error_message();

@@ -30,6 +30,7 @@
 namespace dynamiq::server {
 namespace {
 
+using ::dynamiq::testing::AllReduceTogether;
 using ::dynamiq::testing::ConnectTestWorker;
 using ::dynamiq::testing::DaemonTestWorker;
 using ::dynamiq::testing::IsOk;
@@ -95,12 +96,7 @@ std::string AllReduceExactly(std::vector<DaemonTestWorker>& workers, size_t n, i
   for (size_t w = 0; w < workers.size(); ++w) {
     for (size_t k = 0; k < n; ++k) workers[w].data()[k] = static_cast<float>(w + 1) * (k % 7 + round);
   }
-  std::vector<grpc::Status> status(workers.size());
-  std::vector<std::thread> threads;
-  for (size_t w = 0; w < workers.size(); ++w) {
-    threads.emplace_back([&, w] { status[w] = workers[w].AllReduce("grad", n); });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<grpc::Status> status = AllReduceTogether(workers, "grad", n);
   std::string failures;
   for (size_t w = 0; w < workers.size(); ++w) {
     if (!status[w].ok()) {

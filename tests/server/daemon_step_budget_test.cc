@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +16,7 @@
 namespace dynamiq::server {
 namespace {
 
+using ::dynamiq::testing::AllReduceTogether;
 using ::dynamiq::testing::ConnectTestWorker;
 using ::dynamiq::testing::DaemonTestWorker;
 using ::dynamiq::testing::IsOk;
@@ -63,14 +63,9 @@ StepRun RunSteps(bool step_budget, int steps) {
       for (size_t w = 0; w < 2; ++w) {
         for (size_t k = 0; k < n; ++k) workers[w].data()[k] = Value(loud, k, w, step);
       }
-      grpc::Status status[2];
-      dynamiq::v1::AllReduceResponse response[2];
-      std::vector<std::thread> threads;
-      for (size_t w = 0; w < 2; ++w) {
-        threads.emplace_back(
-            [&, w] { status[w] = workers[w].AllReduce(absl::StrCat("model.bucket", b), n, false, &response[w]); });
-      }
-      for (auto& t : threads) t.join();
+      std::vector<dynamiq::v1::AllReduceResponse> response;
+      const std::vector<grpc::Status> status =
+          AllReduceTogether(workers, absl::StrCat("model.bucket", b), n, &response);
       for (size_t w = 0; w < 2; ++w) EXPECT_TRUE(status[w].ok()) << status[w].error_message();
       EXPECT_EQ(0, std::memcmp(workers[0].data(), workers[1].data(), n * 4)) << "step " << step << " bucket " << b;
       last.wire_bytes[b] = response[0].wire_bytes();

@@ -105,6 +105,24 @@ inline absl::StatusOr<DaemonTestWorker> ConnectTestWorker(const std::string& soc
   return w;
 }
 
+// Every worker all-reduces its buffer's first `n` floats as tensor `name` at once, each on its own
+// thread (a collective needs all of them); returns each worker's status, and its response in
+// `responses` when given (one per worker).
+inline std::vector<grpc::Status> AllReduceTogether(std::vector<DaemonTestWorker>& workers, const std::string& name,
+                                                   size_t n,
+                                                   std::vector<dynamiq::v1::AllReduceResponse>* responses = nullptr) {
+  std::vector<grpc::Status> status(workers.size());
+  if (responses != nullptr) responses->assign(workers.size(), {});
+  std::vector<std::thread> threads;
+  for (size_t w = 0; w < workers.size(); ++w) {
+    threads.emplace_back([&, w] {
+      status[w] = workers[w].AllReduce(name, n, false, responses != nullptr ? &(*responses)[w] : nullptr);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return status;
+}
+
 // dynamiq_rejected_requests_total{reason=`reason`} of `daemon` (-1 when the series is missing).
 inline double RejectedRequests(server::Daemon& daemon, const std::string& reason) {
   for (absl::string_view line : absl::StrSplit(daemon.metrics().Render(), '\n')) {
