@@ -9,11 +9,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/synthetic_gradients.h"
 #include "common/status_macros.h"
+#include "engine/hop_budget.h"
 #include "engine/schedule.h"
 #include "engine/simulator.h"
 #include "kernels/codec_registry.h"
@@ -94,6 +97,44 @@ absl::Status MeasureThroughput(const Codec& codec, const std::vector<std::vector
   return absl::OkStatus();
 }
 
+// The b̄ per summand count for CodecBenchOptions::hop_bits.
+absl::StatusOr<std::vector<double>> HopBits(const Codec& codec, const engine::Schedule& schedule,
+                                            const std::vector<std::vector<float>>& inputs, const CodecBenchOptions& o) {
+  const int n = schedule.world_size;
+  const size_t d = inputs[0].size();
+  const kernels::CodecInfo& info = kernels::GetCodecInfo(codec.id());
+  if (o.hop_bits != "measured" && o.hop_bits != "model") {
+    std::vector<double> bits;
+    for (absl::string_view b : absl::StrSplit(o.hop_bits, ',')) {
+      double v = 0;
+      if (!absl::SimpleAtod(b, &v)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--hop_bits: '", b, "' is neither measured, model nor a number"));
+      }
+      DQ_RETURN_IF_ERROR(kernels::CheckCodecBits(codec.id(), v));
+      bits.push_back(v);
+    }
+    if (static_cast<int>(bits.size()) != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--hop_bits: need ", n, " values (one per summand count), got ", bits.size()));
+    }
+    return bits;
+  }
+  // DynamiQ's centring (the plan's per-super-group mean), from statistics summed in rank order.
+  std::vector<float> local(codec.StatsLength(d)), reduced(local.size(), 0.0f);
+  for (const std::vector<float>& x : inputs) {
+    codec.ComputeStats(kernels::Source{x.data(), kernels::DType::kFloat32, 0, nullptr}, d, local.data());
+    for (size_t i = 0; i < local.size(); ++i) reduced[i] += local[i];
+  }
+  DQ_ASSIGN_OR_RETURN(const kernels::BucketPlan plan,
+                      codec.MakePlan(kernels::RoundInfo{0, 0, static_cast<uint32_t>(n)}, d, local, reduced));
+  const std::vector<double> energies =
+      o.hop_bits == "measured" ? engine::HopEnergies(schedule, d, inputs, plan.local_means)
+                               : engine::HopEnergyModel(n, engine::RankCorrelation(d, inputs, plan.local_means));
+  return engine::HopBudgets(engine::CountHopMessages(schedule), energies, codec.config().bits, info.min_bits,
+                            info.max_bits, o.hop_tilt);
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<CodecBenchRow>> RunCodecBench(const CodecBenchOptions& o) {
@@ -115,6 +156,9 @@ absl::StatusOr<std::vector<CodecBenchRow>> RunCodecBench(const CodecBenchOptions
       rows.push_back(row);
       continue;
     }
+    if (!o.hop_bits.empty() && config.id == CodecId::kDynamiq) {
+      DQ_ASSIGN_OR_RETURN(row.hop_bits, HopBits(*codec, schedule, inputs, o));
+    }
     double vnmse_sum = 0, bits_sum = 0;
     std::vector<std::vector<float>> outputs(o.workers, std::vector<float>(d));
     std::vector<uint8_t> widths;
@@ -126,7 +170,9 @@ absl::StatusOr<std::vector<CodecBenchRow>> RunCodecBench(const CodecBenchOptions
         out.push_back(kernels::Dest{outputs[r].data(), kernels::DType::kFloat32, 0, nullptr});
       }
       DQ_ASSIGN_OR_RETURN(engine::SimulationResult sim,
-                          engine::SimulateAllReduce(*codec, schedule, d, 1000 + trial, in, out));
+                          row.hop_bits.empty() ? engine::SimulateAllReduce(*codec, schedule, d, 1000 + trial, in, out)
+                                               : engine::SimulateAllReduceHopBits(*codec, schedule, d, 1000 + trial,
+                                                                                  row.hop_bits, in, out));
       if (exact.empty()) exact.push_back(ExactSum(inputs));
       widths = sim.widths;
       vnmse_sum += Vnmse(outputs[0].data(), exact[0]);
@@ -205,12 +251,18 @@ std::string FormatRowJson(const CodecBenchRow& r, const CodecBenchOptions& o) {
   if (!r.skipped.empty()) {
     return absl::StrFormat(R"({"codec":"%s","skipped":"%s"})", r.codec, r.skipped);
   }
+  const std::string hops =
+      r.hop_bits.empty()
+          ? ""
+          : absl::StrFormat(R"("hop_bits":[%s],)", absl::StrJoin(r.hop_bits, ",", [](std::string* s, double b) {
+                              absl::StrAppendFormat(s, "%.4f", b);
+                            }));
   return absl::StrFormat(
       R"({"codec":"%s","bits_target":%.4g,"workers":%d,"topology":"%s","elements":%d,"wire_bits_per_coord":%.4f,)"
       R"("vnmse":%.6g,"compress_gbps":%.3f,"decompress_gbps":%.3f,"dar_gbps":%.3f,"identical_on_all_ranks":%s,)"
-      R"("description":"%s"})",
+      R"(%s"description":"%s"})",
       r.codec, r.config.bits, o.workers, o.topology, r.elements, r.wire_bits_per_coord, r.vnmse, r.compress_gbps,
-      r.decompress_gbps, r.dar_gbps, r.identical ? "true" : "false", r.description);
+      r.decompress_gbps, r.dar_gbps, r.identical ? "true" : "false", hops, r.description);
 }
 
 std::string FormatTable(const std::vector<CodecBenchRow>& rows, const CodecBenchOptions& o) {

@@ -26,6 +26,13 @@ struct CodecBenchOptions {
   // byte each) to <output_prefix>.<row index>.widths, for error breakdowns
   // (bench/corpus_breakdown.py).
   std::string output_prefix;
+  // DynamiQ only: a b̄ per hop (engine/hop_budget.h) instead of one: empty (one b̄), "measured" (the
+  // Lagrange rule HopBudgets on the data's partial-sum energies HopEnergies), "model" (on
+  // HopEnergyModel with the data's RankCorrelation), each at the wire cost of the config's bits and
+  // within the codec's 3..8; or n comma-separated b̄ values for k = 1..n summands (the config's
+  // bits then unused).
+  std::string hop_bits;
+  double hop_tilt = 1.0;  // HopBudgets' tilt (1: the rule, 0: uniform)
 };
 
 struct CodecBenchRow {
@@ -37,7 +44,8 @@ struct CodecBenchRow {
   double wire_bits_per_coord = 0;
   double vnmse = 0;
   double compress_gbps = 0, decompress_gbps = 0, dar_gbps = 0;
-  bool identical = true;  // all ranks decoded bit-identical results
+  bool identical = true;         // all ranks decoded bit-identical results
+  std::vector<double> hop_bits;  // DynamiQ with CodecBenchOptions::hop_bits: b̄ per summand count
 };
 
 absl::StatusOr<std::vector<CodecBenchRow>> RunCodecBench(const CodecBenchOptions& options);

@@ -60,6 +60,13 @@ ABSL_FLAG(std::string, dump_output, "",
           "codec: write each row's all-reduced result (rank 0, last trial; raw float32) to "
           "<dump_output>.<row index>.bin, rows numbered from 0 in output order; DynamiQ rows also write "
           "rank 0's code width per super-group (one byte each) to <dump_output>.<row index>.widths.");
+ABSL_FLAG(std::string, hop_bits, "",
+          "codec: a DynamiQ b̄ per hop (engine/hop_budget.h, simulated non-fused): measured (the Lagrange rule on "
+          "the data's partial-sum energies per summand count), model (on E_k = k + k(k-1) rho, rho from the data), "
+          "each at the wire cost of --bits within 3..8; or --workers comma-separated b̄ values for partial sums of "
+          "1..n summands (n: the owner's final sum, forwarded by the all-gather). Empty: one b̄ (the engines').");
+ABSL_FLAG(double, hop_tilt, 1.0,
+          "codec: with --hop_bits=measured|model, scale the rule's spread of b̄ (1: the rule, 0: one b̄).");
 ABSL_FLAG(std::string, step_energy, "statistics",
           "step-budget: the per-super-group energy the split weighs: statistics (the square of the sum of the "
           "ranks' norms, what the allocator sees before an all-reduce) or result (the squared norm of the "
@@ -135,6 +142,8 @@ int RunCodec() {
   o.trials = absl::GetFlag(FLAGS_trials);
   o.min_seconds = absl::GetFlag(FLAGS_min_time);
   o.output_prefix = absl::GetFlag(FLAGS_dump_output);
+  o.hop_bits = absl::GetFlag(FLAGS_hop_bits);
+  o.hop_tilt = absl::GetFlag(FLAGS_hop_tilt);
   if (o.workers < 1 || o.trials < 1 || absl::GetFlag(FLAGS_size) < 1) {
     return Fail("--workers, --trials and --size must be positive");
   }

@@ -1,12 +1,15 @@
 #include "engine/simulator.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/rank_executor.h"
 #include "engine/stats_exchange.h"
+#include "kernels/cpu/buffer_io.h"
 
 namespace dynamiq::engine {
 namespace {
@@ -92,11 +95,8 @@ absl::StatusOr<std::vector<std::vector<float>>> ReduceStats(const Codec& codec, 
   return reduced;
 }
 
-}  // namespace
-
-absl::StatusOr<SimulationResult> SimulateAllReduce(const Codec& codec, const Schedule& schedule, size_t d,
-                                                   uint64_t round, absl::Span<const Source> inputs,
-                                                   absl::Span<const Dest> outputs) {
+absl::Status CheckArguments(const Codec& codec, const Schedule& schedule, absl::Span<const Source> inputs,
+                            absl::Span<const Dest> outputs) {
   const int n = schedule.world_size;
   if (static_cast<int>(inputs.size()) != n || static_cast<int>(outputs.size()) != n) {
     return absl::InvalidArgumentError(
@@ -106,29 +106,169 @@ absl::StatusOr<SimulationResult> SimulateAllReduce(const Codec& codec, const Sch
     return absl::InvalidArgumentError(
         absl::StrCat("codec ", kernels::CodecName(codec.id()), " does not support the butterfly topology"));
   }
-  SimulationResult result;
-  result.bytes_sent.assign(n, 0);
+  return absl::OkStatus();
+}
+
+struct Statistics {
+  std::vector<std::vector<float>> local, reduced;  // per rank
+};
+
+// Every rank's statistics and their reduction (counted in `result`), as the engines exchange them.
+absl::StatusOr<Statistics> ExchangeStats(const Codec& codec, const Schedule& schedule, size_t d,
+                                         absl::Span<const Source> inputs, SimulationResult& result) {
+  const int n = schedule.world_size;
   const size_t stats_len = codec.StatsLength(d);
-  std::vector<std::vector<float>> local(n, std::vector<float>(stats_len));
-  std::vector<std::vector<float>> reduced(n);
+  Statistics s;
+  s.local.assign(n, std::vector<float>(stats_len));
+  s.reduced.resize(n);
   if (stats_len > 0) {
-    for (int r = 0; r < n; ++r) codec.ComputeStats(inputs[r], d, local[r].data());
-    DQ_ASSIGN_OR_RETURN(reduced, ReduceStats(codec, schedule, local, result));
+    for (int r = 0; r < n; ++r) codec.ComputeStats(inputs[r], d, s.local[r].data());
+    DQ_ASSIGN_OR_RETURN(s.reduced, ReduceStats(codec, schedule, s.local, result));
   }
+  return s;
+}
+
+// Every rank's plan at `bits` (0: the codec's own).
+absl::StatusOr<std::vector<BucketPlan>> MakePlans(const Codec& codec, const Statistics& stats, size_t d, uint64_t round,
+                                                  double bits) {
+  const int n = static_cast<int>(stats.local.size());
   std::vector<BucketPlan> plans;
   for (int r = 0; r < n; ++r) {
-    const kernels::RoundInfo info{round, static_cast<uint32_t>(r), static_cast<uint32_t>(n)};
-    DQ_ASSIGN_OR_RETURN(BucketPlan plan, codec.MakePlan(info, d, local[r], reduced[r]));
+    const kernels::RoundInfo info{round, static_cast<uint32_t>(r), static_cast<uint32_t>(n), bits};
+    DQ_ASSIGN_OR_RETURN(BucketPlan plan, codec.MakePlan(info, d, stats.local[r], stats.reduced[r]));
     plans.push_back(std::move(plan));
   }
+  return plans;
+}
+
+// The plan's centring on the rank's input and output.
+void Centre(const BucketPlan& plan, Source& in, Dest& out) {
+  if (!plan.local_means.empty()) in.subtract_per_group = plan.local_means.data();
+  if (!plan.mean_sums.empty()) out.add_per_group = plan.mean_sums.data();
+}
+
+// Chunk c as `rank` compresses it for its parent: the rounding fields of its siblings (all ranks
+// sending chunk c to the same peer, in step order), as RankExecutor sets them.
+kernels::ChunkRef SiblingRef(const Schedule& schedule, const kernels::ChunkRef& chunk, int rank, int peer) {
+  std::vector<int> siblings;
+  for (const auto& step : schedule.reduce_scatter) {
+    for (const Transfer& t : step) {
+      if (t.chunk == static_cast<int>(chunk.chunk_id) && t.to == peer) siblings.push_back(t.from);
+    }
+  }
+  kernels::ChunkRef ref = chunk;
+  ref.rounding_size = static_cast<uint32_t>(siblings.size());
+  ref.rounding_index = static_cast<uint32_t>(std::find(siblings.begin(), siblings.end(), rank) - siblings.begin());
+  ref.rounding_group = chunk.chunk_id * static_cast<uint32_t>(schedule.world_size) + static_cast<uint32_t>(peer);
+  return ref;
+}
+
+}  // namespace
+
+absl::StatusOr<SimulationResult> SimulateAllReduce(const Codec& codec, const Schedule& schedule, size_t d,
+                                                   uint64_t round, absl::Span<const Source> inputs,
+                                                   absl::Span<const Dest> outputs) {
+  const int n = schedule.world_size;
+  DQ_RETURN_IF_ERROR(CheckArguments(codec, schedule, inputs, outputs));
+  SimulationResult result;
+  result.bytes_sent.assign(n, 0);
+  DQ_ASSIGN_OR_RETURN(const Statistics stats, ExchangeStats(codec, schedule, d, inputs, result));
+  DQ_ASSIGN_OR_RETURN(const std::vector<BucketPlan> plans, MakePlans(codec, stats, d, round, 0));
   std::vector<Source> in(inputs.begin(), inputs.end());
   std::vector<Dest> out(outputs.begin(), outputs.end());
-  for (int r = 0; r < n; ++r) {
-    if (!plans[r].local_means.empty()) in[r].subtract_per_group = plans[r].local_means.data();
-    if (!plans[r].mean_sums.empty()) out[r].add_per_group = plans[r].mean_sums.data();
-  }
+  for (int r = 0; r < n; ++r) Centre(plans[r], in[r], out[r]);
   if (!plans.empty()) result.widths = plans[0].widths;
   DQ_RETURN_IF_ERROR(RunSchedule(codec, schedule, plans, in, out, result));
+  for (uint64_t b : result.bytes_sent) result.total_bytes_sent += b;
+  return result;
+}
+
+absl::StatusOr<SimulationResult> SimulateAllReduceHopBits(const Codec& codec, const Schedule& schedule, size_t d,
+                                                          uint64_t round, absl::Span<const double> hop_bits,
+                                                          absl::Span<const Source> inputs,
+                                                          absl::Span<const Dest> outputs) {
+  const int n = schedule.world_size;
+  DQ_RETURN_IF_ERROR(CheckArguments(codec, schedule, inputs, outputs));
+  if (static_cast<int>(hop_bits.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("need ", n, " hop budgets, got ", hop_bits.size()));
+  }
+  SimulationResult result;
+  result.bytes_sent.assign(n, 0);
+  DQ_ASSIGN_OR_RETURN(const Statistics stats, ExchangeStats(codec, schedule, d, inputs, result));
+  std::map<double, std::vector<BucketPlan>> plans;  // per distinct b̄, every rank's plan
+  for (double bits : hop_bits) {
+    if (plans.count(bits) == 0) {
+      DQ_ASSIGN_OR_RETURN(plans[bits], MakePlans(codec, stats, d, round, bits));
+    }
+  }
+  auto plan = [&](int k, int rank) -> const BucketPlan& { return plans.at(hop_bits[k - 1])[rank]; };
+  // The centring depends on the statistics only: the same in every b̄'s plan.
+  std::vector<Source> in(inputs.begin(), inputs.end());
+  std::vector<Dest> out(outputs.begin(), outputs.end());
+  for (int r = 0; r < n; ++r) Centre(plan(n, r), in[r], out[r]);
+  result.widths = plan(n, 0).widths;
+
+  struct Held {  // a rank's fp32 partial sum of one chunk
+    std::vector<float> acc;
+    int summands = 0;
+  };
+  std::vector<std::map<int, Held>> held(n);  // [rank][chunk]
+  auto hold = [&](int r, const kernels::ChunkRef& chunk) -> Held& {
+    Held& h = held[r][static_cast<int>(chunk.chunk_id)];
+    if (h.summands == 0) {
+      h.acc.resize(chunk.count);
+      kernels::LoadSource(in[r], chunk.begin, chunk.count, h.acc.data());
+      h.summands = 1;
+    }
+    return h;
+  };
+  // Compresses rank r's partial sum of `chunk` at its summand count's b̄.
+  auto compress = [&](int r, const kernels::ChunkRef& ref, std::vector<uint8_t>& bytes) -> absl::StatusOr<int> {
+    Held& h = hold(r, ref);
+    const BucketPlan& p = plan(h.summands, r);
+    bytes.resize(codec.MaxEncodedBytes(p, ref));
+    const Source acc{h.acc.data(), kernels::DType::kFloat32, ref.begin, nullptr};
+    DQ_ASSIGN_OR_RETURN(const size_t size, codec.Compress(p, ref, acc, absl::MakeSpan(bytes)));
+    bytes.resize(size);
+    return h.summands;
+  };
+  for (const std::vector<Transfer>& step : schedule.reduce_scatter) {
+    // Sends first; then each receiver decodes with the sender's b̄ (the summand count it knows from
+    // the schedule) and adds: the non-fused form of the engines' DecompressAccumulateRecompress.
+    std::vector<std::vector<uint8_t>> messages(step.size());
+    std::vector<int> summands(step.size());
+    for (size_t i = 0; i < step.size(); ++i) {
+      const Transfer& t = step[i];
+      const kernels::ChunkRef ref = SiblingRef(schedule, ChunkOf(d, n, t.chunk), t.from, t.to);
+      DQ_ASSIGN_OR_RETURN(summands[i], compress(t.from, ref, messages[i]));
+      held[t.from].erase(t.chunk);
+      result.bytes_sent[t.from] += messages[i].size();
+    }
+    for (size_t i = 0; i < step.size(); ++i) {
+      const Transfer& t = step[i];
+      const kernels::ChunkRef chunk = ChunkOf(d, n, t.chunk);
+      Held& h = hold(t.to, chunk);
+      absl::Status s = codec.DecompressAccumulate(plan(summands[i], t.to), chunk, messages[i], h.acc.data());
+      if (!s.ok()) return common::Annotate(s, absl::StrCat("rank ", t.to, ", chunk ", t.chunk));
+      h.summands += summands[i];
+    }
+  }
+  // Each owner's final compression, decoded by every rank; the all-gather forwards it unchanged.
+  std::vector<std::vector<uint8_t>> final_bytes(n);
+  for (int c = 0; c < n; ++c) {
+    const int owner = schedule.owner[c];
+    const kernels::ChunkRef chunk = ChunkOf(d, n, c);
+    DQ_ASSIGN_OR_RETURN(const int k, compress(owner, chunk, final_bytes[c]));
+    if (k != n) return absl::InternalError(absl::StrCat("chunk ", c, " ends with ", k, " of ", n, " summands"));
+    if (n == 1) result.bytes_sent[0] += final_bytes[c].size();
+    for (int r = 0; r < n; ++r) {
+      absl::Status s = codec.Decompress(plan(n, r), chunk, final_bytes[c], out[r]);
+      if (!s.ok()) return common::Annotate(s, absl::StrCat("rank ", r, ", final chunk ", c));
+    }
+  }
+  for (const std::vector<Transfer>& step : schedule.all_gather) {
+    for (const Transfer& t : step) result.bytes_sent[t.from] += final_bytes[t.chunk].size();
+  }
   for (uint64_t b : result.bytes_sent) result.total_bytes_sent += b;
   return result;
 }

@@ -31,6 +31,18 @@ absl::StatusOr<SimulationResult> SimulateAllReduce(const kernels::Codec& codec, 
                                                    absl::Span<const kernels::Source> inputs,
                                                    absl::Span<const kernels::Dest> outputs);
 
+// The same with a DynamiQ b̄ per hop (engine/hop_budget.h; a simulation study, the engines have
+// none): hop_bits[k - 1] is the b̄ (RoundInfo::bits) of every compression of a partial sum of k
+// contributions, k = n being the owner's final sum that the all-gather forwards. Not fused: a
+// receiver decodes with the plan of the sender's b̄, adds into an fp32 partial sum and compresses
+// that at its own (with one b̄ everywhere: the values of SimulateAllReduce, bit for bit). Every
+// b̄ must be one the codec's MakePlan takes in RoundInfo::bits.
+absl::StatusOr<SimulationResult> SimulateAllReduceHopBits(const kernels::Codec& codec, const Schedule& schedule,
+                                                          size_t num_elements, uint64_t round,
+                                                          absl::Span<const double> hop_bits,
+                                                          absl::Span<const kernels::Source> inputs,
+                                                          absl::Span<const kernels::Dest> outputs);
+
 // Bits per coordinate per message: total bytes sent / (num_elements * 2 (n-1)); for n == 1 the
 // bits of the one compressed chunk per coordinate. Comparable to a codec's nominal bits.
 double WireBitsPerCoord(const SimulationResult& result, size_t num_elements, int world_size);

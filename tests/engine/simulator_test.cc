@@ -273,6 +273,78 @@ TEST(SimulatorTest, ExtremeRangesNeverProduceInfOrNan) {
   }
 }
 
+SimRun SimulateHops(const kernels::Codec& codec, Topology topology, const std::vector<std::vector<float>>& inputs,
+                    const std::vector<double>& hop_bits) {
+  const int n = static_cast<int>(inputs.size());
+  const size_t d = inputs[0].size();
+  auto schedule = MakeSchedule(topology, n);
+  EXPECT_THAT(schedule, IsOk());
+  SimRun run;
+  run.outputs.assign(n, std::vector<float>(d, NAN));
+  std::vector<kernels::Source> in;
+  std::vector<kernels::Dest> out;
+  for (int r = 0; r < n; ++r) {
+    in.push_back({inputs[r].data(), kernels::DType::kFloat32, 0, nullptr});
+    out.push_back({run.outputs[r].data(), kernels::DType::kFloat32, 0, nullptr});
+  }
+  auto result = SimulateAllReduceHopBits(codec, *schedule, d, 1, hop_bits, in, out);
+  EXPECT_THAT(result, IsOk());
+  if (result.ok()) run.result = *result;
+  return run;
+}
+
+TEST(SimulatorTest, OneBudgetPerHopEverywhereIsTheFusedAllReduceBitForBit) {
+  for (Topology t : {Topology::kRing, Topology::kButterfly}) {
+    for (int n : {1, 2, 8}) {
+      auto codec = Make(CodecId::kDynamiq, 4.5);
+      auto inputs = Synthetic(n, 20000 + 37);
+      SimRun fused = Simulate(*codec, t, inputs);
+      SimRun hops = SimulateHops(*codec, t, inputs, std::vector<double>(n, 4.5));
+      EXPECT_EQ(hops.result.total_bytes_sent, fused.result.total_bytes_sent) << TopologyName(t) << " n " << n;
+      EXPECT_EQ(hops.result.bytes_sent, fused.result.bytes_sent);
+      for (int r = 0; r < n; ++r) {
+        ASSERT_EQ(0, std::memcmp(hops.outputs[r].data(), fused.outputs[r].data(), inputs[0].size() * sizeof(float)))
+            << TopologyName(t) << " n " << n << " rank " << r;
+      }
+    }
+  }
+}
+
+TEST(SimulatorTest, BudgetsPerHopCostWhatTheySayAndStayIdenticalOnAllRanks) {
+  const int n = 8;
+  const size_t d = 1 << 16;
+  auto inputs = Synthetic(n, d);
+  const auto exact = bench::ExactSum(inputs);
+  auto codec = Make(CodecId::kDynamiq, 5);
+  // Cheap first hops, an expensive last reduce-scatter hop and final sum.
+  const std::vector<double> hop_bits = {3, 4, 4, 5, 5, 6, 7, 6};
+  SimRun hops = SimulateHops(*codec, Topology::kRing, inputs, hop_bits);
+  for (int r = 1; r < n; ++r) {
+    ASSERT_EQ(0, std::memcmp(hops.outputs[r].data(), hops.outputs[0].data(), d * sizeof(float))) << "rank " << r;
+  }
+  // Ring: one message per k < n per chunk, the final sum forwarded n - 1 times.
+  double mean = 0;
+  for (int k = 0; k < n - 1; ++k) mean += hop_bits[k];
+  mean = (mean + (n - 1) * hop_bits[n - 1]) / (2 * (n - 1));
+  EXPECT_NEAR(WireBitsPerCoord(hops.result, d, n), mean, 0.1);
+  // Each hop's plan, not one: more error than 6 bits everywhere, less than 3.
+  const double v = bench::Vnmse(hops.outputs[0].data(), exact);
+  EXPECT_LT(v, bench::Vnmse(Simulate(*Make(CodecId::kDynamiq, 3), Topology::kRing, inputs).outputs[0].data(), exact));
+  EXPECT_GT(v, bench::Vnmse(Simulate(*Make(CodecId::kDynamiq, 6), Topology::kRing, inputs).outputs[0].data(), exact));
+}
+
+TEST(SimulatorTest, BudgetsPerHopNeedOnePerSummandCount) {
+  auto schedule = MakeSchedule(Topology::kRing, 2);
+  ASSERT_THAT(schedule, IsOk());
+  auto codec = Make(CodecId::kDynamiq);
+  std::vector<float> x(512, 1.0f), y(512);
+  std::vector<kernels::Source> in(2, kernels::Source{x.data(), kernels::DType::kFloat32, 0, nullptr});
+  std::vector<kernels::Dest> out(2, kernels::Dest{y.data(), kernels::DType::kFloat32, 0, nullptr});
+  const std::vector<double> one = {5};
+  EXPECT_THAT(SimulateAllReduceHopBits(*codec, *schedule, 512, 0, one, in, out),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("need 2 hop budgets")));
+}
+
 TEST(SimulatorTest, RejectsWrongNumberOfRanks) {
   auto schedule = MakeSchedule(Topology::kButterfly, 4);
   ASSERT_THAT(schedule, IsOk());
