@@ -166,10 +166,10 @@ std::string FormatAllReduceJson(const AllReduceBenchResult& r, const AllReduceBe
   return absl::StrFormat(
       R"({"method":"%s","codec":"%s","bits":%g,"topology":"%s","world_size":%d,"rank":%d,"elements":%d,)"
       R"("bytes_per_rank":%d,"seconds":%.6f,"algbw_GBps":%.4f,"busbw_GBps":%.4f,"wire_bytes_per_rank":%d,)"
-      R"("vnmse":%.6g,"output_checksum":"%016x","authenticated":%s%s})",
+      R"("vnmse":%.6g,"output_checksum":"%016x","authenticated":%s,"codec_threads":%d%s})",
       r.method, kernels::CodecName(o.codec.id), o.codec.bits, o.topology, o.world_size, o.rank, r.elements,
       4 * r.elements, r.seconds, r.algbw_gbps, r.busbw_gbps, r.wire_bytes_per_rank, r.vnmse, r.output_checksum,
-      o.cluster_secret.empty() ? "false" : "true", timeline);
+      o.cluster_secret.empty() ? "false" : "true", o.codec_threads, timeline);
 }
 
 }  // namespace dynamiq::bench

@@ -24,6 +24,7 @@
 #include "bench/codec_bench.h"
 #include "bench/controller_sim.h"
 #include "common/secret_file.h"
+#include "common/thread_pool.h"
 #include "kernels/codec.h"
 
 ABSL_FLAG(std::string, codec, "all",
@@ -90,9 +91,9 @@ ABSL_FLAG(bool, time_breakdown, false,
 ABSL_FLAG(std::string, trace_out, "",
           "allreduce: with --time_breakdown, write the median iteration's spans to this file as a Chrome "
           "trace (chrome://tracing, Perfetto; one file per rank, opened together they line up).");
-ABSL_FLAG(int, codec_threads, 1,
-          "allreduce: split each collective's codec work across this many threads (as dynamiqd --codec_threads; "
-          "same results for any value).");
+ABSL_FLAG(int, codec_threads, std::min(dynamiq::common::AvailableCpus(), dynamiq::common::kMaxPoolThreads),
+          "allreduce: split each collective's codec work across this many threads (as dynamiqd --codec_threads, "
+          "with its default: the CPUs this process may use; same results for any value).");
 ABSL_FLAG(bool, balanced_chunks, false,
           "allreduce: size-balanced splitting: cut every block's chunks so that their encoded sizes, not their "
           "element counts, are equal (engine/block_plan.h BalancedChunks; all ranks must agree).");
