@@ -401,8 +401,10 @@ Future Client::AllReduceAsync(const Buffer& buffer, size_t offset_bytes, size_t 
       [call, state, tracker, uses, socket_path = connection_->options().socket_path, timeout](grpc::Status status) {
         absl::Status s = client::internal::FromGrpcStatus(status, "AllReduce", socket_path, timeout);
         const bool ok = s.ok();
-        uses->Done();  // before the future completes: whoever waited on it may release the buffer
         state->Complete(std::move(s), ok ? client::internal::ToResult(call->response) : AllReduceResult());
+        // After the future completes, so a release that waited for this call finds it complete; a
+        // thread the future woke that releases the buffer waits for no more than this line.
+        uses->Done();
         tracker->Done();
       });
   return Future(std::move(state));
