@@ -124,11 +124,14 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
       for (int k = 0; k < engine::Timeline::kNumKinds; ++k) result.time_ms[k] += totals[k] / 1e6 / timelines.size();
     }
     if (!o.trace_out.empty()) {
-      std::vector<size_t> order(seconds.size());
-      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-      std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return seconds[a] < seconds[b]; });
+      // Every timed iteration: the ranks' files then hold the same all-reduces, which line up on the
+      // wall clock (each rank's median iteration alone would be a different all-reduce per rank).
+      engine::Timeline all;
+      for (const engine::Timeline& t : timelines) {
+        for (const engine::Timeline::Span& s : t.spans()) all.Add(s.kind, s.block, s.begin_ns, s.end_ns);
+      }
       std::ofstream trace(o.trace_out);
-      trace << timelines[order[order.size() / 2]].ToChromeTrace(o.rank);
+      trace << all.ToChromeTrace(o.rank);
       if (!trace) return absl::UnavailableError(absl::StrCat("cannot write the trace to ", o.trace_out));
     }
   }

@@ -89,7 +89,7 @@ ABSL_FLAG(bool, time_breakdown, false,
           "allreduce: record where each timed all-reduce's time goes (codec work, checksums, waiting for "
           "the network; engine/timeline.h): the JSON line gets time_ms, the mean milliseconds per kind.");
 ABSL_FLAG(std::string, trace_out, "",
-          "allreduce: with --time_breakdown, write the median iteration's spans to this file as a Chrome "
+          "allreduce: with --time_breakdown, write every timed iteration's spans to this file as a Chrome "
           "trace (chrome://tracing, Perfetto; one file per rank, opened together they line up).");
 ABSL_FLAG(int, codec_threads, std::min(dynamiq::common::AvailableCpus(), dynamiq::common::kMaxPoolThreads),
           "allreduce: split each collective's codec work across this many threads (as dynamiqd --codec_threads, "
