@@ -372,21 +372,11 @@ absl::StatusOr<NcclRankProgram> MakeNcclRankProgram(const Schedule& schedule, in
     p.summands[st.send_chunk] = count[rank][st.send_chunk];
     if (total[rank][st.send_chunk] == 0) p.leaf[st.send_chunk] = 1;
   }
-  // Correlated-rounding siblings, as RankExecutor: every rank sending the chunk to the same
-  // parent, in step order.
+  // Correlated-rounding siblings, as RankExecutor.
   for (const NcclStep& st : p.reduce_scatter) {
     if (st.send_chunk < 0) continue;
-    std::vector<int> siblings;
-    for (const auto& step : schedule.reduce_scatter) {
-      for (const Transfer& t : step) {
-        if (t.chunk == st.send_chunk && t.to == st.send_peer) siblings.push_back(t.from);
-      }
-    }
-    ChunkRef& ref = p.compress_refs[st.send_chunk];
-    ref.rounding_size = static_cast<uint32_t>(siblings.size());
-    ref.rounding_index = static_cast<uint32_t>(std::find(siblings.begin(), siblings.end(), rank) - siblings.begin());
-    ref.rounding_group =
-        static_cast<uint32_t>(st.send_chunk) * static_cast<uint32_t>(n) + static_cast<uint32_t>(st.send_peer);
+    p.compress_refs[st.send_chunk] =
+        SiblingRef(schedule, p.compress_refs[st.send_chunk], st.send_chunk, rank, st.send_peer);
   }
   // All-gather: every chunk's final bytes carry its owner's summands; a rank forwards only bytes
   // it owns or received at an earlier all-gather step (they stay in the chunk's buffer).

@@ -48,21 +48,10 @@ RankExecutor::RankExecutor(const kernels::Codec& codec, const Schedule& schedule
   for (int c = 0; c < n_; ++c) {
     if (schedule.owner[c] == rank_) owned_chunk_ = c;
   }
-  // Siblings: all ranks that send chunk c to the same parent, in step order.
   compress_ref_.resize(n_);
   for (int c = 0; c < n_; ++c) compress_ref_[c] = chunks_[c];
   for (const Move& m : rs_send_) {
-    if (m.chunk < 0) continue;
-    std::vector<int> siblings;
-    for (const auto& step : schedule.reduce_scatter) {
-      for (const Transfer& t : step) {
-        if (t.chunk == m.chunk && t.to == m.peer) siblings.push_back(t.from);
-      }
-    }
-    kernels::ChunkRef& ref = compress_ref_[m.chunk];
-    ref.rounding_size = static_cast<uint32_t>(siblings.size());
-    ref.rounding_index = static_cast<uint32_t>(std::find(siblings.begin(), siblings.end(), rank_) - siblings.begin());
-    ref.rounding_group = static_cast<uint32_t>(m.chunk) * static_cast<uint32_t>(n_) + static_cast<uint32_t>(m.peer);
+    if (m.chunk >= 0) compress_ref_[m.chunk] = SiblingRef(schedule, chunks_[m.chunk], m.chunk, rank_, m.peer);
   }
 }
 

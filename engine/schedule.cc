@@ -63,4 +63,20 @@ kernels::ChunkRef ChunkOf(size_t d, int n, int c) {
   return kernels::ChunkRef{static_cast<uint32_t>(c), begin, end - begin};
 }
 
+kernels::ChunkRef SiblingRef(const Schedule& schedule, const kernels::ChunkRef& elements, int chunk, int rank,
+                             int peer) {
+  std::vector<int> siblings;
+  for (const auto& step : schedule.reduce_scatter) {
+    for (const Transfer& t : step) {
+      if (t.chunk == chunk && t.to == peer) siblings.push_back(t.from);
+    }
+  }
+  kernels::ChunkRef ref = elements;
+  ref.rounding_size = static_cast<uint32_t>(siblings.size());
+  ref.rounding_index = static_cast<uint32_t>(std::find(siblings.begin(), siblings.end(), rank) - siblings.begin());
+  ref.rounding_group =
+      static_cast<uint32_t>(chunk) * static_cast<uint32_t>(schedule.world_size) + static_cast<uint32_t>(peer);
+  return ref;
+}
+
 }  // namespace dynamiq::engine

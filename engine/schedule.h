@@ -51,6 +51,12 @@ absl::StatusOr<Schedule> MakeSchedule(Topology topology, int world_size);
 // Elements of chunk c (0 <= c < n) of a d-element bucket.
 kernels::ChunkRef ChunkOf(size_t num_elements, int world_size, int chunk);
 
+// `elements`, chunk `chunk` of the schedule, as `rank` compresses it for `peer` in the
+// reduce-scatter: with the rounding fields of its siblings (every rank that sends that chunk to
+// that peer, in step order) for correlated rounding (see kernels::ChunkRef).
+kernels::ChunkRef SiblingRef(const Schedule& schedule, const kernels::ChunkRef& elements, int chunk, int rank,
+                             int peer);
+
 }  // namespace dynamiq::engine
 
 #endif  // DQ_ENGINE_SCHEDULE_H_

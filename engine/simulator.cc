@@ -147,22 +147,6 @@ void Centre(const BucketPlan& plan, Source& in, Dest& out) {
   if (!plan.mean_sums.empty()) out.add_per_group = plan.mean_sums.data();
 }
 
-// Chunk c as `rank` compresses it for its parent: the rounding fields of its siblings (all ranks
-// sending chunk c to the same peer, in step order), as RankExecutor sets them.
-kernels::ChunkRef SiblingRef(const Schedule& schedule, const kernels::ChunkRef& chunk, int rank, int peer) {
-  std::vector<int> siblings;
-  for (const auto& step : schedule.reduce_scatter) {
-    for (const Transfer& t : step) {
-      if (t.chunk == static_cast<int>(chunk.chunk_id) && t.to == peer) siblings.push_back(t.from);
-    }
-  }
-  kernels::ChunkRef ref = chunk;
-  ref.rounding_size = static_cast<uint32_t>(siblings.size());
-  ref.rounding_index = static_cast<uint32_t>(std::find(siblings.begin(), siblings.end(), rank) - siblings.begin());
-  ref.rounding_group = chunk.chunk_id * static_cast<uint32_t>(schedule.world_size) + static_cast<uint32_t>(peer);
-  return ref;
-}
-
 }  // namespace
 
 absl::StatusOr<SimulationResult> SimulateAllReduce(const Codec& codec, const Schedule& schedule, size_t d,
@@ -239,7 +223,7 @@ absl::StatusOr<SimulationResult> SimulateAllReduceHopBits(const Codec& codec, co
     std::vector<int> summands(step.size());
     for (size_t i = 0; i < step.size(); ++i) {
       const Transfer& t = step[i];
-      const kernels::ChunkRef ref = SiblingRef(schedule, ChunkOf(d, n, t.chunk), t.from, t.to);
+      const kernels::ChunkRef ref = SiblingRef(schedule, ChunkOf(d, n, t.chunk), t.chunk, t.from, t.to);
       DQ_ASSIGN_OR_RETURN(summands[i], compress(t.from, ref, messages[i]));
       held[t.from].erase(t.chunk);
       result.bytes_sent[t.from] += messages[i].size();

@@ -36,8 +36,9 @@ struct SimRun {
   SimulationResult result;
 };
 
+// With `hop_bits`, SimulateAllReduceHopBits (a b̄ per hop) instead of SimulateAllReduce.
 SimRun Simulate(const kernels::Codec& codec, Topology topology, const std::vector<std::vector<float>>& inputs,
-                uint64_t round = 1) {
+                uint64_t round = 1, const std::vector<double>& hop_bits = {}) {
   const int n = static_cast<int>(inputs.size());
   const size_t d = inputs[0].size();
   auto schedule = MakeSchedule(topology, n);
@@ -50,7 +51,8 @@ SimRun Simulate(const kernels::Codec& codec, Topology topology, const std::vecto
     in.push_back({inputs[r].data(), kernels::DType::kFloat32, 0, nullptr});
     out.push_back({run.outputs[r].data(), kernels::DType::kFloat32, 0, nullptr});
   }
-  auto result = SimulateAllReduce(codec, *schedule, d, round, in, out);
+  auto result = hop_bits.empty() ? SimulateAllReduce(codec, *schedule, d, round, in, out)
+                                 : SimulateAllReduceHopBits(codec, *schedule, d, round, hop_bits, in, out);
   EXPECT_THAT(result, IsOk());
   if (result.ok()) run.result = *result;
   return run;
@@ -273,33 +275,13 @@ TEST(SimulatorTest, ExtremeRangesNeverProduceInfOrNan) {
   }
 }
 
-SimRun SimulateHops(const kernels::Codec& codec, Topology topology, const std::vector<std::vector<float>>& inputs,
-                    const std::vector<double>& hop_bits) {
-  const int n = static_cast<int>(inputs.size());
-  const size_t d = inputs[0].size();
-  auto schedule = MakeSchedule(topology, n);
-  EXPECT_THAT(schedule, IsOk());
-  SimRun run;
-  run.outputs.assign(n, std::vector<float>(d, NAN));
-  std::vector<kernels::Source> in;
-  std::vector<kernels::Dest> out;
-  for (int r = 0; r < n; ++r) {
-    in.push_back({inputs[r].data(), kernels::DType::kFloat32, 0, nullptr});
-    out.push_back({run.outputs[r].data(), kernels::DType::kFloat32, 0, nullptr});
-  }
-  auto result = SimulateAllReduceHopBits(codec, *schedule, d, 1, hop_bits, in, out);
-  EXPECT_THAT(result, IsOk());
-  if (result.ok()) run.result = *result;
-  return run;
-}
-
 TEST(SimulatorTest, OneBudgetPerHopEverywhereIsTheFusedAllReduceBitForBit) {
   for (Topology t : {Topology::kRing, Topology::kButterfly}) {
     for (int n : {1, 2, 8}) {
       auto codec = Make(CodecId::kDynamiq, 4.5);
       auto inputs = Synthetic(n, 20000 + 37);
       SimRun fused = Simulate(*codec, t, inputs);
-      SimRun hops = SimulateHops(*codec, t, inputs, std::vector<double>(n, 4.5));
+      SimRun hops = Simulate(*codec, t, inputs, 1, std::vector<double>(n, 4.5));
       EXPECT_EQ(hops.result.total_bytes_sent, fused.result.total_bytes_sent) << TopologyName(t) << " n " << n;
       EXPECT_EQ(hops.result.bytes_sent, fused.result.bytes_sent);
       for (int r = 0; r < n; ++r) {
@@ -318,7 +300,7 @@ TEST(SimulatorTest, BudgetsPerHopCostWhatTheySayAndStayIdenticalOnAllRanks) {
   auto codec = Make(CodecId::kDynamiq, 5);
   // Cheap first hops, an expensive last reduce-scatter hop and final sum.
   const std::vector<double> hop_bits = {3, 4, 4, 5, 5, 6, 7, 6};
-  SimRun hops = SimulateHops(*codec, Topology::kRing, inputs, hop_bits);
+  SimRun hops = Simulate(*codec, Topology::kRing, inputs, 1, hop_bits);
   for (int r = 1; r < n; ++r) {
     ASSERT_EQ(0, std::memcmp(hops.outputs[r].data(), hops.outputs[0].data(), d * sizeof(float))) << "rank " << r;
   }
