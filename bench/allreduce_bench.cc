@@ -17,6 +17,7 @@
 #include "engine/step_auth.h"
 #include "engine/step_header.h"
 #include "engine/store.h"
+#include "engine/tcp_transport.h"
 #include "engine/timeline.h"
 #include "kernels/codec_registry.h"
 #include "kernels/parallel_codec.h"
@@ -43,11 +44,20 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
   }
   DQ_ASSIGN_OR_RETURN(std::unique_ptr<TcpStoreClient> store, TcpStoreClient::Connect(o.store, o.timeout));
   engine::PrefixStore scoped(absl::StrCat("bench/", o.world_size), *store);
-  engine::GlooTransportOptions transport_options;
-  transport_options.hostname = o.hostname;
-  transport_options.timeout = o.timeout;
-  DQ_ASSIGN_OR_RETURN(std::unique_ptr<engine::Transport> transport,
-                      engine::ConnectGlooTransport(scoped, o.rank, o.world_size, transport_options));
+  std::unique_ptr<engine::Transport> transport;
+  if (o.transport == "gloo") {
+    engine::GlooTransportOptions transport_options;
+    transport_options.hostname = o.hostname;
+    transport_options.timeout = o.timeout;
+    DQ_ASSIGN_OR_RETURN(transport, engine::ConnectGlooTransport(scoped, o.rank, o.world_size, transport_options));
+  } else if (o.transport == "tcp") {
+    engine::TcpTransportOptions transport_options;
+    transport_options.hostname = o.hostname;
+    transport_options.timeout = o.timeout;
+    DQ_ASSIGN_OR_RETURN(transport, engine::ConnectTcpTransport(scoped, o.rank, o.world_size, transport_options));
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--transport must be gloo or tcp, got '", o.transport, "'"));
+  }
 
   std::vector<std::vector<float>> inputs;
   if (o.inputs.empty()) {
@@ -169,10 +179,10 @@ std::string FormatAllReduceJson(const AllReduceBenchResult& r, const AllReduceBe
   return absl::StrFormat(
       R"({"method":"%s","codec":"%s","bits":%g,"topology":"%s","world_size":%d,"rank":%d,"elements":%d,)"
       R"("bytes_per_rank":%d,"seconds":%.6f,"algbw_GBps":%.4f,"busbw_GBps":%.4f,"wire_bytes_per_rank":%d,)"
-      R"("vnmse":%.6g,"output_checksum":"%016x","authenticated":%s,"codec_threads":%d%s})",
+      R"("vnmse":%.6g,"output_checksum":"%016x","authenticated":%s,"codec_threads":%d,"transport":"%s"%s})",
       r.method, kernels::CodecName(o.codec.id), o.codec.bits, o.topology, o.world_size, o.rank, r.elements,
       4 * r.elements, r.seconds, r.algbw_gbps, r.busbw_gbps, r.wire_bytes_per_rank, r.vnmse, r.output_checksum,
-      o.cluster_secret.empty() ? "false" : "true", o.codec_threads, timeline);
+      o.cluster_secret.empty() ? "false" : "true", o.codec_threads, o.transport, timeline);
 }
 
 }  // namespace dynamiq::bench

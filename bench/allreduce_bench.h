@@ -22,6 +22,7 @@ struct AllReduceBenchOptions {
   std::string store = "127.0.0.1:29500";  // host:port of the TCP rendezvous store
   bool serve_store = false;               // this rank hosts the store at `store`
   std::string hostname = "127.0.0.1";     // address this rank's transport binds and advertises
+  std::string transport = "gloo";         // gloo (engine/gloo_transport.h) or tcp (engine/tcp_transport.h)
   kernels::CodecConfig codec;
   std::string topology = "ring";
   size_t elements = 1 << 20;  // fp32 values per rank
@@ -37,7 +38,7 @@ struct AllReduceBenchOptions {
   // --link-profile lines them up with the link's byte counter).
   bool timeline = false;
   // Records where each timed all-reduce's time goes (engine/timeline.h): the JSON line gets the
-  // mean milliseconds per kind of work (time_ms), and with a non-empty `trace_out` the median
+  // mean milliseconds per kind of work (time_ms), and with a non-empty `trace_out` every timed
   // iteration's spans are written there as a Chrome trace.
   bool time_breakdown = false;
   std::string trace_out;

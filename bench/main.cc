@@ -77,7 +77,10 @@ ABSL_FLAG(int, rank, 0, "allreduce: this process's rank.");
 ABSL_FLAG(int, world_size, 1, "allreduce: number of ranks.");
 ABSL_FLAG(std::string, store, "127.0.0.1:29500", "allreduce: host:port of the TCP rendezvous store.");
 ABSL_FLAG(bool, serve_store, false, "allreduce: host the rendezvous store at --store (one rank, usually 0).");
-ABSL_FLAG(std::string, hostname, "127.0.0.1", "allreduce: IP address this rank's Gloo transport binds to.");
+ABSL_FLAG(std::string, hostname, "127.0.0.1", "allreduce: IP address this rank's transport binds to.");
+ABSL_FLAG(std::string, transport, "gloo",
+          "allreduce: gloo (Gloo's TCP transport, as dynamiqd uses) or tcp (engine/tcp_transport.h: plain TCP "
+          "sockets, one connection per pair, no Gloo).");
 ABSL_FLAG(int, iterations, 5, "allreduce: timed all-reduces (the median is reported).");
 ABSL_FLAG(int, warmup, 1, "allreduce: untimed all-reduces first.");
 ABSL_FLAG(double, timeout, 120, "allreduce: seconds before a rendezvous or collective fails.");
@@ -247,6 +250,7 @@ int RunAllReduce() {
   o.store = absl::GetFlag(FLAGS_store);
   o.serve_store = absl::GetFlag(FLAGS_serve_store);
   o.hostname = absl::GetFlag(FLAGS_hostname);
+  o.transport = absl::GetFlag(FLAGS_transport);
   o.topology = absl::GetFlag(FLAGS_topology);
   o.elements = static_cast<size_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_size)));
   o.iterations = absl::GetFlag(FLAGS_iterations);

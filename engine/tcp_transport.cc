@@ -1,0 +1,471 @@
+#include "engine/tcp_transport.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+
+namespace dynamiq::engine {
+namespace {
+
+constexpr uint32_t kHelloMagic = 0x31544344;  // "DCT1"
+constexpr size_t kFrameBytes = 16;            // tag, size: little-endian u64 each
+
+void PutU64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint64_t GetU64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+absl::Status Errno(absl::string_view what) { return absl::UnavailableError(absl::StrCat(what, ": ", strerror(errno))); }
+
+// Reads exactly `size` bytes; false on EOF or error (errno 0 for EOF).
+bool ReadAll(int fd, uint8_t* p, size_t size) {
+  while (size > 0) {
+    const ssize_t n = recv(fd, p, size, 0);
+    if (n == 0) {
+      errno = 0;
+      return false;
+    }
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Writes the frame and the payload; false on error.
+bool WriteFrame(int fd, const uint8_t* frame, const uint8_t* data, size_t size) {
+  size_t frame_left = kFrameBytes, data_left = size;
+  while (frame_left + data_left > 0) {
+    iovec iov[2];
+    int count = 0;
+    if (frame_left > 0) iov[count++] = {const_cast<uint8_t*>(frame + kFrameBytes - frame_left), frame_left};
+    if (data_left > 0) iov[count++] = {const_cast<uint8_t*>(data + size - data_left), data_left};
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = count;
+    const ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    size_t sent = static_cast<size_t>(n);
+    const size_t from_frame = std::min(sent, frame_left);
+    frame_left -= from_frame;
+    data_left -= sent - from_frame;
+  }
+  return true;
+}
+
+absl::StatusOr<sockaddr_in> Resolve(const std::string& host, int port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) == 1) return addr;
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("tcp transport: cannot resolve '", host, "' to an IPv4 address"));
+  }
+  addr.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
+  freeaddrinfo(res);
+  return addr;
+}
+
+void SetNoDelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+// Bounds blocking reads of the hello (0: no bound).
+void SetReceiveTimeout(int fd, absl::Duration d) {
+  const timeval tv = absl::ToTimeval(d);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+}
+
+class TcpTransport final : public Transport {
+ public:
+  TcpTransport(int rank, int size, size_t max_early_bytes)
+      : rank_(rank), size_(size), max_early_bytes_(max_early_bytes), peers_(size) {}
+
+  ~TcpTransport() override {
+    Abort();
+    for (auto& p : peers_) {
+      if (p == nullptr) continue;
+      if (p->reader.joinable()) p->reader.join();
+      if (p->writer.joinable()) p->writer.join();
+      close(p->fd);
+    }
+  }
+
+  // Takes the connected socket of `peer`.
+  void AddPeer(int peer, int fd) {
+    peers_[peer] = std::make_unique<Peer>();
+    peers_[peer]->fd = fd;
+  }
+  // Once every peer is added: starts each one's reader and writer.
+  void Start() {
+    for (int q = 0; q < size_; ++q) {
+      if (peers_[q] == nullptr) continue;
+      peers_[q]->reader = std::thread([this, q] { ReadLoop(q); });
+      peers_[q]->writer = std::thread([this, q] { WriteLoop(q); });
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "tcp"; }
+
+  absl::StatusOr<Handle> PostSend(int peer, uint64_t tag, absl::Span<const uint8_t> data) override {
+    DQ_RETURN_IF_ERROR(CheckPeer(peer));
+    absl::MutexLock lock(&mu_);
+    DQ_RETURN_IF_ERROR(failed_);
+    DQ_RETURN_IF_ERROR(peers_[peer]->status);
+    const Handle h = next_++;
+    Op& op = *(ops_[h] = std::make_unique<Op>(Op{true, peer, tag, const_cast<uint8_t*>(data.data()), data.size()}));
+    peers_[peer]->sends.push_back(&op);
+    return h;
+  }
+
+  absl::StatusOr<Handle> PostRecv(int peer, uint64_t tag, absl::Span<uint8_t> buffer) override {
+    DQ_RETURN_IF_ERROR(CheckPeer(peer));
+    absl::MutexLock lock(&mu_);
+    DQ_RETURN_IF_ERROR(failed_);
+    const Handle h = next_++;
+    Op& op = *(ops_[h] = std::make_unique<Op>(Op{false, peer, tag, buffer.data(), buffer.size()}));
+    peers_[peer]->recvs[tag].push_back(&op);
+    DeliverEarly(peer, tag);
+    return h;
+  }
+
+  absl::Status Wait(Handle handle, absl::Time deadline) override {
+    absl::MutexLock lock(&mu_);
+    auto it = ops_.find(handle);
+    if (it == ops_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Who(), ": Wait on unknown handle ", handle, " (never posted or already waited)"));
+    }
+    Op* op = it->second.get();
+    const Peer& peer = *peers_[op->peer];
+    auto finished = [this, op, &peer]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return op->done || !failed_.ok() || !peer.status.ok(); };
+    mu_.AwaitWithDeadline(absl::Condition(&finished), deadline);
+    if (op->done) {
+      ops_.erase(it);
+      return absl::OkStatus();
+    }
+    if (!failed_.ok()) return failed_;
+    if (!peer.status.ok()) return peer.status;
+    return absl::DeadlineExceededError(absl::StrCat(Who(), ": ", op->send ? "send to" : "receive from", " rank ",
+                                                    op->peer, " (tag ", op->tag, ") did not complete in time"));
+  }
+
+  void Abort() override {
+    absl::MutexLock lock(&mu_);
+    Fail(absl::AbortedError(absl::StrCat(Who(), ": transport aborted")));
+    // Until every thread is out of the buffers the callers posted: they may free them next.
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return busy_ == 0; };
+    mu_.Await(absl::Condition(&idle));
+  }
+
+ private:
+  struct Op {
+    bool send;
+    int peer;
+    uint64_t tag;
+    uint8_t* data;
+    size_t size;
+    bool done = false;
+  };
+  struct Early {  // a message that came before its receive
+    std::vector<uint8_t> bytes;
+    bool complete = false;  // its payload is read
+  };
+  struct Peer {
+    int fd = -1;
+    absl::Status status;  // not OK once its connection is closed or broken
+    std::thread reader, writer;
+    std::deque<Op*> sends;                        // in posting order; the front is being written
+    std::map<uint64_t, std::deque<Op*>> recvs;    // per tag, in posting order
+    std::map<uint64_t, std::deque<Early>> early;  // per tag, in arrival order
+  };
+
+  std::string Who() const { return absl::StrCat("tcp transport rank ", rank_); }
+
+  absl::Status CheckPeer(int peer) const {
+    if (peer < 0 || peer >= size_ || peer == rank_) {
+      return absl::InvalidArgumentError(absl::StrCat(Who(), ": no peer ", peer, " in a group of ", size_));
+    }
+    return absl::OkStatus();
+  }
+
+  // The first failure wins; every socket is shut down so blocked threads return.
+  void Fail(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!failed_.ok()) return;
+    failed_ = std::move(status);
+    for (auto& p : peers_) {
+      if (p != nullptr) shutdown(p->fd, SHUT_RDWR);
+    }
+  }
+
+  // Hands complete early messages of `tag` to receives posted for it, in order.
+  void DeliverEarly(int peer, uint64_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Peer& p = *peers_[peer];
+    auto e = p.early.find(tag);
+    auto r = p.recvs.find(tag);
+    while (e != p.early.end() && !e->second.empty() && e->second.front().complete && r != p.recvs.end() &&
+           !r->second.empty()) {
+      Early& m = e->second.front();
+      Op* op = r->second.front();
+      if (m.bytes.size() > op->size) {
+        Fail(absl::InvalidArgumentError(absl::StrCat(Who(), ": a message of ", m.bytes.size(), " bytes from rank ",
+                                                     peer, " (tag ", tag, ") for a receive of ", op->size, " bytes")));
+        return;
+      }
+      if (!m.bytes.empty()) std::memcpy(op->data, m.bytes.data(), m.bytes.size());
+      early_bytes_ -= m.bytes.size();
+      op->done = true;
+      e->second.pop_front();
+      r->second.pop_front();
+    }
+    if (e != p.early.end() && e->second.empty()) p.early.erase(e);
+    if (r != p.recvs.end() && r->second.empty()) p.recvs.erase(r);
+  }
+
+  void ReadLoop(int peer) {
+    Peer& p = *peers_[peer];
+    uint8_t frame[kFrameBytes];
+    while (true) {
+      if (!ReadAll(p.fd, frame, kFrameBytes)) return LostPeer(peer, "reading", errno);
+      const uint64_t tag = GetU64(frame), size = GetU64(frame + 8);
+      Op* op = nullptr;
+      Early* early = nullptr;
+      {
+        absl::MutexLock lock(&mu_);
+        // Straight into a posted receive when nothing of this tag is waiting before it; otherwise
+        // kept, as long as the early bytes fit (else the peer waits for the receive to be posted).
+        auto direct = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          auto r = p.recvs.find(tag);
+          return r != p.recvs.end() && !r->second.empty() && p.early.count(tag) == 0;
+        };
+        auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return !failed_.ok() || direct() || size <= max_early_bytes_ - early_bytes_;
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (!failed_.ok()) return;
+        if (direct()) {
+          auto r = p.recvs.find(tag);
+          op = r->second.front();
+          if (size > op->size) {
+            Fail(absl::InvalidArgumentError(absl::StrCat(Who(), ": a message of ", size, " bytes from rank ", peer,
+                                                         " (tag ", tag, ") for a receive of ", op->size, " bytes")));
+            return;
+          }
+          r->second.pop_front();
+          if (r->second.empty()) p.recvs.erase(r);
+        } else {
+          early_bytes_ += size;
+          early = &p.early[tag].emplace_back();
+          early->bytes.resize(size);
+        }
+        ++busy_;
+      }
+      const bool ok = ReadAll(p.fd, op != nullptr ? op->data : early->bytes.data(), size);
+      const int error = errno;
+      absl::MutexLock lock(&mu_);
+      --busy_;
+      if (!ok) return LostPeerLocked(peer, "reading", error);
+      if (op != nullptr) {
+        op->done = true;
+      } else {
+        early->complete = true;
+        DeliverEarly(peer, tag);
+      }
+    }
+  }
+
+  void WriteLoop(int peer) {
+    Peer& p = *peers_[peer];
+    while (true) {
+      Op* op = nullptr;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return !failed_.ok() || !p.status.ok() || !p.sends.empty();
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (!failed_.ok() || !p.status.ok()) return;
+        op = p.sends.front();
+        ++busy_;
+      }
+      uint8_t frame[kFrameBytes];
+      PutU64(frame, op->tag);
+      PutU64(frame + 8, op->size);
+      const bool ok = WriteFrame(p.fd, frame, op->data, op->size);
+      const int error = errno;
+      absl::MutexLock lock(&mu_);
+      --busy_;
+      if (!ok) return LostPeerLocked(peer, "writing", error);
+      p.sends.pop_front();
+      op->done = true;
+    }
+  }
+
+  // The connection to `peer` is closed or broken (`error`: the failed call's errno, 0 when the peer
+  // closed it): what is still to come from or go to that peer fails; the other peers carry on (a
+  // rank that finished its part may leave first; what it sent before is still delivered).
+  void LostPeer(int peer, absl::string_view doing, int error) {
+    absl::MutexLock lock(&mu_);
+    LostPeerLocked(peer, doing, error);
+  }
+  void LostPeerLocked(int peer, absl::string_view doing, int error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Peer& p = *peers_[peer];
+    if (!p.status.ok()) return;
+    p.status = absl::UnavailableError(
+        absl::StrCat(Who(), ": connection to rank ", peer, " lost while ", doing,
+                     error == 0 ? " (closed by the peer)" : absl::StrCat(": ", strerror(error))));
+    shutdown(p.fd, SHUT_RDWR);
+  }
+
+  const int rank_, size_;
+  const size_t max_early_bytes_;
+  std::vector<std::unique_ptr<Peer>> peers_;  // by rank; none for this rank
+  absl::Mutex mu_;
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);
+  Handle next_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<Handle, std::unique_ptr<Op>> ops_ ABSL_GUARDED_BY(mu_);
+  size_t early_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int busy_ ABSL_GUARDED_BY(mu_) = 0;  // threads inside a posted buffer
+};
+
+// Owns a socket until released.
+struct Fd {
+  explicit Fd(int f = -1) : fd(f) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(); }
+  void reset(int f = -1) {
+    if (fd >= 0) close(fd);
+    fd = f;
+  }
+  int release() { return std::exchange(fd, -1); }
+  int fd;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(Store& store, int rank, int size,
+                                                               const TcpTransportOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat("tcp transport: rank ", rank, " of a group of ", size));
+  }
+  const absl::Time deadline = absl::Now() + options.timeout;
+  DQ_ASSIGN_OR_RETURN(sockaddr_in self, Resolve(options.hostname, 0));
+  Fd listener(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (listener.fd < 0) return Errno("tcp transport: socket");
+  int one = 1;
+  setsockopt(listener.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(listener.fd, reinterpret_cast<sockaddr*>(&self), sizeof(self)) != 0 || listen(listener.fd, size) != 0) {
+    return Errno(absl::StrCat("tcp transport: listening on ", options.hostname));
+  }
+  socklen_t len = sizeof(self);
+  getsockname(listener.fd, reinterpret_cast<sockaddr*>(&self), &len);
+  DQ_RETURN_IF_ERROR(store.Set(absl::StrCat("tcp/", rank), absl::StrCat(options.hostname, ":", ntohs(self.sin_port))));
+
+  auto transport = std::make_unique<TcpTransport>(rank, size, options.max_early_bytes);
+  // Lower ranks: connect and say who we are.
+  for (int q = 0; q < rank; ++q) {
+    DQ_ASSIGN_OR_RETURN(const std::string address,
+                        store.Get(absl::StrCat("tcp/", q), std::max(absl::ZeroDuration(), deadline - absl::Now())));
+    const std::vector<std::string> parts = absl::StrSplit(address, absl::MaxSplits(':', 1));
+    int port = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &port) || port <= 0 || port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat("tcp transport: rank ", q, " advertised '", address, "'"));
+    }
+    DQ_ASSIGN_OR_RETURN(sockaddr_in peer, Resolve(parts[0], port));
+    Fd fd;
+    while (true) {
+      fd.reset(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+      if (fd.fd < 0) return Errno("tcp transport: socket");
+      if (connect(fd.fd, reinterpret_cast<sockaddr*>(&peer), sizeof(peer)) == 0) break;
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("tcp transport rank ", rank, ": could not connect to rank ", q,
+                                                        " at ", address, " within ",
+                                                        absl::FormatDuration(options.timeout), ": ", strerror(errno)));
+      }
+      fd.reset();
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    uint8_t hello[8];
+    PutU64(hello, static_cast<uint64_t>(kHelloMagic) | static_cast<uint64_t>(rank) << 32);
+    if (send(fd.fd, hello, sizeof(hello), MSG_NOSIGNAL) != sizeof(hello)) return Errno("tcp transport: hello");
+    SetNoDelay(fd.fd);
+    transport->AddPeer(q, fd.release());
+  }
+  // Higher ranks: accept, each naming itself; anything else that connects is turned away.
+  int expected = size - 1 - rank;
+  std::vector<bool> seen(size, false);
+  while (expected > 0) {
+    const absl::Duration left = deadline - absl::Now();
+    pollfd pfd{listener.fd, POLLIN, 0};
+    const int ready =
+        left > absl::ZeroDuration() ? poll(&pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1) : 0;
+    if (ready == 0) {
+      return absl::DeadlineExceededError(absl::StrCat("tcp transport rank ", rank, ": ", expected,
+                                                      " higher rank(s) did not connect within ",
+                                                      absl::FormatDuration(options.timeout)));
+    }
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      return Errno("tcp transport: poll");
+    }
+    Fd fd(accept4(listener.fd, nullptr, nullptr, SOCK_CLOEXEC));
+    if (fd.fd < 0) continue;
+    SetReceiveTimeout(fd.fd, std::clamp(deadline - absl::Now(), absl::Milliseconds(1), absl::Seconds(5)));
+    uint8_t hello[8];
+    if (!ReadAll(fd.fd, hello, sizeof(hello))) continue;
+    const uint64_t v = GetU64(hello);
+    const int q = static_cast<int>(v >> 32);
+    if (static_cast<uint32_t>(v) != kHelloMagic || q <= rank || q >= size || seen[q]) continue;
+    SetReceiveTimeout(fd.fd, absl::ZeroDuration());
+    SetNoDelay(fd.fd);
+    seen[q] = true;
+    --expected;
+    transport->AddPeer(q, fd.release());
+  }
+  transport->Start();
+  return std::unique_ptr<Transport>(std::move(transport));
+}
+
+}  // namespace dynamiq::engine

@@ -1,0 +1,57 @@
+// TcpTransport: engine::Transport over plain TCP sockets, without Gloo.
+//
+// Why: on fast links Gloo's transport is what an all-reduce pays for most (docs/design.md, "The
+// transport is the lever left"): every Gloo message is a rendezvous (the receiver's "ready" notice
+// travels to the sender before any data moves) and every completion a handoff through its
+// event-loop thread. Here each pair of ranks shares one TCP connection carrying framed messages
+// (16-byte frame: tag, size; then the payload), sent as soon as they are posted and read as soon as
+// they arrive, straight into the receive posted for their tag when there is one.
+//
+// Contract (engine/transport.h), and what this transport adds:
+//   - Messages between a pair with the same tag match receives in posting order.
+//   - A message that arrives before its receive is posted is kept (copied) until the receive comes,
+//     up to `max_early_bytes` per transport; past that the peer's connection waits (TCP back
+//     pressure) until its receive is posted. A message longer than its posted receive fails the
+//     transport with INVALID_ARGUMENT (Gloo would terminate the process): the engine's step headers
+//     keep honest peers within their receives.
+//   - A peer whose connection closes or breaks fails what is still to come from or go to it
+//     (UNAVAILABLE, naming the peer); what it sent before is still delivered, and the other peers
+//     carry on (a rank that finished its part of a collective may leave first). Abort() (any
+//     thread) fails the whole transport with ABORTED: every pending and later Wait fails.
+// Threads: one reader and one writer per peer. Thread-safe as engine::Transport requires (one
+// collective at a time posts and waits; Abort from anywhere).
+#ifndef DQ_ENGINE_TCP_TRANSPORT_H_
+#define DQ_ENGINE_TCP_TRANSPORT_H_
+
+#include <stddef.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/store.h"
+#include "engine/transport.h"
+
+namespace dynamiq::engine {
+
+struct TcpTransportOptions {
+  // Address this rank listens on and advertises (an IP address or a name that resolves to one).
+  std::string hostname = "127.0.0.1";
+  // Bounds the rendezvous (store waits, connecting and the hello exchange).
+  absl::Duration timeout = absl::Seconds(30);
+  // Bytes of messages that arrived before their receive was posted that the transport keeps.
+  size_t max_early_bytes = size_t{64} << 20;
+};
+
+// Rendezvouses through `store` (keys "tcp/<rank>"; give every group and epoch its own
+// PrefixStore) and connects `rank` to every other rank of `size`: rank r connects to every lower
+// rank and accepts the higher ones, each connection opened by a hello naming the rank. Every rank
+// must call it with the same store and size. INVALID_ARGUMENT for a bad rank/size, DEADLINE_EXCEEDED
+// when peers do not show up within the timeout, UNAVAILABLE for socket errors.
+absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(Store& store, int rank, int size,
+                                                               const TcpTransportOptions& options);
+
+}  // namespace dynamiq::engine
+
+#endif  // DQ_ENGINE_TCP_TRANSPORT_H_

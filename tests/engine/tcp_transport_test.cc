@@ -1,0 +1,342 @@
+#include "engine/tcp_transport.h"
+
+#include <stdint.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "bench/synthetic_gradients.h"
+#include "common/status_macros.h"
+#include "engine/allreduce.h"
+#include "engine/memory_transport.h"
+#include "engine/store.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/codec_registry.h"
+#include "tests/testing/status_matchers.h"
+
+namespace dynamiq::engine {
+namespace {
+
+using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+using RankFn = std::function<absl::Status(int rank, std::unique_ptr<Transport>& transport)>;
+
+TcpTransportOptions TestOptions() {
+  TcpTransportOptions o;
+  o.hostname = "127.0.0.1";
+  o.timeout = absl::Seconds(10);
+  return o;
+}
+
+// Runs `size` ranks as threads, each connecting through one in-memory store and running `fn`.
+std::vector<absl::Status> RunRanks(int size, const RankFn& fn, const TcpTransportOptions& options = TestOptions()) {
+  InMemoryStore store;
+  std::vector<absl::Status> results(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      absl::StatusOr<std::unique_ptr<Transport>> t = ConnectTcpTransport(store, r, size, options);
+      results[r] = t.ok() ? fn(r, *t) : t.status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+void ExpectAllOk(const std::vector<absl::Status>& results) {
+  for (size_t r = 0; r < results.size(); ++r) EXPECT_THAT(results[r], IsOk()) << "rank " << r;
+}
+
+std::vector<uint8_t> Pattern(int sender, uint64_t tag, size_t n) {
+  std::vector<uint8_t> v(n);
+  uint32_t x = static_cast<uint32_t>(sender * 7919 + tag * 104729 + 1);
+  for (size_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    v[i] = static_cast<uint8_t>(x >> 24);
+  }
+  return v;
+}
+
+absl::Time Deadline(absl::Duration d = absl::Seconds(10)) { return absl::Now() + d; }
+
+TEST(TcpTransportTest, ConnectsAndNamesItself) {
+  ExpectAllOk(RunRanks(3, [](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
+    EXPECT_EQ(t->name(), "tcp");
+    EXPECT_EQ(t->rank(), rank);
+    EXPECT_EQ(t->size(), 3);
+    return absl::OkStatus();
+  }));
+}
+
+TEST(TcpTransportTest, RejectsBadArguments) {
+  InMemoryStore store;
+  EXPECT_THAT(ConnectTcpTransport(store, 2, 2, TestOptions()), StatusIs(absl::StatusCode::kInvalidArgument));
+  TcpTransportOptions no_host = TestOptions();
+  no_host.hostname = "";
+  EXPECT_THAT(ConnectTcpTransport(store, 0, 1, no_host), StatusIs(absl::StatusCode::kInvalidArgument));
+  ExpectAllOk(RunRanks(2, [](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
+    std::vector<uint8_t> buf(4);
+    EXPECT_THAT(t->PostSend(rank, 1, buf), StatusIs(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(t->PostRecv(5, 1, absl::MakeSpan(buf)), StatusIs(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(t->Wait(12345, Deadline()), StatusIs(absl::StatusCode::kInvalidArgument));
+    return absl::OkStatus();
+  }));
+}
+
+TEST(TcpTransportTest, MissingPeersTimeOut) {
+  InMemoryStore store;
+  TcpTransportOptions o = TestOptions();
+  o.timeout = absl::Milliseconds(300);
+  EXPECT_THAT(ConnectTcpTransport(store, 0, 2, o), StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("rank")));
+}
+
+// Every rank sends to every other rank messages of distinct tags and varied sizes (0 to 1 MiB).
+// Half the receives are posted before the messages can arrive, half after the senders are done
+// (the messages wait as early bytes); they are waited in reverse order.
+TEST(TcpTransportTest, AllPairsExchangeWithReceivesPostedBeforeAndAfter) {
+  constexpr int kSize = 3;
+  const std::vector<size_t> sizes = {0, 1, 1000, 65536, 1 << 20};
+  ExpectAllOk(RunRanks(kSize, [&](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
+    std::vector<std::vector<uint8_t>> sent, received;
+    std::vector<Transport::Handle> sends, recvs;
+    auto post_recvs = [&](bool first_half) -> absl::Status {
+      for (int q = 0; q < kSize; ++q) {
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          if (q == rank || (i % 2 == 0) != first_half) continue;
+          received.emplace_back(sizes[i]);
+          DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostRecv(q, 100 + i, absl::MakeSpan(received.back())));
+          recvs.push_back(h);
+        }
+      }
+      return absl::OkStatus();
+    };
+    received.reserve(64);
+    DQ_RETURN_IF_ERROR(post_recvs(true));
+    sent.reserve(64);
+    for (int q = 0; q < kSize; ++q) {
+      if (q == rank) continue;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        sent.push_back(Pattern(rank, 100 + i, sizes[i]));
+        DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostSend(q, 100 + i, sent.back()));
+        sends.push_back(h);
+      }
+    }
+    for (Transport::Handle h : sends) DQ_RETURN_IF_ERROR(t->Wait(h, Deadline()));
+    absl::SleepFor(absl::Milliseconds(50));  // the other half now arrives before its receive
+    DQ_RETURN_IF_ERROR(post_recvs(false));
+    for (auto it = recvs.rbegin(); it != recvs.rend(); ++it) DQ_RETURN_IF_ERROR(t->Wait(*it, Deadline()));
+    size_t k = 0;
+    for (bool first_half : {true, false}) {
+      for (int q = 0; q < kSize; ++q) {
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          if (q == rank || (i % 2 == 0) != first_half) continue;
+          EXPECT_EQ(received[k++], Pattern(q, 100 + i, sizes[i])) << "rank " << rank << " from " << q << " tag " << i;
+        }
+      }
+    }
+    return absl::OkStatus();
+  }));
+}
+
+TEST(TcpTransportTest, SameTagMatchesInPostingOrderAndShortMessagesFitLargerReceives) {
+  ExpectAllOk(RunRanks(2, [](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
+    if (rank == 0) {
+      std::vector<std::vector<uint8_t>> m = {Pattern(0, 1, 10), Pattern(0, 2, 20), Pattern(0, 3, 30)};
+      std::vector<Transport::Handle> hs;
+      for (auto& v : m) {
+        DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostSend(1, 7, v));
+        hs.push_back(h);
+      }
+      for (auto h : hs) DQ_RETURN_IF_ERROR(t->Wait(h, Deadline()));
+    } else {
+      absl::SleepFor(absl::Milliseconds(30));  // the first ones arrive early
+      std::vector<std::vector<uint8_t>> got(3, std::vector<uint8_t>(64, 0xee));
+      std::vector<Transport::Handle> hs;
+      for (auto& v : got) {
+        DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostRecv(0, 7, absl::MakeSpan(v)));
+        hs.push_back(h);
+      }
+      for (auto h : hs) DQ_RETURN_IF_ERROR(t->Wait(h, Deadline()));
+      for (int i = 0; i < 3; ++i) {
+        const std::vector<uint8_t> want = Pattern(0, i + 1, 10 * (i + 1));
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), got[i].begin())) << i;
+        EXPECT_EQ(got[i][want.size()], 0xee) << i;  // nothing past the message
+      }
+    }
+    return absl::OkStatus();
+  }));
+}
+
+// With room for one early message only, the peer's connection waits until the receive of the
+// message in its way is posted; every message still arrives.
+TEST(TcpTransportTest, EarlyBytesAreBoundedAndThePeerWaits) {
+  TcpTransportOptions o = TestOptions();
+  o.max_early_bytes = 1000;
+  ExpectAllOk(RunRanks(
+      2,
+      [](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
+        if (rank == 0) {
+          std::vector<std::vector<uint8_t>> m = {Pattern(0, 1, 800), Pattern(0, 2, 800), Pattern(0, 3, 800)};
+          std::vector<Transport::Handle> hs;
+          for (int i = 0; i < 3; ++i) {
+            DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostSend(1, i + 1, m[i]));
+            hs.push_back(h);
+          }
+          for (auto h : hs) DQ_RETURN_IF_ERROR(t->Wait(h, Deadline()));
+        } else {
+          absl::SleepFor(absl::Milliseconds(50));
+          std::vector<std::vector<uint8_t>> got(3, std::vector<uint8_t>(800));
+          std::vector<Transport::Handle> hs(3);
+          for (int i : {1, 0, 2}) {  // tag 2 first: tag 1 sits early, tag 2 waits in the stream
+            DQ_ASSIGN_OR_RETURN(hs[i], t->PostRecv(0, i + 1, absl::MakeSpan(got[i])));
+          }
+          for (auto h : hs) DQ_RETURN_IF_ERROR(t->Wait(h, Deadline()));
+          for (int i = 0; i < 3; ++i) EXPECT_EQ(got[i], Pattern(0, i + 1, 800)) << i;
+        }
+        return absl::OkStatus();
+      },
+      o));
+}
+
+TEST(TcpTransportTest, AMessageLongerThanItsReceiveFailsTheTransport) {
+  auto results = RunRanks(2, [](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
+    std::vector<uint8_t> big(100, 1), small(10);
+    if (rank == 0) {
+      DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostSend(1, 5, big));
+      return t->Wait(h, Deadline());
+    }
+    DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostRecv(0, 5, absl::MakeSpan(small)));
+    return t->Wait(h, Deadline());
+  });
+  EXPECT_THAT(results[1], StatusIs(absl::StatusCode::kInvalidArgument,
+                                   AllOf(HasSubstr("100 bytes"), HasSubstr("receive of 10 bytes"))));
+}
+
+TEST(TcpTransportTest, WaitPastItsDeadlineNamesThePeerAndTag) {
+  absl::Notification done;  // rank 0 stays connected until then
+  ExpectAllOk(RunRanks(2, [&](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
+    if (rank == 0) {
+      done.WaitForNotification();
+      return absl::OkStatus();
+    }
+    std::vector<uint8_t> buf(8);
+    DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostRecv(0, 99, absl::MakeSpan(buf)));
+    EXPECT_THAT(t->Wait(h, Deadline(absl::Milliseconds(100))),
+                StatusIs(absl::StatusCode::kDeadlineExceeded, AllOf(HasSubstr("rank 0"), HasSubstr("tag 99"))));
+    t->Abort();
+    done.Notify();
+    return absl::OkStatus();
+  }));
+}
+
+TEST(TcpTransportTest, AbortFailsAPendingWaitPromptly) {
+  absl::Notification done;  // rank 1 stays connected until then
+  ExpectAllOk(RunRanks(2, [&](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
+    if (rank == 1) {
+      done.WaitForNotification();
+    } else {
+      std::vector<uint8_t> buf(8);
+      DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostRecv(1, 3, absl::MakeSpan(buf)));
+      std::thread aborter([&] {
+        absl::SleepFor(absl::Milliseconds(50));
+        t->Abort();
+      });
+      const absl::Time start = absl::Now();
+      EXPECT_THAT(t->Wait(h, Deadline()), StatusIs(absl::StatusCode::kAborted));
+      EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+      aborter.join();
+      EXPECT_THAT(t->PostSend(1, 4, buf), StatusIs(absl::StatusCode::kAborted));
+      done.Notify();
+    }
+    return absl::OkStatus();
+  }));
+}
+
+TEST(TcpTransportTest, APeerThatGoesAwayFailsWithUnavailable) {
+  absl::Notification gone;
+  auto results = RunRanks(2, [&](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
+    if (rank == 1) {
+      t.reset();
+      gone.Notify();
+      return absl::OkStatus();
+    }
+    std::vector<uint8_t> buf(8);
+    DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostRecv(1, 3, absl::MakeSpan(buf)));
+    gone.WaitForNotification();
+    return t->Wait(h, Deadline());
+  });
+  EXPECT_THAT(results[0], StatusIs(absl::StatusCode::kUnavailable, HasSubstr("rank 1")));
+}
+
+// The engine over this transport gives the in-memory transport's bytes, ring and butterfly.
+TEST(TcpTransportTest, AllReduceMatchesTheMemoryTransportBitForBit) {
+  constexpr int kSize = 4;
+  constexpr size_t kElements = 300000;
+  bench::SyntheticOptions data;
+  data.workers = kSize;
+  data.elements = kElements;
+  const std::vector<std::vector<float>> inputs = bench::SyntheticGradients(data);
+  for (kernels::CodecId id : {kernels::CodecId::kDynamiq, kernels::CodecId::kNone}) {
+    for (Topology topology : {Topology::kRing, Topology::kButterfly}) {
+      kernels::CodecConfig config;
+      config.id = id;
+      config.bits = 5;
+      auto codec = kernels::CreateCodec(config);
+      ASSERT_THAT(codec, IsOk());
+      AllReduceOptions o;
+      o.topology = topology;
+      o.job_id = 7;
+      o.sequence = 1;
+      o.block_elements = 65536;
+      o.timeout = absl::Seconds(20);
+      auto run = [&](std::vector<std::unique_ptr<Transport>>& transports) {
+        std::vector<std::vector<float>> out(kSize, std::vector<float>(kElements, NAN));
+        std::vector<std::thread> threads;
+        for (int r = 0; r < kSize; ++r) {
+          threads.emplace_back([&, r] {
+            EXPECT_THAT(AllReduce(**codec, *transports[r], o, {inputs[r].data(), kernels::DType::kFloat32, 0, nullptr},
+                                  {out[r].data(), kernels::DType::kFloat32, 0, nullptr}, kElements),
+                        IsOk());
+          });
+        }
+        for (auto& t : threads) t.join();
+        return out;
+      };
+      auto memory = MakeMemoryTransports(kSize);
+      const auto expected = run(memory);
+      InMemoryStore store;
+      std::vector<std::unique_ptr<Transport>> tcp(kSize);
+      std::vector<std::thread> connect;
+      for (int r = 0; r < kSize; ++r) {
+        connect.emplace_back([&, r] {
+          auto t = ConnectTcpTransport(store, r, kSize, TestOptions());
+          ASSERT_THAT(t, IsOk());
+          tcp[r] = std::move(t).value();
+        });
+      }
+      for (auto& t : connect) t.join();
+      for (auto& t : tcp) ASSERT_NE(t, nullptr);
+      const auto got = run(tcp);
+      for (int r = 0; r < kSize; ++r) {
+        EXPECT_EQ(std::memcmp(got[r].data(), expected[r].data(), kElements * sizeof(float)), 0)
+            << kernels::CodecName(id) << " " << TopologyName(topology) << " rank " << r;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dynamiq::engine
