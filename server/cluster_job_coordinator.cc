@@ -6,6 +6,7 @@
 #include "common/status_macros.h"
 #include "engine/gloo_transport.h"
 #include "engine/store.h"
+#include "engine/tcp_transport.h"
 #include "server/counting_transport.h"
 #ifdef DQ_HAVE_NCCL
 #include "engine/host_staged_transport.h"
@@ -52,17 +53,25 @@ absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connec
     return nccl;
   }
 #endif
-  engine::GlooTransportOptions t;
-  t.hostname = settings_.peer_host;
-  t.timeout = settings_.timeout;
-  absl::StatusOr<std::unique_ptr<engine::Transport>> gloo = engine::ConnectGlooTransport(scoped, rank, size, t);
-  if (!gloo.ok()) {
+  absl::StatusOr<std::unique_ptr<engine::Transport>> host;
+  if (settings_.tcp) {
+    engine::TcpTransportOptions t;
+    t.hostname = settings_.peer_host;
+    t.timeout = settings_.timeout;
+    host = engine::ConnectTcpTransport(scoped, rank, size, t);
+  } else {
+    engine::GlooTransportOptions t;
+    t.hostname = settings_.peer_host;
+    t.timeout = settings_.timeout;
+    host = engine::ConnectGlooTransport(scoped, rank, size, t);
+  }
+  if (!host.ok()) {
     // Nodes at different incarnations never meet: say so rather than only which key was missing.
-    return absl::Status(gloo.status().code(),
-                        absl::StrCat(gloo.status().message(), cluster_.IncarnationHint(job_id_, incarnation_)));
+    return absl::Status(host.status().code(),
+                        absl::StrCat(host.status().message(), cluster_.IncarnationHint(job_id_, incarnation_)));
   }
   // Counts bytes per peer node (dynamiq_peer_bytes_total).
-  auto counted = std::make_unique<CountingTransport>(*std::move(gloo), settings_.metrics);
+  auto counted = std::make_unique<CountingTransport>(*std::move(host), settings_.metrics);
 #ifdef DQ_HAVE_NCCL
   if (settings_.device == DeviceKind::kCuda) {
     // The hybrid path: the device all-reduce's chunks staged through pinned host memory.

@@ -18,8 +18,9 @@ bool UsesNccl(const DaemonOptions& o) {
 }
 
 std::string DataPathName(const DaemonOptions& o) {
-  if (o.device != DeviceKind::kCuda) return "cpu";
-  return UsesNccl(o) ? "cuda" : "cuda --transport=gloo";
+  const std::string host_transport = o.transport == "tcp" ? " --transport=tcp" : "";
+  if (o.device != DeviceKind::kCuda) return "cpu" + host_transport;
+  return UsesNccl(o) ? "cuda" : "cuda --transport=" + (o.transport == "tcp" ? std::string("tcp") : "gloo");
 }
 
 absl::Status CheckAnotherJob(const DaemonOptions& o, size_t live_jobs, absl::string_view job) {
@@ -62,13 +63,13 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
         absl::StrCat("--error_feedback_mib must be at most 1073741824 (1 PiB), got ", o.error_feedback_mib));
   }
   DQ_RETURN_IF_ERROR(common::CheckPoolThreads("--codec_threads", o.codec_threads));
-  if (!o.transport.empty() && o.transport != "gloo" && o.transport != "nccl") {
-    return absl::InvalidArgumentError(absl::StrCat("--transport must be gloo or nccl, got '", o.transport, "'"));
+  if (!o.transport.empty() && o.transport != "gloo" && o.transport != "tcp" && o.transport != "nccl") {
+    return absl::InvalidArgumentError(absl::StrCat("--transport must be gloo, tcp or nccl, got '", o.transport, "'"));
   }
   if (o.device != DeviceKind::kCuda) {
     if (o.transport == "nccl") {
       return absl::InvalidArgumentError(
-          "--transport=nccl needs --device=cuda: a CPU node reduces in host memory and moves it over Gloo");
+          "--transport=nccl needs --device=cuda: a CPU node reduces in host memory and moves it over Gloo or TCP");
     }
     return absl::OkStatus();
   }

@@ -59,10 +59,12 @@ struct DaemonOptions {
   // and no cluster secret (the NCCL path is not authenticated).
   DeviceKind device = DeviceKind::kCpu;
   int cuda_device = 0;
-  // How GPU nodes move data between nodes: "nccl" (device to device, over NCCL's network: IB,
-  // RoCE, or its own sockets) or "gloo" (the hybrid path: reduce and compress on the GPU, the
-  // compressed chunks through pinned host memory over Gloo TCP; engine/host_staged_transport.h).
-  // Empty: nccl on GPU nodes, gloo on CPU nodes (which only run gloo).
+  // How nodes move data between them: "gloo" (Gloo's TCP transport), "tcp" (engine/tcp_transport.h:
+  // plain TCP sockets without Gloo's per-message rendezvous; faster where the CPU, not the link, is
+  // the bound) or, on GPU nodes, "nccl" (device to device, over NCCL's network: IB, RoCE, or its own
+  // sockets). On GPU nodes gloo and tcp are the hybrid path: reduce and compress on the GPU, the
+  // compressed chunks through pinned host memory (engine/host_staged_transport.h). Empty: nccl on
+  // GPU nodes, gloo on CPU nodes.
   std::string transport;
   // Threads that split the codec work of one cross-node collective on a CPU node (statistics,
   // compress, DAR, decompress; results bit-identical for any count), the reducer thread's

@@ -22,7 +22,9 @@ using ::dynamiq::testing::ConnectTestWorker;
 using ::dynamiq::testing::DaemonTestWorker;
 using ::dynamiq::testing::IsOk;
 using ::dynamiq::testing::StartTestCluster;
+using ::dynamiq::testing::StatusIs;
 using ::dynamiq::testing::TempDir;
+using ::testing::HasSubstr;
 
 struct CodecCase {
   const char* codec;
@@ -145,6 +147,51 @@ constexpr CodecCase kCodecs[] = {
     {"global_qsgd", 8, "ring", 1e-3},      // 1.1e-4 and 3.3e-4 here
     {"arc_topk", 0.25, "butterfly", 0.1},  // 2.8e-2 .. 3.1e-2 here (no error feedback: the default)
 };
+
+// --transport=tcp (engine/tcp_transport.h) between CPU nodes: the same bytes as Gloo's transport,
+// collective after collective; a node on the other transport cannot join.
+TEST(DaemonTransportTest, NodesOverTheTcpTransportGetGloosResultsBitForBit) {
+  auto config = MakeJobConfig("dynamiq", 5, "ring", /*min_compress_elements=*/1024, "measured");
+  ASSERT_THAT(config, IsOk());
+  const size_t n = 50000;
+  auto run = [&](const std::string& transport) {
+    TempDir temp;
+    auto daemons = StartTestCluster(temp.path(), 3, *config, absl::Seconds(20),
+                                    [&](server::DaemonOptions& o) { o.transport = transport; });
+    EXPECT_THAT(daemons, IsOk());
+    std::vector<std::vector<float>> results;
+    if (!daemons.ok()) return results;
+    std::vector<DaemonTestWorker> workers;
+    for (uint32_t node = 0; node < 3; ++node) {
+      auto w = ConnectTestWorker(absl::StrCat(temp.path(), "/node", node, ".sock"), "job", 0, 1, n);
+      EXPECT_THAT(w, IsOk());
+      if (!w.ok()) return results;
+      workers.push_back(std::move(w).value());
+    }
+    for (int round = 0; round < 3; ++round) {
+      for (size_t w = 0; w < workers.size(); ++w) {
+        for (size_t k = 0; k < n; ++k) workers[w].data()[k] = Value(k, w, round);
+      }
+      for (const grpc::Status& s : AllReduceTogether(workers, "grad", n)) EXPECT_TRUE(s.ok()) << s.error_message();
+      results.emplace_back(workers[0].data(), workers[0].data() + n);
+      for (size_t w = 1; w < workers.size(); ++w)
+        EXPECT_EQ(0, std::memcmp(workers[w].data(), workers[0].data(), n * 4));
+    }
+    for (auto& d : *daemons) d->Shutdown();
+    return results;
+  };
+  const auto tcp = run("tcp");
+  const auto gloo = run("gloo");
+  ASSERT_EQ(tcp.size(), 3u);
+  ASSERT_EQ(gloo.size(), 3u);
+  for (int round = 0; round < 3; ++round) EXPECT_EQ(tcp[round], gloo[round]) << "round " << round;
+
+  TempDir temp;
+  auto mixed = StartTestCluster(temp.path(), 2, *config, absl::Seconds(5), [](server::DaemonOptions& o) {
+    if (o.node_rank == 1) o.transport = "tcp";
+  });
+  EXPECT_THAT(mixed, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--transport=tcp")));
+}
 
 std::string CaseName(const ::testing::TestParamInfo<DaemonCodecTest::ParamType>& info) {
   const auto& [c, nodes, local] = info.param;

@@ -520,11 +520,11 @@ TEST(DynamiqdDeviceFlagsTest, CudaWithoutAGpuOrWithoutNcclFailsWithAClearMessage
   EXPECT_THAT(output, Not(HasSubstr("ready")));
 }
 
-TEST(DynamiqdDeviceFlagsTest, TransportIsGlooOrNcclAndNcclNeedsAGpuNode) {
+TEST(DynamiqdDeviceFlagsTest, TransportIsGlooTcpOrNcclAndNcclNeedsAGpuNode) {
   TempDir temp;
-  auto [code, output] = RunCommand(Dynamiqd(temp, "--transport=tcp"));
+  auto [code, output] = RunCommand(Dynamiqd(temp, "--transport=udp"));
   EXPECT_EQ(code, 2) << output;
-  EXPECT_THAT(output, HasSubstr("--transport must be gloo or nccl, got 'tcp'"));
+  EXPECT_THAT(output, HasSubstr("--transport must be gloo, tcp or nccl, got 'udp'"));
   std::tie(code, output) = RunCommand(Dynamiqd(temp, "--transport=nccl"));
   EXPECT_EQ(code, 2) << output;
   EXPECT_THAT(output, HasSubstr("--transport=nccl needs --device=cuda"));
