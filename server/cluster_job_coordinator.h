@@ -29,8 +29,8 @@ struct JobTransportSettings {
   uint32_t num_nodes = 1;
   DeviceKind device = DeviceKind::kCpu;
   int cuda_device = 0;
-  bool nccl = false;  // kCuda: NCCL between nodes; else the host transport, staged through pinned memory
-  bool tcp = false;   // the host transport: engine/tcp_transport.h instead of Gloo's
+  bool nccl = false;  // kCuda: NCCL between nodes; else Gloo staged through pinned host memory
+  bool tcp = false;   // kCpu: engine/tcp_transport.h instead of Gloo's transport
   absl::Duration timeout;
   std::string peer_host;       // the host this node's transport listens on
   Metrics* metrics = nullptr;  // bytes per peer node (CPU nodes)

@@ -18,9 +18,8 @@ bool UsesNccl(const DaemonOptions& o) {
 }
 
 std::string DataPathName(const DaemonOptions& o) {
-  const std::string host_transport = o.transport == "tcp" ? " --transport=tcp" : "";
-  if (o.device != DeviceKind::kCuda) return "cpu" + host_transport;
-  return UsesNccl(o) ? "cuda" : "cuda --transport=" + (o.transport == "tcp" ? std::string("tcp") : "gloo");
+  if (o.device != DeviceKind::kCuda) return o.transport == "tcp" ? "cpu --transport=tcp" : "cpu";
+  return UsesNccl(o) ? "cuda" : "cuda --transport=gloo";
 }
 
 absl::Status CheckAnotherJob(const DaemonOptions& o, size_t live_jobs, absl::string_view job) {
@@ -72,6 +71,10 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
           "--transport=nccl needs --device=cuda: a CPU node reduces in host memory and moves it over Gloo or TCP");
     }
     return absl::OkStatus();
+  }
+  if (o.transport == "tcp") {
+    return absl::InvalidArgumentError(
+        "--transport=tcp is for CPU nodes (GPU nodes: nccl, or gloo for the hybrid path over Ethernet)");
   }
   if (!DaemonHasCudaSupport()) {
     return absl::FailedPreconditionError(

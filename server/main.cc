@@ -74,8 +74,8 @@ ABSL_FLAG(std::string, transport, "",
           "How jobs move data between nodes. CPU nodes: gloo (the default; Gloo's TCP transport) or tcp (plain TCP "
           "sockets without Gloo's per-message rendezvous: faster where the CPU, not the link, is the bound). "
           "--device=cuda: nccl (the default): device to device over NCCL (InfiniBand, RoCE or NCCL's own sockets); "
-          "gloo or tcp: the hybrid path for GPU nodes on ordinary Ethernet: reduce and compress on the GPU, move "
-          "only the compressed chunks through pinned host memory over TCP, decode and accumulate on the GPU "
+          "gloo: the hybrid path for GPU nodes on ordinary Ethernet: reduce and compress on the GPU, move only the "
+          "compressed chunks through pinned host memory over Gloo TCP, decode and accumulate on the GPU "
           "(bit-identical to the CPU engine). Every node of a cluster must run the same --transport. Several nodes "
           "over nccl run one job at a time (NCCL needs one launch order on every GPU); gloo and tcp run up to "
           "--max_jobs.");

@@ -528,6 +528,9 @@ TEST(DynamiqdDeviceFlagsTest, TransportIsGlooTcpOrNcclAndNcclNeedsAGpuNode) {
   std::tie(code, output) = RunCommand(Dynamiqd(temp, "--transport=nccl"));
   EXPECT_EQ(code, 2) << output;
   EXPECT_THAT(output, HasSubstr("--transport=nccl needs --device=cuda"));
+  std::tie(code, output) = RunCommand(Dynamiqd(temp, "--device=cuda --transport=tcp"));
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_THAT(output, HasSubstr("--transport=tcp is for CPU nodes"));
   if (VisibleCudaDevices() == 0) {
     // The hybrid path passes the flag checks and stops at the device, like --device=cuda alone.
     std::tie(code, output) = RunCommand(Dynamiqd(temp, "--device=cuda --transport=gloo"));
