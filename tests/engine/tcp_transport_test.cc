@@ -23,16 +23,20 @@
 #include "gtest/gtest.h"
 #include "kernels/codec_registry.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/transport_test_util.h"
 
 namespace dynamiq::engine {
 namespace {
 
+using ::dynamiq::testing::Deadline;
+using ::dynamiq::testing::ExpectAllOk;
 using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::Pattern;
 using ::dynamiq::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-using RankFn = std::function<absl::Status(int rank, std::unique_ptr<Transport>& transport)>;
+using RankFn = testing::TransportRankFn;
 
 TcpTransportOptions TestOptions() {
   TcpTransportOptions o;
@@ -44,33 +48,9 @@ TcpTransportOptions TestOptions() {
 // Runs `size` ranks as threads, each connecting through one in-memory store and running `fn`.
 std::vector<absl::Status> RunRanks(int size, const RankFn& fn, const TcpTransportOptions& options = TestOptions()) {
   InMemoryStore store;
-  std::vector<absl::Status> results(size);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      absl::StatusOr<std::unique_ptr<Transport>> t = ConnectTcpTransport(store, r, size, options);
-      results[r] = t.ok() ? fn(r, *t) : t.status();
-    });
-  }
-  for (auto& t : threads) t.join();
-  return results;
+  return testing::RunTransportRanks(
+      size, store, [&](Store& s, int rank, int n) { return ConnectTcpTransport(s, rank, n, options); }, fn);
 }
-
-void ExpectAllOk(const std::vector<absl::Status>& results) {
-  for (size_t r = 0; r < results.size(); ++r) EXPECT_THAT(results[r], IsOk()) << "rank " << r;
-}
-
-std::vector<uint8_t> Pattern(int sender, uint64_t tag, size_t n) {
-  std::vector<uint8_t> v(n);
-  uint32_t x = static_cast<uint32_t>(sender * 7919 + tag * 104729 + 1);
-  for (size_t i = 0; i < n; ++i) {
-    x = x * 1664525u + 1013904223u;
-    v[i] = static_cast<uint8_t>(x >> 24);
-  }
-  return v;
-}
-
-absl::Time Deadline(absl::Duration d = absl::Seconds(10)) { return absl::Now() + d; }
 
 TEST(TcpTransportTest, ConnectsAndNamesItself) {
   ExpectAllOk(RunRanks(3, [](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
