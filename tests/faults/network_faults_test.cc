@@ -18,9 +18,11 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Two nodes in namespaces dqf<tag>0/1 on 10.<subnet>.0.0/24, job a with one worker per node.
+// Two nodes in namespaces dqf<tag>0/1 on 10.<subnet>.0.0/24, job a with one worker per node, over
+// dynamiqd --transport=`transport`.
 struct NetCluster {
-  NetCluster(const std::string& tag, int subnet, double timeout_seconds, int64_t elements)
+  NetCluster(const std::string& tag, int subnet, double timeout_seconds, int64_t elements,
+             const std::string& transport = "gloo")
       : net(absl::StrCat("dqf", tag), 2, subnet) {
     if (!net.ok()) return;
     for (int k = 0; k < 2; ++k) {
@@ -32,6 +34,7 @@ struct NetCluster {
       s.socket = absl::StrCat(dir.path(), "/node", k, ".sock");
       s.netns = net.Ns(k);
       s.timeout_seconds = timeout_seconds;
+      s.flags.push_back(absl::StrCat("--transport=", transport));
       daemons.push_back(std::make_unique<DaemonProcess>(DQ_DYNAMIQD, s, absl::StrCat(dir.path(), "/node", k, ".log")));
     }
     this->elements = elements;
@@ -85,9 +88,17 @@ void ExpectHealthy(NetCluster& c, const std::vector<Resources>& before) {
 // Link down mid-job: nothing resets the TCP connections, so both nodes fail the collective when
 // it times out, naming the peer; after `ip link set up` the group re-forms and the next
 // collective is exact.
-TEST(NetworkFaultTest, CutLinkFailsBothNodesWithinTheTimeoutAndTheJobRecoversWhenItIsRestored) {
+// Both transports of CPU nodes: Gloo's and dynamiq's own (engine/tcp_transport.h). Each parameter
+// gets its own namespaces and subnet, so the cases may run at once.
+class NetworkFaultTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::string Tag(const std::string& base) const { return base + (GetParam() == "tcp" ? "t" : ""); }
+  int Subnet(int base) const { return base + (GetParam() == "tcp" ? 10 : 0); }
+};
+
+TEST_P(NetworkFaultTest, CutLinkFailsBothNodesWithinTheTimeoutAndTheJobRecoversWhenItIsRestored) {
   constexpr double kTimeout = 3;
-  NetCluster c("c", 231, kTimeout, 65536);
+  NetCluster c(Tag("c"), Subnet(231), kTimeout, 65536, GetParam());
   SKIP_WITHOUT_NETNS(c);
   ASSERT_TRUE(c.Start().ok()) << Tail(c.daemons[0]->log()) << Tail(c.daemons[1]->log());
   std::vector<std::string> replies;
@@ -123,9 +134,9 @@ TEST(NetworkFaultTest, CutLinkFailsBothNodesWithinTheTimeoutAndTheJobRecoversWhe
 // A degraded link (delay and loss, or a rate limit that drops): collectives still complete with
 // exact sums, only slower. Degraded beyond what --timeout allows, they fail on both nodes within
 // the timeout naming the peer, and recover once the link is back to normal.
-TEST(NetworkFaultTest, DegradedLinkIsSlowerButExactAndTooSlowALinkFailsWithinTheTimeout) {
+TEST_P(NetworkFaultTest, DegradedLinkIsSlowerButExactAndTooSlowALinkFailsWithinTheTimeout) {
   constexpr double kTimeout = 4;
-  NetCluster c("d", 232, kTimeout, 1 << 20);  // 4 MB per collective
+  NetCluster c(Tag("d"), Subnet(232), kTimeout, 1 << 20, GetParam());  // 4 MB per collective
   SKIP_WITHOUT_NETNS(c);
   ASSERT_TRUE(c.Start().ok()) << Tail(c.daemons[0]->log()) << Tail(c.daemons[1]->log());
   // Both directions of node 1's link: its eth0 egress and the bridge port's egress towards it.
@@ -190,6 +201,9 @@ TEST(NetworkFaultTest, DegradedLinkIsSlowerButExactAndTooSlowALinkFailsWithinThe
   EXPECT_EQ(NotAllOk(replies), "") << "after the link recovered";
   ExpectHealthy(c, before);
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, NetworkFaultTest, ::testing::Values("gloo", "tcp"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace
 }  // namespace dynamiq::faults
