@@ -27,6 +27,8 @@ import time
 
 import numpy as np
 
+from torch_allreduce import result_row  # the shared JSON row; torch itself is imported only by its main()
+
 
 def inputs_of(rank, size, seed):
     return np.random.default_rng(seed * 1000003 + rank).standard_normal(size, dtype=np.float32)
@@ -163,23 +165,7 @@ def main():
     out.close()
     inp.close()
 
-    seconds = statistics.median(times)
-    bytes_per_rank = 4 * a.size
-    algbw = bytes_per_rank / seconds / 1e9
-    row = {
-        "method": "tcp-ring-fp32",
-        "codec": "tcp-ring",
-        "bits": 32,
-        "topology": "ring",
-        "world_size": n,
-        "rank": a.rank,
-        "elements": a.size,
-        "bytes_per_rank": bytes_per_rank,
-        "seconds": seconds,
-        "algbw_GBps": algbw,
-        "busbw_GBps": algbw * 2 * (n - 1) / n,
-        "wire_bytes_per_rank": int(2 * (n - 1) * bytes_per_rank // n),
-    }
+    row = result_row("tcp-ring-fp32", "tcp-ring", "ring", n, a.rank, a.size, statistics.median(times))
     if a.rank == 0 or a.all_ranks_print:
         exact = np.zeros(a.size, dtype=np.float64)
         for q in range(n):

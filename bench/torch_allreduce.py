@@ -23,6 +23,27 @@ import sys
 import time
 
 
+def result_row(method, codec, topology, world_size, rank, size, seconds):
+    """The JSON row of an fp32 all-reduce of `size` elements per rank, as `dynamiq-bench allreduce`
+    prints it (wire bytes: what a ring sends per rank, 2(n-1)/n of the tensor)."""
+    bytes_per_rank = 4 * size
+    algbw = bytes_per_rank / seconds / 1e9
+    return {
+        "method": method,
+        "codec": codec,
+        "bits": 32,
+        "topology": topology,
+        "world_size": world_size,
+        "rank": rank,
+        "elements": size,
+        "bytes_per_rank": bytes_per_rank,
+        "seconds": seconds,
+        "algbw_GBps": algbw,
+        "busbw_GBps": algbw * 2 * (world_size - 1) / world_size,
+        "wire_bytes_per_rank": int(2 * (world_size - 1) * bytes_per_rank // world_size),
+    }
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rank", type=int, required=True)
@@ -75,23 +96,8 @@ def main():
     dist.barrier()
     dist.destroy_process_group()
 
-    bytes_per_rank = 4 * a.size
-    algbw = bytes_per_rank / seconds / 1e9
-    row = {
-        "method": "torch-gloo-fp32",
-        "codec": "torch-gloo",
-        "bits": 32,
-        "topology": "gloo",
-        "world_size": n,
-        "rank": a.rank,
-        "elements": a.size,
-        "bytes_per_rank": bytes_per_rank,
-        "seconds": seconds,
-        "algbw_GBps": algbw,
-        "busbw_GBps": algbw * 2 * (n - 1) / n,
-        "wire_bytes_per_rank": int(2 * (n - 1) * bytes_per_rank // n),
-        "vnmse": 0.0,
-    }
+    row = result_row("torch-gloo-fp32", "torch-gloo", "gloo", n, a.rank, a.size, seconds)
+    row["vnmse"] = 0.0
     if a.rank == 0 or a.all_ranks_print:
         print(json.dumps(row), flush=True)
     return 0

@@ -1,12 +1,8 @@
 #include "engine/tcp_transport.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
+#include <fcntl.h>
 #include <poll.h>
-#include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -21,12 +17,11 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "common/tcp_socket.h"
 
 namespace dynamiq::engine {
 namespace {
@@ -41,26 +36,6 @@ uint64_t GetU64(const uint8_t* p) {
   uint64_t v = 0;
   for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
   return v;
-}
-
-absl::Status Errno(absl::string_view what) { return absl::UnavailableError(absl::StrCat(what, ": ", strerror(errno))); }
-
-// Reads exactly `size` bytes; false on EOF or error (errno 0 for EOF).
-bool ReadAll(int fd, uint8_t* p, size_t size) {
-  while (size > 0) {
-    const ssize_t n = recv(fd, p, size, 0);
-    if (n == 0) {
-      errno = 0;
-      return false;
-    }
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return true;
 }
 
 // Writes the frame and the payload; false on error.
@@ -85,33 +60,6 @@ bool WriteFrame(int fd, const uint8_t* frame, const uint8_t* data, size_t size) 
     data_left -= sent - from_frame;
   }
   return true;
-}
-
-absl::StatusOr<sockaddr_in> Resolve(const std::string& host, int port) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) == 1) return addr;
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("tcp transport: cannot resolve '", host, "' to an IPv4 address"));
-  }
-  addr.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
-  freeaddrinfo(res);
-  return addr;
-}
-
-void SetNoDelay(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
-// Bounds blocking reads of the hello (0: no bound).
-void SetReceiveTimeout(int fd, absl::Duration d) {
-  const timeval tv = absl::ToTimeval(d);
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 }
 
 class TcpTransport final : public Transport {
@@ -267,7 +215,7 @@ class TcpTransport final : public Transport {
     Peer& p = *peers_[peer];
     uint8_t frame[kFrameBytes];
     while (true) {
-      if (!ReadAll(p.fd, frame, kFrameBytes)) return LostPeer(peer, "reading", errno);
+      if (absl::Status read = Read(peer, frame, kFrameBytes); !read.ok()) return LostPeer(peer, read);
       const uint64_t tag = GetU64(frame), size = GetU64(frame + 8);
       Op* op = nullptr;
       Early* early = nullptr;
@@ -301,11 +249,10 @@ class TcpTransport final : public Transport {
         }
         ++busy_;
       }
-      const bool ok = ReadAll(p.fd, op != nullptr ? op->data : early->bytes.data(), size);
-      const int error = errno;
+      const absl::Status read = Read(peer, op != nullptr ? op->data : early->bytes.data(), size);
       absl::MutexLock lock(&mu_);
       --busy_;
-      if (!ok) return LostPeerLocked(peer, "reading", error);
+      if (!read.ok()) return LostPeerLocked(peer, read);
       if (op != nullptr) {
         op->done = true;
       } else {
@@ -336,25 +283,32 @@ class TcpTransport final : public Transport {
       const int error = errno;
       absl::MutexLock lock(&mu_);
       --busy_;
-      if (!ok) return LostPeerLocked(peer, "writing", error);
+      if (!ok) {
+        return LostPeerLocked(
+            peer, common::ErrnoStatus(absl::StatusCode::kUnavailable, absl::StrCat("writing to rank ", peer), error));
+      }
       p.sends.pop_front();
       op->done = true;
     }
   }
 
-  // The connection to `peer` is closed or broken (`error`: the failed call's errno, 0 when the peer
-  // closed it): what is still to come from or go to that peer fails; the other peers carry on (a
-  // rank that finished its part may leave first; what it sent before is still delivered).
-  void LostPeer(int peer, absl::string_view doing, int error) {
-    absl::MutexLock lock(&mu_);
-    LostPeerLocked(peer, doing, error);
+  // Reads exactly `size` bytes from `peer` (a blocking socket: no deadline; Abort shuts it down).
+  absl::Status Read(int peer, uint8_t* out, size_t size) {
+    return common::ReadFull(peers_[peer]->fd, reinterpret_cast<char*>(out), size, absl::InfiniteFuture(),
+                            absl::StrCat("reading from rank ", peer));
   }
-  void LostPeerLocked(int peer, absl::string_view doing, int error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+
+  // The connection to `peer` is closed or broken (`why`): what is still to come from or go to that
+  // peer fails; the other peers carry on (a rank that finished its part may leave first; what it
+  // sent before is still delivered).
+  void LostPeer(int peer, const absl::Status& why) {
+    absl::MutexLock lock(&mu_);
+    LostPeerLocked(peer, why);
+  }
+  void LostPeerLocked(int peer, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Peer& p = *peers_[peer];
     if (!p.status.ok()) return;
-    p.status = absl::UnavailableError(
-        absl::StrCat(Who(), ": connection to rank ", peer, " lost while ", doing,
-                     error == 0 ? " (closed by the peer)" : absl::StrCat(": ", strerror(error))));
+    p.status = absl::UnavailableError(absl::StrCat(Who(), ": connection to rank ", peer, " lost: ", why.message()));
     shutdown(p.fd, SHUT_RDWR);
   }
 
@@ -369,6 +323,9 @@ class TcpTransport final : public Transport {
   int busy_ ABSL_GUARDED_BY(mu_) = 0;  // threads inside a posted buffer
 };
 
+// The transport's threads block in recv and sendmsg (Abort shuts the sockets down to free them).
+void SetBlocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK); }
+
 // Owns a socket until released.
 struct Fd {
   explicit Fd(int f = -1) : fd(f) {}
@@ -376,7 +333,7 @@ struct Fd {
   Fd& operator=(const Fd&) = delete;
   ~Fd() { reset(); }
   void reset(int f = -1) {
-    if (fd >= 0) close(fd);
+    common::CloseFd(fd);
     fd = f;
   }
   int release() { return std::exchange(fd, -1); }
@@ -390,76 +347,63 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(Store& store, int
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat("tcp transport: rank ", rank, " of a group of ", size));
   }
+  if (options.hostname.empty()) return absl::InvalidArgumentError("tcp transport: no hostname to listen on");
   const absl::Time deadline = absl::Now() + options.timeout;
-  DQ_ASSIGN_OR_RETURN(sockaddr_in self, Resolve(options.hostname, 0));
-  Fd listener(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (listener.fd < 0) return Errno("tcp transport: socket");
+  DQ_ASSIGN_OR_RETURN(common::AddrInfoPtr self, common::Resolve(options.hostname, "0", /*passive=*/true));
+  Fd listener(socket(self->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (listener.fd < 0) return common::ErrnoStatus(absl::StatusCode::kUnavailable, "tcp transport: socket", errno);
   int one = 1;
   setsockopt(listener.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(listener.fd, reinterpret_cast<sockaddr*>(&self), sizeof(self)) != 0 || listen(listener.fd, size) != 0) {
-    return Errno(absl::StrCat("tcp transport: listening on ", options.hostname));
+  if (bind(listener.fd, self->ai_addr, self->ai_addrlen) != 0 || listen(listener.fd, size) != 0) {
+    return common::ErrnoStatus(absl::StatusCode::kUnavailable,
+                               absl::StrCat("tcp transport: listening on ", options.hostname), errno);
   }
-  socklen_t len = sizeof(self);
-  getsockname(listener.fd, reinterpret_cast<sockaddr*>(&self), &len);
-  DQ_RETURN_IF_ERROR(store.Set(absl::StrCat("tcp/", rank), absl::StrCat(options.hostname, ":", ntohs(self.sin_port))));
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  getsockname(listener.fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  // "host:port" (IPv6 hosts in brackets), as common::SplitHostPort reads it back.
+  DQ_RETURN_IF_ERROR(store.Set(absl::StrCat("tcp/", rank), common::SockaddrString(bound)));
 
   auto transport = std::make_unique<TcpTransport>(rank, size, options.max_early_bytes);
   // Lower ranks: connect and say who we are.
   for (int q = 0; q < rank; ++q) {
     DQ_ASSIGN_OR_RETURN(const std::string address,
                         store.Get(absl::StrCat("tcp/", q), std::max(absl::ZeroDuration(), deadline - absl::Now())));
-    const std::vector<std::string> parts = absl::StrSplit(address, absl::MaxSplits(':', 1));
-    int port = 0;
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &port) || port <= 0 || port > 65535) {
-      return absl::InvalidArgumentError(absl::StrCat("tcp transport: rank ", q, " advertised '", address, "'"));
-    }
-    DQ_ASSIGN_OR_RETURN(sockaddr_in peer, Resolve(parts[0], port));
-    Fd fd;
-    while (true) {
-      fd.reset(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-      if (fd.fd < 0) return Errno("tcp transport: socket");
-      if (connect(fd.fd, reinterpret_cast<sockaddr*>(&peer), sizeof(peer)) == 0) break;
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat("tcp transport rank ", rank, ": could not connect to rank ", q,
-                                                        " at ", address, " within ",
-                                                        absl::FormatDuration(options.timeout), ": ", strerror(errno)));
-      }
-      fd.reset();
-      absl::SleepFor(absl::Milliseconds(20));
-    }
+    DQ_ASSIGN_OR_RETURN(const auto host_port, common::SplitHostPort(address));
+    DQ_ASSIGN_OR_RETURN(const int connected, common::ConnectWithRetry(host_port.first, host_port.second, deadline,
+                                                                      absl::StrCat("rank ", q)));
+    Fd fd(connected);
     uint8_t hello[8];
     PutU64(hello, static_cast<uint64_t>(kHelloMagic) | static_cast<uint64_t>(rank) << 32);
-    if (send(fd.fd, hello, sizeof(hello), MSG_NOSIGNAL) != sizeof(hello)) return Errno("tcp transport: hello");
-    SetNoDelay(fd.fd);
+    DQ_RETURN_IF_ERROR(common::WriteFull(fd.fd, absl::string_view(reinterpret_cast<char*>(hello), sizeof(hello)),
+                                         deadline, absl::StrCat("tcp transport: hello to rank ", q)));
+    SetBlocking(fd.fd);
     transport->AddPeer(q, fd.release());
   }
   // Higher ranks: accept, each naming itself; anything else that connects is turned away.
   int expected = size - 1 - rank;
   std::vector<bool> seen(size, false);
   while (expected > 0) {
-    const absl::Duration left = deadline - absl::Now();
-    pollfd pfd{listener.fd, POLLIN, 0};
-    const int ready =
-        left > absl::ZeroDuration() ? poll(&pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1) : 0;
-    if (ready == 0) {
+    absl::Status ready = common::PollFd(listener.fd, POLLIN, deadline, "tcp transport: accept");
+    if (absl::IsDeadlineExceeded(ready)) {
       return absl::DeadlineExceededError(absl::StrCat("tcp transport rank ", rank, ": ", expected,
                                                       " higher rank(s) did not connect within ",
                                                       absl::FormatDuration(options.timeout)));
     }
-    if (ready < 0) {
-      if (errno == EINTR) continue;
-      return Errno("tcp transport: poll");
-    }
-    Fd fd(accept4(listener.fd, nullptr, nullptr, SOCK_CLOEXEC));
+    DQ_RETURN_IF_ERROR(ready);
+    Fd fd(accept4(listener.fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (fd.fd < 0) continue;
-    SetReceiveTimeout(fd.fd, std::clamp(deadline - absl::Now(), absl::Milliseconds(1), absl::Seconds(5)));
     uint8_t hello[8];
-    if (!ReadAll(fd.fd, hello, sizeof(hello))) continue;
+    if (!common::ReadFull(fd.fd, reinterpret_cast<char*>(hello), sizeof(hello),
+                          std::min(deadline, absl::Now() + absl::Seconds(5)), "tcp transport: hello")
+             .ok()) {
+      continue;
+    }
     const uint64_t v = GetU64(hello);
     const int q = static_cast<int>(v >> 32);
     if (static_cast<uint32_t>(v) != kHelloMagic || q <= rank || q >= size || seen[q]) continue;
-    SetReceiveTimeout(fd.fd, absl::ZeroDuration());
-    SetNoDelay(fd.fd);
+    common::SetNoDelay(fd.fd);
+    SetBlocking(fd.fd);
     seen[q] = true;
     --expected;
     transport->AddPeer(q, fd.release());

@@ -67,13 +67,8 @@ TEST(TcpTransportTest, RejectsBadArguments) {
   TcpTransportOptions no_host = TestOptions();
   no_host.hostname = "";
   EXPECT_THAT(ConnectTcpTransport(store, 0, 1, no_host), StatusIs(absl::StatusCode::kInvalidArgument));
-  ExpectAllOk(RunRanks(2, [](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
-    std::vector<uint8_t> buf(4);
-    EXPECT_THAT(t->PostSend(rank, 1, buf), StatusIs(absl::StatusCode::kInvalidArgument));
-    EXPECT_THAT(t->PostRecv(5, 1, absl::MakeSpan(buf)), StatusIs(absl::StatusCode::kInvalidArgument));
-    EXPECT_THAT(t->Wait(12345, Deadline()), StatusIs(absl::StatusCode::kInvalidArgument));
-    return absl::OkStatus();
-  }));
+  ExpectAllOk(RunRanks(
+      2, [](int rank, std::unique_ptr<Transport>& t) { return testing::ExpectBadPeersAndHandlesRejected(rank, *t); }));
 }
 
 TEST(TcpTransportTest, MissingPeersTimeOut) {

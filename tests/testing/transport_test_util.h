@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "engine/store.h"
 #include "engine/transport.h"
 #include "gtest/gtest.h"
@@ -58,6 +59,16 @@ inline std::vector<uint8_t> Pattern(int sender, uint64_t tag, size_t n) {
 }
 
 inline absl::Time Deadline(absl::Duration d = absl::Seconds(10)) { return absl::Now() + d; }
+
+// What every transport refuses with INVALID_ARGUMENT: a send to itself, a peer outside the group,
+// a Wait on a handle it never gave out.
+inline absl::Status ExpectBadPeersAndHandlesRejected(int rank, engine::Transport& t) {
+  std::vector<uint8_t> buf(4);
+  EXPECT_THAT(t.PostSend(rank, 1, buf), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(t.PostRecv(5, 1, absl::MakeSpan(buf)), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(t.Wait(12345, Deadline()), StatusIs(absl::StatusCode::kInvalidArgument));
+  return absl::OkStatus();
+}
 
 }  // namespace dynamiq::testing
 
