@@ -64,7 +64,8 @@ absl::Status RunExecutors(StepMessenger& messenger, const Codec& codec, const Sc
     const int peer = recv_peer(g);
     if (peer < 0) return absl::OkStatus();
     const int chunk = g < rs_steps ? x.ReduceScatterRecvChunk(local_step(g)) : x.AllGatherRecvChunk(local_step(g));
-    return messenger.PostReceive(phase(g), wire_step(g), static_cast<uint32_t>(k), peer, x.MaxMessageBytes(chunk));
+    return messenger.PostReceive(phase(g), wire_step(g), static_cast<uint32_t>(k), peer, x.MaxMessageBytes(chunk),
+                                 g < rs_steps ? absl::Span<uint8_t>() : x.AllGatherRecvBody(local_step(g)));
   };
   // Calls fn(g, k) for every message of step g of block k decoded at index i.
   const auto for_index = [&](size_t i, auto&& fn) -> absl::Status {
@@ -99,7 +100,8 @@ absl::Status RunExecutors(StepMessenger& messenger, const Codec& codec, const Sc
     if (g < rs_steps && x.ReduceScatterSendCompresses(s)) span.emplace(timeline, Timeline::Kind::kCompress, block);
     DQ_ASSIGN_OR_RETURN(absl::Span<const uint8_t> bytes, g < rs_steps ? x.ReduceScatterSend(s) : x.AllGatherSend(s));
     span.reset();
-    return messenger.Send(phase(g), wire_step(g), static_cast<uint32_t>(k), peer, codec, bytes, x.SentChecksum());
+    return messenger.Send(phase(g), wire_step(g), static_cast<uint32_t>(k), peer, codec, bytes, x.SentChecksum(),
+                          x.SentBody());
   };
   // Decodes block k's message of step g (if it receives one) and sends its next.
   const auto advance = [&](size_t g, size_t k) -> absl::Status {
@@ -397,7 +399,11 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
         codec, schedule, p, src, dst, &pool,
         options.balanced_chunks ? BalancedChunks(codec, p, n) : std::vector<kernels::ChunkRef>{});
     // Step headers carry payload checksums (a MAC instead with an authenticator).
-    if (options.authenticator == nullptr) executor->ChecksumMessages();
+    if (options.authenticator == nullptr) {
+      executor->ChecksumMessages();
+      // none's messages keep their values where they are (no copies) where the transport can.
+      if (transport.SupportsParts()) executor->UseFloat32Bodies();
+    }
     return executor;
   };
 

@@ -1,5 +1,6 @@
 #include "engine/memory_transport.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -12,21 +13,33 @@ void MemoryHub::Abort() {
 }
 
 absl::StatusOr<Transport::Handle> InMemoryTransport::PostSend(int peer, uint64_t tag, absl::Span<const uint8_t> data) {
+  return PostSendParts(peer, tag, {data});
+}
+
+absl::StatusOr<Transport::Handle> InMemoryTransport::PostSendParts(int peer, uint64_t tag,
+                                                                   absl::Span<const absl::Span<const uint8_t>> parts) {
   if (peer < 0 || peer >= size() || peer == rank_) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank_, " cannot send to rank ", peer));
   }
+  std::vector<uint8_t> message;
+  for (absl::Span<const uint8_t> part : parts) message.insert(message.end(), part.begin(), part.end());
   absl::MutexLock lock(&hub_->mu_);
   if (hub_->aborted_) return absl::AbortedError("transport aborted");
-  hub_->mailboxes_[{rank_, peer, tag}].emplace_back(data.begin(), data.end());
+  hub_->mailboxes_[{rank_, peer, tag}].push_back(std::move(message));
   return next_++;
 }
 
 absl::StatusOr<Transport::Handle> InMemoryTransport::PostRecv(int peer, uint64_t tag, absl::Span<uint8_t> buffer) {
+  return PostRecvParts(peer, tag, {buffer});
+}
+
+absl::StatusOr<Transport::Handle> InMemoryTransport::PostRecvParts(int peer, uint64_t tag,
+                                                                   absl::Span<const absl::Span<uint8_t>> parts) {
   if (peer < 0 || peer >= size() || peer == rank_) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank_, " cannot receive from rank ", peer));
   }
   const Handle h = next_++;
-  recvs_[h] = Recv{peer, tag, buffer};
+  recvs_[h] = Recv{peer, tag, {parts.begin(), parts.end()}};
   return h;
 }
 
@@ -50,11 +63,18 @@ absl::Status InMemoryTransport::Wait(Handle handle, absl::Time deadline) {
   auto& box = hub_->mailboxes_[key];
   std::vector<uint8_t> message = std::move(box.front());
   box.pop_front();
-  if (message.size() > r.buffer.size()) {
+  size_t capacity = 0;
+  for (absl::Span<uint8_t> part : r.parts) capacity += part.size();
+  if (message.size() > capacity) {
     return absl::DataLossError(absl::StrCat("rank ", rank_, ": rank ", r.peer, " sent ", message.size(),
-                                            " bytes into a ", r.buffer.size(), "-byte receive (tag ", r.tag, ")"));
+                                            " bytes into a ", capacity, "-byte receive (tag ", r.tag, ")"));
   }
-  if (!message.empty()) std::memcpy(r.buffer.data(), message.data(), message.size());
+  size_t copied = 0;
+  for (absl::Span<uint8_t> part : r.parts) {
+    const size_t n = std::min(part.size(), message.size() - copied);
+    if (n > 0) std::memcpy(part.data(), message.data() + copied, n);
+    copied += n;
+  }
   return absl::OkStatus();
 }
 

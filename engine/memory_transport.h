@@ -46,6 +46,10 @@ class InMemoryTransport final : public Transport {
   std::string name() const override { return "memory"; }
   absl::StatusOr<Handle> PostSend(int peer, uint64_t tag, absl::Span<const uint8_t> data) override;
   absl::StatusOr<Handle> PostRecv(int peer, uint64_t tag, absl::Span<uint8_t> buffer) override;
+  bool SupportsParts() const override { return true; }
+  absl::StatusOr<Handle> PostSendParts(int peer, uint64_t tag,
+                                       absl::Span<const absl::Span<const uint8_t>> parts) override;
+  absl::StatusOr<Handle> PostRecvParts(int peer, uint64_t tag, absl::Span<const absl::Span<uint8_t>> parts) override;
   absl::Status Wait(Handle handle, absl::Time deadline) override;
   void Abort() override { hub_->Abort(); }
 
@@ -53,7 +57,7 @@ class InMemoryTransport final : public Transport {
   struct Recv {
     int peer;
     uint64_t tag;
-    absl::Span<uint8_t> buffer;
+    std::vector<absl::Span<uint8_t>> parts;
   };
   std::shared_ptr<MemoryHub> hub_;
   const int rank_;

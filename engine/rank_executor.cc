@@ -6,6 +6,7 @@
 #include "common/status_macros.h"
 #include "kernels/cpu/buffer_io.h"
 #include "kernels/payload_checksum.h"
+#include "kernels/wire_format.h"
 
 namespace dynamiq::engine {
 
@@ -70,6 +71,34 @@ RankExecutor::~RankExecutor() {
   pool_->Give(std::move(forward_));
 }
 
+namespace {
+
+bool PlainFloat32(const kernels::Source& s) {
+  return s.dtype == kernels::DType::kFloat32 && s.subtract_per_group == nullptr && s.data != nullptr;
+}
+bool PlainFloat32(const kernels::Dest& d) {
+  return d.dtype == kernels::DType::kFloat32 && d.add_per_group == nullptr && d.data != nullptr;
+}
+
+}  // namespace
+
+void RankExecutor::UseFloat32Bodies() {
+  if (!codec_.BodyIsFloat32() || !checksum_messages_) return;
+  bodies_from_local_ = PlainFloat32(local_);
+  bodies_in_out_ = PlainFloat32(out_);
+}
+
+absl::Span<uint8_t> RankExecutor::OutputBody(int chunk) const {
+  const ChunkRef& c = chunks_[chunk];
+  return {static_cast<uint8_t*>(out_.data) + sizeof(float) * (c.begin - out_.first), sizeof(float) * c.count};
+}
+
+absl::Span<uint8_t> RankExecutor::AllGatherRecvBody(int step) const {
+  const int chunk = ag_recv_[step].chunk;
+  if (!bodies_in_out_ || chunk < 0) return {};
+  return OutputBody(chunk);
+}
+
 kernels::ChunkRef RankExecutor::CompressRef(int chunk) const {
   return chunk == owned_chunk_ ? chunks_[chunk] : compress_ref_[chunk];
 }
@@ -87,6 +116,7 @@ kernels::Source RankExecutor::AccumulatorSource(int chunk) const {
 absl::StatusOr<absl::Span<const uint8_t>> RankExecutor::ReduceScatterSend(int step) {
   const Move m = rs_send_[step];
   sent_sum_.reset();
+  sent_body_ = {};
   if (m.chunk < 0) return absl::Span<const uint8_t>();
   const ChunkRef chunk = chunks_[m.chunk];
   auto it = pending_.find(m.chunk);
@@ -103,8 +133,19 @@ absl::StatusOr<absl::Span<const uint8_t>> RankExecutor::ReduceScatterSend(int st
         absl::StrCat("rank ", rank_, " must send chunk ", m.chunk, " at step ", step, " before its children arrived"));
   }
   const ChunkRef ref = CompressRef(m.chunk);
-  Fit(scratch_, codec_.MaxEncodedBytes(plan_, chunk));
   scratch_sum_.reset();
+  if (bodies_from_local_) {  // the header, then the input's values as they are
+    Fit(scratch_, kernels::kChunkHeaderBytes);
+    DQ_RETURN_IF_ERROR(codec_.WriteFloat32Head(plan_, ref, absl::MakeSpan(scratch_)));
+    sent_body_ = {static_cast<const uint8_t*>(local_.data) + sizeof(float) * (chunk.begin - local_.first),
+                  sizeof(float) * chunk.count};
+    kernels::PayloadChecksummer summer;
+    summer.Update(scratch_);
+    summer.Update(sent_body_);
+    scratch_sum_ = sent_sum_ = summer.Finish();
+    return absl::Span<const uint8_t>(scratch_);
+  }
+  Fit(scratch_, codec_.MaxEncodedBytes(plan_, chunk));
   size_t bytes = 0;
   if (checksum_messages_) {
     uint64_t sum = 0;
@@ -143,6 +184,19 @@ absl::Status RankExecutor::ReduceScatterReceive(int step, absl::Span<const uint8
   const kernels::Source source = accumulated ? AccumulatorSource(m.chunk) : local_;
   const size_t max_bytes = codec_.MaxEncodedBytes(plan_, chunk);
   const bool owned = m.chunk == owned_chunk_;
+  if (owned && bodies_in_out_) {  // the final sum straight into the output, its header into owned_
+    Fit(owned_, kernels::kChunkHeaderBytes);
+    uint64_t sum = 0;
+    absl::Status s =
+        codec_.DecompressAccumulateRecompressSplit(plan_, chunk, message, verify, source, absl::MakeSpan(owned_),
+                                                   reinterpret_cast<float*>(OutputBody(m.chunk).data()), sum);
+    if (accumulated) accumulators_.erase(m.chunk);
+    if (!s.ok())
+      return absl::Status(s.code(), absl::StrCat("from rank ", m.peer, ", chunk ", m.chunk, ": ", s.message()));
+    owned_sum_ = sum;
+    owned_in_out_ = true;
+    return absl::OkStatus();
+  }
   Bytes* target = owned ? &owned_ : &pending_[m.chunk];
   std::optional<uint64_t>& target_sum = owned ? owned_sum_ : pending_sums_[m.chunk];
   Fit(*target, max_bytes);
@@ -171,6 +225,7 @@ absl::Status RankExecutor::ReduceScatterReceive(int step, absl::Span<const uint8
 
 absl::Status RankExecutor::FinishReduceScatter() {
   if (owned_chunk_ < 0) return absl::OkStatus();
+  if (owned_in_out_) return absl::OkStatus();  // the output holds the values already
   const ChunkRef chunk = chunks_[owned_chunk_];
   if (owned_.empty()) {  // no children (world size 1): the owner is also the leaf
     Fit(owned_, codec_.MaxEncodedBytes(plan_, chunk));
@@ -184,14 +239,17 @@ absl::Status RankExecutor::FinishReduceScatter() {
 absl::StatusOr<absl::Span<const uint8_t>> RankExecutor::AllGatherSend(int step) {
   const Move m = ag_send_[step];
   sent_sum_.reset();
+  sent_body_ = {};
   if (m.chunk < 0) return absl::Span<const uint8_t>();
   if (m.chunk == owned_chunk_) {
     sent_sum_ = owned_sum_;
+    if (owned_in_out_) sent_body_ = OutputBody(m.chunk);
     return absl::Span<const uint8_t>(owned_);
   }
   scratch_.swap(forward_);  // the next receive refills forward_ while this send may be in flight
   scratch_sum_.swap(forward_sum_);
   sent_sum_ = scratch_sum_;
+  sent_body_ = forward_body_;
   return absl::Span<const uint8_t>(scratch_);
 }
 
@@ -208,11 +266,15 @@ absl::Status RankExecutor::AllGatherReceive(int step, Bytes message, std::option
     return absl::OkStatus();
   }
   const ChunkRef chunk = chunks_[m.chunk];
-  absl::Status s = verify && checksum.has_value() ? codec_.DecompressVerified(plan_, chunk, message, out_, *checksum)
-                                                  : codec_.Decompress(plan_, chunk, message, out_);
+  // With bodies in the output, `message` is the header of a message whose values are already there
+  // (AllGatherRecvBody; the messenger verified the checksum of both): nothing to decode.
+  absl::Status s = bodies_in_out_                   ? codec_.CheckFloat32Head(plan_, chunk, message)
+                   : verify && checksum.has_value() ? codec_.DecompressVerified(plan_, chunk, message, out_, *checksum)
+                                                    : codec_.Decompress(plan_, chunk, message, out_);
   pool_->Give(std::move(forward_));
   forward_ = std::move(message);
   forward_sum_ = checksum;
+  forward_body_ = bodies_in_out_ ? OutputBody(m.chunk) : absl::Span<uint8_t>();
   if (!s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat("all-gather from rank ", m.peer, ", chunk ", m.chunk, ": ", s.message()));

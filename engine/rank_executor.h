@@ -58,9 +58,22 @@ class RankExecutor {
   // Have the codec checksum the messages it encodes as it writes them (Codec::CompressChecksummed),
   // for the step headers: one pass over a message instead of two where the codec can.
   void ChecksumMessages() { checksum_messages_ = true; }
-  // PayloadChecksum of the bytes the last ReduceScatterSend or AllGatherSend returned, when known
+  // PayloadChecksum of the message the last ReduceScatterSend or AllGatherSend returned, when known
   // (ChecksumMessages, or a forwarded message received with its checksum).
   std::optional<uint64_t> SentChecksum() const { return sent_sum_; }
+
+  // For codecs whose message bodies are plain fp32 (Codec::BodyIsFloat32, none) over a transport
+  // that SupportsParts, after ChecksumMessages: keeps message bodies where the values are instead of
+  // copying them through buffers. The first send of a chunk sends the input's values; the owned
+  // chunk's last DAR writes its sum into the output; all-gather receives land in the output
+  // (AllGatherRecvBody) and are forwarded from there. Each where the input or output is plain fp32
+  // memory. A message is then what ReduceScatterSend / AllGatherSend return and then SentBody().
+  void UseFloat32Bodies();
+  // The body that follows the last ReduceScatterSend or AllGatherSend's bytes (empty: none).
+  absl::Span<const uint8_t> SentBody() const { return sent_body_; }
+  // Where the body of all-gather step `step`'s message goes (its chunk in the output), with
+  // UseFloat32Bodies; empty otherwise. The message's other bytes go to AllGatherReceive.
+  absl::Span<uint8_t> AllGatherRecvBody(int step) const;
 
   // The bytes to send at the step (valid until the next call on this executor).
   absl::StatusOr<absl::Span<const uint8_t>> ReduceScatterSend(int step);
@@ -99,6 +112,8 @@ class RankExecutor {
   kernels::ChunkRef CompressRef(int chunk) const;
   // Sizes `buffer` to `size` bytes, swapping it for a pool buffer when it is too small.
   void Fit(Bytes& buffer, size_t size);
+  // Chunk c's values in the output, as bytes (UseFloat32Bodies with a plain fp32 output).
+  absl::Span<uint8_t> OutputBody(int chunk) const;
 
   const kernels::Codec& codec_;
   std::vector<kernels::ChunkRef> chunks_;  // chunk c's elements
@@ -123,6 +138,10 @@ class RankExecutor {
   bool checksum_messages_ = false;
   std::map<int, std::optional<uint64_t>> pending_sums_;
   std::optional<uint64_t> scratch_sum_, owned_sum_, forward_sum_, sent_sum_;
+  // UseFloat32Bodies: first sends' bodies from the input; bodies in the output (the owned chunk
+  // once its sum is there, all-gather receives).
+  bool bodies_from_local_ = false, bodies_in_out_ = false, owned_in_out_ = false;
+  absl::Span<const uint8_t> forward_body_, sent_body_;
 };
 
 }  // namespace dynamiq::engine

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <utility>
 
+#include "kernels/payload_checksum.h"
+
 namespace dynamiq::engine {
 namespace {
 
@@ -25,12 +27,15 @@ StepMessenger::~StepMessenger() {
   for (auto& [key, in] : incoming_) pool_.Give(std::move(in.payload));
 }
 
-absl::Status StepMessenger::PostReceive(Phase phase, uint32_t step, uint32_t block, int peer, size_t max_bytes) {
+absl::Status StepMessenger::PostReceive(Phase phase, uint32_t step, uint32_t block, int peer, size_t max_bytes,
+                                        absl::Span<uint8_t> body) {
   auto [it, fresh] = incoming_.try_emplace(Key(phase, step, block));
   if (!fresh) return absl::OkStatus();
   Incoming& in = it->second;
   in.peer = peer;
   in.max_bytes = max_bytes;
+  if (body.size() > max_bytes) return absl::InternalError("a receive's body is larger than its payload");
+  in.body = body;
   // A peer that already reset the connection fails the post itself: name it as every other failure
   // of this peer is named ("from rank <peer>: ").
   DQ_ASSIGN_OR_RETURN(
@@ -59,6 +64,11 @@ absl::Status StepMessenger::Announce(Phase phase, uint32_t step, uint32_t block,
                                                    " payload bytes at step ", step, ", at most ", in.max_bytes,
                                                    " are possible"));
   }
+  if (!in.body.empty() && in.decoded.payload_bytes != in.max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", peer, " announced ", in.decoded.payload_bytes,
+                                                   " payload bytes at step ", step, ", the codec's messages have ",
+                                                   in.max_bytes));
+  }
   if (!in.payload_posted) DQ_RETURN_IF_ERROR(PostPayload(in, in.decoded.payload_bytes));
   in.announced = true;
   if (trusted_.insert(peer).second) {
@@ -71,16 +81,19 @@ absl::Status StepMessenger::Announce(Phase phase, uint32_t step, uint32_t block,
 }
 
 absl::Status StepMessenger::Send(Phase phase, uint32_t step, uint32_t block, int peer, const Codec& codec,
-                                 absl::Span<const uint8_t> payload, std::optional<uint64_t> checksum) {
-  if (payload.size() > UINT32_MAX) {
+                                 absl::Span<const uint8_t> payload, std::optional<uint64_t> checksum,
+                                 absl::Span<const uint8_t> body) {
+  const size_t bytes = payload.size() + body.size();
+  if (bytes > UINT32_MAX) {
     return absl::InvalidArgumentError(
-        absl::StrCat("message of ", payload.size(), " bytes exceeds 4 GiB; use smaller pipelining blocks"));
+        absl::StrCat("message of ", bytes, " bytes exceeds 4 GiB; use smaller pipelining blocks"));
   }
+  if (!body.empty() && o_.authenticator != nullptr) return absl::InternalError("split messages are not authenticated");
   auto [it, fresh] = outgoing_.try_emplace(Key(phase, step, block));
   if (!fresh) return absl::InternalError(absl::StrCat("message of step ", step, " block ", block, " sent twice"));
   Outgoing& out = it->second;
   StepHeader h = Expected(phase, step, block, codec, t_.rank());
-  h.payload_bytes = static_cast<uint32_t>(payload.size());
+  h.payload_bytes = static_cast<uint32_t>(bytes);
   if (o_.authenticator != nullptr) {
     TimelineSpan span(o_.timeline, Timeline::Kind::kChecksum, block);
     out.header_bytes = o_.authenticator->Seal(h, static_cast<uint32_t>(peer), payload);
@@ -89,15 +102,24 @@ absl::Status StepMessenger::Send(Phase phase, uint32_t step, uint32_t block, int
     out.header_bytes = EncodeStepHeader(h);
   } else {
     TimelineSpan span(o_.timeline, Timeline::Kind::kChecksum, block);
-    h.checksum = PayloadChecksum(payload);
+    kernels::PayloadChecksummer summer;
+    summer.Update(payload);
+    summer.Update(body);
+    h.checksum = summer.Finish();
     out.header_bytes = EncodeStepHeader(h);
   }
   DQ_ASSIGN_OR_RETURN(out.header,
                       Peer(t_.PostSend(peer, Tag(o_.sequence, phase, step, block, kHeader), out.header_bytes), peer));
-  DQ_ASSIGN_OR_RETURN(out.body, Peer(t_.PostSend(peer, Tag(o_.sequence, phase, step, block, kPayload), payload), peer));
+  const uint64_t tag = Tag(o_.sequence, phase, step, block, kPayload);
+  if (body.empty()) {
+    DQ_ASSIGN_OR_RETURN(out.body, Peer(t_.PostSend(peer, tag, payload), peer));
+  } else {
+    const absl::Span<const uint8_t> parts[] = {payload, body};
+    DQ_ASSIGN_OR_RETURN(out.body, Peer(t_.PostSendParts(peer, tag, parts), peer));
+  }
   out.peer = peer;
-  result_.bytes_sent += kStepHeaderBytes + payload.size();
-  if (phase == Phase::kStats) result_.stats_bytes_sent += kStepHeaderBytes + payload.size();
+  result_.bytes_sent += kStepHeaderBytes + bytes;
+  if (phase == Phase::kStats) result_.stats_bytes_sent += kStepHeaderBytes + bytes;
   return absl::OkStatus();
 }
 
@@ -119,13 +141,21 @@ absl::StatusOr<absl::Span<const uint8_t>> StepMessenger::Receive(Phase phase, ui
   const int peer = in.peer;
   {
     TimelineSpan span(o_.timeline, Timeline::Kind::kWaitPayload, block);
-    DQ_RETURN_IF_ERROR(Peer(t_.Wait(in.body, deadline_), peer));
+    DQ_RETURN_IF_ERROR(Peer(t_.Wait(in.body_handle, deadline_), peer));
   }
-  const absl::Span<const uint8_t> payload(in.payload.data(), in.decoded.payload_bytes);
-  result_.bytes_received += kStepHeaderBytes + payload.size();
+  const absl::Span<const uint8_t> payload(in.payload.data(), in.decoded.payload_bytes - in.body.size());
+  result_.bytes_received += kStepHeaderBytes + in.decoded.payload_bytes;
   // Verified before anything decodes it.
   TimelineSpan span(o_.timeline, Timeline::Kind::kChecksum, block);
-  if (o_.authenticator != nullptr) {
+  if (!in.body.empty()) {  // never with an authenticator (Send)
+    kernels::PayloadChecksummer summer;
+    summer.Update(payload);
+    summer.Update(in.body);
+    if (o_.authenticator != nullptr || summer.Finish() != in.decoded.checksum) {
+      return absl::DataLossError(absl::StrCat("payload from rank ", peer, " at step ", step, " block ", block,
+                                              " failed its checksum (corrupted in transit)"));
+    }
+  } else if (o_.authenticator != nullptr) {
     if (!o_.authenticator->Verify(in.header_bytes, static_cast<uint32_t>(t_.rank()), payload)) {
       return absl::UnauthenticatedError(absl::StrCat(
           "authentication failed: the message from rank ", peer, " at step ", step, " block ", block,
@@ -138,7 +168,7 @@ absl::StatusOr<absl::Span<const uint8_t>> StepMessenger::Receive(Phase phase, ui
                                             " failed its checksum (corrupted in transit)"));
   }
   in.received = true;
-  t_.MessageReceived(peer, kStepHeaderBytes + payload.size());
+  t_.MessageReceived(peer, kStepHeaderBytes + in.decoded.payload_bytes);
   return payload;
 }
 
@@ -153,7 +183,7 @@ StepMessenger::TakenPayload StepMessenger::TakePayload(Phase phase, uint32_t ste
   auto it = incoming_.find(Key(phase, step, block));
   if (it == incoming_.end() || !it->second.received) return {};
   TakenPayload taken{std::move(it->second.payload), std::nullopt};
-  taken.bytes.resize(it->second.decoded.payload_bytes);
+  taken.bytes.resize(it->second.decoded.payload_bytes - it->second.body.size());
   if (o_.authenticator == nullptr) taken.checksum = it->second.decoded.checksum;
   incoming_.erase(it);
   return taken;
@@ -190,9 +220,14 @@ absl::Status StepMessenger::CheckAuthenticationMode(const StepHeader& received, 
 }
 
 absl::Status StepMessenger::PostPayload(Incoming& in, size_t bytes) {
-  in.payload = pool_.Take(bytes);
-  in.payload.resize(bytes);
-  DQ_ASSIGN_OR_RETURN(in.body, Peer(t_.PostRecv(in.peer, in.tag, absl::MakeSpan(in.payload)), in.peer));
+  in.payload = pool_.Take(bytes - in.body.size());
+  in.payload.resize(bytes - in.body.size());
+  if (in.body.empty()) {
+    DQ_ASSIGN_OR_RETURN(in.body_handle, Peer(t_.PostRecv(in.peer, in.tag, absl::MakeSpan(in.payload)), in.peer));
+  } else {
+    const absl::Span<uint8_t> parts[] = {absl::MakeSpan(in.payload), in.body};
+    DQ_ASSIGN_OR_RETURN(in.body_handle, Peer(t_.PostRecvParts(in.peer, in.tag, parts), in.peer));
+  }
   in.payload_posted = true;
   return absl::OkStatus();
 }

@@ -51,8 +51,11 @@ class StepMessenger {
   ~StepMessenger();
 
   // Posts the header receive of the message (phase, step, block) from `peer`, whose payload may
-  // have at most `max_bytes`.
-  absl::Status PostReceive(Phase phase, uint32_t step, uint32_t block, int peer, size_t max_bytes);
+  // have at most `max_bytes`. With a `body` (the transport must SupportsParts): the payload has
+  // exactly `max_bytes`, its last body.size() bytes land in `body` (e.g. the output: no copy),
+  // and Receive returns the rest and verifies the checksum of both.
+  absl::Status PostReceive(Phase phase, uint32_t step, uint32_t block, int peer, size_t max_bytes,
+                           absl::Span<uint8_t> body = {});
 
   // Whether `peer`'s headers have matched this collective (see the class comment).
   bool Trusts(int peer) const { return trusted_.count(peer) != 0; }
@@ -63,9 +66,11 @@ class StepMessenger {
 
   // Sends `payload` as message (phase, step, block) to `peer`; it must stay valid until WaitSent.
   // `checksum`: its PayloadChecksum when the caller knows it (computed while encoding, or received
-  // with it), so it is not computed again.
+  // with it), so it is not computed again. A `body` follows `payload` in the same message, sent from
+  // where it is (the transport must SupportsParts; not with an authenticator).
   absl::Status Send(Phase phase, uint32_t step, uint32_t block, int peer, const kernels::Codec& codec,
-                    absl::Span<const uint8_t> payload, std::optional<uint64_t> checksum = std::nullopt);
+                    absl::Span<const uint8_t> payload, std::optional<uint64_t> checksum = std::nullopt,
+                    absl::Span<const uint8_t> body = {});
 
   // Waits until the message (phase, step, block) has left (its payload may then be reused); no-op
   // when none was sent.
@@ -113,9 +118,10 @@ class StepMessenger {
     uint64_t tag = 0;  // the payload's
     size_t max_bytes = 0;
     std::array<uint8_t, kStepHeaderBytes> header_bytes{};
-    StepHeader decoded;  // once announced
-    Bytes payload;       // the announced size (or the bound, when trusted), from the pool
-    Transport::Handle header = 0, body = 0;
+    StepHeader decoded;        // once announced
+    Bytes payload;             // the announced size (or the bound, when trusted), from the pool; without the body
+    absl::Span<uint8_t> body;  // where the payload's last bytes go (PostReceive)
+    Transport::Handle header = 0, body_handle = 0;
     bool payload_posted = false, announced = false, received = false;
   };
   struct Outgoing {

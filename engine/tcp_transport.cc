@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -38,28 +39,56 @@ uint64_t GetU64(const uint8_t* p) {
   return v;
 }
 
-// Writes the frame and the payload; false on error.
-bool WriteFrame(int fd, const uint8_t* frame, const uint8_t* data, size_t size) {
-  size_t frame_left = kFrameBytes, data_left = size;
-  while (frame_left + data_left > 0) {
-    iovec iov[2];
-    int count = 0;
-    if (frame_left > 0) iov[count++] = {const_cast<uint8_t*>(frame + kFrameBytes - frame_left), frame_left};
-    if (data_left > 0) iov[count++] = {const_cast<uint8_t*>(data + size - data_left), data_left};
+// A posted buffer: the parts of one message, in order.
+using Parts = std::vector<absl::Span<uint8_t>>;
+
+size_t TotalBytes(const Parts& parts) {
+  size_t total = 0;
+  for (absl::Span<uint8_t> part : parts) total += part.size();
+  return total;
+}
+
+// Writes the frame and then the message's parts, all in one sendmsg where the socket takes it;
+// false on error.
+bool WriteFrame(int fd, const uint8_t* frame, const Parts& parts) {
+  std::vector<iovec> iov;
+  iov.reserve(parts.size() + 1);
+  iov.push_back({const_cast<uint8_t*>(frame), kFrameBytes});
+  for (absl::Span<uint8_t> part : parts) {
+    if (!part.empty()) iov.push_back({part.data(), part.size()});
+  }
+  iovec* next = iov.data();
+  size_t count = iov.size();
+  while (count > 0) {
     msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = count;
+    msg.msg_iov = next;
+    msg.msg_iovlen = std::min<size_t>(count, IOV_MAX);
     const ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
       return false;
     }
     size_t sent = static_cast<size_t>(n);
-    const size_t from_frame = std::min(sent, frame_left);
-    frame_left -= from_frame;
-    data_left -= sent - from_frame;
+    while (count > 0 && sent >= next->iov_len) {
+      sent -= next->iov_len;
+      ++next;
+      --count;
+    }
+    if (count > 0) {
+      next->iov_base = static_cast<uint8_t*>(next->iov_base) + sent;
+      next->iov_len -= sent;
+    }
   }
   return true;
+}
+
+// Copies `bytes` into the parts, in order.
+void Scatter(absl::Span<const uint8_t> bytes, const Parts& parts) {
+  for (absl::Span<uint8_t> part : parts) {
+    const size_t n = std::min(part.size(), bytes.size());
+    if (n > 0) std::memcpy(part.data(), bytes.data(), n);
+    bytes.remove_prefix(n);
+  }
 }
 
 class TcpTransport final : public Transport {
@@ -96,22 +125,33 @@ class TcpTransport final : public Transport {
   std::string name() const override { return "tcp"; }
 
   absl::StatusOr<Handle> PostSend(int peer, uint64_t tag, absl::Span<const uint8_t> data) override {
+    return PostSendParts(peer, tag, {data});
+  }
+  absl::StatusOr<Handle> PostRecv(int peer, uint64_t tag, absl::Span<uint8_t> buffer) override {
+    return PostRecvParts(peer, tag, {buffer});
+  }
+  bool SupportsParts() const override { return true; }
+
+  absl::StatusOr<Handle> PostSendParts(int peer, uint64_t tag,
+                                       absl::Span<const absl::Span<const uint8_t>> parts) override {
     DQ_RETURN_IF_ERROR(CheckPeer(peer));
+    Parts writable;  // never written: sends only read their parts
+    for (absl::Span<const uint8_t> part : parts) writable.emplace_back(const_cast<uint8_t*>(part.data()), part.size());
     absl::MutexLock lock(&mu_);
     DQ_RETURN_IF_ERROR(failed_);
     DQ_RETURN_IF_ERROR(peers_[peer]->status);
     const Handle h = next_++;
-    Op& op = *(ops_[h] = std::make_unique<Op>(Op{true, peer, tag, const_cast<uint8_t*>(data.data()), data.size()}));
+    Op& op = *(ops_[h] = std::make_unique<Op>(Op{true, peer, tag, std::move(writable)}));
     peers_[peer]->sends.push_back(&op);
     return h;
   }
 
-  absl::StatusOr<Handle> PostRecv(int peer, uint64_t tag, absl::Span<uint8_t> buffer) override {
+  absl::StatusOr<Handle> PostRecvParts(int peer, uint64_t tag, absl::Span<const absl::Span<uint8_t>> parts) override {
     DQ_RETURN_IF_ERROR(CheckPeer(peer));
     absl::MutexLock lock(&mu_);
     DQ_RETURN_IF_ERROR(failed_);
     const Handle h = next_++;
-    Op& op = *(ops_[h] = std::make_unique<Op>(Op{false, peer, tag, buffer.data(), buffer.size()}));
+    Op& op = *(ops_[h] = std::make_unique<Op>(Op{false, peer, tag, Parts(parts.begin(), parts.end())}));
     peers_[peer]->recvs[tag].push_back(&op);
     DeliverEarly(peer, tag);
     return h;
@@ -152,8 +192,8 @@ class TcpTransport final : public Transport {
     bool send;
     int peer;
     uint64_t tag;
-    uint8_t* data;
-    size_t size;
+    Parts parts;
+    size_t size = TotalBytes(parts);
     bool done = false;
   };
   struct Early {  // a message that came before its receive
@@ -201,7 +241,7 @@ class TcpTransport final : public Transport {
                                                      peer, " (tag ", tag, ") for a receive of ", op->size, " bytes")));
         return;
       }
-      if (!m.bytes.empty()) std::memcpy(op->data, m.bytes.data(), m.bytes.size());
+      Scatter(m.bytes, op->parts);
       early_bytes_ -= m.bytes.size();
       op->done = true;
       e->second.pop_front();
@@ -249,7 +289,8 @@ class TcpTransport final : public Transport {
         }
         ++busy_;
       }
-      const absl::Status read = Read(peer, op != nullptr ? op->data : early->bytes.data(), size);
+      const absl::Status read =
+          op != nullptr ? Read(peer, op->parts, size) : Read(peer, {absl::MakeSpan(early->bytes)}, size);
       absl::MutexLock lock(&mu_);
       --busy_;
       if (!read.ok()) return LostPeerLocked(peer, read);
@@ -279,7 +320,7 @@ class TcpTransport final : public Transport {
       uint8_t frame[kFrameBytes];
       PutU64(frame, op->tag);
       PutU64(frame + 8, op->size);
-      const bool ok = WriteFrame(p.fd, frame, op->data, op->size);
+      const bool ok = WriteFrame(p.fd, frame, op->parts);
       const int error = errno;
       absl::MutexLock lock(&mu_);
       --busy_;
@@ -296,6 +337,15 @@ class TcpTransport final : public Transport {
   absl::Status Read(int peer, uint8_t* out, size_t size) {
     return common::ReadFull(peers_[peer]->fd, reinterpret_cast<char*>(out), size, absl::InfiniteFuture(),
                             absl::StrCat("reading from rank ", peer));
+  }
+  // The same into `parts`, in order (size <= their total).
+  absl::Status Read(int peer, const Parts& parts, size_t size) {
+    for (absl::Span<uint8_t> part : parts) {
+      const size_t n = std::min(part.size(), size);
+      if (n > 0) DQ_RETURN_IF_ERROR(Read(peer, part.data(), n));
+      size -= n;
+    }
+    return absl::OkStatus();
   }
 
   // The connection to `peer` is closed or broken (`why`): what is still to come from or go to that

@@ -45,6 +45,15 @@ class Transport {
   // `data` / `buffer` must stay valid until Wait returns for the handle.
   virtual absl::StatusOr<Handle> PostSend(int peer, uint64_t tag, absl::Span<const uint8_t> data) = 0;
   virtual absl::StatusOr<Handle> PostRecv(int peer, uint64_t tag, absl::Span<uint8_t> buffer) = 0;
+  // Scatter/gather, where SupportsParts(): one message sent from several buffers (their bytes in
+  // order), or received into several (filled in order; a shorter message leaves the rest as it
+  // was). Lets the engine send a message's body from memory it already holds and receive it where
+  // it belongs, without copies (engine/rank_executor.h). Gloo and NCCL move a message from one
+  // buffer only: without support, more than one part is UNIMPLEMENTED and the engine copies.
+  virtual bool SupportsParts() const { return false; }
+  virtual absl::StatusOr<Handle> PostSendParts(int peer, uint64_t tag,
+                                               absl::Span<const absl::Span<const uint8_t>> parts);
+  virtual absl::StatusOr<Handle> PostRecvParts(int peer, uint64_t tag, absl::Span<const absl::Span<uint8_t>> parts);
   virtual absl::Status Wait(Handle handle, absl::Time deadline) = 0;
   // The caller's word on how many bytes of a completed receive were `peer`'s message: receives may
   // be posted larger than the message, and Gloo cannot tell how much arrived (the engine learns it
@@ -54,6 +63,18 @@ class Transport {
 
   virtual void Abort() = 0;
 };
+
+inline absl::StatusOr<Transport::Handle> Transport::PostSendParts(int peer, uint64_t tag,
+                                                                  absl::Span<const absl::Span<const uint8_t>> parts) {
+  if (parts.size() == 1) return PostSend(peer, tag, parts[0]);
+  return absl::UnimplementedError(name() + " transport: no scatter/gather sends");
+}
+
+inline absl::StatusOr<Transport::Handle> Transport::PostRecvParts(int peer, uint64_t tag,
+                                                                  absl::Span<const absl::Span<uint8_t>> parts) {
+  if (parts.size() == 1) return PostRecv(peer, tag, parts[0]);
+  return absl::UnimplementedError(name() + " transport: no scatter/gather receives");
+}
 
 }  // namespace dynamiq::engine
 

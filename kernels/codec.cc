@@ -1,5 +1,6 @@
 #include "kernels/codec.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/payload_checksum.h"
 
@@ -35,6 +36,20 @@ absl::StatusOr<size_t> Codec::DecompressAccumulateRecompressChecksummed(const Bu
 
 absl::Status PayloadChecksumError() {
   return absl::DataLossError("payload failed its checksum (corrupted in transit)");
+}
+
+absl::Status Codec::WriteFloat32Head(const BucketPlan&, const ChunkRef&, absl::Span<uint8_t>) const {
+  return absl::UnimplementedError(absl::StrCat(CodecName(id()), " messages have no fp32 body"));
+}
+
+absl::Status Codec::CheckFloat32Head(const BucketPlan&, const ChunkRef&, absl::Span<const uint8_t>) const {
+  return absl::UnimplementedError(absl::StrCat(CodecName(id()), " messages have no fp32 body"));
+}
+
+absl::Status Codec::DecompressAccumulateRecompressSplit(const BucketPlan&, const ChunkRef&, absl::Span<const uint8_t>,
+                                                        std::optional<uint64_t>, const Source&, absl::Span<uint8_t>,
+                                                        float*, uint64_t&) const {
+  return absl::UnimplementedError(absl::StrCat(CodecName(id()), " messages have no fp32 body"));
 }
 
 absl::Status Codec::DecompressVerified(const BucketPlan& plan, const ChunkRef& chunk, absl::Span<const uint8_t> in,

@@ -28,6 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 #include "absl/strings/string_view.h"
@@ -182,6 +183,26 @@ class Codec {
   virtual bool ChecksumsWhileEncoding() const { return false; }
   virtual absl::StatusOr<size_t> CompressChecksummed(const BucketPlan& plan, const ChunkRef& chunk, const Source& local,
                                                      absl::Span<uint8_t> out, uint64_t& checksum) const;
+  // Codecs whose message is its chunk header (kChunkHeaderBytes) followed by the chunk's values as
+  // they are, little-endian fp32 (none), say so with BodyIsFloat32: the engine may then keep a
+  // message's body in fp32 memory it already holds, sending it from the input and receiving it
+  // straight into the output (engine/rank_executor.h), instead of copying it through a buffer. The
+  // three calls below work on such split messages (PayloadChecksum is of the header and then the
+  // body); the defaults are UNIMPLEMENTED.
+  virtual bool BodyIsFloat32() const { return false; }
+  // The header Compress would write for `chunk` (one contribution, the body: its values).
+  virtual absl::Status WriteFloat32Head(const BucketPlan& plan, const ChunkRef& chunk, absl::Span<uint8_t> head) const;
+  // Checks a received header of `chunk` whose body (any fp32 values) is elsewhere.
+  virtual absl::Status CheckFloat32Head(const BucketPlan& plan, const ChunkRef& chunk,
+                                        absl::Span<const uint8_t> head) const;
+  // DecompressAccumulateRecompressVerified (Checksummed when `expected` is empty) writing the
+  // message's header into `head` and its values, chunk.count floats, to `body`.
+  virtual absl::Status DecompressAccumulateRecompressSplit(const BucketPlan& plan, const ChunkRef& chunk,
+                                                           absl::Span<const uint8_t> in,
+                                                           std::optional<uint64_t> expected, const Source& local,
+                                                           absl::Span<uint8_t> head, float* body,
+                                                           uint64_t& checksum) const;
+
   // Decompress and DecompressAccumulateRecompress of a received message whose PayloadChecksum must
   // be `expected` (its step header's): DATA_LOSS "failed its checksum" otherwise, and then what was
   // written is garbage (the collective fails). The defaults verify, then decode; codecs that

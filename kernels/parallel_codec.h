@@ -90,6 +90,23 @@ class ParallelCodec final : public Codec {
                : Codec::DecompressAccumulateRecompressVerified(plan, chunk, in, expected, local, out, checksum);
   }
 
+  // Split messages (none): one pass over memory, not split either.
+  bool BodyIsFloat32() const override { return codec_.BodyIsFloat32(); }
+  absl::Status WriteFloat32Head(const BucketPlan& plan, const ChunkRef& chunk,
+                                absl::Span<uint8_t> head) const override {
+    return codec_.WriteFloat32Head(plan, chunk, head);
+  }
+  absl::Status CheckFloat32Head(const BucketPlan& plan, const ChunkRef& chunk,
+                                absl::Span<const uint8_t> head) const override {
+    return codec_.CheckFloat32Head(plan, chunk, head);
+  }
+  absl::Status DecompressAccumulateRecompressSplit(const BucketPlan& plan, const ChunkRef& chunk,
+                                                   absl::Span<const uint8_t> in, std::optional<uint64_t> expected,
+                                                   const Source& local, absl::Span<uint8_t> head, float* body,
+                                                   uint64_t& checksum) const override {
+    return codec_.DecompressAccumulateRecompressSplit(plan, chunk, in, expected, local, head, body, checksum);
+  }
+
   // A pool given explicitly (a ParallelCodec of a ParallelCodec) wins over this one's.
   void ComputeStatsOn(common::ThreadPool* pool, const Source& local, size_t num_elements, float* stats) const override {
     codec_.ComputeStatsOn(pool, local, num_elements, stats);

@@ -43,6 +43,10 @@ void WriteChunkHeader(const ChunkHeader& h, absl::Span<uint8_t> out) {
 }
 
 absl::StatusOr<ChunkHeader> ParseChunkHeader(absl::Span<const uint8_t> bytes) {
+  return ParseDetachedChunkHeader(bytes, bytes.size() < kChunkHeaderBytes ? 0 : bytes.size() - kChunkHeaderBytes);
+}
+
+absl::StatusOr<ChunkHeader> ParseDetachedChunkHeader(absl::Span<const uint8_t> bytes, size_t payload_bytes) {
   if (bytes.size() < kChunkHeaderBytes) {
     return absl::DataLossError(
         absl::StrCat("compressed chunk truncated: ", bytes.size(), " bytes, header alone needs ", kChunkHeaderBytes));
@@ -76,9 +80,9 @@ absl::StatusOr<ChunkHeader> ParseChunkHeader(absl::Span<const uint8_t> bytes) {
   }
   if (h.num_summands == 0) return absl::InvalidArgumentError("chunk claims 0 summands");
   if (!std::isfinite(h.param)) return absl::InvalidArgumentError("chunk parameter is not finite");
-  if (bytes.size() - kChunkHeaderBytes < h.payload_bytes) {
+  if (payload_bytes < h.payload_bytes) {
     return absl::DataLossError(absl::StrCat("compressed chunk truncated: header announces ", h.payload_bytes,
-                                            " payload bytes, only ", bytes.size() - kChunkHeaderBytes, " present"));
+                                            " payload bytes, only ", payload_bytes, " present"));
   }
   return h;
 }

@@ -59,6 +59,10 @@ void WriteChunkHeader(const ChunkHeader& header, absl::Span<uint8_t> out);
 // that say what was wrong.
 absl::StatusOr<ChunkHeader> ParseChunkHeader(absl::Span<const uint8_t> bytes);
 
+// The same for a header whose payload lies elsewhere (a split message, Codec::BodyIsFloat32):
+// `head` is the header alone and the payload has `payload_bytes`.
+absl::StatusOr<ChunkHeader> ParseDetachedChunkHeader(absl::Span<const uint8_t> head, size_t payload_bytes);
+
 // Checks that a parsed header is the chunk the caller expects (codec, chunk id, element count,
 // round) and that its payload has exactly `expected_payload_bytes`.
 absl::Status ValidateChunkHeader(const ChunkHeader& header, CodecId codec, const BucketPlan& plan,

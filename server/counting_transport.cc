@@ -9,10 +9,18 @@ CountingTransport::CountingTransport(std::unique_ptr<engine::Transport> inner, P
 
 absl::StatusOr<engine::Transport::Handle> CountingTransport::PostSend(int peer, uint64_t tag,
                                                                       absl::Span<const uint8_t> data) {
-  absl::StatusOr<Handle> handle = inner_->PostSend(peer, tag, data);
+  return PostSendParts(peer, tag, {data});
+}
+
+absl::StatusOr<engine::Transport::Handle> CountingTransport::PostSendParts(
+    int peer, uint64_t tag, absl::Span<const absl::Span<const uint8_t>> parts) {
+  absl::StatusOr<Handle> handle =
+      parts.size() == 1 ? inner_->PostSend(peer, tag, parts[0]) : inner_->PostSendParts(peer, tag, parts);
   if (handle.ok()) {
+    uint64_t bytes = 0;
+    for (absl::Span<const uint8_t> part : parts) bytes += part.size();
     absl::MutexLock lock(&mu_);
-    pending_[*handle] = Pending{peer, true, data.size()};
+    pending_[*handle] = Pending{peer, true, bytes};
   }
   return handle;
 }
@@ -20,6 +28,11 @@ absl::StatusOr<engine::Transport::Handle> CountingTransport::PostSend(int peer, 
 absl::StatusOr<engine::Transport::Handle> CountingTransport::PostRecv(int peer, uint64_t tag,
                                                                       absl::Span<uint8_t> buffer) {
   return inner_->PostRecv(peer, tag, buffer);
+}
+
+absl::StatusOr<engine::Transport::Handle> CountingTransport::PostRecvParts(
+    int peer, uint64_t tag, absl::Span<const absl::Span<uint8_t>> parts) {
+  return inner_->PostRecvParts(peer, tag, parts);
 }
 
 void CountingTransport::MessageReceived(int peer, size_t bytes) {

@@ -40,6 +40,10 @@ class CountingTransport final : public engine::Transport {
   std::string name() const override { return inner_->name(); }
   absl::StatusOr<Handle> PostSend(int peer, uint64_t tag, absl::Span<const uint8_t> data) override;
   absl::StatusOr<Handle> PostRecv(int peer, uint64_t tag, absl::Span<uint8_t> buffer) override;
+  bool SupportsParts() const override { return inner_->SupportsParts(); }
+  absl::StatusOr<Handle> PostSendParts(int peer, uint64_t tag,
+                                       absl::Span<const absl::Span<const uint8_t>> parts) override;
+  absl::StatusOr<Handle> PostRecvParts(int peer, uint64_t tag, absl::Span<const absl::Span<uint8_t>> parts) override;
   absl::Status Wait(Handle handle, absl::Time deadline) override;
   void MessageReceived(int peer, size_t bytes) override;
   void Abort() override { inner_->Abort(); }

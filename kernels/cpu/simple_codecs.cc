@@ -172,6 +172,52 @@ class SimpleCodec final : public Codec {
     return bytes;
   }
 
+  bool BodyIsFloat32() const override { return bytes_ == 4; }
+
+  absl::Status WriteFloat32Head(const BucketPlan& plan, const ChunkRef& chunk,
+                                absl::Span<uint8_t> head) const override {
+    if (bytes_ != 4) return Codec::WriteFloat32Head(plan, chunk, head);
+    return WriteHeader(plan, chunk, 1, head, kChunkHeaderBytes, nullptr);
+  }
+
+  absl::Status CheckFloat32Head(const BucketPlan& plan, const ChunkRef& chunk,
+                                absl::Span<const uint8_t> head) const override {
+    if (bytes_ != 4) return Codec::CheckFloat32Head(plan, chunk, head);
+    DQ_ASSIGN_OR_RETURN(ChunkHeader h, ParseDetachedChunkHeader(head, 4 * chunk.count));
+    return CheckParsed(plan, chunk, h).status();
+  }
+
+  absl::Status DecompressAccumulateRecompressSplit(const BucketPlan& plan, const ChunkRef& chunk,
+                                                   absl::Span<const uint8_t> in, std::optional<uint64_t> expected,
+                                                   const Source& local, absl::Span<uint8_t> head, float* body,
+                                                   uint64_t& checksum) const override {
+    if (bytes_ != 4) {
+      return Codec::DecompressAccumulateRecompressSplit(plan, chunk, in, expected, local, head, body, checksum);
+    }
+    const float* src = chunk.count > 0 ? PlainFloats(local, chunk.begin) : nullptr;
+    if (chunk.count > 0 && (src == nullptr || body == nullptr)) {
+      return absl::InvalidArgumentError("a split DAR reads and writes plain fp32 memory");
+    }
+    absl::StatusOr<ChunkHeader> h = Check(plan, chunk, in);
+    if (!h.ok()) return expected.has_value() && PayloadChecksum(in) != *expected ? PayloadChecksumError() : h.status();
+    const uint16_t summands = h->num_summands == 0xffff ? h->num_summands : h->num_summands + 1;
+    PayloadChecksummer in_sum, out_sum;
+    in_sum.Update(in.first(kChunkHeaderBytes));
+    const uint8_t* received = in.data() + kChunkHeaderBytes;
+    // Element k is read before it is written: `body` may be `local` itself (an in-place all-reduce).
+    DQ_RETURN_IF_ERROR(
+        EncodeDirect(
+            plan, chunk, summands, head, PassSums{&out_sum, expected.has_value() ? &in_sum : nullptr, in},
+            [&](size_t k) { return LoadWireFloat(received + 4 * k) + src[k]; }, reinterpret_cast<uint8_t*>(body))
+            .status());
+    if (expected.has_value()) {
+      in_sum.Update(in.subspan(kChunkHeaderBytes + 4 * chunk.count));
+      if (in_sum.Finish() != *expected) return PayloadChecksumError();
+    }
+    checksum = out_sum.Finish();
+    return absl::OkStatus();
+  }
+
  private:
   // Compress and DAR, checksumming as they go what `sums` asks for.
   absl::StatusOr<size_t> CompressImpl(const BucketPlan& plan, const ChunkRef& chunk, const Source& local,
@@ -206,6 +252,9 @@ class SimpleCodec final : public Codec {
 
   absl::StatusOr<ChunkHeader> Check(const BucketPlan& plan, const ChunkRef& chunk, absl::Span<const uint8_t> in) const {
     DQ_ASSIGN_OR_RETURN(ChunkHeader h, ParseChunkHeader(in));
+    return CheckParsed(plan, chunk, h);
+  }
+  absl::StatusOr<ChunkHeader> CheckParsed(const BucketPlan& plan, const ChunkRef& chunk, const ChunkHeader& h) const {
     DQ_RETURN_IF_ERROR(ValidateChunkHeader(h, id(), plan, chunk, bytes_ * chunk.count));
     if (h.element_bits != 8 * bytes_) {
       return absl::InvalidArgumentError(absl::StrCat(CodecName(id()), " chunk with element_bits ", h.element_bits));
@@ -223,12 +272,12 @@ class SimpleCodec final : public Codec {
     }
   }
 
-  // Checks `out` and writes the chunk header (and checksums it); the elements go after it.
+  // Checks `out` (`need` bytes: the whole message, or the header of a split one) and writes the
+  // chunk header (and checksums it); the elements go after it, or to the split message's body.
   absl::Status WriteHeader(const BucketPlan& plan, const ChunkRef& chunk, uint16_t summands, absl::Span<uint8_t> out,
-                           PayloadChecksummer* summer) const {
-    const size_t total = MaxEncodedBytes(plan, chunk);
-    if (out.size() < total || chunk.count > kMaxChunkElements) {
-      return absl::InvalidArgumentError(absl::StrCat("output buffer of ", out.size(), " bytes, need ", total));
+                           size_t need, PayloadChecksummer* summer) const {
+    if (out.size() < need || chunk.count > kMaxChunkElements) {
+      return absl::InvalidArgumentError(absl::StrCat("output buffer of ", out.size(), " bytes, need ", need));
     }
     ChunkHeader h;
     h.codec = id();
@@ -251,11 +300,14 @@ class SimpleCodec final : public Codec {
 
   // Encodes value(k), k < chunk.count, in one pass (the fast path: `value` reads plain memory), in
   // tiles small enough that the checksums of each (`sums`) read it from L1.
+  // `body`: where the elements go in a split message (`out` then holds only the header).
   template <typename Fn>
   absl::StatusOr<size_t> EncodeDirect(const BucketPlan& plan, const ChunkRef& chunk, uint16_t summands,
-                                      absl::Span<uint8_t> out, const PassSums& sums, Fn&& value) const {
-    DQ_RETURN_IF_ERROR(WriteHeader(plan, chunk, summands, out, sums.out));
-    uint8_t* p = out.data() + kChunkHeaderBytes;
+                                      absl::Span<uint8_t> out, const PassSums& sums, Fn&& value,
+                                      uint8_t* body = nullptr) const {
+    DQ_RETURN_IF_ERROR(WriteHeader(plan, chunk, summands, out,
+                                   body != nullptr ? kChunkHeaderBytes : MaxEncodedBytes(plan, chunk), sums.out));
+    uint8_t* p = body != nullptr ? body : out.data() + kChunkHeaderBytes;
     for (size_t i = 0; i < chunk.count; i += kTile) {
       const size_t n = std::min(kTile, chunk.count - i);
       uint8_t* dst = p + bytes_ * i;
@@ -281,7 +333,7 @@ class SimpleCodec final : public Codec {
   absl::StatusOr<size_t> Encode(const BucketPlan& plan, const ChunkRef& chunk, uint16_t summands,
                                 absl::Span<uint8_t> out, const PassSums& sums, Fn&& fill) const {
     const size_t total = MaxEncodedBytes(plan, chunk);
-    DQ_RETURN_IF_ERROR(WriteHeader(plan, chunk, summands, out, sums.out));
+    DQ_RETURN_IF_ERROR(WriteHeader(plan, chunk, summands, out, total, sums.out));
     uint8_t* p = out.data() + kChunkHeaderBytes;
     float tile[kTile];
     for (size_t i = 0; i < chunk.count; i += kTile) {

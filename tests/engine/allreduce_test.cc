@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -27,6 +28,7 @@ using ::dynamiq::testing::IsOk;
 using ::dynamiq::testing::StatusIs;
 using kernels::CodecConfig;
 using kernels::CodecId;
+using ::testing::AllOf;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
@@ -513,6 +515,116 @@ TEST(AllReduceTest, InPlaceBf16Buffers) {
   for (int r = 0; r < n; ++r) ASSERT_THAT(status[r], IsOk());
   EXPECT_LT(err / norm, 5e-3);  // 16 super-groups only: a coarse allocation
   for (int r = 1; r < n; ++r) EXPECT_EQ(buffers[r], buffers[0]);
+}
+
+// Forwards to another transport, as Gloo would: one buffer per message (no scatter/gather), or
+// with `flip_body` scatter/gather whose first split message has a byte of its body flipped.
+class Forwarding final : public Transport {
+ public:
+  Forwarding(std::unique_ptr<Transport> inner, bool flip_body) : inner_(std::move(inner)), flip_(flip_body) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string name() const override { return "forwarding"; }
+  absl::StatusOr<Handle> PostSend(int peer, uint64_t tag, absl::Span<const uint8_t> data) override {
+    return inner_->PostSend(peer, tag, data);
+  }
+  absl::StatusOr<Handle> PostRecv(int peer, uint64_t tag, absl::Span<uint8_t> buffer) override {
+    return inner_->PostRecv(peer, tag, buffer);
+  }
+  bool SupportsParts() const override { return flip_; }
+  absl::StatusOr<Handle> PostSendParts(int peer, uint64_t tag,
+                                       absl::Span<const absl::Span<const uint8_t>> parts) override {
+    std::vector<uint8_t>& message = sent_.emplace_back();
+    for (absl::Span<const uint8_t> part : parts) message.insert(message.end(), part.begin(), part.end());
+    if (parts.size() == 2 && !parts[1].empty() && !flipped_) {
+      message[parts[0].size()] ^= 0x10;
+      flipped_ = true;
+    }
+    return inner_->PostSend(peer, tag, message);
+  }
+  absl::StatusOr<Handle> PostRecvParts(int peer, uint64_t tag, absl::Span<const absl::Span<uint8_t>> parts) override {
+    return inner_->PostRecvParts(peer, tag, parts);
+  }
+  absl::Status Wait(Handle handle, absl::Time deadline) override { return inner_->Wait(handle, deadline); }
+  void Abort() override { inner_->Abort(); }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  const bool flip_;
+  bool flipped_ = false;
+  std::deque<std::vector<uint8_t>> sent_;  // what the memory transport copies from
+};
+
+// none's message bodies stay where the values are (sent from the input, summed and received into
+// the output) where the transport has scatter/gather: the exact sums, and the very bytes and
+// results of the copying path, in place or not, through a ParallelCodec too.
+TEST(AllReduceTest, NoneBodiesInPlaceGiveTheCopyingPathsResults) {
+  const int n = 4;
+  const size_t d = 50000;
+  auto inputs = Inputs(n, d, 9);
+  auto none = Make(CodecId::kNone);
+  common::ThreadPool pool(2);
+  const kernels::ParallelCodec parallel(*none, &pool);
+  for (Topology topology : {Topology::kRing, Topology::kButterfly}) {
+    for (bool in_place : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(TopologyName(topology), in_place ? " in place" : ""));
+      std::vector<std::vector<std::vector<float>>> outputs(2);  // [parts?][rank]
+      std::vector<std::vector<uint64_t>> sent(2, std::vector<uint64_t>(n));
+      for (int parts = 0; parts < 2; ++parts) {
+        auto transports = MakeMemoryTransports(n);
+        outputs[parts] = inputs;
+        std::vector<std::thread> threads;
+        std::vector<absl::Status> status(n);
+        for (int r = 0; r < n; ++r) {
+          if (parts == 0) transports[r] = std::make_unique<Forwarding>(std::move(transports[r]), false);
+          threads.emplace_back([&, r] {
+            kernels::Source src{in_place ? outputs[parts][r].data() : inputs[r].data(), kernels::DType::kFloat32, 0,
+                                nullptr};
+            kernels::Dest dst{outputs[parts][r].data(), kernels::DType::kFloat32, 0, nullptr};
+            auto result = AllReduce(parallel, *transports[r], Options(topology, 4096), src, dst, d);
+            status[r] = result.status();
+            if (result.ok()) sent[parts][r] = result->bytes_sent;
+          });
+        }
+        for (auto& t : threads) t.join();
+        for (int r = 0; r < n; ++r) ASSERT_THAT(status[r], IsOk());
+      }
+      for (int r = 0; r < n; ++r) {
+        EXPECT_EQ(std::memcmp(outputs[1][r].data(), outputs[0][r].data(), 4 * d), 0) << r;
+        EXPECT_EQ(sent[1][r], sent[0][r]) << r;
+      }
+      for (size_t k = 0; k < d; k += 997) {
+        double exact = 0;
+        for (int r = 0; r < n; ++r) exact += inputs[r][k];
+        EXPECT_NEAR(outputs[1][0][k], exact, 1e-4 * (1 + std::abs(exact))) << k;
+      }
+    }
+  }
+}
+
+// A body corrupted in transit fails the collective with DATA_LOSS, as a whole message would.
+TEST(AllReduceTest, ACorruptedBodyInPlaceFailsItsChecksum) {
+  const int n = 3;
+  const size_t d = 20000;
+  auto inputs = Inputs(n, d, 4);
+  auto none = Make(CodecId::kNone);
+  auto transports = MakeMemoryTransports(n);
+  transports[1] = std::make_unique<Forwarding>(std::move(transports[1]), true);
+  std::vector<std::vector<float>> outputs = inputs;
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> status(n);
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      AllReduceOptions o = Options(Topology::kRing);
+      o.timeout = absl::Seconds(5);
+      status[r] = AllReduce(*none, *transports[r], o, {inputs[r].data(), kernels::DType::kFloat32, 0, nullptr},
+                            {outputs[r].data(), kernels::DType::kFloat32, 0, nullptr}, d)
+                      .status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  // Rank 1's first split message goes to rank 2.
+  EXPECT_THAT(status[2], StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr("from rank 1"), HasSubstr("checksum"))));
 }
 
 TEST(AllReduceTest, GlooLoopbackMatchesTheInMemoryTransportBitForBit) {

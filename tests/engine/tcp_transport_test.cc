@@ -155,6 +155,48 @@ TEST(TcpTransportTest, SameTagMatchesInPostingOrderAndShortMessagesFitLargerRece
   }));
 }
 
+// Scatter/gather: a message sent from several buffers arrives as their bytes in order, and a
+// receive in several buffers fills them in order, whether it was posted before or after the message
+// arrived; a shorter message leaves the rest of the parts as they were.
+TEST(TcpTransportTest, PartsGatherOnSendAndScatterOnReceive) {
+  ExpectAllOk(RunRanks(2, [](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
+    EXPECT_TRUE(t->SupportsParts());
+    const std::vector<uint8_t> a = Pattern(0, 1, 3), b = Pattern(0, 2, 1000), c = Pattern(0, 3, 5000);
+    std::vector<uint8_t> whole = a;
+    whole.insert(whole.end(), b.begin(), b.end());
+    if (rank == 0) {
+      const absl::Span<const uint8_t> parts[] = {a, {}, b};
+      std::vector<Transport::Handle> hs;
+      for (uint64_t tag : {1, 2}) {  // tag 2's receive is posted late: it arrives early
+        DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostSendParts(1, tag, parts));
+        hs.push_back(h);
+      }
+      DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostSend(1, 3, c));
+      hs.push_back(h);
+      for (auto h : hs) DQ_RETURN_IF_ERROR(t->Wait(h, Deadline()));
+    } else {
+      std::vector<uint8_t> first(whole.size(), 0xee), head(2, 0xee), body(1500, 0xee), big(10, 0xee), rest(6000, 0xee);
+      DQ_ASSIGN_OR_RETURN(Transport::Handle h1, t->PostRecv(0, 1, absl::MakeSpan(first)));
+      DQ_RETURN_IF_ERROR(t->Wait(h1, Deadline()));
+      absl::SleepFor(absl::Milliseconds(30));
+      const absl::Span<uint8_t> parts[] = {absl::MakeSpan(head), absl::MakeSpan(body)};
+      DQ_ASSIGN_OR_RETURN(Transport::Handle h2, t->PostRecvParts(0, 2, parts));
+      const absl::Span<uint8_t> parts3[] = {absl::MakeSpan(big), absl::MakeSpan(rest)};
+      DQ_ASSIGN_OR_RETURN(Transport::Handle h3, t->PostRecvParts(0, 3, parts3));
+      DQ_RETURN_IF_ERROR(t->Wait(h2, Deadline()));
+      DQ_RETURN_IF_ERROR(t->Wait(h3, Deadline()));
+      EXPECT_EQ(first, whole);
+      EXPECT_TRUE(std::equal(head.begin(), head.end(), whole.begin()));
+      EXPECT_TRUE(std::equal(whole.begin() + 2, whole.end(), body.begin()));
+      EXPECT_EQ(body[whole.size() - 2], 0xee);  // nothing past the message
+      EXPECT_TRUE(std::equal(big.begin(), big.end(), c.begin()));
+      EXPECT_TRUE(std::equal(c.begin() + 10, c.end(), rest.begin()));
+      EXPECT_EQ(rest[c.size() - 10], 0xee);
+    }
+    return absl::OkStatus();
+  }));
+}
+
 // With room for one early message only, the peer's connection waits until the receive of the
 // message in its way is posted; every message still arrives.
 TEST(TcpTransportTest, EarlyBytesAreBoundedAndThePeerWaits) {

@@ -262,6 +262,41 @@ TEST(ParallelCodecTest, CodecsThatDoNotSplitRunOnTheCallingThreadWithTheSameResu
   }
 }
 
+// The engine keeps none's message bodies in place through a ParallelCodec too (dynamiqd and
+// dynamiq-bench wrap every codec in one).
+TEST(ParallelCodecTest, SplitMessagesAreTheWrappedCodecs) {
+  CodecConfig config;
+  config.id = CodecId::kNone;
+  absl::StatusOr<std::unique_ptr<Codec>> codec = CreateCodec(config);
+  ASSERT_THAT(codec, IsOk());
+  common::ThreadPool pool(2);
+  const ParallelCodec parallel(**codec, &pool);
+  EXPECT_TRUE(parallel.BodyIsFloat32());
+  const size_t d = 1000;
+  const std::vector<float> x = Values(d, 6), y = Values(d, 7);
+  absl::StatusOr<BucketPlan> plan = (*codec)->MakePlan(RoundInfo{2, 0, 2}, d, {}, {});
+  ASSERT_THAT(plan, IsOk());
+  ChunkRef chunk;
+  chunk.count = d;
+  std::vector<uint8_t> head(kChunkHeaderBytes), want(kChunkHeaderBytes);
+  ASSERT_THAT(parallel.WriteFloat32Head(*plan, chunk, absl::MakeSpan(head)), IsOk());
+  ASSERT_THAT((*codec)->WriteFloat32Head(*plan, chunk, absl::MakeSpan(want)), IsOk());
+  EXPECT_EQ(head, want);
+  EXPECT_THAT(parallel.CheckFloat32Head(*plan, chunk, head), IsOk());
+  const std::vector<uint8_t> sent = testing::MustCompress(**codec, *plan, chunk, testing::Src(x));
+  std::vector<float> body(d), want_body(d);
+  uint64_t sum = 0, want_sum = 0;
+  ASSERT_THAT(parallel.DecompressAccumulateRecompressSplit(*plan, chunk, sent, std::nullopt, testing::Src(y),
+                                                           absl::MakeSpan(head), body.data(), sum),
+              IsOk());
+  ASSERT_THAT((*codec)->DecompressAccumulateRecompressSplit(*plan, chunk, sent, std::nullopt, testing::Src(y),
+                                                            absl::MakeSpan(want), want_body.data(), want_sum),
+              IsOk());
+  EXPECT_EQ(head, want);
+  EXPECT_EQ(std::memcmp(body.data(), want_body.data(), 4 * d), 0);
+  EXPECT_EQ(sum, want_sum);
+}
+
 TEST(ParallelCodecTest, ANullPoolRunsOnTheCallingThread) {
   const DynamiqCodec codec(CodecConfig{}, DynamiqCodec::Kernel::kSimd);
   const ParallelCodec parallel(codec, nullptr);

@@ -12,6 +12,7 @@
 #include "kernels/bf16_math.h"
 #include "kernels/codec_registry.h"
 #include "kernels/payload_checksum.h"
+#include "kernels/wire_format.h"
 #include "tests/kernels/codec_test_util.h"
 
 namespace dynamiq::kernels {
@@ -121,6 +122,63 @@ TEST_P(SimpleCodecPathsTest, OnePassPathsEqualTheTiledPathAcrossTileBoundaries) 
     }
     EXPECT_EQ(plain_out[first - 1], -1.0f);  // nothing outside the chunk
   }
+}
+
+// none's split messages (Codec::BodyIsFloat32): the header and the values kept elsewhere are the
+// bytes, and have the checksum, of the whole message; a bad header or checksum fails as a whole one.
+TEST(SimpleCodecSplitTest, NoneSplitMessagesAreTheWholeMessagesBytes) {
+  CodecConfig config;
+  config.id = CodecId::kNone;
+  auto codec = CreateCodec(config).value();
+  ASSERT_TRUE(codec->BodyIsFloat32());
+  for (size_t n : {size_t{0}, size_t{1}, size_t{1025}, size_t{5000}}) {
+    SCOPED_TRACE(n);
+    const size_t first = 300;
+    std::vector<float> a = Values(first + n, 1), b = Values(first + n, 2);
+    BucketPlan plan = codec->MakePlan(RoundInfo{7, 0, 2, 0}, first + n, {}, {}).value();
+    ChunkRef chunk;
+    chunk.chunk_id = 1;
+    chunk.begin = first;
+    chunk.count = n;
+    const std::vector<uint8_t> sent = MustCompress(*codec, plan, chunk, Src(a));
+    std::vector<uint8_t> head(kChunkHeaderBytes);
+    ASSERT_TRUE(codec->WriteFloat32Head(plan, chunk, absl::MakeSpan(head)).ok());
+    EXPECT_TRUE(std::equal(head.begin(), head.end(), sent.begin()));
+    EXPECT_EQ(std::memcmp(sent.data() + kChunkHeaderBytes, a.data() + first, 4 * n), 0);
+    EXPECT_TRUE(codec->CheckFloat32Head(plan, chunk, head).ok());
+    ChunkRef other = chunk;
+    other.chunk_id = 2;
+    EXPECT_EQ(codec->CheckFloat32Head(plan, other, head).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(codec->CheckFloat32Head(plan, chunk, absl::MakeSpan(head).first(20)).code(), absl::StatusCode::kDataLoss);
+
+    const std::vector<uint8_t> summed = MustDar(*codec, plan, chunk, sent, Src(b));
+    const uint64_t sent_sum = PayloadChecksum(sent);
+    for (bool in_place : {false, true}) {
+      SCOPED_TRACE(in_place);
+      std::vector<float> local = b, separate(first + n, -1.0f);
+      float* body = in_place ? local.data() + first : separate.data() + first;  // in place: the input itself
+      std::vector<uint8_t> summed_head(kChunkHeaderBytes);
+      uint64_t sum = 0;
+      ASSERT_TRUE(codec
+                      ->DecompressAccumulateRecompressSplit(plan, chunk, sent, sent_sum, Src(local),
+                                                            absl::MakeSpan(summed_head), body, sum)
+                      .ok());
+      EXPECT_TRUE(std::equal(summed_head.begin(), summed_head.end(), summed.begin()));
+      EXPECT_EQ(std::memcmp(body, summed.data() + kChunkHeaderBytes, 4 * n), 0);
+      EXPECT_EQ(sum, PayloadChecksum(summed));
+      EXPECT_EQ(codec
+                    ->DecompressAccumulateRecompressSplit(plan, chunk, sent, sent_sum + 1, Src(b),
+                                                          absl::MakeSpan(summed_head), separate.data() + first, sum)
+                    .code(),
+                absl::StatusCode::kDataLoss);
+    }
+  }
+  config.id = CodecId::kBf16;
+  auto bf16 = CreateCodec(config).value();
+  EXPECT_FALSE(bf16->BodyIsFloat32());
+  std::vector<uint8_t> head(kChunkHeaderBytes);
+  EXPECT_EQ(bf16->WriteFloat32Head(BucketPlan{}, ChunkRef{}, absl::MakeSpan(head)).code(),
+            absl::StatusCode::kUnimplemented);
 }
 
 INSTANTIATE_TEST_SUITE_P(NoneAndBf16, SimpleCodecPathsTest, ::testing::Values(CodecId::kNone, CodecId::kBf16),
