@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -29,6 +30,15 @@ namespace {
 
 constexpr uint32_t kHelloMagic = 0x31544344;  // "DCT1"
 constexpr size_t kFrameBytes = 16;            // tag, size: little-endian u64 each
+// A frame with this tag says why its sender gave up (the reason, UTF-8, follows); the engine's tags
+// never have every bit set.
+constexpr uint64_t kAbortTag = ~uint64_t{0};
+constexpr size_t kMaxAbortReason = 1024;
+// What Abort still sends of the messages posted to a peer (a step header that tells the peer why
+// the collective failed), as far as the socket takes it without waiting.
+constexpr size_t kAbortFlushBytes = size_t{64} << 10;
+// How long Abort waits for a writer to finish the message it is writing before it flushes.
+constexpr absl::Duration kAbortWriterWait = absl::Milliseconds(200);
 
 void PutU64(uint8_t* p, uint64_t v) {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
@@ -80,6 +90,22 @@ bool WriteFrame(int fd, const uint8_t* frame, const Parts& parts) {
     }
   }
   return true;
+}
+
+// Writes the frame and the parts without waiting; true only if all of it went into the socket.
+bool WriteFrameNow(int fd, uint64_t tag, const Parts& parts) {
+  uint8_t frame[kFrameBytes];
+  PutU64(frame, tag);
+  PutU64(frame + 8, TotalBytes(parts));
+  std::vector<iovec> iov = {{frame, kFrameBytes}};
+  for (absl::Span<uint8_t> part : parts) {
+    if (!part.empty()) iov.push_back({part.data(), part.size()});
+  }
+  msghdr msg{};
+  msg.msg_iov = iov.data();
+  msg.msg_iovlen = iov.size();
+  const ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  return n >= 0 && static_cast<size_t>(n) == kFrameBytes + TotalBytes(parts);
 }
 
 // Copies `bytes` into the parts, in order.
@@ -135,6 +161,7 @@ class TcpTransport final : public Transport {
   absl::StatusOr<Handle> PostSendParts(int peer, uint64_t tag,
                                        absl::Span<const absl::Span<const uint8_t>> parts) override {
     DQ_RETURN_IF_ERROR(CheckPeer(peer));
+    if (tag == kAbortTag) return absl::InvalidArgumentError(absl::StrCat(Who(), ": tag ", tag, " is reserved"));
     Parts writable;  // never written: sends only read their parts
     for (absl::Span<const uint8_t> part : parts) writable.emplace_back(const_cast<uint8_t*>(part.data()), part.size());
     absl::MutexLock lock(&mu_);
@@ -179,8 +206,42 @@ class TcpTransport final : public Transport {
                                                     op->peer, " (tag ", op->tag, ") did not complete in time"));
   }
 
+  // Before the sockets close, each peer whose writer is idle gets what was posted to it that the
+  // socket takes without waiting (up to kAbortFlushBytes: a step header saying this rank runs a
+  // different collective reaches the peer, which then names the mismatch itself) and a frame saying
+  // why this rank gave up (a peer lost first, say), which the peer's error carries.
   void Abort() override {
     absl::MutexLock lock(&mu_);
+    if (failed_.ok() && !aborting_) {
+      // Writers finish the message they are writing (briefly: a peer that reads nothing must not
+      // hold Abort up) and start no other.
+      aborting_ = true;
+      auto quiet = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        for (const auto& p : peers_) {
+          if (p != nullptr && p->writing) return false;
+        }
+        return true;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&quiet), kAbortWriterWait);
+    }
+    if (failed_.ok()) {
+      const std::string why =
+          std::string((!first_loss_.ok() ? first_loss_ : absl::AbortedError(absl::StrCat(Who(), ": transport aborted")))
+                          .message()
+                          .substr(0, kMaxAbortReason));
+      for (auto& p : peers_) {
+        if (p == nullptr || !p->status.ok() || p->writing) continue;
+        size_t budget = kAbortFlushBytes;
+        bool whole = true;
+        for (const Op* op : p->sends) {
+          if (op->size > budget || !(whole = WriteFrameNow(p->fd, op->tag, op->parts))) break;
+          budget -= op->size;
+        }
+        std::string reason = why;
+        if (whole)
+          WriteFrameNow(p->fd, kAbortTag, {absl::MakeSpan(reinterpret_cast<uint8_t*>(reason.data()), reason.size())});
+      }
+    }
     Fail(absl::AbortedError(absl::StrCat(Who(), ": transport aborted")));
     // Until every thread is out of the buffers the callers posted: they may free them next.
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return busy_ == 0; };
@@ -204,6 +265,7 @@ class TcpTransport final : public Transport {
     int fd = -1;
     absl::Status status;  // not OK once its connection is closed or broken
     std::thread reader, writer;
+    bool writing = false;                         // the writer is inside the socket
     std::deque<Op*> sends;                        // in posting order; the front is being written
     std::map<uint64_t, std::deque<Op*>> recvs;    // per tag, in posting order
     std::map<uint64_t, std::deque<Early>> early;  // per tag, in arrival order
@@ -257,6 +319,14 @@ class TcpTransport final : public Transport {
     while (true) {
       if (absl::Status read = Read(peer, frame, kFrameBytes); !read.ok()) return LostPeer(peer, read);
       const uint64_t tag = GetU64(frame), size = GetU64(frame + 8);
+      if (tag == kAbortTag) {  // the peer gave up, and says why
+        std::string reason(std::min<uint64_t>(size, kMaxAbortReason), '\0');
+        absl::Status read = size <= kMaxAbortReason
+                                ? Read(peer, reinterpret_cast<uint8_t*>(reason.data()), reason.size())
+                                : absl::InvalidArgumentError("an over-long reason");
+        return LostPeer(peer,
+                        read.ok() ? absl::UnavailableError(absl::StrCat("rank ", peer, " gave up: ", reason)) : read);
+      }
       Op* op = nullptr;
       Early* early = nullptr;
       {
@@ -310,12 +380,13 @@ class TcpTransport final : public Transport {
       {
         absl::MutexLock lock(&mu_);
         auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return !failed_.ok() || !p.status.ok() || !p.sends.empty();
+          return !failed_.ok() || !p.status.ok() || aborting_ || !p.sends.empty();
         };
         mu_.Await(absl::Condition(&ready));
-        if (!failed_.ok() || !p.status.ok()) return;
+        if (!failed_.ok() || !p.status.ok() || aborting_) return;
         op = p.sends.front();
         ++busy_;
+        p.writing = true;
       }
       uint8_t frame[kFrameBytes];
       PutU64(frame, op->tag);
@@ -324,6 +395,7 @@ class TcpTransport final : public Transport {
       const int error = errno;
       absl::MutexLock lock(&mu_);
       --busy_;
+      p.writing = false;
       if (!ok) {
         return LostPeerLocked(
             peer, common::ErrnoStatus(absl::StatusCode::kUnavailable, absl::StrCat("writing to rank ", peer), error));
@@ -359,6 +431,7 @@ class TcpTransport final : public Transport {
     Peer& p = *peers_[peer];
     if (!p.status.ok()) return;
     p.status = absl::UnavailableError(absl::StrCat(Who(), ": connection to rank ", peer, " lost: ", why.message()));
+    if (first_loss_.ok()) first_loss_ = p.status;
     shutdown(p.fd, SHUT_RDWR);
   }
 
@@ -370,7 +443,9 @@ class TcpTransport final : public Transport {
   Handle next_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<Handle, std::unique_ptr<Op>> ops_ ABSL_GUARDED_BY(mu_);
   size_t early_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  int busy_ ABSL_GUARDED_BY(mu_) = 0;  // threads inside a posted buffer
+  int busy_ ABSL_GUARDED_BY(mu_) = 0;             // threads inside a posted buffer
+  absl::Status first_loss_ ABSL_GUARDED_BY(mu_);  // the first peer lost, if any
+  bool aborting_ ABSL_GUARDED_BY(mu_) = false;    // Abort has begun: writers stop
 };
 
 // The transport's threads block in recv and sendmsg (Abort shuts the sockets down to free them).

@@ -327,7 +327,7 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id
   transport.num_nodes = options_.num_nodes;
   transport.device = options_.device;
   transport.nccl = UsesNccl(options_);
-  transport.tcp = options_.transport == "tcp";
+  transport.tcp = UsesTcp(options_);
   transport.cuda_device = options_.cuda_device;
   transport.timeout = options_.timeout;
   transport.peer_host = peer_host_;

@@ -17,8 +17,12 @@ bool UsesNccl(const DaemonOptions& o) {
   return o.device == DeviceKind::kCuda && (o.transport.empty() || o.transport == "nccl");
 }
 
+bool UsesTcp(const DaemonOptions& o) {
+  return o.device != DeviceKind::kCuda && (o.transport.empty() || o.transport == "tcp");
+}
+
 std::string DataPathName(const DaemonOptions& o) {
-  if (o.device != DeviceKind::kCuda) return o.transport == "tcp" ? "cpu --transport=tcp" : "cpu";
+  if (o.device != DeviceKind::kCuda) return UsesTcp(o) ? "cpu" : "cpu --transport=gloo";
   return UsesNccl(o) ? "cuda" : "cuda --transport=gloo";
 }
 

@@ -59,9 +59,9 @@ struct DaemonOptions {
   // and no cluster secret (the NCCL path is not authenticated).
   DeviceKind device = DeviceKind::kCpu;
   int cuda_device = 0;
-  // How nodes move data between them. CPU nodes: "gloo" (Gloo's TCP transport; the default) or
-  // "tcp" (engine/tcp_transport.h: plain TCP sockets without Gloo's per-message rendezvous; faster
-  // where the CPU, not the link, is the bound). GPU nodes: "nccl" (device to device, over NCCL's
+  // How nodes move data between them. CPU nodes: "tcp" (engine/tcp_transport.h: plain TCP sockets
+  // without Gloo's per-message rendezvous, and without copies for none; the default) or "gloo"
+  // (Gloo's TCP transport). GPU nodes: "nccl" (device to device, over NCCL's
   // network: IB, RoCE, or its own sockets; the default) or "gloo" (the hybrid path: reduce and
   // compress on the GPU, the compressed chunks through pinned host memory over Gloo TCP;
   // engine/host_staged_transport.h).
@@ -82,8 +82,10 @@ bool DaemonHasCudaSupport();
 
 // Whether jobs move data between nodes with NCCL (a GPU node's default).
 bool UsesNccl(const DaemonOptions& options);
-// What every node of a cluster must agree on: "cpu", "cpu --transport=tcp", "cuda" or
-// "cuda --transport=gloo".
+// Whether they do with engine/tcp_transport.h (a CPU node's default).
+bool UsesTcp(const DaemonOptions& options);
+// What every node of a cluster must agree on: "cpu" (over tcp), "cpu --transport=gloo", "cuda"
+// (over NCCL) or "cuda --transport=gloo".
 std::string DataPathName(const DaemonOptions& options);
 // OK if a node already running `live_jobs` jobs may start another: RESOURCE_EXHAUSTED at
 // --max_jobs; FAILED_PRECONDITION for a second job of a multi-node cluster over NCCL, where every

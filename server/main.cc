@@ -71,8 +71,8 @@ ABSL_FLAG(std::string, device, "cpu",
           "built with CUDA and NCCL and a visible CUDA device, else dynamiqd refuses to start. Every node of a "
           "cluster must run the same --device.");
 ABSL_FLAG(std::string, transport, "",
-          "How jobs move data between nodes. CPU nodes: gloo (the default; Gloo's TCP transport) or tcp (plain TCP "
-          "sockets without Gloo's per-message rendezvous: faster where the CPU, not the link, is the bound). "
+          "How jobs move data between nodes. CPU nodes: tcp (the default; plain TCP sockets, without Gloo's "
+          "per-message rendezvous: faster where the CPU, not the link, is the bound) or gloo (Gloo's TCP transport). "
           "--device=cuda: nccl (the default): device to device over NCCL (InfiniBand, RoCE or NCCL's own sockets); "
           "gloo: the hybrid path for GPU nodes on ordinary Ethernet: reduce and compress on the GPU, move only the "
           "compressed chunks through pinned host memory over Gloo TCP, decode and accumulate on the GPU "

@@ -282,6 +282,40 @@ TEST(TcpTransportTest, AbortFailsAPendingWaitPromptly) {
   }));
 }
 
+// A rank that gives up (Abort) still delivers what was posted to its peers (a step header that
+// tells them why the collective failed) and says why it gave up: here, the peer it lost first.
+TEST(TcpTransportTest, AbortDeliversWhatWasPostedAndTellsThePeersWhy) {
+  absl::Notification rank2_gone, rank0_aborted;
+  auto results = RunRanks(3, [&](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
+    if (rank == 2) {
+      t.reset();
+      rank2_gone.Notify();
+      return absl::OkStatus();
+    }
+    if (rank == 0) {
+      std::vector<uint8_t> buf(8);
+      DQ_ASSIGN_OR_RETURN(Transport::Handle from2, t->PostRecv(2, 3, absl::MakeSpan(buf)));
+      rank2_gone.WaitForNotification();
+      EXPECT_THAT(t->Wait(from2, Deadline()), StatusIs(absl::StatusCode::kUnavailable));
+      const std::vector<uint8_t> last = Pattern(0, 5, 64);
+      EXPECT_THAT(t->PostSend(1, 5, last), IsOk());
+      t->Abort();
+      rank0_aborted.Notify();
+      return absl::OkStatus();
+    }
+    rank0_aborted.WaitForNotification();
+    std::vector<uint8_t> got(64), more(8);
+    DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostRecv(0, 5, absl::MakeSpan(got)));
+    DQ_RETURN_IF_ERROR(t->Wait(h, Deadline()));
+    EXPECT_EQ(got, Pattern(0, 5, 64));
+    DQ_ASSIGN_OR_RETURN(Transport::Handle next, t->PostRecv(0, 6, absl::MakeSpan(more)));
+    return t->Wait(next, Deadline());
+  });
+  EXPECT_THAT(results[0], IsOk());
+  EXPECT_THAT(results[1], StatusIs(absl::StatusCode::kUnavailable,
+                                   AllOf(HasSubstr("rank 0 gave up"), HasSubstr("connection to rank 2 lost"))));
+}
+
 TEST(TcpTransportTest, APeerThatGoesAwayFailsWithUnavailable) {
   absl::Notification gone;
   auto results = RunRanks(2, [&](int rank, std::unique_ptr<Transport>& t) -> absl::Status {

@@ -188,9 +188,9 @@ TEST(DaemonTransportTest, NodesOverTheTcpTransportGetGloosResultsBitForBit) {
 
   TempDir temp;
   auto mixed = StartTestCluster(temp.path(), 2, *config, absl::Seconds(5), [](server::DaemonOptions& o) {
-    if (o.node_rank == 1) o.transport = "tcp";
+    if (o.node_rank == 1) o.transport = "gloo";
   });
-  EXPECT_THAT(mixed, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--transport=tcp")));
+  EXPECT_THAT(mixed, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--transport=gloo")));
 }
 
 std::string CaseName(const ::testing::TestParamInfo<DaemonCodecTest::ParamType>& info) {
