@@ -193,8 +193,13 @@ class TcpTransport final : public Transport {
     }
     Op* op = it->second.get();
     const Peer& peer = *peers_[op->peer];
-    auto finished = [this, op, &peer]()
-                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return op->done || !failed_.ok() || !peer.status.ok(); };
+    // A send the writer is still inside completes, or fails, there: the peer may have read it,
+    // finished its part of the collective and left (its transport gives up when destroyed) in the
+    // moment before the writer marks it done.
+    auto finished = [this, op, &peer]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      const bool writing = op->send && peer.writing && !peer.sends.empty() && peer.sends.front() == op;
+      return op->done || !failed_.ok() || (!peer.status.ok() && !writing);
+    };
     mu_.AwaitWithDeadline(absl::Condition(&finished), deadline);
     if (op->done) {
       ops_.erase(it);

@@ -17,7 +17,14 @@
 //   - A peer whose connection closes or breaks fails what is still to come from or go to it
 //     (UNAVAILABLE, naming the peer); what it sent before is still delivered, and the other peers
 //     carry on (a rank that finished its part of a collective may leave first). Abort() (any
-//     thread) fails the whole transport with ABORTED: every pending and later Wait fails.
+//     thread) fails the whole transport with ABORTED: every pending and later Wait fails. Before
+//     its sockets close it lets a writer finish the message it is writing (up to 200 ms), sends
+//     what is still posted as far as each socket takes it without waiting (up to 64 KiB per peer:
+//     a step header that shows the peer why the collective failed) and then a frame (tag all ones)
+//     with why this rank gave up, the first peer it lost if any: the peer's UNAVAILABLE says "rank
+//     <r> gave up: <why>".
+//   - Scatter/gather (SupportsParts): a message sent from several buffers goes out in one sendmsg;
+//     a receive in several buffers is filled in order.
 // Threads: one reader and one writer per peer. Thread-safe as engine::Transport requires (one
 // collective at a time posts and waits; Abort from anywhere).
 #ifndef DQ_ENGINE_TCP_TRANSPORT_H_
