@@ -217,9 +217,10 @@ class TcpTransport final : public Transport {
   // why this rank gave up (a peer lost first, say), which the peer's error carries.
   void Abort() override {
     absl::MutexLock lock(&mu_);
-    if (failed_.ok() && !aborting_) {
+    if (failed_.ok()) {
       // Writers finish the message they are writing (briefly: a peer that reads nothing must not
-      // hold Abort up) and start no other.
+      // hold Abort up) and start no other. A second Abort meanwhile waits too; whichever wakes
+      // first flushes and fails the transport.
       aborting_ = true;
       auto quiet = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         for (const auto& p : peers_) {

@@ -75,6 +75,7 @@ uint64_t PayloadChecksum(absl::Span<const uint8_t> p) {
 PayloadChecksummer::PayloadChecksummer() { std::memcpy(acc_, kSeeds, sizeof(acc_)); }
 
 void PayloadChecksummer::Update(absl::Span<const uint8_t> bytes) {
+  if (bytes.empty()) return;  // (its data may be null, which memcpy must not see)
   size_ += bytes.size();
   const uint8_t* p = bytes.data();
   size_t n = bytes.size();
