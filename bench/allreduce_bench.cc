@@ -13,11 +13,10 @@
 #include "common/status_macros.h"
 #include "common/thread_pool.h"
 #include "engine/allreduce.h"
-#include "engine/gloo_transport.h"
+#include "engine/host_transport.h"
 #include "engine/step_auth.h"
 #include "engine/step_header.h"
 #include "engine/store.h"
-#include "engine/tcp_transport.h"
 #include "engine/timeline.h"
 #include "kernels/codec_registry.h"
 #include "kernels/parallel_codec.h"
@@ -44,20 +43,8 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
   }
   DQ_ASSIGN_OR_RETURN(std::unique_ptr<TcpStoreClient> store, TcpStoreClient::Connect(o.store, o.timeout));
   engine::PrefixStore scoped(absl::StrCat("bench/", o.world_size), *store);
-  std::unique_ptr<engine::Transport> transport;
-  if (o.transport == "gloo") {
-    engine::GlooTransportOptions transport_options;
-    transport_options.hostname = o.hostname;
-    transport_options.timeout = o.timeout;
-    DQ_ASSIGN_OR_RETURN(transport, engine::ConnectGlooTransport(scoped, o.rank, o.world_size, transport_options));
-  } else if (o.transport == "tcp") {
-    engine::TcpTransportOptions transport_options;
-    transport_options.hostname = o.hostname;
-    transport_options.timeout = o.timeout;
-    DQ_ASSIGN_OR_RETURN(transport, engine::ConnectTcpTransport(scoped, o.rank, o.world_size, transport_options));
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat("--transport must be gloo or tcp, got '", o.transport, "'"));
-  }
+  DQ_ASSIGN_OR_RETURN(std::unique_ptr<engine::Transport> transport,
+                      engine::ConnectHostTransport(o.transport, scoped, o.rank, o.world_size, o.hostname, o.timeout));
 
   std::vector<std::vector<float>> inputs;
   if (o.inputs.empty()) {

@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from torch_allreduce import result_row  # the shared JSON row; torch itself is imported only by its main()
+from torch_allreduce import add_run_args, result_row  # shared flags and JSON row; torch is imported only by its main()
 
 
 def inputs_of(rank, size, seed):
@@ -102,16 +102,9 @@ class Sender:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--world_size", type=int, required=True)
+    add_run_args(p, "seconds for connecting and each socket wait")
     p.add_argument("--peers", required=True, help="comma-separated IPs of ranks 0..n-1")
     p.add_argument("--port", type=int, default=29500, help="port every rank listens on (default %(default)s)")
-    p.add_argument("--size", type=int, default=16777216, help="fp32 elements per rank (default %(default)s)")
-    p.add_argument("--iterations", type=int, default=5, help="timed all-reduces, median reported (default %(default)s)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed all-reduces first (default %(default)s)")
-    p.add_argument("--timeout", type=float, default=120, help="seconds for connecting and each socket wait (default %(default)s)")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--all_ranks_print", action="store_true", help="every rank prints its JSON line")
     a = p.parse_args()
     peers = a.peers.split(",")
     n = a.world_size

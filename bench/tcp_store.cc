@@ -26,14 +26,13 @@
 #include "common/tcp_socket.h"
 
 namespace dynamiq::bench {
-using common::AddrInfoPtr;
 using common::CloseFd;
 using common::ConnectWithRetry;
 using common::ErrnoStatus;
+using common::ListenOn;
 using common::PeerName;
 using common::PollFd;
 using common::ReadFull;
-using common::Resolve;
 using common::SetNoDelay;
 using common::SockaddrString;
 using common::SplitHostPort;
@@ -334,31 +333,8 @@ void ServeConnection(std::shared_ptr<TcpStoreServerState> state, uint64_t id, in
 
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std::string& listen_address) {
   DQ_ASSIGN_OR_RETURN(auto host_port, SplitHostPort(listen_address));
-  DQ_ASSIGN_OR_RETURN(AddrInfoPtr addrs, Resolve(host_port.first, host_port.second, /*passive=*/true));
   auto state = std::make_shared<internal::TcpStoreServerState>();
-  absl::Status last = absl::UnavailableError("no address");
-  for (addrinfo* ai = addrs.get(); ai != nullptr; ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) {
-      last = ErrnoStatus(absl::StatusCode::kUnavailable, "socket", errno);
-      continue;
-    }
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-      last = ErrnoStatus(absl::StatusCode::kUnavailable, absl::StrCat("bind ", listen_address), errno);
-      CloseFd(fd);
-      continue;
-    }
-    if (listen(fd, 512) != 0) {
-      last = ErrnoStatus(absl::StatusCode::kUnavailable, absl::StrCat("listen ", listen_address), errno);
-      CloseFd(fd);
-      continue;
-    }
-    state->listen_fd = fd;
-    break;
-  }
-  if (state->listen_fd < 0) return last;
+  DQ_ASSIGN_OR_RETURN(state->listen_fd, ListenOn(host_port.first, host_port.second, 512));
 
   sockaddr_storage bound = {};
   socklen_t len = sizeof(bound);

@@ -44,19 +44,24 @@ def result_row(method, codec, topology, world_size, rank, size, seconds):
     }
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_run_args(p, timeout_help):
+    """The flags every all-reduce script of scripts/bench-network takes (rank, size, timing, seed)."""
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world_size", type=int, required=True)
-    p.add_argument("--master", default="127.0.0.1", help="rank 0's IP: it hosts the TCP store (default %(default)s)")
-    p.add_argument("--port", type=int, default=29500, help="TCP store port (default %(default)s)")
     p.add_argument("--size", type=int, default=16777216, help="fp32 elements per rank (default %(default)s)")
     p.add_argument("--iterations", type=int, default=5, help="timed all-reduces, median reported (default %(default)s)")
     p.add_argument("--warmup", type=int, default=1, help="untimed all-reduces first (default %(default)s)")
-    p.add_argument("--timeout", type=float, default=120, help="seconds for rendezvous and each collective (default %(default)s)")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=120, help=timeout_help + " (default %(default)s)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--all_ranks_print", action="store_true", help="every rank prints its JSON line")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_args(p, "seconds for rendezvous and each collective")
+    p.add_argument("--master", default="127.0.0.1", help="rank 0's IP: it hosts the TCP store (default %(default)s)")
+    p.add_argument("--port", type=int, default=29500, help="TCP store port (default %(default)s)")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default %(default)s)")
     a = p.parse_args()
     if a.world_size < 1 or not 0 <= a.rank < a.world_size:
         p.error("need 0 <= --rank < --world_size")

@@ -143,6 +143,33 @@ absl::Status ReadFull(int fd, char* out, size_t n, absl::Time deadline, absl::st
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> ListenOn(const std::string& host, const std::string& port, int backlog) {
+  DQ_ASSIGN_OR_RETURN(AddrInfoPtr addrs, Resolve(host, port, /*passive=*/true));
+  const std::string where = absl::StrCat(host, ":", port);
+  absl::Status last = absl::UnavailableError(absl::StrCat("no address to listen on at ", where));
+  for (addrinfo* ai = addrs.get(); ai != nullptr; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) {
+      last = ErrnoStatus(absl::StatusCode::kUnavailable, "socket", errno);
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+      last = ErrnoStatus(absl::StatusCode::kUnavailable, absl::StrCat("bind ", where), errno);
+      CloseFd(fd);
+      continue;
+    }
+    if (listen(fd, backlog) != 0) {
+      last = ErrnoStatus(absl::StatusCode::kUnavailable, absl::StrCat("listen ", where), errno);
+      CloseFd(fd);
+      continue;
+    }
+    return fd;
+  }
+  return last;
+}
+
 absl::StatusOr<int> ConnectOnce(const std::string& host, const std::string& port, absl::Time deadline) {
   DQ_ASSIGN_OR_RETURN(AddrInfoPtr addrs, Resolve(host, port, /*passive=*/false));
   absl::Status last = absl::UnavailableError("no address");

@@ -36,6 +36,11 @@ using AddrInfoPtr = std::unique_ptr<addrinfo, AddrInfoDeleter>;
 // getaddrinfo for a stream socket (numeric port; `passive`: for binding). UNAVAILABLE if it fails.
 absl::StatusOr<AddrInfoPtr> Resolve(const std::string& host, const std::string& port, bool passive);
 
+// A listening TCP socket (non-blocking, close-on-exec, SO_REUSEADDR) on the first of `host`'s
+// addresses that binds; port "0" picks a free one (getsockname tells which). UNAVAILABLE naming
+// host:port and the failing call otherwise.
+absl::StatusOr<int> ListenOn(const std::string& host, const std::string& port, int backlog);
+
 // "host:port" of an address / of a socket's peer ("?" when unknown).
 std::string SockaddrString(const sockaddr_storage& ss);
 std::string PeerName(int fd);

@@ -71,26 +71,15 @@ RankExecutor::~RankExecutor() {
   pool_->Give(std::move(forward_));
 }
 
-namespace {
-
-bool PlainFloat32(const kernels::Source& s) {
-  return s.dtype == kernels::DType::kFloat32 && s.subtract_per_group == nullptr && s.data != nullptr;
-}
-bool PlainFloat32(const kernels::Dest& d) {
-  return d.dtype == kernels::DType::kFloat32 && d.add_per_group == nullptr && d.data != nullptr;
-}
-
-}  // namespace
-
 void RankExecutor::UseFloat32Bodies() {
   if (!codec_.BodyIsFloat32() || !checksum_messages_) return;
-  bodies_from_local_ = PlainFloat32(local_);
-  bodies_in_out_ = PlainFloat32(out_);
+  bodies_from_local_ = kernels::PlainFloats(local_, local_.first) != nullptr;
+  bodies_in_out_ = kernels::PlainFloats(out_, out_.first) != nullptr;
 }
 
 absl::Span<uint8_t> RankExecutor::OutputBody(int chunk) const {
   const ChunkRef& c = chunks_[chunk];
-  return {static_cast<uint8_t*>(out_.data) + sizeof(float) * (c.begin - out_.first), sizeof(float) * c.count};
+  return {reinterpret_cast<uint8_t*>(kernels::PlainFloats(out_, c.begin)), sizeof(float) * c.count};
 }
 
 absl::Span<uint8_t> RankExecutor::AllGatherRecvBody(int step) const {
@@ -137,12 +126,9 @@ absl::StatusOr<absl::Span<const uint8_t>> RankExecutor::ReduceScatterSend(int st
   if (bodies_from_local_) {  // the header, then the input's values as they are
     Fit(scratch_, kernels::kChunkHeaderBytes);
     DQ_RETURN_IF_ERROR(codec_.WriteFloat32Head(plan_, ref, absl::MakeSpan(scratch_)));
-    sent_body_ = {static_cast<const uint8_t*>(local_.data) + sizeof(float) * (chunk.begin - local_.first),
+    sent_body_ = {reinterpret_cast<const uint8_t*>(kernels::PlainFloats(local_, chunk.begin)),
                   sizeof(float) * chunk.count};
-    kernels::PayloadChecksummer summer;
-    summer.Update(scratch_);
-    summer.Update(sent_body_);
-    scratch_sum_ = sent_sum_ = summer.Finish();
+    scratch_sum_ = sent_sum_ = kernels::PayloadChecksum(scratch_, sent_body_);
     return absl::Span<const uint8_t>(scratch_);
   }
   Fit(scratch_, codec_.MaxEncodedBytes(plan_, chunk));

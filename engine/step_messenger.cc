@@ -102,10 +102,7 @@ absl::Status StepMessenger::Send(Phase phase, uint32_t step, uint32_t block, int
     out.header_bytes = EncodeStepHeader(h);
   } else {
     TimelineSpan span(o_.timeline, Timeline::Kind::kChecksum, block);
-    kernels::PayloadChecksummer summer;
-    summer.Update(payload);
-    summer.Update(body);
-    h.checksum = summer.Finish();
+    h.checksum = kernels::PayloadChecksum(payload, body);
     out.header_bytes = EncodeStepHeader(h);
   }
   DQ_ASSIGN_OR_RETURN(out.header,
@@ -148,10 +145,7 @@ absl::StatusOr<absl::Span<const uint8_t>> StepMessenger::Receive(Phase phase, ui
   // Verified before anything decodes it.
   TimelineSpan span(o_.timeline, Timeline::Kind::kChecksum, block);
   if (!in.body.empty()) {  // never with an authenticator (Send)
-    kernels::PayloadChecksummer summer;
-    summer.Update(payload);
-    summer.Update(in.body);
-    if (o_.authenticator != nullptr || summer.Finish() != in.decoded.checksum) {
+    if (o_.authenticator != nullptr || kernels::PayloadChecksum(payload, in.body) != in.decoded.checksum) {
       return absl::DataLossError(absl::StrCat("payload from rank ", peer, " at step ", step, " block ", block,
                                               " failed its checksum (corrupted in transit)"));
     }

@@ -58,15 +58,22 @@ size_t TotalBytes(const Parts& parts) {
   return total;
 }
 
-// Writes the frame and then the message's parts, all in one sendmsg where the socket takes it;
-// false on error.
-bool WriteFrame(int fd, const uint8_t* frame, const Parts& parts) {
-  std::vector<iovec> iov;
-  iov.reserve(parts.size() + 1);
-  iov.push_back({const_cast<uint8_t*>(frame), kFrameBytes});
+// Fills `frame` for a message of `parts` with `tag`; the iovecs of the frame and the parts.
+std::vector<iovec> FrameIovecs(uint8_t (&frame)[kFrameBytes], uint64_t tag, const Parts& parts) {
+  PutU64(frame, tag);
+  PutU64(frame + 8, TotalBytes(parts));
+  std::vector<iovec> iov = {{frame, kFrameBytes}};
   for (absl::Span<uint8_t> part : parts) {
     if (!part.empty()) iov.push_back({part.data(), part.size()});
   }
+  return iov;
+}
+
+// Writes the message's frame and then its parts, in one sendmsg where the socket takes it all;
+// false on error.
+bool WriteFrame(int fd, uint64_t tag, const Parts& parts) {
+  uint8_t frame[kFrameBytes];
+  std::vector<iovec> iov = FrameIovecs(frame, tag, parts);
   iovec* next = iov.data();
   size_t count = iov.size();
   while (count > 0) {
@@ -92,18 +99,13 @@ bool WriteFrame(int fd, const uint8_t* frame, const Parts& parts) {
   return true;
 }
 
-// Writes the frame and the parts without waiting; true only if all of it went into the socket.
+// The same without waiting; true only if all of it went into the socket.
 bool WriteFrameNow(int fd, uint64_t tag, const Parts& parts) {
   uint8_t frame[kFrameBytes];
-  PutU64(frame, tag);
-  PutU64(frame + 8, TotalBytes(parts));
-  std::vector<iovec> iov = {{frame, kFrameBytes}};
-  for (absl::Span<uint8_t> part : parts) {
-    if (!part.empty()) iov.push_back({part.data(), part.size()});
-  }
+  std::vector<iovec> iov = FrameIovecs(frame, tag, parts);
   msghdr msg{};
   msg.msg_iov = iov.data();
-  msg.msg_iovlen = iov.size();
+  msg.msg_iovlen = std::min<size_t>(iov.size(), IOV_MAX);
   const ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
   return n >= 0 && static_cast<size_t>(n) == kFrameBytes + TotalBytes(parts);
 }
@@ -394,10 +396,7 @@ class TcpTransport final : public Transport {
         ++busy_;
         p.writing = true;
       }
-      uint8_t frame[kFrameBytes];
-      PutU64(frame, op->tag);
-      PutU64(frame + 8, op->size);
-      const bool ok = WriteFrame(p.fd, frame, op->parts);
+      const bool ok = WriteFrame(p.fd, op->tag, op->parts);
       const int error = errno;
       absl::MutexLock lock(&mu_);
       --busy_;
@@ -480,15 +479,9 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(Store& store, int
   }
   if (options.hostname.empty()) return absl::InvalidArgumentError("tcp transport: no hostname to listen on");
   const absl::Time deadline = absl::Now() + options.timeout;
-  DQ_ASSIGN_OR_RETURN(common::AddrInfoPtr self, common::Resolve(options.hostname, "0", /*passive=*/true));
-  Fd listener(socket(self->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (listener.fd < 0) return common::ErrnoStatus(absl::StatusCode::kUnavailable, "tcp transport: socket", errno);
-  int one = 1;
-  setsockopt(listener.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(listener.fd, self->ai_addr, self->ai_addrlen) != 0 || listen(listener.fd, size) != 0) {
-    return common::ErrnoStatus(absl::StatusCode::kUnavailable,
-                               absl::StrCat("tcp transport: listening on ", options.hostname), errno);
-  }
+  absl::StatusOr<int> listening = common::ListenOn(options.hostname, "0", size);
+  if (!listening.ok()) return common::Annotate(listening.status(), "tcp transport");
+  Fd listener(*listening);
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);
   getsockname(listener.fd, reinterpret_cast<sockaddr*>(&bound), &len);

@@ -72,6 +72,13 @@ uint64_t PayloadChecksum(absl::Span<const uint8_t> p) {
   return Mix(acc, p.size(), p.data() + 64 * stripes, p.size() - 64 * stripes);
 }
 
+uint64_t PayloadChecksum(absl::Span<const uint8_t> head, absl::Span<const uint8_t> body) {
+  PayloadChecksummer summer;
+  summer.Update(head);
+  summer.Update(body);
+  return summer.Finish();
+}
+
 PayloadChecksummer::PayloadChecksummer() { std::memcpy(acc_, kSeeds, sizeof(acc_)); }
 
 void PayloadChecksummer::Update(absl::Span<const uint8_t> bytes) {

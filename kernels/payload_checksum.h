@@ -16,6 +16,8 @@
 namespace dynamiq::kernels {
 
 uint64_t PayloadChecksum(absl::Span<const uint8_t> payload);
+// The checksum of `head` followed by `body`: a payload kept in two places (Codec::BodyIsFloat32).
+uint64_t PayloadChecksum(absl::Span<const uint8_t> head, absl::Span<const uint8_t> body);
 
 class PayloadChecksummer {
  public:

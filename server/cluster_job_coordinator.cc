@@ -4,9 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "engine/gloo_transport.h"
+#include "engine/host_transport.h"
 #include "engine/store.h"
-#include "engine/tcp_transport.h"
 #include "server/counting_transport.h"
 #ifdef DQ_HAVE_NCCL
 #include "engine/host_staged_transport.h"
@@ -53,18 +52,8 @@ absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connec
     return nccl;
   }
 #endif
-  absl::StatusOr<std::unique_ptr<engine::Transport>> host;
-  if (settings_.tcp) {
-    engine::TcpTransportOptions t;
-    t.hostname = settings_.peer_host;
-    t.timeout = settings_.timeout;
-    host = engine::ConnectTcpTransport(scoped, rank, size, t);
-  } else {
-    engine::GlooTransportOptions t;
-    t.hostname = settings_.peer_host;
-    t.timeout = settings_.timeout;
-    host = engine::ConnectGlooTransport(scoped, rank, size, t);
-  }
+  absl::StatusOr<std::unique_ptr<engine::Transport>> host = engine::ConnectHostTransport(
+      settings_.tcp ? "tcp" : "gloo", scoped, rank, size, settings_.peer_host, settings_.timeout);
   if (!host.ok()) {
     // Nodes at different incarnations never meet: say so rather than only which key was missing.
     return absl::Status(host.status().code(),

@@ -102,7 +102,9 @@ absl::Status CrossNodeGroup::WithRemoteCause(uint64_t sequence, absl::Status err
   // A peer that breaks the group resets the connections (UNAVAILABLE), or this node's step runs into
   // its deadline first (a peer's watchdog fires at about the same time). ABORTED is this node's own
   // abort (Stop, its own break): nothing to look up.
-  if (num_nodes_ <= 1 || coordinator_ == nullptr || (!absl::IsUnavailable(error) && !absl::IsDeadlineExceeded(error))) {
+  if (num_nodes_ <= 1 || coordinator_ == nullptr || absl::IsAborted(error)) return error;
+  if (!absl::IsUnavailable(error) && !absl::IsDeadlineExceeded(error)) {
+    Report({{sequence, error}});
     return error;
   }
   const absl::Duration wait = absl::IsUnavailable(error) ? kCauseWaitAfterReset : kCauseWaitAfterDeadline;

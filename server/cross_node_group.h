@@ -69,7 +69,9 @@ class CrossNodeGroup {
   // This node's failure `error` of collective `sequence` across nodes, led by the cause another node
   // published when `error` is what a peer breaking the group looks like here (a reset connection,
   // or a deadline that passed): "collective 5 of job a failed on node 0: <its cause> (here: <error>)",
-  // with the cause's code, so every node's workers read the same reason. Otherwise `error` itself.
+  // with the cause's code, so every node's workers read the same reason. Otherwise `error` itself;
+  // unless it is this node's own abort, this node found the fault (a peer's mismatching or corrupt
+  // message) and publishes it for the peers, whose part ended when this node gave up.
   absl::Status WithRemoteCause(uint64_t sequence, absl::Status error);
 
  private:

@@ -452,13 +452,8 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
         CrossNode(sequence, config, epoch, entries[0]->request.tensor_name, entries[0]->request.dtype, n, bits);
     if (r.ok()) {
       cross = *std::move(r);
-    } else if (absl::IsUnavailable(r.status()) || absl::IsDeadlineExceeded(r.status()) || absl::IsAborted(r.status())) {
-      status = WithRemoteCause(sequence, r.status());
     } else {
-      // This node found what is wrong (a peer's mismatching or corrupt message): the peers, whose
-      // part was cut short when this node gave up, look the cause up (CrossNodeGroup).
-      status = r.status();
-      group_.Report({{sequence, status}});
+      status = WithRemoteCause(sequence, r.status());
     }
   }
   if (plan && codec.id == kernels::CodecId::kDynamiq) {

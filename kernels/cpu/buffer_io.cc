@@ -52,4 +52,14 @@ void StoreDest(const Dest& dst, size_t begin, size_t count, const float* in) {
   }
 }
 
+const float* PlainFloats(const Source& s, size_t begin) {
+  if (s.dtype != DType::kFloat32 || s.subtract_per_group != nullptr || s.data == nullptr) return nullptr;
+  return static_cast<const float*>(s.data) + (begin - s.first);
+}
+
+float* PlainFloats(const Dest& d, size_t begin) {
+  if (d.dtype != DType::kFloat32 || d.add_per_group != nullptr || d.data == nullptr) return nullptr;
+  return static_cast<float*>(d.data) + (begin - d.first);
+}
+
 }  // namespace dynamiq::kernels

@@ -17,6 +17,11 @@ void LoadSource(const Source& src, size_t begin, size_t count, float* out);
 // With count 0 nothing is touched and the pointers may be null.
 void StoreDest(const Dest& dst, size_t begin, size_t count, const float* in);
 
+// Element `begin` of plain fp32 memory (no dtype conversion, no per-group offset), which fast
+// paths read and write directly; null when the Source/Dest is not plain fp32 or has no data.
+const float* PlainFloats(const Source& src, size_t begin);
+float* PlainFloats(const Dest& dst, size_t begin);
+
 }  // namespace dynamiq::kernels
 
 #endif  // DQ_KERNELS_CPU_BUFFER_IO_H_

@@ -18,17 +18,9 @@ namespace {
 // Works in tiles so no chunk-sized temporary is ever allocated.
 constexpr size_t kTile = 1024;
 
-// Plain fp32 memory (no dtype conversion, no per-group offset): the fast paths below read and write
-// it directly, in one pass, instead of through tiles (in the CPU-bound regime these codecs' passes
-// over memory are a third of an all-reduce's CPU time; scripts/bench-network --breakdown).
-const float* PlainFloats(const Source& s, size_t begin) {
-  if (s.dtype != DType::kFloat32 || s.subtract_per_group != nullptr || s.data == nullptr) return nullptr;
-  return static_cast<const float*>(s.data) + (begin - s.first);
-}
-float* PlainFloats(const Dest& d, size_t begin) {
-  if (d.dtype != DType::kFloat32 || d.add_per_group != nullptr || d.data == nullptr) return nullptr;
-  return static_cast<float*>(d.data) + (begin - d.first);
-}
+// Plain fp32 memory (PlainFloats): the fast paths below read and write it directly, in one pass,
+// instead of through tiles (in the CPU-bound regime these codecs' passes over memory are a third
+// of an all-reduce's CPU time; scripts/bench-network --breakdown).
 
 // The checksums a pass computes as it goes: of the bytes written (`out`), and of the received
 // message it reads (`in`, over `in_bytes`), each when set.

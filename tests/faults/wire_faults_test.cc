@@ -19,7 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/allreduce.h"
-#include "engine/gloo_transport.h"
+#include "engine/host_transport.h"
 #include "engine/step_header.h"
 #include "engine/store.h"
 #include "engine/tcp_transport.h"
@@ -83,18 +83,7 @@ class RogueNode {
     if (!transport_) {
       // Job j's first incarnation on the daemon (server/daemon.h: "job/<id>/inc<k>/gen<g>").
       engine::PrefixStore scoped(absl::StrCat("job/j/inc1/gen", generation_), store_);
-      absl::StatusOr<std::unique_ptr<engine::Transport>> t;
-      if (transport_name_ == "tcp") {
-        engine::TcpTransportOptions o;
-        o.hostname = "127.0.0.1";
-        o.timeout = absl::Seconds(kTimeoutSeconds);
-        t = engine::ConnectTcpTransport(scoped, 1, 2, o);
-      } else {
-        engine::GlooTransportOptions o;
-        o.hostname = "127.0.0.1";
-        o.timeout = absl::Seconds(kTimeoutSeconds);
-        t = engine::ConnectGlooTransport(scoped, 1, 2, o);
-      }
+      auto t = engine::ConnectHostTransport(transport_name_, scoped, 1, 2, "127.0.0.1", absl::Seconds(kTimeoutSeconds));
       if (!t.ok()) return t.status();
       transport_ = *std::move(t);
     }

@@ -1,0 +1,27 @@
+#include "engine/host_transport.h"
+
+#include "absl/strings/str_cat.h"
+#include "engine/gloo_transport.h"
+#include "engine/tcp_transport.h"
+
+namespace dynamiq::engine {
+
+absl::StatusOr<std::unique_ptr<Transport>> ConnectHostTransport(absl::string_view name, Store& store, int rank,
+                                                                int size, const std::string& hostname,
+                                                                absl::Duration timeout) {
+  if (name == "tcp") {
+    TcpTransportOptions o;
+    o.hostname = hostname;
+    o.timeout = timeout;
+    return ConnectTcpTransport(store, rank, size, o);
+  }
+  if (name == "gloo") {
+    GlooTransportOptions o;
+    o.hostname = hostname;
+    o.timeout = timeout;
+    return ConnectGlooTransport(store, rank, size, o);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("transport must be gloo or tcp, got '", name, "'"));
+}
+
+}  // namespace dynamiq::engine
