@@ -7,8 +7,13 @@
   analyze  lines the samples up with rank 0's timed iterations (dynamiq-bench --timeline) and
            prints, per iteration, 1 ms bins of the link's rate as a strip (# >= 85% of the link
            rate, + >= 50%, . >= 15%, _ idle) and the idle milliseconds: before the first busy
-           bin (start), after the last (end) and in between (middle). Its last line is a JSON
-           object with the medians over iterations, which bench-network adds to the method's row.
+           bin (start), after the last (end) and in between (middle); and the link milliseconds
+           lost, which also counts partly used bins: elapsed time minus bytes / the saturated rate
+           (the median rate of 10 ms windows whose bins are all at >= 85% of the link rate: what
+           the link carries once it is full, headers counted as the counter sees them), split into before the first
+           saturated bin (start), after the last one (end) and in between (middle). Its last line
+           is a JSON object with the medians over iterations, which bench-network adds to the
+           method's row.
 
 Stdlib only, run with /usr/bin/python3.
 """
@@ -41,6 +46,7 @@ def analyze(a):
     row = json.loads([line for line in open(a.result) if line.startswith("{")][-1])
     per_ms = a.rate_bps / 1000.0  # bytes the link can carry in 1 ms
     summary = {"start": [], "middle": [], "end": []}
+    lost_summary = {"start": [], "middle": [], "end": []}
 
     def bytes_at(t):  # the counter at time t, linearly interpolated
         i = bisect.bisect_left(times, t)
@@ -70,14 +76,27 @@ def analyze(a):
         middle = sum(idle) - start - end_idle
         for k, v in (("start", start), ("middle", middle), ("end", end_idle)):
             summary[k].append(v)
+        full = [i for i, f in enumerate(bins) if f >= 0.85]
+        # 10 ms windows of saturated bins average out the counter's jitter and the shaper's bursts.
+        windows = [sum(bins[i:i + 10]) / 10 for i in range(len(bins) - 9) if min(bins[i:i + 10]) >= 0.85]
+        saturated = statistics.median(windows) if windows else 1.0
+        lost = [1.0 - f / saturated for f in bins]  # ms per 1 ms bin; < 0 in a burst
+        first, last = (full[0], full[-1]) if full else (len(bins), len(bins) - 1)
+        lost_parts = {k: round(sum(v), 2) + 0.0  # + 0.0: no "-0.0"
+                      for k, v in (("start", lost[:first]), ("middle", lost[first:last + 1]), ("end", lost[last + 1:]))}
+        for k, v in lost_parts.items():
+            lost_summary[k].append(v)
         strip = "".join("#" if f >= 0.85 else "+" if f >= 0.5 else "." if f >= 0.15 else "_" for f in bins)
         print(f"iteration {it}: {1000 * (end - begin):.1f} ms, idle ms: start {start}, middle {middle}, "
-              f"end {end_idle}")
+              f"end {end_idle}; lost ms: start {lost_parts['start']:.1f}, middle {lost_parts['middle']:.1f}, "
+              f"end {lost_parts['end']:.1f}")
         print(strip)
     if not summary["start"]:
         print(json.dumps({}))
         return 1
-    print(json.dumps({f"link_idle_{k}_ms": statistics.median(v) for k, v in summary.items()}))
+    medians = {f"link_idle_{k}_ms": statistics.median(v) for k, v in summary.items()}
+    medians.update({f"link_lost_{k}_ms": statistics.median(v) for k, v in lost_summary.items()})
+    print(json.dumps(medians))
     return 0
 
 
