@@ -8,12 +8,12 @@
            prints, per iteration, 1 ms bins of the link's rate as a strip (# >= 85% of the link
            rate, + >= 50%, . >= 15%, _ idle) and the idle milliseconds: before the first busy
            bin (start), after the last (end) and in between (middle); and the link milliseconds
-           lost, which also counts partly used bins: elapsed time minus bytes / the saturated rate
-           (the median rate of 10 ms windows whose bins are all at >= 85% of the link rate: what
-           the link carries once it is full, headers counted as the counter sees them), split into before the first
-           saturated bin (start), after the last one (end) and in between (middle). Its last line
-           is a JSON object with the medians over iterations, which bench-network adds to the
-           method's row.
+           lost, which also counts partly used bins: elapsed time minus bytes / the saturated
+           rate (the median rate of 10 ms windows whose bins are all at >= 85% of the link rate:
+           what the link carries once it is full, headers counted as the counter sees them),
+           split into before the first saturated bin (start), after the last one (end) and in
+           between (middle). Its last line is a JSON object with the medians over iterations,
+           which bench-network adds to the method's row.
 
 Stdlib only, run with /usr/bin/python3.
 """
