@@ -20,6 +20,7 @@
 #include "kernels/codec_registry.h"
 #include "kernels/parallel_codec.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/transport_test_util.h"
 
 namespace dynamiq::engine {
 namespace {
@@ -519,18 +520,10 @@ TEST(AllReduceTest, InPlaceBf16Buffers) {
 
 // Forwards to another transport, as Gloo would: one buffer per message (no scatter/gather), or
 // with `flip_body` scatter/gather whose first split message has a byte of its body flipped.
-class Forwarding final : public Transport {
+class Forwarding final : public testing::WrappedTransport {
  public:
-  Forwarding(std::unique_ptr<Transport> inner, bool flip_body) : inner_(std::move(inner)), flip_(flip_body) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
+  Forwarding(std::unique_ptr<Transport> inner, bool flip_body) : WrappedTransport(std::move(inner)), flip_(flip_body) {}
   std::string name() const override { return "forwarding"; }
-  absl::StatusOr<Handle> PostSend(int peer, uint64_t tag, absl::Span<const uint8_t> data) override {
-    return inner_->PostSend(peer, tag, data);
-  }
-  absl::StatusOr<Handle> PostRecv(int peer, uint64_t tag, absl::Span<uint8_t> buffer) override {
-    return inner_->PostRecv(peer, tag, buffer);
-  }
   bool SupportsParts() const override { return flip_; }
   absl::StatusOr<Handle> PostSendParts(int peer, uint64_t tag,
                                        absl::Span<const absl::Span<const uint8_t>> parts) override {
@@ -540,16 +533,13 @@ class Forwarding final : public Transport {
       message[parts[0].size()] ^= 0x10;
       flipped_ = true;
     }
-    return inner_->PostSend(peer, tag, message);
+    return inner().PostSend(peer, tag, message);
   }
   absl::StatusOr<Handle> PostRecvParts(int peer, uint64_t tag, absl::Span<const absl::Span<uint8_t>> parts) override {
-    return inner_->PostRecvParts(peer, tag, parts);
+    return inner().PostRecvParts(peer, tag, parts);
   }
-  absl::Status Wait(Handle handle, absl::Time deadline) override { return inner_->Wait(handle, deadline); }
-  void Abort() override { inner_->Abort(); }
 
  private:
-  std::unique_ptr<Transport> inner_;
   const bool flip_;
   bool flipped_ = false;
   std::deque<std::vector<uint8_t>> sent_;  // what the memory transport copies from

@@ -40,6 +40,7 @@
 #include "kernels/dynamiq_math.h"
 #include "kernels/wire_format.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/transport_test_util.h"
 
 namespace dynamiq::engine {
 namespace {
@@ -122,28 +123,26 @@ std::vector<std::vector<float>> CpuEngine(const Codec& codec, const std::vector<
 // posting order (as NCCL does); the in-memory transport fails a receive whose size differs.
 // Abort is local, as ncclCommAbort is: the other ranks go on until they fail themselves (at the
 // latest at their deadline). Optionally corrupts one byte of the k-th message this rank sends.
-class NcclOrderTransport final : public Transport {
+class NcclOrderTransport final : public testing::WrappedTransport {
  public:
-  explicit NcclOrderTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  std::string name() const override { return "nccl-order(" + inner_->name() + ")"; }
+  explicit NcclOrderTransport(std::unique_ptr<Transport> inner) : WrappedTransport(std::move(inner)) {}
+  std::string name() const override { return "nccl-order(" + inner().name() + ")"; }
   absl::StatusOr<Handle> PostSend(int peer, uint64_t, absl::Span<const uint8_t> data) override {
     if (aborted_) return absl::AbortedError("transport aborted");
     if (sends_++ == corrupt_send_ && corrupt_offset_ < data.size()) {
       std::vector<uint8_t> copy(data.begin(), data.end());
       copy[corrupt_offset_] ^= 0x5a;
-      return inner_->PostSend(peer, 0, copy);  // the in-memory transport copies at once
+      return inner().PostSend(peer, 0, copy);  // the in-memory transport copies at once
     }
-    return inner_->PostSend(peer, 0, data);
+    return inner().PostSend(peer, 0, data);
   }
   absl::StatusOr<Handle> PostRecv(int peer, uint64_t, absl::Span<uint8_t> buffer) override {
     if (aborted_) return absl::AbortedError("transport aborted");
-    return inner_->PostRecv(peer, 0, buffer);
+    return inner().PostRecv(peer, 0, buffer);
   }
   absl::Status Wait(Handle handle, absl::Time deadline) override {
     if (aborted_) return absl::AbortedError("transport aborted");
-    return inner_->Wait(handle, deadline);
+    return inner().Wait(handle, deadline);
   }
   void Abort() override { aborted_ = true; }
 
@@ -153,7 +152,6 @@ class NcclOrderTransport final : public Transport {
   }
 
  private:
-  std::unique_ptr<Transport> inner_;
   bool aborted_ = false;
   int sends_ = 0;
   int corrupt_send_ = -1;

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernels/codec_registry.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/transport_test_util.h"
 
 namespace dynamiq::engine {
 namespace {
@@ -79,29 +80,21 @@ TEST(StepAuthenticatorTest, JobKeyIsTheDocumentedDerivation) {
 
 // Replaces every payload that rank `from` sends to rank `to` (messages longer than a header) with
 // 0xff bytes of the same length: a man in the middle altering gradients.
-class TamperingTransport final : public Transport {
+class TamperingTransport final : public testing::WrappedTransport {
  public:
-  TamperingTransport(std::unique_ptr<Transport> inner, int to) : inner_(std::move(inner)), to_(to) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
+  TamperingTransport(std::unique_ptr<Transport> inner, int to) : WrappedTransport(std::move(inner)), to_(to) {}
   std::string name() const override { return "tampering"; }
   absl::StatusOr<Handle> PostSend(int peer, uint64_t tag, absl::Span<const uint8_t> data) override {
     if (peer == to_ && data.size() > kStepHeaderBytes) {
       tampered_.emplace_back(data.size(), 0xff);
       ++count_;
-      return inner_->PostSend(peer, tag, tampered_.back());
+      return inner().PostSend(peer, tag, tampered_.back());
     }
-    return inner_->PostSend(peer, tag, data);
+    return inner().PostSend(peer, tag, data);
   }
-  absl::StatusOr<Handle> PostRecv(int peer, uint64_t tag, absl::Span<uint8_t> buffer) override {
-    return inner_->PostRecv(peer, tag, buffer);
-  }
-  absl::Status Wait(Handle handle, absl::Time deadline) override { return inner_->Wait(handle, deadline); }
-  void Abort() override { inner_->Abort(); }
   int count() const { return count_; }
 
  private:
-  std::unique_ptr<Transport> inner_;
   const int to_;
   std::deque<std::vector<uint8_t>> tampered_;
   int count_ = 0;

@@ -1,5 +1,5 @@
-// Helpers of the transport tests (gloo_transport_test, tcp_transport_test): each rank of a group as
-// a thread, deterministic message bytes, deadlines.
+// Helpers of the transport tests (gloo_transport_test, tcp_transport_test, ...): each rank of a group as
+// a thread, deterministic message bytes, deadlines; and a base for test transports that wrap another.
 #ifndef DQ_TESTS_TESTING_TRANSPORT_TEST_UTIL_H_
 #define DQ_TESTS_TESTING_TRANSPORT_TEST_UTIL_H_
 
@@ -8,7 +8,9 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -69,6 +71,32 @@ inline absl::Status ExpectBadPeersAndHandlesRejected(int rank, engine::Transport
   EXPECT_THAT(t.Wait(12345, Deadline()), StatusIs(absl::StatusCode::kInvalidArgument));
   return absl::OkStatus();
 }
+
+// A transport that forwards every call to `inner`: test doubles derive from it and override what
+// they change (tamper with a send, erase tags, ...). Scatter/gather is Transport's default (one
+// buffer per message, as Gloo); a wrapper that offers it overrides those calls too.
+class WrappedTransport : public engine::Transport {
+ public:
+  explicit WrappedTransport(std::unique_ptr<engine::Transport> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string name() const override { return inner_->name(); }
+  absl::StatusOr<Handle> PostSend(int peer, uint64_t tag, absl::Span<const uint8_t> data) override {
+    return inner_->PostSend(peer, tag, data);
+  }
+  absl::StatusOr<Handle> PostRecv(int peer, uint64_t tag, absl::Span<uint8_t> buffer) override {
+    return inner_->PostRecv(peer, tag, buffer);
+  }
+  absl::Status Wait(Handle handle, absl::Time deadline) override { return inner_->Wait(handle, deadline); }
+  void Abort() override { inner_->Abort(); }
+
+ protected:
+  engine::Transport& inner() { return *inner_; }
+  const engine::Transport& inner() const { return *inner_; }
+
+ private:
+  std::unique_ptr<engine::Transport> inner_;
+};
 
 }  // namespace dynamiq::testing
 
