@@ -13,6 +13,9 @@
 namespace dynamiq::ctl {
 namespace {
 
+// What grpc::BlockingUnaryCall reports when the server's reply did not deserialize.
+constexpr absl::string_view kNoReplyDecoded = "No message returned for unary request";
+
 using dynamiq::v1::CompressionConfig;
 using grpc::health::v1::HealthCheckResponse;
 
@@ -65,6 +68,11 @@ absl::Status ControlClient::FromGrpc(const grpc::Status& status) const {
                     options_.tls_ca_pem.empty() ? "; if it runs with --tls_cert, give its CA with --tls_ca"
                                                 : "; TLS: does --tls_ca verify its certificate?",
                     ")");
+  } else if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED && message == kNoReplyDecoded) {
+    // gRPC's blocking unary call says so when the reply arrived but did not parse.
+    return absl::InternalError(absl::StrCat("the reply of dynamiqd at ", options_.daemon,
+                                            " could not be decoded (a dynamiqd of another version, or a reply that "
+                                            "is not valid protobuf)"));
   } else if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
     // Something answers gRPC there, but not dynamiq.v1.Control: the worker socket, say.
     absl::StrAppend(&message, message.empty() ? "" : " ", "(", options_.daemon,

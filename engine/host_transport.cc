@@ -8,11 +8,13 @@ namespace dynamiq::engine {
 
 absl::StatusOr<std::unique_ptr<Transport>> ConnectHostTransport(absl::string_view name, Store& store, int rank,
                                                                 int size, const std::string& hostname,
-                                                                absl::Duration timeout) {
+                                                                absl::Duration timeout,
+                                                                std::optional<common::HmacSha256::Digest> key) {
   if (name == "tcp") {
     TcpTransportOptions o;
     o.hostname = hostname;
     o.timeout = timeout;
+    o.key = key;
     return ConnectTcpTransport(store, rank, size, o);
   }
   if (name == "gloo") {

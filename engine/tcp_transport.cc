@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <openssl/crypto.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -22,18 +23,24 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/safe_text.h"
 #include "common/status_macros.h"
 #include "common/tcp_socket.h"
+#include "engine/tcp_hello.h"
 
 namespace dynamiq::engine {
 namespace {
 
-constexpr uint32_t kHelloMagic = 0x31544344;  // "DCT1"
-constexpr size_t kFrameBytes = 16;            // tag, size: little-endian u64 each
-// A frame with this tag says why its sender gave up (the reason, UTF-8, follows); the engine's tags
-// never have every bit set.
+constexpr size_t kFrameBytes = 16;  // tag, size: little-endian u64 each
+// A frame with this tag says why its sender gave up (the reason, UTF-8, follows; on a keyed
+// connection then its MAC, engine/tcp_hello.h GaveUpMac); the engine's tags never have every bit set.
 constexpr uint64_t kAbortTag = ~uint64_t{0};
 constexpr size_t kMaxAbortReason = 1024;
+constexpr size_t kAbortMacBytes = common::HmacSha256::kBytes;
+// What a message kept before its receive costs beyond its payload (its entry, queue and buffer
+// headers): charged against max_early_bytes so that many tiny messages cannot grow the process
+// without bound.
+constexpr size_t kEarlyMessageCost = 1024;
 // What Abort still sends of the messages posted to a peer (a step header that tells the peer why
 // the collective failed), as far as the socket takes it without waiting.
 constexpr size_t kAbortFlushBytes = size_t{64} << 10;
@@ -121,8 +128,12 @@ void Scatter(absl::Span<const uint8_t> bytes, const Parts& parts) {
 
 class TcpTransport final : public Transport {
  public:
-  TcpTransport(int rank, int size, size_t max_early_bytes)
-      : rank_(rank), size_(size), max_early_bytes_(max_early_bytes), peers_(size) {}
+  TcpTransport(int rank, int size, size_t max_early_bytes, size_t max_early_messages)
+      : rank_(rank),
+        size_(size),
+        max_early_bytes_(max_early_bytes),
+        max_early_messages_(max_early_messages),
+        peers_(size) {}
 
   ~TcpTransport() override {
     Abort();
@@ -134,10 +145,12 @@ class TcpTransport final : public Transport {
     }
   }
 
-  // Takes the connected socket of `peer`.
-  void AddPeer(int peer, int fd) {
-    peers_[peer] = std::make_unique<Peer>();
-    peers_[peer]->fd = fd;
+  // Takes the introduced connection of a peer.
+  void AddPeer(TcpLink link) {
+    auto& p = peers_[link.peer] = std::make_unique<Peer>();
+    p->rank = link.peer;
+    p->fd = link.fd;
+    p->session = std::move(link.session);
   }
   // Once every peer is added: starts each one's reader and writer.
   void Start() {
@@ -168,7 +181,9 @@ class TcpTransport final : public Transport {
     for (absl::Span<const uint8_t> part : parts) writable.emplace_back(const_cast<uint8_t*>(part.data()), part.size());
     absl::MutexLock lock(&mu_);
     DQ_RETURN_IF_ERROR(failed_);
-    DQ_RETURN_IF_ERROR(peers_[peer]->status);
+    // A peer already lost fails the send at its Wait, not here: what the peer sent before it left
+    // (a bad header, say: the first error) is still delivered, and the caller that waits for it
+    // first reports that, whatever order it posted in.
     const Handle h = next_++;
     Op& op = *(ops_[h] = std::make_unique<Op>(Op{true, peer, tag, std::move(writable)}));
     peers_[peer]->sends.push_back(&op);
@@ -245,9 +260,13 @@ class TcpTransport final : public Transport {
           if (op->size > budget || !(whole = WriteFrameNow(p->fd, op->tag, op->parts))) break;
           budget -= op->size;
         }
+        if (!whole) continue;
         std::string reason = why;
-        if (whole)
-          WriteFrameNow(p->fd, kAbortTag, {absl::MakeSpan(reinterpret_cast<uint8_t*>(reason.data()), reason.size())});
+        if (p->session != nullptr) {
+          const common::HmacSha256::Digest mac = GaveUpMac(*p->session, rank_, p->rank, why);
+          reason.append(reinterpret_cast<const char*>(mac.data()), mac.size());
+        }
+        WriteFrameNow(p->fd, kAbortTag, {absl::MakeSpan(reinterpret_cast<uint8_t*>(reason.data()), reason.size())});
       }
     }
     Fail(absl::AbortedError(absl::StrCat(Who(), ": transport aborted")));
@@ -270,13 +289,16 @@ class TcpTransport final : public Transport {
     bool complete = false;  // its payload is read
   };
   struct Peer {
+    int rank = -1;
     int fd = -1;
-    absl::Status status;  // not OK once its connection is closed or broken
+    std::shared_ptr<const common::HmacSha256> session;  // keyed connections: MACs "gave up" frames
+    absl::Status status;                                // not OK once its connection is closed or broken
     std::thread reader, writer;
     bool writing = false;                         // the writer is inside the socket
     std::deque<Op*> sends;                        // in posting order; the front is being written
     std::map<uint64_t, std::deque<Op*>> recvs;    // per tag, in posting order
     std::map<uint64_t, std::deque<Early>> early;  // per tag, in arrival order
+    size_t early_messages = 0;                    // in `early`
   };
 
   std::string Who() const { return absl::StrCat("tcp transport rank ", rank_); }
@@ -312,7 +334,8 @@ class TcpTransport final : public Transport {
         return;
       }
       Scatter(m.bytes, op->parts);
-      early_bytes_ -= m.bytes.size();
+      early_bytes_ -= m.bytes.size() + kEarlyMessageCost;
+      --p.early_messages;
       op->done = true;
       e->second.pop_front();
       r->second.pop_front();
@@ -327,14 +350,7 @@ class TcpTransport final : public Transport {
     while (true) {
       if (absl::Status read = Read(peer, frame, kFrameBytes); !read.ok()) return LostPeer(peer, read);
       const uint64_t tag = GetU64(frame), size = GetU64(frame + 8);
-      if (tag == kAbortTag) {  // the peer gave up, and says why
-        std::string reason(std::min<uint64_t>(size, kMaxAbortReason), '\0');
-        absl::Status read = size <= kMaxAbortReason
-                                ? Read(peer, reinterpret_cast<uint8_t*>(reason.data()), reason.size())
-                                : absl::InvalidArgumentError("an over-long reason");
-        return LostPeer(peer,
-                        read.ok() ? absl::UnavailableError(absl::StrCat("rank ", peer, " gave up: ", reason)) : read);
-      }
+      if (tag == kAbortTag) return LostPeer(peer, ReadGaveUp(peer, size));
       Op* op = nullptr;
       Early* early = nullptr;
       {
@@ -346,7 +362,10 @@ class TcpTransport final : public Transport {
           return r != p.recvs.end() && !r->second.empty() && p.early.count(tag) == 0;
         };
         auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return !failed_.ok() || direct() || size <= max_early_bytes_ - early_bytes_;
+          return !failed_.ok() || direct() ||
+                 (size <= max_early_bytes_ - early_bytes_ &&
+                  max_early_bytes_ - early_bytes_ - size >= kEarlyMessageCost &&
+                  p.early_messages < max_early_messages_);
         };
         mu_.Await(absl::Condition(&ready));
         if (!failed_.ok()) return;
@@ -361,7 +380,8 @@ class TcpTransport final : public Transport {
           r->second.pop_front();
           if (r->second.empty()) p.recvs.erase(r);
         } else {
-          early_bytes_ += size;
+          early_bytes_ += size + kEarlyMessageCost;
+          ++p.early_messages;
           early = &p.early[tag].emplace_back();
           early->bytes.resize(size);
         }
@@ -410,6 +430,27 @@ class TcpTransport final : public Transport {
     }
   }
 
+  // Reads the rest of a "gave up" frame of `size` bytes from `peer`: why the peer gave up, as
+  // UNAVAILABLE "rank <peer> gave up: <why>" (made safe to log and store: common/safe_text.h).
+  // On a keyed connection a frame without its sender's MAC is refused (its text is not shown).
+  absl::Status ReadGaveUp(int peer, uint64_t size) {
+    const Peer& p = *peers_[peer];
+    const size_t mac_bytes = p.session != nullptr ? kAbortMacBytes : 0;
+    if (size > kMaxAbortReason + mac_bytes || size < mac_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("a \"gave up\" frame of ", size, " bytes"));
+    }
+    std::string frame(size, '\0');
+    DQ_RETURN_IF_ERROR(Read(peer, reinterpret_cast<uint8_t*>(frame.data()), frame.size()));
+    const absl::string_view reason = absl::string_view(frame).substr(0, size - mac_bytes);
+    if (p.session != nullptr) {
+      const common::HmacSha256::Digest mac = GaveUpMac(*p.session, peer, rank_, reason);
+      if (CRYPTO_memcmp(mac.data(), frame.data() + reason.size(), mac.size()) != 0) {
+        return absl::UnauthenticatedError("a \"gave up\" frame without its sender's MAC");
+      }
+    }
+    return absl::UnavailableError(absl::StrCat("rank ", peer, " gave up: ", common::SafeText(reason)));
+  }
+
   // Reads exactly `size` bytes from `peer` (a blocking socket: no deadline; Abort shuts it down).
   absl::Status Read(int peer, uint8_t* out, size_t size) {
     return common::ReadFull(peers_[peer]->fd, reinterpret_cast<char*>(out), size, absl::InfiniteFuture(),
@@ -442,6 +483,7 @@ class TcpTransport final : public Transport {
 
   const int rank_, size_;
   const size_t max_early_bytes_;
+  const size_t max_early_messages_;           // per peer
   std::vector<std::unique_ptr<Peer>> peers_;  // by rank; none for this rank
   absl::Mutex mu_;
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
@@ -479,7 +521,8 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(Store& store, int
   }
   if (options.hostname.empty()) return absl::InvalidArgumentError("tcp transport: no hostname to listen on");
   const absl::Time deadline = absl::Now() + options.timeout;
-  absl::StatusOr<int> listening = common::ListenOn(options.hostname, "0", size);
+  // A backlog for strangers too: connections queue while the hellos are read.
+  absl::StatusOr<int> listening = common::ListenOn(options.hostname, "0", std::max(size, 128));
   if (!listening.ok()) return common::Annotate(listening.status(), "tcp transport");
   Fd listener(*listening);
   sockaddr_storage bound{};
@@ -488,49 +531,24 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(Store& store, int
   // "host:port" (IPv6 hosts in brackets), as common::SplitHostPort reads it back.
   DQ_RETURN_IF_ERROR(store.Set(absl::StrCat("tcp/", rank), common::SockaddrString(bound)));
 
-  auto transport = std::make_unique<TcpTransport>(rank, size, options.max_early_bytes);
-  // Lower ranks: connect and say who we are.
+  auto transport = std::make_unique<TcpTransport>(rank, size, options.max_early_bytes, options.max_early_messages);
+  // Lower ranks: connect and introduce ourselves (engine/tcp_hello.h).
   for (int q = 0; q < rank; ++q) {
     DQ_ASSIGN_OR_RETURN(const std::string address,
                         store.Get(absl::StrCat("tcp/", q), std::max(absl::ZeroDuration(), deadline - absl::Now())));
     DQ_ASSIGN_OR_RETURN(const auto host_port, common::SplitHostPort(address));
-    DQ_ASSIGN_OR_RETURN(const int connected, common::ConnectWithRetry(host_port.first, host_port.second, deadline,
-                                                                      absl::StrCat("rank ", q)));
-    Fd fd(connected);
-    uint8_t hello[8];
-    PutU64(hello, static_cast<uint64_t>(kHelloMagic) | static_cast<uint64_t>(rank) << 32);
-    DQ_RETURN_IF_ERROR(common::WriteFull(fd.fd, absl::string_view(reinterpret_cast<char*>(hello), sizeof(hello)),
-                                         deadline, absl::StrCat("tcp transport: hello to rank ", q)));
-    SetBlocking(fd.fd);
-    transport->AddPeer(q, fd.release());
+    DQ_ASSIGN_OR_RETURN(TcpLink link, DialPeer(host_port.first, host_port.second, rank, q, options.key, deadline));
+    SetBlocking(link.fd);
+    transport->AddPeer(std::move(link));
   }
-  // Higher ranks: accept, each naming itself; anything else that connects is turned away.
-  int expected = size - 1 - rank;
-  std::vector<bool> seen(size, false);
-  while (expected > 0) {
-    absl::Status ready = common::PollFd(listener.fd, POLLIN, deadline, "tcp transport: accept");
-    if (absl::IsDeadlineExceeded(ready)) {
-      return absl::DeadlineExceededError(absl::StrCat("tcp transport rank ", rank, ": ", expected,
-                                                      " higher rank(s) did not connect within ",
-                                                      absl::FormatDuration(options.timeout)));
-    }
-    DQ_RETURN_IF_ERROR(ready);
-    Fd fd(accept4(listener.fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
-    if (fd.fd < 0) continue;
-    uint8_t hello[8];
-    if (!common::ReadFull(fd.fd, reinterpret_cast<char*>(hello), sizeof(hello),
-                          std::min(deadline, absl::Now() + absl::Seconds(5)), "tcp transport: hello")
-             .ok()) {
-      continue;
-    }
-    const uint64_t v = GetU64(hello);
-    const int q = static_cast<int>(v >> 32);
-    if (static_cast<uint32_t>(v) != kHelloMagic || q <= rank || q >= size || seen[q]) continue;
-    common::SetNoDelay(fd.fd);
-    SetBlocking(fd.fd);
-    seen[q] = true;
-    --expected;
-    transport->AddPeer(q, fd.release());
+  // Higher ranks: accepted concurrently, each introducing itself; anything else is turned away.
+  HelloAcceptor acceptor(listener.fd, rank, size, options.key, options.hello_timeout);
+  DQ_ASSIGN_OR_RETURN(std::vector<TcpLink> links, acceptor.AcceptAll(deadline, options.timeout));
+  for (TcpLink& link : links) {
+    if (link.fd < 0) continue;
+    common::SetNoDelay(link.fd);
+    SetBlocking(link.fd);
+    transport->AddPeer(std::move(link));
   }
   transport->Start();
   return std::unique_ptr<Transport>(std::move(transport));

@@ -10,19 +10,25 @@
 // Contract (engine/transport.h), and what this transport adds:
 //   - Messages between a pair with the same tag match receives in posting order.
 //   - A message that arrives before its receive is posted is kept (copied) until the receive comes,
-//     up to `max_early_bytes` per transport; past that the peer's connection waits (TCP back
-//     pressure) until its receive is posted. A message longer than its posted receive fails the
+//     up to `max_early_bytes` per transport (each message charged its payload plus 1 KiB for its
+//     bookkeeping, so a flood of empty messages is bounded too) and `max_early_messages` per peer;
+//     past that the peer's connection waits (TCP back pressure) until its receive is posted. What
+//     is kept goes with the transport. A message longer than its posted receive fails the
 //     transport with INVALID_ARGUMENT (Gloo would terminate the process): the engine's step headers
 //     keep honest peers within their receives.
 //   - A peer whose connection closes or breaks fails what is still to come from or go to it
-//     (UNAVAILABLE, naming the peer); what it sent before is still delivered, and the other peers
-//     carry on (a rank that finished its part of a collective may leave first). Abort() (any
-//     thread) fails the whole transport with ABORTED: every pending and later Wait fails. Before
-//     its sockets close it lets a writer finish the message it is writing (up to 200 ms), sends
-//     what is still posted as far as each socket takes it without waiting (up to 64 KiB per peer:
-//     a step header that shows the peer why the collective failed) and then a frame (tag all ones)
-//     with why this rank gave up, the first peer it lost if any: the peer's UNAVAILABLE says "rank
-//     <r> gave up: <why>".
+//     (UNAVAILABLE, naming the peer, at Wait: posting still succeeds); what it sent before is
+//     still delivered, so the first error a caller meets is the peer's own (a bad header it sent
+//     before leaving), and the other peers carry on (a rank that finished its part of a collective may leave first).
+//     Abort() (any thread) fails the whole transport with ABORTED: every pending and later Wait fails. Before its
+//     sockets close it lets a writer finish the message it is writing (up to 200 ms), sends what is still posted as far
+//     as each socket takes it without waiting (up to 64 KiB per peer: a step header that shows the peer why the
+//     collective failed) and then a frame (tag all ones) with why this rank gave up, the first peer it lost if any: the
+//     peer's UNAVAILABLE says "rank <r> gave up: <why>" (<why> made safe to log: common/safe_text.h; with a key, a
+//     frame without its sender's MAC is refused).
+//   - Connections open with a hello (engine/tcp_hello.h): with `key`, both ends prove they hold the
+//     job's key, so no other process can take a rank's place or speak for one; without, any
+//     process that reaches the port can claim a rank not yet connected (docs/security.md).
 //   - Scatter/gather (SupportsParts): a message sent from several buffers goes out in one sendmsg;
 //     a receive in several buffers is filled in order.
 // Threads: one reader and one writer per peer. Thread-safe as engine::Transport requires (one
@@ -33,10 +39,12 @@
 #include <stddef.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/hmac.h"
 #include "engine/store.h"
 #include "engine/transport.h"
 
@@ -49,13 +57,22 @@ struct TcpTransportOptions {
   absl::Duration timeout = absl::Seconds(30);
   // Bytes of messages that arrived before their receive was posted that the transport keeps.
   size_t max_early_bytes = size_t{64} << 20;
+  // ... and how many such messages per peer.
+  size_t max_early_messages = 4096;
+  // The job's key (engine/step_auth.h StepAuthenticator::KeyForJob) when the cluster has a secret:
+  // every hello is then authenticated both ways (engine/tcp_hello.h).
+  std::optional<common::HmacSha256::Digest> key;
+  // How long an accepted connection may take to introduce itself.
+  absl::Duration hello_timeout = absl::Seconds(3);
 };
 
 // Rendezvouses through `store` (keys "tcp/<rank>"; give every group and epoch its own
 // PrefixStore) and connects `rank` to every other rank of `size`: rank r connects to every lower
-// rank and accepts the higher ones, each connection opened by a hello naming the rank. Every rank
-// must call it with the same store and size. INVALID_ARGUMENT for a bad rank/size, DEADLINE_EXCEEDED
-// when peers do not show up within the timeout, UNAVAILABLE for socket errors.
+// rank and accepts the higher ones (concurrently), each connection opened by a hello naming the
+// rank. Every rank must call it with the same store, size and key. INVALID_ARGUMENT for a bad
+// rank/size, DEADLINE_EXCEEDED when peers do not show up within the timeout (naming connections
+// turned away), UNAUTHENTICATED when a lower rank cannot prove the key, UNAVAILABLE for socket
+// errors.
 absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(Store& store, int rank, int size,
                                                                const TcpTransportOptions& options);
 

@@ -53,7 +53,7 @@ absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connec
   }
 #endif
   absl::StatusOr<std::unique_ptr<engine::Transport>> host = engine::ConnectHostTransport(
-      settings_.tcp ? "tcp" : "gloo", scoped, rank, size, settings_.peer_host, settings_.timeout);
+      settings_.tcp ? "tcp" : "gloo", scoped, rank, size, settings_.peer_host, settings_.timeout, settings_.key);
   if (!host.ok()) {
     // Nodes at different incarnations never meet: say so rather than only which key was missing.
     return absl::Status(host.status().code(),

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/hmac.h"
 #include "engine/transport.h"
 #include "server/cluster.h"
 #include "server/job_config.h"
@@ -34,6 +35,8 @@ struct JobTransportSettings {
   absl::Duration timeout;
   std::string peer_host;       // the host this node's transport listens on
   Metrics* metrics = nullptr;  // bytes per peer node (CPU nodes)
+  // The job's key when the cluster has a secret: the TCP transport's hellos prove it.
+  std::optional<common::HmacSha256::Digest> key;
 };
 
 class ClusterJobCoordinator final : public JobCoordinator {

@@ -332,6 +332,10 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id
   transport.timeout = options_.timeout;
   transport.peer_host = peer_host_;
   transport.metrics = metrics_.get();
+  // The TCP transport's hellos prove the job's key both ways (engine/tcp_hello.h).
+  if (!security_.cluster_secret.empty()) {
+    transport.key = engine::StepAuthenticator::KeyForJob(security_.cluster_secret, job_id);
+  }
   o.coordinator = std::make_shared<ClusterJobCoordinator>(*cluster_, job_id, incarnation, std::move(transport));
   return std::make_shared<Job>(std::move(o));
 }

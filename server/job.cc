@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/safe_text.h"
 #include "common/status_macros.h"
 #include "engine/allreduce.h"
 #include "engine/step_header.h"
@@ -323,6 +324,8 @@ uint64_t Job::NextSequence() const {
 }
 
 void Job::Record(CollectiveRecord record) {
+  // Errors may carry a peer's words: stored (and served as protobuf strings) only as safe text.
+  record.error = common::SafeText(record.error);
   records_.push_back(std::move(record));
   while (records_.size() > options_.flight_recorder_size) records_.pop_front();
 }

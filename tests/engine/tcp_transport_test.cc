@@ -15,13 +15,17 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/synthetic_gradients.h"
+#include "common/safe_text.h"
 #include "common/status_macros.h"
+#include "common/tcp_socket.h"
 #include "engine/allreduce.h"
 #include "engine/memory_transport.h"
 #include "engine/store.h"
+#include "engine/tcp_hello.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/codec_registry.h"
+#include "tests/testing/raw_tcp_peer.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/transport_test_util.h"
 
@@ -37,6 +41,7 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 using RankFn = testing::TransportRankFn;
+using std::string_literals::operator""s;
 
 TcpTransportOptions TestOptions() {
   TcpTransportOptions o;
@@ -228,6 +233,58 @@ TEST(TcpTransportTest, EarlyBytesAreBoundedAndThePeerWaits) {
       o));
 }
 
+// Messages kept before their receive are charged their bookkeeping too, and counted per peer: a
+// flood of empty messages under tags nobody receives stops at the bound (the message behind it
+// waits) instead of growing the process; receiving them lets the rest through.
+TEST(TcpTransportTest, EarlyMessagesAreChargedTheirCostAndCountedPerPeer) {
+  struct Case {
+    const char* name;
+    size_t max_bytes, max_messages, flood_bytes;
+  };
+  for (const Case& c :
+       {Case{"bytes: empty messages cost too", 16 << 10, 4096, 0}, Case{"count per peer", 64 << 20, 8, 1}}) {
+    SCOPED_TRACE(c.name);
+    constexpr int kFlood = 40;
+    TcpTransportOptions o = TestOptions();
+    o.max_early_bytes = c.max_bytes;
+    o.max_early_messages = c.max_messages;
+    absl::Notification flooded;
+    ExpectAllOk(RunRanks(
+        2,
+        [&](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
+          std::vector<uint8_t> flood(c.flood_bytes, 1);
+          const std::vector<uint8_t> last = Pattern(0, 7, 8);
+          if (rank == 0) {
+            std::vector<Transport::Handle> hs;
+            for (int i = 0; i < kFlood; ++i) {
+              DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostSend(1, 1000 + i, flood));
+              hs.push_back(h);
+            }
+            DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostSend(1, 7, last));
+            hs.push_back(h);
+            flooded.Notify();
+            for (auto h : hs) DQ_RETURN_IF_ERROR(t->Wait(h, Deadline()));
+            return absl::OkStatus();
+          }
+          flooded.WaitForNotification();
+          absl::SleepFor(absl::Milliseconds(200));  // the flood has arrived as far as it may
+          std::vector<uint8_t> got(8);
+          DQ_ASSIGN_OR_RETURN(Transport::Handle h7, t->PostRecv(0, 7, absl::MakeSpan(got)));
+          EXPECT_THAT(t->Wait(h7, Deadline(absl::Milliseconds(300))), StatusIs(absl::StatusCode::kDeadlineExceeded));
+          std::vector<std::vector<uint8_t>> sink(kFlood, std::vector<uint8_t>(1));
+          for (int i = 0; i < kFlood; ++i) {
+            DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostRecv(0, 1000 + i, absl::MakeSpan(sink[i])));
+            DQ_RETURN_IF_ERROR(t->Wait(h, Deadline()));
+          }
+          // The receive that timed out is still posted: the message now reaches it.
+          DQ_RETURN_IF_ERROR(t->Wait(h7, Deadline()));
+          EXPECT_EQ(got, last);
+          return absl::OkStatus();
+        },
+        o));
+  }
+}
+
 TEST(TcpTransportTest, AMessageLongerThanItsReceiveFailsTheTransport) {
   auto results = RunRanks(2, [](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
     std::vector<uint8_t> big(100, 1), small(10);
@@ -330,6 +387,104 @@ TEST(TcpTransportTest, APeerThatGoesAwayFailsWithUnavailable) {
     return t->Wait(h, Deadline());
   });
   EXPECT_THAT(results[0], StatusIs(absl::StatusCode::kUnavailable, HasSubstr("rank 1")));
+}
+
+// A peer that sent a message and then gave up: a send posted to it afterwards fails only at its
+// Wait, and the message it sent first is still delivered, so whoever waits for that message
+// first meets the peer's own first error (a bad header, say) rather than "connection lost".
+TEST(TcpTransportTest, ASendToALostPeerFailsAtItsWaitAfterWhatThePeerSentIsDelivered) {
+  absl::Notification gone;
+  ExpectAllOk(RunRanks(2, [&](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
+    const std::vector<uint8_t> header = Pattern(1, 5, 64);
+    if (rank == 1) {
+      DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostSend(0, 5, header));
+      DQ_RETURN_IF_ERROR(t->Wait(h, Deadline()));
+      t->Abort();
+      gone.Notify();
+      return absl::OkStatus();
+    }
+    gone.WaitForNotification();
+    std::vector<uint8_t> probe(8);
+    DQ_ASSIGN_OR_RETURN(Transport::Handle lost, t->PostRecv(1, 9, absl::MakeSpan(probe)));
+    EXPECT_THAT(t->Wait(lost, Deadline()), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("rank 1 gave up")));
+    const std::vector<uint8_t> mine = Pattern(0, 5, 64);
+    absl::StatusOr<Transport::Handle> send = t->PostSend(1, 5, mine);
+    EXPECT_THAT(send, IsOk());
+    std::vector<uint8_t> got(64);
+    DQ_ASSIGN_OR_RETURN(Transport::Handle recv, t->PostRecv(1, 5, absl::MakeSpan(got)));
+    EXPECT_THAT(t->Wait(recv, Deadline()), IsOk());
+    EXPECT_EQ(got, header);
+    if (send.ok()) EXPECT_THAT(t->Wait(*send, Deadline()), StatusIs(absl::StatusCode::kUnavailable));
+    return absl::OkStatus();
+  }));
+}
+
+// What a peer says when it gives up reaches this rank's errors (and from there logs, workers and
+// the flight recorder) only as safe text: no line breaks, escape codes, NUL or invalid UTF-8.
+TEST(TcpTransportTest, APeersGaveUpReasonIsMadeSafeText) {
+  InMemoryStore store;
+  absl::StatusOr<std::unique_ptr<Transport>> rank0;
+  std::thread t0([&] { rank0 = ConnectTcpTransport(store, 0, 2, TestOptions()); });
+  const int fd = testing::ConnectToRank(store, 0);  // without a key anyone may claim rank 1
+  ASSERT_TRUE(testing::SendRaw(fd, testing::Cat(testing::kPlainHelloMagic, testing::LittleEndian(1, 4))));
+  t0.join();
+  ASSERT_THAT(rank0, IsOk());
+  std::vector<uint8_t> buf(8);
+  absl::StatusOr<Transport::Handle> h = (*rank0)->PostRecv(1, 3, absl::MakeSpan(buf));
+  ASSERT_THAT(h, IsOk());
+  const std::string reason = "ok\r\n2026-11-27 E dynamiqd: forged line\x1b[2J\0\xff\xc3"s;
+  ASSERT_TRUE(testing::SendRaw(fd, testing::Frame(~uint64_t{0}, reason)));
+  const absl::Status s = (*rank0)->Wait(*h, Deadline());
+  common::CloseFd(fd);
+  EXPECT_THAT(
+      s, StatusIs(absl::StatusCode::kUnavailable,
+                  HasSubstr("rank 1 gave up: ok\\x0d\\x0a2026-11-27 E dynamiqd: forged line\\x1b[2J\\x00\\xff\\xc3")));
+  EXPECT_TRUE(common::IsValidUtf8(s.message()));
+  EXPECT_EQ(std::string(s.message()).find_first_of(std::string("\r\n\x1b\0", 4)), std::string::npos);
+}
+
+// With a key, a "gave up" frame must carry its sender's MAC under the connection's session key:
+// an honest peer's reason arrives; one without the MAC is refused and its text not shown.
+TEST(TcpTransportTest, WithAKeyOnlyTheSendersGaveUpFrameIsBelieved) {
+  TcpTransportOptions keyed = TestOptions();
+  keyed.key.emplace();
+  keyed.key->fill(9);
+  auto honest = RunRanks(
+      2,
+      [&](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
+        if (rank == 1) {
+          t->Abort();
+          return absl::OkStatus();
+        }
+        std::vector<uint8_t> buf(8);
+        DQ_ASSIGN_OR_RETURN(Transport::Handle h, t->PostRecv(1, 3, absl::MakeSpan(buf)));
+        return t->Wait(h, Deadline());
+      },
+      keyed);
+  EXPECT_THAT(honest[0], StatusIs(absl::StatusCode::kUnavailable,
+                                  HasSubstr("rank 1 gave up: tcp transport rank 1: transport aborted")));
+
+  // A peer that holds the key (it completed the hello) but sends a frame without the MAC.
+  InMemoryStore store;
+  absl::StatusOr<std::unique_ptr<Transport>> rank0;
+  std::thread t0([&] { rank0 = ConnectTcpTransport(store, 0, 2, keyed); });
+  absl::StatusOr<std::string> address = store.Get("tcp/0", absl::Seconds(10));
+  ASSERT_THAT(address, IsOk());
+  auto host_port = common::SplitHostPort(*address);
+  ASSERT_THAT(host_port, IsOk());
+  absl::StatusOr<TcpLink> link = DialPeer(host_port->first, host_port->second, 1, 0, keyed.key, Deadline());
+  t0.join();
+  ASSERT_THAT(link, IsOk());
+  ASSERT_THAT(rank0, IsOk());
+  std::vector<uint8_t> buf(8);
+  absl::StatusOr<Transport::Handle> h = (*rank0)->PostRecv(1, 3, absl::MakeSpan(buf));
+  ASSERT_THAT(h, IsOk());
+  ASSERT_TRUE(
+      testing::SendRaw(link->fd, testing::Frame(~uint64_t{0}, std::string("forged reason") + std::string(32, 'm'))));
+  const absl::Status s = (*rank0)->Wait(*h, Deadline());
+  common::CloseFd(link->fd);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("without its sender's MAC")));
+  EXPECT_THAT(s.message(), ::testing::Not(HasSubstr("forged")));
 }
 
 // The engine over this transport gives the in-memory transport's bytes, ring and butterfly.

@@ -31,14 +31,18 @@
 #include "dynamiq/v1/control.grpc.pb.h"
 #include "engine/memory_transport.h"
 #include "engine/step_auth.h"
+#include "engine/store.h"
 #include "gtest/gtest.h"
 #include "ipc/shm_region.h"
+#include "server/cluster.h"
 #include "server/daemon.h"
+#include "server/grpc_store.h"
 #include "server/job.h"
 #include "server/metrics.h"
 #include "server/rendezvous_service.h"
 #include "server/security.h"
 #include "tests/testing/daemon_harness.h"
+#include "tests/testing/raw_tcp_peer.h"
 #include "tests/testing/status_matchers.h"
 #include "tools/dynamiqctl/ctl.h"
 
@@ -452,6 +456,48 @@ TEST(ClusterSecretTest, TwoNodesAllReduceWithAuthenticatedMessagesOverTlsRendezv
     }
     EXPECT_LT(error / norm, 1e-2);
   }
+  EXPECT_EQ(0, std::memcmp(workers[0].data(), workers[1].data(), n * sizeof(float)));
+}
+
+// A process that finds a job's transport port (here: from the coordinator's store; in the wild: a
+// port scan) and claims node 1's rank before node 1 connects is turned away, plain hello or keyed
+// without proof, and the real node 1 joins: the hellos prove the job's key (engine/tcp_hello.h).
+TEST(ClusterSecretTest, AStrangerOnTheTransportPortCannotTakeANodesPlace) {
+  TempDir temp;
+  const std::string dir = temp.path();
+  SecurityOptions s;
+  s.cluster_secret_file = WriteFile(dir + "/secret", kSecret);
+  std::vector<std::unique_ptr<Daemon>> daemons;
+  std::vector<absl::Status> status = StartCluster(dir, {s, s}, daemons);
+  ASSERT_THAT(status[0], IsOk());
+  ASSERT_THAT(status[1], IsOk());
+  const size_t n = 4096;
+  std::vector<testing::DaemonTestWorker> workers;
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto w = testing::ConnectTestWorker(absl::StrCat(dir, "/node", r, ".sock"), "job", 0, 1, n);
+    ASSERT_THAT(w, IsOk());
+    workers.push_back(*std::move(w));
+    for (size_t k = 0; k < n; ++k) workers[r].data()[k] = static_cast<float>(k % 5);
+  }
+  std::vector<grpc::Status> results(2);
+  std::thread node0([&] { results[0] = workers[0].AllReduce("g", n); });
+  // Node 0's group now listens for rank 1.
+  GrpcStore store(daemons[0]->listen_address(), nullptr, RendezvousToken(kSecret));
+  engine::PrefixStore group(Cluster::RendezvousPrefix("job", 1, 0), store);
+  for (const bool keyed : {false, true}) {
+    const int fd = testing::ConnectToRank(group, 0);
+    std::vector<uint8_t> hello =
+        testing::Cat(keyed ? testing::kKeyedHelloMagic : testing::kPlainHelloMagic, testing::LittleEndian(1, 4));
+    if (keyed) hello = testing::Cat(hello, std::vector<uint8_t>(16, 7));
+    EXPECT_TRUE(testing::SendRaw(fd, hello));
+    if (keyed) EXPECT_TRUE(testing::SendRaw(fd, std::vector<uint8_t>(32, 0)));  // a proof made up
+    EXPECT_TRUE(testing::ClosedByPeer(fd)) << (keyed ? "keyed" : "plain");
+    common::CloseFd(fd);
+  }
+  std::thread node1([&] { results[1] = workers[1].AllReduce("g", n); });
+  node0.join();
+  node1.join();
+  for (uint32_t r = 0; r < 2; ++r) ASSERT_TRUE(results[r].ok()) << r << ": " << results[r].error_message();
   EXPECT_EQ(0, std::memcmp(workers[0].data(), workers[1].data(), n * sizeof(float)));
 }
 
