@@ -18,6 +18,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/control_client.h"
+#include "common/tcp_socket.h"
 #include "engine/allreduce.h"
 #include "engine/host_transport.h"
 #include "engine/step_header.h"
@@ -28,11 +30,13 @@
 #include "kernels/codec_registry.h"
 #include "server/grpc_store.h"
 #include "tests/faults/fault_harness.h"
+#include "tests/testing/raw_tcp_peer.h"
 
 namespace dynamiq::faults {
 namespace {
 
 using ::testing::HasSubstr;
+using std::string_literals::operator""s;
 
 constexpr double kTimeoutSeconds = 4;
 constexpr uint64_t kElements = 4096;
@@ -385,6 +389,44 @@ TEST(WireFaultTcpTest, OversizedPayloadIsRejectedWithoutCrashingTheDaemon) {
   EXPECT_EQ(ReplyCode(reply), "INVALID_ARGUMENT") << reply;
   EXPECT_THAT(reply, HasSubstr("from rank 1")) << reply;
   ASSERT_TRUE(setup.daemon->Alive()) << Tail(setup.daemon->log());
+  ASSERT_NO_FATAL_FAILURE(setup.Good());
+  setup.worker->Quit();
+  EXPECT_TRUE(setup.daemon->Stop()) << Tail(setup.daemon->log());
+}
+
+// Without a cluster secret anyone who reaches the group's port can claim a rank (docs/security.md);
+// what such a peer says when it "gives up" (escape codes, CR/LF, NUL, invalid UTF-8) reaches the
+// worker's error, the daemon's log and the flight recorder only as safe text, and the flight
+// recorder still decodes (a protobuf string must be valid UTF-8).
+TEST(WireFaultTcpTest, APeersGaveUpTextReachesErrorsLogsAndTheFlightRecorderAsSafeText) {
+  RogueSetup setup{"tcp"};
+  ASSERT_NO_FATAL_FAILURE(setup.Start());
+  setup.worker->Submit();
+  server::GrpcStore store(setup.daemon->spec().listen);
+  engine::PrefixStore group("job/j/inc1/gen0", store);  // as RogueNode::Transport
+  const int fd = testing::ConnectToRank(group, 0);
+  ASSERT_TRUE(testing::SendRaw(fd, testing::Cat(testing::kPlainHelloMagic, testing::LittleEndian(1, 4))));
+  const std::string forged = "bye\r\nE1127 dynamiqd: forged\x1b[31m\0\xff\xfe"s;
+  ASSERT_TRUE(testing::SendRaw(fd, testing::Frame(~uint64_t{0}, forged)));
+  const std::string reply = setup.worker->Result();
+  common::CloseFd(fd);
+  EXPECT_EQ(ReplyCode(reply), "UNAVAILABLE") << reply;
+  const std::string safe = "rank 1 gave up: bye\\x0d\\x0aE1127 dynamiqd: forged\\x1b[31m\\x00\\xff\\xfe";
+  EXPECT_THAT(reply, HasSubstr(safe));
+  ctl::ConnectOptions c;
+  c.daemon = setup.daemon->spec().listen;
+  c.timeout = absl::Seconds(10);
+  auto recorded = ctl::ControlClient(c).GetFlightRecorder("j", 10);
+  ASSERT_TRUE(recorded.ok()) << recorded.status();
+  bool found = false;
+  for (const auto& r : recorded->records()) found |= absl::StrContains(r.error(), safe);
+  EXPECT_TRUE(found) << recorded->DebugString();
+  const std::string log = setup.daemon->log();
+  EXPECT_EQ(log.find("forged\x1b"), std::string::npos);
+  EXPECT_EQ(log.find("\r\nE1127"), std::string::npos);
+  // The group re-forms at the next generation; a real peer there is served as before.
+  setup.rogue->Broken();
+  setup.sequence = 1;  // collective 0 was the one that failed
   ASSERT_NO_FATAL_FAILURE(setup.Good());
   setup.worker->Quit();
   EXPECT_TRUE(setup.daemon->Stop()) << Tail(setup.daemon->log());
