@@ -4,9 +4,13 @@
 # iproute2 (ip, tc, ss) and iputils-ping; the caller defines die() and note() (messages to stderr).
 #
 #   netns_init PREFIX RANKS RATE   set the layout (below); fails on a bad RATE
+#   netns_emulate RTT JITTER LOSS [SEED]
+#                                  optional, between init and up: wide-area links (below); fails
+#                                  (with the emulator's message) on impossible settings
 #   netns_up                       create it; the caller traps EXIT to call netns_down
 #   netns_down                     delete what netns_up created (idempotent); never touches a name
-#                                  outside PREFIX-*
+#                                  outside PREFIX-*; the delay line's counters are left in
+#                                  NETNS_DELAY_STATS (one JSON line per direction)
 #   netns_tc_stats                 every shaped link's tbf counters (sent, dropped, overlimits)
 #   netns_of I / netns_ip I        rank I's namespace / address
 #   netns_wait_listen PORT PID [I] wait (60 s at most) until PORT listens in rank I's namespace
@@ -23,6 +27,15 @@
 #               egress = what it receives): rate RATE, burst max(128 KiB, 2 ms at RATE), latency
 #               25 ms (tail-drop queue); RATE "none": no shaping at all (veths as fast as the CPU
 #               moves packets; NETNS_RATE_BPS is 0). Every rank pings rank 0 before netns_up returns.
+#   emulation   (netns_emulate; docs/testing.md "Wide-area links"; needs build/bin/dynamiq-linkem or
+#               $DQ_LINKEM) RTT and JITTER: rank i's veth ends in the hub at dqx<i>, a second pair
+#               dqy<i> <-> dqp<i> (on the bridge) leads on, and one dynamiq-linkem delay line in the
+#               hub moves frames between dqx<i> and dqy<i> with RTT/4 each way (a path between two
+#               ranks crosses two such links: RTT/2 one way) and jitter JITTER/sqrt(2) per link
+#               (JITTER per path, one way; FIFO, never reordered). LOSS (P, or ge:... bursts): an
+#               eBPF filter drops packets on every rank's egress (dq0), so each direction of a path
+#               loses LOSS; segmentation offload is turned off there (a drop is one packet, not a
+#               64 KiB aggregate). RTT 0, JITTER 0 and LOSS 0 build the plain layout.
 # After netns_init: NETNS_RATE, NETNS_RATE_BPS (bytes/s), NETNS_BURST (bytes), NETNS_LATENCY,
 # NETNS_SUBNET, NETNS_CREATED_NS and NETNS_CREATED_LINKS ("namespace link" pairs) are set.
 
@@ -53,7 +66,28 @@ netns_init() { # PREFIX RANKS RATE
   NETNS_CREATED_NS=()    # namespaces this run created (only these are ever deleted)
   NETNS_CREATED_LINKS=() # "namespace link" pairs this run created
   NETNS_DOWN=0
+  NETNS_RTT=0 NETNS_JITTER=0 NETNS_LOSS=0 NETNS_SEED=1 NETNS_DELAY_PID=""
 }
+
+netns_linkem() {
+  local here
+  here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+  echo "${DQ_LINKEM:-$here/${BUILD_DIR:-build}/bin/dynamiq-linkem}"
+}
+
+netns_emulate() { # RTT JITTER LOSS [SEED]
+  NETNS_RTT=$1 NETNS_JITTER=$2 NETNS_LOSS=$3 NETNS_SEED=${4:-1}
+  local linkem err
+  linkem=$(netns_linkem)
+  [[ -x $linkem ]] || die "the link emulator $linkem is not built (scripts/build; needs clang and libbpf-dev)"
+  err=$("$linkem" check --delay_ab="$NETNS_RTT" --jitter="$NETNS_JITTER" --loss="$NETNS_LOSS" 2>&1) ||
+    die "${err#dynamiq-linkem: }"
+  NETNS_RTT_MS=$("$linkem" check --delay_ab="$NETNS_RTT" --print_ms) || die "bad --rtt '$NETNS_RTT'"
+  NETNS_JITTER_MS=$("$linkem" check --delay_ab="$NETNS_JITTER" --print_ms) || die "bad --jitter '$NETNS_JITTER'"
+}
+
+# Whether the layout has a delay line (RTT or jitter set).
+netns_delayed() { awk -v r="${NETNS_RTT_MS:-0}" -v j="${NETNS_JITTER_MS:-0}" 'BEGIN { exit !(r > 0 || j > 0) }'; }
 
 netns_of() { echo "$NETNS_PREFIX-$1"; }
 netns_ip() { echo "10.77.$NETNS_SUBNET.$(($1 + 1))"; }
@@ -83,15 +117,44 @@ netns_up() {
   for ((i = 0; i < NETNS_RANKS; i++)); do
     ns=$(netns_of "$i")
     _netns_make "$ns"
-    timeout 10 ip -n "$hub" link add "dqp$i" type veth peer name dq0 netns "$ns" || die "cannot create veth for rank $i"
-    NETNS_CREATED_LINKS+=("$hub dqp$i")
+    if netns_delayed; then # rank <-> dqx<i> ~delay line~ dqy<i> <-> dqp<i> (bridge)
+      timeout 10 ip -n "$hub" link add "dqx$i" type veth peer name dq0 netns "$ns" || die "cannot create veth for rank $i"
+      NETNS_CREATED_LINKS+=("$hub dqx$i")
+      timeout 10 ip -n "$hub" link add "dqp$i" type veth peer name "dqy$i" || die "cannot create veth for rank $i"
+      NETNS_CREATED_LINKS+=("$hub dqp$i")
+      for dev in "dqx$i" "dqy$i"; do
+        timeout 10 ip netns exec "$hub" sysctl -qw "net.ipv6.conf.$dev.disable_ipv6=1" || true
+        timeout 10 ip -n "$hub" link set "$dev" up
+      done
+    else
+      timeout 10 ip -n "$hub" link add "dqp$i" type veth peer name dq0 netns "$ns" || die "cannot create veth for rank $i"
+      NETNS_CREATED_LINKS+=("$hub dqp$i")
+    fi
     timeout 10 ip -n "$hub" link set "dqp$i" master dqbr0
     timeout 10 ip -n "$hub" link set "dqp$i" up
     timeout 10 ip -n "$ns" addr add "$(netns_ip "$i")/24" dev dq0
     timeout 10 ip -n "$ns" link set dq0 up
     _netns_shape "$ns" dq0
     _netns_shape "$hub" "dqp$i"
+    if [[ $NETNS_LOSS != 0 ]]; then
+      timeout 10 ip netns exec "$ns" ethtool -K dq0 tso off gso off >/dev/null 2>&1 ||
+        die "cannot turn segmentation offload off on rank $i's link (ethtool)"
+      timeout 10 ip netns exec "$ns" "$(netns_linkem)" loss --dev=dq0 --loss="$NETNS_LOSS" --seed=$((NETNS_SEED + i)) ||
+        die "cannot attach the loss filter to rank $i's link"
+    fi
   done
+  if netns_delayed; then
+    local pairs="" one_way jitter
+    for ((i = 0; i < NETNS_RANKS; i++)); do pairs+="${pairs:+,}dqx$i:dqy$i"; done
+    one_way=$(awk -v r="$NETNS_RTT_MS" 'BEGIN { printf "%.6fms", r / 4 }')
+    jitter=$(awk -v j="$NETNS_JITTER_MS" 'BEGIN { printf "%.6fms", j / sqrt(2) }')
+    NETNS_DELAY_LOG=$(mktemp "/tmp/$NETNS_PREFIX-delay.XXXXXX")
+    timeout -s TERM 86400 ip netns exec "$hub" "$(netns_linkem)" delay --pairs="$pairs" --delay_ab="$one_way" \
+      --delay_ba="$one_way" --jitter="$jitter" --seed="$NETNS_SEED" >"$NETNS_DELAY_LOG" 2>&1 &
+    NETNS_DELAY_PID=$!
+    for _ in $(seq 50); do grep -q "delay line up" "$NETNS_DELAY_LOG" && break; sleep 0.1; done
+    grep -q "delay line up" "$NETNS_DELAY_LOG" || die "the delay line did not start: $(cat "$NETNS_DELAY_LOG")"
+  fi
   for ((i = 1; i < NETNS_RANKS; i++)); do
     ok=0
     for _ in 1 2 3 4 5; do
@@ -118,6 +181,12 @@ netns_down() {
   local i entry ns link
   ((NETNS_DOWN)) && return 0
   NETNS_DOWN=1
+  if [[ -n ${NETNS_DELAY_PID:-} ]]; then # its counters, one JSON line per direction, land in NETNS_DELAY_STATS
+    netns_stop "$NETNS_DELAY_PID"
+    NETNS_DELAY_PID=""
+    NETNS_DELAY_STATS=$(grep '^{' "$NETNS_DELAY_LOG" 2>/dev/null || true)
+    rm -f -- "${NETNS_DELAY_LOG:-}"
+  fi
   for ((i = ${#NETNS_CREATED_LINKS[@]} - 1; i >= 0; i--)); do
     entry=${NETNS_CREATED_LINKS[i]} ns=${entry%% *} link=${entry#* }
     [[ $ns == "$NETNS_PREFIX"-* ]] || continue # never touch anything outside our own namespaces
