@@ -7,6 +7,10 @@
 #   netns_emulate RTT JITTER LOSS [SEED]
 #                                  optional, between init and up: wide-area links (below); fails
 #                                  (with the emulator's message) on impossible settings
+#   netns_link_settings PROFILE RTT JITTER LOSS SEED
+#                                  the benchmarks' --profile/--rtt/--jitter/--loss/--seed: a
+#                                  profile fills what is empty (and the rate unless RATE_GIVEN=1),
+#                                  then netns_emulate; netns_link_flags_help prints their --help
 #   netns_up                       create it; the caller traps EXIT to call netns_down
 #   netns_down                     delete what netns_up created (idempotent); never touches a name
 #                                  outside PREFIX-*; the delay line's counters are left in
@@ -70,9 +74,9 @@ netns_init() { # PREFIX RANKS RATE
 }
 
 netns_linkem() {
-  local here
-  here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-  echo "${DQ_LINKEM:-$here/${BUILD_DIR:-build}/bin/dynamiq-linkem}"
+  local build=${BUILD_DIR:-build}
+  [[ $build == /* ]] || build=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/$build
+  echo "${DQ_LINKEM:-$build/bin/dynamiq-linkem}"
 }
 
 netns_emulate() { # RTT JITTER LOSS [SEED]
@@ -84,6 +88,53 @@ netns_emulate() { # RTT JITTER LOSS [SEED]
     die "${err#dynamiq-linkem: }"
   NETNS_RTT_MS=$("$linkem" check --delay_ab="$NETNS_RTT" --print_ms) || die "bad --rtt '$NETNS_RTT'"
   NETNS_JITTER_MS=$("$linkem" check --delay_ab="$NETNS_JITTER" --print_ms) || die "bad --jitter '$NETNS_JITTER'"
+}
+
+# The wide-area flags the network benchmarks share: --profile NAME sets --rate (unless given),
+# --rtt, --jitter and --loss (each unless given) from dynamiq-linkem's profiles.
+netns_link_flags_help() {
+  cat <<'EOF'
+  --rtt DURATION     round-trip time added between any two ranks (e.g. 30ms; default 0): a user-space
+                     delay line (dynamiq-linkem) holds every frame RTT/4 on each of the two links a
+                     path crosses, each way
+  --jitter DURATION  standard deviation of the one-way delay (default 0; frames are never reordered)
+  --loss P           random loss of each direction of a path (default 0): P (Bernoulli, e.g. 0.001)
+                     or ge:P_GB,P_BG[,LOSS_BAD[,LOSS_GOOD]] (Gilbert-Elliott bursts); an eBPF filter on
+                     every rank's egress, with segmentation offload off there (per-packet loss)
+  --seed N           seed of the loss and jitter generators (default 1)
+  --profile NAME     a named network (given flags win): lan (1gbit), cross-region (1gbit, 30ms RTT,
+                     0.01% loss), cross-continent (1gbit, 150ms RTT, 2ms jitter, 0.1% loss),
+                     consumer (100mbit, 40ms RTT, 0.5% loss)
+EOF
+}
+
+# Resolves --profile into RATE, RTT, JITTER and LOSS (only those the caller left empty; the rate
+# is replaced unless RATE_GIVEN=1), then sets the emulation up (netns_emulate). Call after
+# netns_init with the caller's --profile/--rtt/--jitter/--loss/--seed values.
+netns_link_settings() { # PROFILE RTT JITTER LOSS SEED
+  local profile=$1 rtt=$2 jitter=$3 loss=$4 seed=${5:-1} linkem line
+  linkem=$(netns_linkem)
+  if [[ -n $profile ]]; then
+    [[ -x $linkem ]] || die "the link emulator $linkem is not built (scripts/build; needs clang and libbpf-dev)"
+    line=$("$linkem" profile "$profile" 2>&1) || die "${line#dynamiq-linkem: }"
+    local p_rate p_rtt p_jitter p_loss
+    p_rate=$(sed -n 's/.*rate=\([^ ]*\).*/\1/p' <<<"$line")
+    p_rtt=$(sed -n 's/.*rtt_ms=\([^ ]*\).*/\1/p' <<<"$line")ms
+    p_jitter=$(sed -n 's/.*jitter_ms=\([^ ]*\).*/\1/p' <<<"$line")ms
+    p_loss=$(sed -n 's/.*loss=\([^ ]*\).*/\1/p' <<<"$line")
+    rtt=${rtt:-$p_rtt} jitter=${jitter:-$p_jitter} loss=${loss:-$p_loss}
+    if [[ ${RATE_GIVEN:-0} != 1 && $NETNS_RATE != "$p_rate" ]]; then netns_init "$NETNS_PREFIX" "$NETNS_RANKS" "$p_rate"; fi
+  fi
+  rtt=${rtt:-0} jitter=${jitter:-0} loss=${loss:-0}
+  [[ $rtt == 0ms ]] && rtt=0
+  [[ $jitter == 0ms ]] && jitter=0
+  if [[ $rtt != 0 || $jitter != 0 || $loss != 0 ]]; then netns_emulate "$rtt" "$jitter" "$loss" "$seed"; fi
+}
+
+# A description of the emulated links for reports ("" without emulation).
+netns_link_summary() {
+  [[ ${NETNS_RTT:-0} != 0 || ${NETNS_JITTER:-0} != 0 || ${NETNS_LOSS:-0} != 0 ]] || return 0
+  echo "RTT ${NETNS_RTT}, jitter ${NETNS_JITTER}, loss ${NETNS_LOSS}"
 }
 
 # Whether the layout has a delay line (RTT or jitter set).
