@@ -39,7 +39,9 @@
 #               (JITTER per path, one way; FIFO, never reordered). LOSS (P, or ge:... bursts): an
 #               eBPF filter drops packets on every rank's egress (dq0), so each direction of a path
 #               loses LOSS; segmentation offload is turned off there (a drop is one packet, not a
-#               64 KiB aggregate). RTT 0, JITTER 0 and LOSS 0 build the plain layout.
+#               64 KiB aggregate). RTT 0, JITTER 0 and LOSS 0 build the plain layout. With a delay
+#               line, every rank's TCP buffers may grow (autotuning) to 4 x the bandwidth-delay
+#               product (NETNS_TCP_BUFFER; net.ipv4.tcp_wmem/tcp_rmem in its namespace).
 # After netns_init: NETNS_RATE, NETNS_RATE_BPS (bytes/s), NETNS_BURST (bytes), NETNS_LATENCY,
 # NETNS_SUBNET, NETNS_CREATED_NS and NETNS_CREATED_LINKS ("namespace link" pairs) are set.
 
@@ -88,6 +90,12 @@ netns_emulate() { # RTT JITTER LOSS [SEED]
     die "${err#dynamiq-linkem: }"
   NETNS_RTT_MS=$("$linkem" check --delay_ab="$NETNS_RTT" --print_ms) || die "bad --rtt '$NETNS_RTT'"
   NETNS_JITTER_MS=$("$linkem" check --delay_ab="$NETNS_JITTER" --print_ms) || die "bad --jitter '$NETNS_JITTER'"
+  # TCP buffer ceiling: 4 x bandwidth-delay product, at least 4 MiB, at most 256 MiB (unshaped: as if
+  # 10 Gbit/s).
+  NETNS_TCP_BUFFER=$(awk -v b="$NETNS_RATE_BPS" -v r="$NETNS_RTT_MS" -v j="$NETNS_JITTER_MS" 'BEGIN {
+    if (b <= 0) b = 1.25e9
+    x = 4 * b * (r + 4 * j) / 1000; if (x < 4194304) x = 4194304; if (x > 268435456) x = 268435456
+    printf "%.0f\n", x }')
 }
 
 # The wide-area flags the network benchmarks share: --profile NAME sets --rate (unless given),
@@ -187,6 +195,13 @@ netns_up() {
     timeout 10 ip -n "$ns" link set dq0 up
     _netns_shape "$ns" dq0
     _netns_shape "$hub" "dqp$i"
+    if netns_delayed; then
+      # A long fat pipe needs TCP windows of its bandwidth-delay product: let autotuning grow the
+      # buffers to 4 x BDP (the namespace's defaults stop the send buffer at 4 MiB: 213 Mbit/s at
+      # 150 ms). Every method run here gets the same.
+      timeout 10 ip netns exec "$ns" sysctl -qw "net.ipv4.tcp_wmem=4096 16384 $NETNS_TCP_BUFFER" \
+        "net.ipv4.tcp_rmem=4096 131072 $NETNS_TCP_BUFFER" || die "cannot size TCP buffers in $ns"
+    fi
     if [[ $NETNS_LOSS != 0 ]]; then
       timeout 10 ip netns exec "$ns" ethtool -K dq0 tso off gso off >/dev/null 2>&1 ||
         die "cannot turn segmentation offload off on rank $i's link (ethtool)"
