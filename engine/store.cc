@@ -2,16 +2,72 @@
 
 #include <algorithm>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace dynamiq::engine {
 
+absl::Status InMemoryStore::Put(absl::string_view key, absl::string_view value) {
+  auto it = values_.find(key);
+  const size_t old_bytes = it == values_.end() ? 0 : key.size() + it->second.size();
+  const size_t new_bytes = key.size() + value.size();
+  if (it == values_.end() && values_.size() >= limits_.max_keys) {
+    return absl::ResourceExhaustedError(absl::StrCat("the store holds ", values_.size(),
+                                                     " keys, the most it keeps; cannot add '",
+                                                     absl::CHexEscape(key.substr(0, 128)), "'"));
+  }
+  if (new_bytes > old_bytes && bytes_ - old_bytes + new_bytes > limits_.max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("the store holds ", bytes_, " bytes of keys and values, ",
+                                                     new_bytes, " more would exceed its limit of ", limits_.max_bytes));
+  }
+  bytes_ = bytes_ - old_bytes + new_bytes;
+  if (it == values_.end()) {
+    values_.emplace(std::string(key), std::string(value));
+  } else {
+    it->second.assign(value.data(), value.size());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status InMemoryStore::Set(absl::string_view key, absl::string_view value) {
   absl::MutexLock lock(&mu_);
-  values_[std::string(key)] = std::string(value);
-  return absl::OkStatus();
+  return Put(key, value);
+}
+
+absl::StatusOr<uint64_t> InMemoryStore::Delete(const Deletion& deletion) {
+  absl::MutexLock lock(&mu_);
+  uint64_t deleted = 0;
+  auto erase = [&](auto it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    bytes_ -= it->first.size() + it->second.size();
+    ++deleted;
+    return values_.erase(it);
+  };
+  for (const std::string& key : deletion.keys) {
+    if (auto it = values_.find(key); it != values_.end()) erase(it);
+  }
+  auto starts = [&](absl::string_view prefix) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = values_.lower_bound(prefix);
+    return it != values_.end() && absl::StartsWith(it->first, prefix) ? it : values_.end();
+  };
+  if (deletion.prefix.empty()) return deleted;
+  if (!deletion.unless_prefix.empty() && starts(deletion.unless_prefix) != values_.end()) return deleted;
+  for (auto it = starts(deletion.prefix); it != values_.end() && absl::StartsWith(it->first, deletion.prefix);) {
+    it = erase(it);
+  }
+  return deleted;
+}
+
+size_t InMemoryStore::size() const {
+  absl::MutexLock lock(&mu_);
+  return values_.size();
+}
+
+size_t InMemoryStore::bytes() const {
+  absl::MutexLock lock(&mu_);
+  return bytes_;
 }
 
 absl::StatusOr<bool> InMemoryStore::CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
@@ -20,7 +76,7 @@ absl::StatusOr<bool> InMemoryStore::CompareAndSet(absl::string_view key, std::op
   auto it = values_.find(key);
   const bool matches = it == values_.end() ? !expected.has_value() : expected.has_value() && it->second == *expected;
   if (!matches) return false;
-  values_[std::string(key)] = std::string(desired);
+  DQ_RETURN_IF_ERROR(Put(key, desired));
   return true;
 }
 
@@ -64,6 +120,14 @@ absl::Status PrefixStore::Set(absl::string_view key, absl::string_view value) { 
 absl::StatusOr<bool> PrefixStore::CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
                                                 absl::string_view desired) {
   return base_.CompareAndSet(Key(key), expected, desired);
+}
+
+absl::StatusOr<uint64_t> PrefixStore::Delete(const Deletion& deletion) {
+  Deletion prefixed;
+  for (const std::string& k : deletion.keys) prefixed.keys.push_back(Key(k));
+  if (!deletion.prefix.empty()) prefixed.prefix = Key(deletion.prefix);
+  if (!deletion.unless_prefix.empty()) prefixed.unless_prefix = Key(deletion.unless_prefix);
+  return base_.Delete(prefixed);
 }
 
 absl::StatusOr<std::string> PrefixStore::Get(absl::string_view key, absl::Duration timeout) {

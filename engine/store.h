@@ -1,6 +1,7 @@
 // Store: the small key-value store ranks rendezvous through (Gloo's connection setup, NCCL unique
 // ids, anything a group must agree on before it can talk). Keys are written once and read by
-// everyone; Get waits until the key exists or the timeout passes.
+// everyone; Get waits until the key exists or the timeout passes. Whoever knows a key is no longer
+// needed deletes it (Delete), so a long-running store does not grow with every job and retry.
 //
 // Implementations: InMemoryStore (threads of one process, tests), GrpcStore (dynamiqd: the
 // coordinator's store over gRPC, server/grpc_store.h), TcpStoreServer/TcpStoreClient
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -51,6 +53,23 @@ class Store {
   virtual absl::Status SetBefore(absl::string_view key, absl::string_view value, absl::Time /*deadline*/) {
     return Set(key, value);
   }
+
+  // What Delete removes, in one atomic step: `keys` (those not set are skipped), then every key that
+  // starts with `prefix` (empty: none), unless a key that starts with `unless_prefix` is still set
+  // after `keys` are gone (empty: no condition). The condition is how several nodes free what they
+  // shared once the last of them is done with it: each holds a key under `unless_prefix` while it
+  // needs the keys under `prefix`, and whoever deletes its own key last takes the rest with it
+  // (server/cluster.h).
+  struct Deletion {
+    std::vector<std::string> keys;
+    std::string prefix;
+    std::string unless_prefix;
+  };
+  // Deletes what `deletion` names; returns how many keys it deleted. UNIMPLEMENTED by stores that
+  // cannot delete: callers treat deletion as best effort.
+  virtual absl::StatusOr<uint64_t> Delete(const Deletion& deletion) {
+    return absl::UnimplementedError("this store cannot delete keys");
+  }
 };
 
 // Whether `status` is a store's own answer that a key is not set (yet): the DEADLINE_EXCEEDED of a
@@ -59,18 +78,38 @@ class Store {
 // (UNAVAILABLE, or an RPC's own deadline) is not.
 bool IsKeyNotSet(const absl::Status& status);
 
-// Store for ranks that are threads of one process.
+// Store for ranks that are threads of one process, and the coordinator's store behind
+// server/rendezvous_service.h. Optional limits on the number of keys and on their bytes (keys and
+// values together) make a Set or CompareAndSet that would add past them fail with
+// RESOURCE_EXHAUSTED, so a client that never deletes (or a hostile one) cannot grow it without bound.
 class InMemoryStore final : public Store {
  public:
+  struct Limits {
+    size_t max_keys = std::numeric_limits<size_t>::max();
+    size_t max_bytes = std::numeric_limits<size_t>::max();
+  };
+  InMemoryStore() = default;
+  explicit InMemoryStore(Limits limits) : limits_(limits) {}
+
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
   absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
   absl::StatusOr<bool> CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
                                      absl::string_view desired) override;
+  absl::StatusOr<uint64_t> Delete(const Deletion& deletion) override;
+
+  // How many keys it holds, and their bytes (keys and values).
+  size_t size() const;
+  size_t bytes() const;
 
  private:
-  absl::Mutex mu_;
+  // Stores `value` under `key`, within the limits.
+  absl::Status Put(absl::string_view key, absl::string_view value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Limits limits_{};
+  mutable absl::Mutex mu_;
   std::map<std::string, std::string, std::less<>> values_ ABSL_GUARDED_BY(mu_);
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Prepends "<prefix>/" to every key, so groups, jobs and epochs never read each other's keys.
@@ -82,6 +121,8 @@ class PrefixStore final : public Store {
   absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
   absl::StatusOr<bool> CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
                                      absl::string_view desired) override;
+  // Keys and prefixes are under the prefix too; an empty prefix or condition stays empty.
+  absl::StatusOr<uint64_t> Delete(const Deletion& deletion) override;
 
  private:
   std::string Key(absl::string_view key) const;
@@ -105,6 +146,7 @@ class InterruptibleStore final : public Store {
                                      absl::string_view desired) override {
     return base_.CompareAndSet(key, expected, desired);
   }
+  absl::StatusOr<uint64_t> Delete(const Deletion& deletion) override { return base_.Delete(deletion); }
 
  private:
   Store& base_;

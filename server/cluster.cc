@@ -4,11 +4,13 @@
 #include <cstdio>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "dynamiq/v1/rendezvous.pb.h"
 #include "server/request_names.h"
@@ -25,20 +27,105 @@ constexpr size_t kMaxCauseBytes = 4096;
 // Of a lookup's time, what the coordinator's answer needs to come back after its wait for the key.
 constexpr absl::Duration kLookupRoundTrip = absl::Milliseconds(100);
 
+// Failure reports of an incarnation this node keeps in the store (its newest ones); a node looks a
+// cause up within about a second of the failure, so only a burst this long could lose one.
+constexpr size_t kKeptFailureReports = 64;
+// Config epochs kept per incarnation: a node polls before every collective, so it never needs an
+// epoch this far behind the newest (PollConfig stops at the first one deleted).
+constexpr uint64_t kKeptConfigEpochs = 16;
+// Incarnations retired here that a late write (CleanUpIfRetired) is still checked against.
+constexpr size_t kRememberedRetirements = 64;
+
 std::string MemberKey(uint32_t rank) { return absl::StrCat("member/", rank); }
+
+// Everything of a job lies under this prefix: the id escaped, so that no job's prefix holds another's
+// keys (job "a" and job "a/inc1").
+std::string JobPrefix(const std::string& job_id) {
+  std::string escaped;
+  for (char c : job_id) {
+    if (c == '%') {
+      escaped += "%25";
+    } else if (c == '/') {
+      escaped += "%2F";
+    } else {
+      escaped += c;
+    }
+  }
+  return absl::StrCat("job/", escaped, "/");
+}
+
+std::string LivePrefix(const std::string& job_id) { return absl::StrCat(JobPrefix(job_id), "live/"); }
+std::string LiveKey(const std::string& job_id, uint32_t rank) { return absl::StrCat(LivePrefix(job_id), rank); }
 
 // Where incarnation `incarnation` of a job keeps its keys.
 std::string JobKey(const std::string& job_id, uint64_t incarnation) {
-  return absl::StrCat("job/", job_id, "/inc", incarnation);
+  return absl::StrCat(JobPrefix(job_id), "inc", incarnation);
 }
 
 std::string FailureKey(const std::string& job_id, uint64_t incarnation, uint64_t sequence) {
   return absl::StrCat(JobKey(job_id, incarnation), "/failed/", sequence);
 }
 
+std::string ConfigKey(absl::string_view job_key, uint64_t epoch) { return absl::StrCat(job_key, "/config/", epoch); }
+
 std::string IncarnationsKey(const std::string& job_id, uint32_t rank) {
-  return absl::StrCat("job/", job_id, "/node", rank, "/incarnations");
+  return absl::StrCat(JobPrefix(job_id), "node", rank, "/incarnations");
 }
+
+std::string BaseKey(const std::string& job_id) { return absl::StrCat(JobPrefix(job_id), "base"); }
+
+// The highest incarnation of any job whose keys a node has let go: every run of a job id whose keys
+// are created afresh numbers its incarnations above it.
+constexpr char kIncarnationFloorKey[] = "cluster/incarnation_floor";
+
+// "job/<id>/inc<k>" and g of a key under "job/<id>/inc<k>/gen<g>/" (RendezvousPrefix); false for
+// any other key.
+bool ParseRendezvousKey(absl::string_view key, absl::string_view* job_key, uint64_t* generation) {
+  std::vector<absl::string_view> parts = absl::StrSplit(key, absl::MaxSplits('/', 4));
+  if (parts.size() != 5 || parts[0] != "job" || !absl::StartsWith(parts[2], "inc") ||
+      !absl::ConsumePrefix(&parts[3], "gen") || !absl::SimpleAtoi(parts[3], generation)) {
+    return false;
+  }
+  *job_key = key.substr(0, parts[0].size() + parts[1].size() + parts[2].size() + 2);
+  return true;
+}
+
+// The store with a callback after every write (what Cluster::store() hands out).
+class NotingStore final : public engine::Store {
+ public:
+  NotingStore(engine::Store& base, std::function<void(absl::string_view key)> on_write)
+      : base_(base), on_write_(std::move(on_write)) {}
+  absl::Status Set(absl::string_view key, absl::string_view value) override {
+    absl::Status s = base_.Set(key, value);
+    if (s.ok()) on_write_(key);
+    return s;
+  }
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override {
+    return base_.Get(key, timeout);
+  }
+  absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override {
+    return base_.Wait(keys, timeout);
+  }
+  absl::StatusOr<bool> CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
+                                     absl::string_view desired) override {
+    absl::StatusOr<bool> swapped = base_.CompareAndSet(key, expected, desired);
+    if (swapped.ok() && *swapped) on_write_(key);
+    return swapped;
+  }
+  absl::StatusOr<std::string> GetBefore(absl::string_view key, absl::Duration timeout, absl::Time deadline) override {
+    return base_.GetBefore(key, timeout, deadline);
+  }
+  absl::Status SetBefore(absl::string_view key, absl::string_view value, absl::Time deadline) override {
+    absl::Status s = base_.SetBefore(key, value, deadline);
+    if (s.ok()) on_write_(key);
+    return s;
+  }
+  absl::StatusOr<uint64_t> Delete(const Deletion& deletion) override { return base_.Delete(deletion); }
+
+ private:
+  engine::Store& base_;
+  const std::function<void(absl::string_view key)> on_write_;
+};
 
 // Doubles are exact in the proto, so every node decodes the b̄ and policy that were published.
 std::string EncodeConfig(const JobConfig& c, uint64_t apply_at) {
@@ -78,6 +165,7 @@ Cluster::Cluster(Options options, std::unique_ptr<engine::Store> store, GrpcStor
     : options_(std::move(options)),
       store_(std::move(store)),
       coordinator_(coordinator),
+      noting_store_(std::make_unique<NotingStore>(*store_, [this](absl::string_view key) { NoteWrite(key); })),
       me_(std::move(me)),
       members_(std::move(members)) {}
 
@@ -214,32 +302,175 @@ absl::StatusOr<bool> Cluster::RejoinIfForgotten() {
   DQ_ASSIGN_OR_RETURN(std::vector<std::string> members,
                       coordinator_->Join(options_.node_rank, options_.num_nodes, me_, absl::Seconds(2)));
   std::fprintf(stderr, "dynamiqd: re-joined the cluster\n");
-  absl::MutexLock lock(&mu_);
-  members_ = std::move(members);
+  {
+    absl::MutexLock lock(&mu_);
+    members_ = std::move(members);
+  }
+  // The jobs still running here hold the new store's keys of them (for whatever they write next)
+  // until they retire.
+  absl::MutexLock lock(&live_mu_);
+  for (const auto& [job_id, live] : live_jobs_) {
+    if (absl::Status s = store_->Set(LiveKey(job_id, options_.node_rank), "1"); !s.ok()) break;
+  }
   return true;
 }
 
 absl::StatusOr<uint64_t> Cluster::ClaimIncarnation(const std::string& job_id) {
+  {
+    // Live first: a node retiring the job meanwhile must not delete its keys (the count among them)
+    // under this claim. The live key is set for the first incarnation running here only.
+    absl::MutexLock lock(&live_mu_);
+    LiveJob& live = live_jobs_[job_id];
+    if (live.incarnations == 0) {
+      if (absl::Status s = store_->Set(LiveKey(job_id, options_.node_rank), "1"); !s.ok()) {
+        live_jobs_.erase(job_id);
+        return absl::Status(s.code(), absl::StrCat("cannot create job ", job_id, ": ", s.message()));
+      }
+    }
+    ++live.incarnations;
+  }
+  absl::StatusOr<uint64_t> incarnation = CountIncarnation(job_id);
+  if (!incarnation.ok()) {
+    ReleaseJob(job_id);
+    return absl::Status(incarnation.status().code(),
+                        absl::StrCat("cannot create job ", job_id, ": ", incarnation.status().message()));
+  }
+  {
+    absl::MutexLock lock(&live_mu_);
+    uint64_t& newest = live_jobs_[job_id].newest;
+    newest = std::max(newest, *incarnation);
+  }
+  absl::MutexLock lock(&keys_mu_);
+  incarnations_[JobKey(job_id, *incarnation)];
+  return *incarnation;
+}
+
+absl::StatusOr<uint64_t> Cluster::CountIncarnation(const std::string& job_id) {
+  DQ_ASSIGN_OR_RETURN(uint64_t base, IncarnationBase(job_id));
   const std::string key = IncarnationsKey(job_id, options_.node_rank);
   // Only this node writes its count; compare-and-set still keeps a misconfigured twin (two daemons
   // with one rank) from handing out one incarnation twice.
   for (int attempt = 0; attempt < 16; ++attempt) {
-    auto counter = ReadCounter(*store_, key);
-    if (!counter.ok()) {
-      return absl::Status(counter.status().code(),
-                          absl::StrCat("cannot create job ", job_id, ": ", counter.status().message()));
-    }
-    const auto& [count, seen] = *counter;
+    DQ_ASSIGN_OR_RETURN(auto counter, ReadCounter(*store_, key));
+    const auto& [count, seen] = counter;
     std::optional<absl::string_view> expected;
     if (seen.has_value()) expected = *seen;
     DQ_ASSIGN_OR_RETURN(bool claimed, store_->CompareAndSet(key, expected, absl::StrCat(count + 1)));
-    if (claimed) return count + 1;
+    if (claimed) return base + count + 1;
   }
-  return absl::AbortedError(absl::StrCat("job ", job_id, ": ", key, " changed concurrently too often; retry"));
+  return absl::AbortedError(absl::StrCat(key, " changed concurrently too often; retry"));
+}
+
+absl::StatusOr<uint64_t> Cluster::IncarnationBase(const std::string& job_id) {
+  const std::string key = BaseKey(job_id);
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    DQ_ASSIGN_OR_RETURN(auto base, ReadCounter(*store_, key));
+    if (base.second.has_value()) return base.first;
+    // The first claim since the job's keys were deleted (or ever): its incarnations count on from
+    // the floor, above every incarnation of it that ran before. Nodes claiming at once agree on
+    // whichever base is set first.
+    DQ_ASSIGN_OR_RETURN(auto floor_count, ReadCounter(*store_, kIncarnationFloorKey));
+    DQ_ASSIGN_OR_RETURN(bool set, store_->CompareAndSet(key, std::nullopt, absl::StrCat(floor_count.first)));
+    if (set) return floor_count.first;
+  }
+  return absl::AbortedError(absl::StrCat(key, " changed concurrently too often; retry"));
+}
+
+absl::Status Cluster::RaiseIncarnationFloor(uint64_t incarnation) {
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    DQ_ASSIGN_OR_RETURN(auto floor_count, ReadCounter(*store_, kIncarnationFloorKey));
+    const auto& [current, seen] = floor_count;
+    if (current >= incarnation) return absl::OkStatus();
+    std::optional<absl::string_view> expected;
+    if (seen.has_value()) expected = *seen;
+    DQ_ASSIGN_OR_RETURN(bool raised, store_->CompareAndSet(kIncarnationFloorKey, expected, absl::StrCat(incarnation)));
+    if (raised) return absl::OkStatus();
+  }
+  return absl::AbortedError(absl::StrCat(kIncarnationFloorKey, " changed concurrently too often"));
+}
+
+void Cluster::RetireJob(const std::string& job_id, uint64_t incarnation) {
+  {
+    absl::MutexLock lock(&keys_mu_);
+    const std::string job_key = JobKey(job_id, incarnation);
+    if (incarnations_.erase(job_key) == 0) return;  // not claimed here, or retired already
+    retired_.push_back(job_key);
+    if (retired_.size() > kRememberedRetirements) retired_.pop_front();
+  }
+  ReleaseJob(job_id);
+}
+
+void Cluster::ReleaseJob(const std::string& job_id) {
+  absl::MutexLock lock(&live_mu_);
+  auto it = live_jobs_.find(job_id);
+  if (it == live_jobs_.end() || --it->second.incarnations > 0) return;  // another incarnation of it runs here
+  const uint64_t newest = it->second.newest;
+  live_jobs_.erase(it);
+  // Before this node lets the job's keys go (its count among them), the floor passes its newest
+  // incarnation: a later run of the id numbers its incarnations above it, so messages recorded from
+  // this run never fit the next (docs/security.md).
+  if (absl::Status s = RaiseIncarnationFloor(newest); !s.ok()) {
+    std::fprintf(stderr, "dynamiqd: job %s: keeping its keys in the coordinator's store: %s\n", job_id.c_str(),
+                 std::string(s.message()).c_str());
+    return;
+  }
+  // This node's live key, and the job's keys with it if no other node holds one.
+  engine::Store::Deletion deletion;
+  deletion.keys.push_back(LiveKey(job_id, options_.node_rank));
+  deletion.prefix = JobPrefix(job_id);
+  deletion.unless_prefix = LivePrefix(job_id);
+  DeleteKeys(deletion, absl::StrCat("job ", job_id, "'s keys"));
+}
+
+void Cluster::DeleteKeys(const engine::Store::Deletion& deletion, absl::string_view what) {
+  absl::StatusOr<uint64_t> deleted = store_->Delete(deletion);
+  // UNIMPLEMENTED: a coordinator that predates deletion keeps every key, as it always did.
+  if (!deleted.ok() && !absl::IsUnimplemented(deleted.status())) {
+    std::fprintf(stderr, "dynamiqd: cannot delete %s from the coordinator's store (they stay): %s\n",
+                 std::string(what).c_str(), std::string(deleted.status().message()).c_str());
+  }
+}
+
+void Cluster::NoteWrite(absl::string_view key) {
+  absl::string_view job_key;
+  uint64_t generation = 0;
+  if (!ParseRendezvousKey(key, &job_key, &generation)) return;
+  std::optional<uint64_t> done;
+  {
+    absl::MutexLock lock(&keys_mu_);
+    auto it = incarnations_.find(job_key);
+    if (it == incarnations_.end()) return;  // not an incarnation running here
+    LiveIncarnation& live = it->second;
+    if (live.generation.has_value() && generation <= *live.generation) return;
+    // Every node has left the generation before the previous one: a node joins generation g only
+    // after failing g - 1, and a group forms only with all of them.
+    done = live.older_generation;
+    live.older_generation = live.generation;
+    live.generation = generation;
+  }
+  if (!done.has_value()) return;
+  engine::Store::Deletion deletion;
+  deletion.prefix = absl::StrCat(job_key, "/gen", *done, "/");
+  DeleteKeys(deletion, deletion.prefix);
+}
+
+void Cluster::CleanUpIfRetired(const std::string& job_id, uint64_t incarnation) {
+  {
+    absl::MutexLock lock(&keys_mu_);
+    if (std::find(retired_.begin(), retired_.end(), JobKey(job_id, incarnation)) == retired_.end()) return;
+  }
+  engine::Store::Deletion deletion;
+  deletion.prefix = JobPrefix(job_id);
+  deletion.unless_prefix = LivePrefix(job_id);
+  DeleteKeys(deletion, absl::StrCat("job ", job_id, "'s keys"));
 }
 
 std::string Cluster::IncarnationHint(const std::string& job_id, uint64_t incarnation) {
   std::vector<std::string> others, absent;
+  uint64_t base = 0;  // none: the job's keys are gone, and no node has a count
+  if (absl::StatusOr<std::string> value = store_->Get(BaseKey(job_id), absl::ZeroDuration()); value.ok()) {
+    (void)absl::SimpleAtoi(*value, &base);
+  }
   for (uint32_t r = 0; r < options_.num_nodes; ++r) {
     if (r == options_.node_rank) continue;
     absl::StatusOr<std::string> value = store_->Get(IncarnationsKey(job_id, r), absl::ZeroDuration());
@@ -249,6 +480,7 @@ std::string Cluster::IncarnationHint(const std::string& job_id, uint64_t incarna
       continue;
     }
     if (!value.ok() || !absl::SimpleAtoi(*value, &count)) continue;  // unknown: no hint rather than a wrong one
+    count += base;
     if (count != incarnation) others.push_back(absl::StrCat("node ", r, " is at incarnation ", count));
   }
   if (!absent.empty()) {
@@ -288,7 +520,7 @@ absl::StatusOr<PublishedChange> Cluster::PublishConfig(
     // its epoch is claimed), or on the configuration the job started with.
     JobConfig newest = initial;
     if (current > 0) {
-      DQ_ASSIGN_OR_RETURN(std::string value, store_->Get(absl::StrCat(prefix, "/config/", current), absl::Seconds(5)));
+      DQ_ASSIGN_OR_RETURN(std::string value, store_->Get(ConfigKey(prefix, current), absl::Seconds(5)));
       DQ_ASSIGN_OR_RETURN(auto decoded, DecodeConfig(value));
       newest = std::move(decoded.first);
     }
@@ -300,7 +532,13 @@ absl::StatusOr<PublishedChange> Cluster::PublishConfig(
     DQ_ASSIGN_OR_RETURN(bool claimed, store_->CompareAndSet(latest_key, expected, absl::StrCat(epoch)));
     if (!claimed) continue;  // another node claimed it first: read the new epoch and try again
     // Nodes that see the claimed epoch wait (PollConfig) for this key, written right away.
-    DQ_RETURN_IF_ERROR(store_->Set(absl::StrCat(prefix, "/config/", epoch), EncodeConfig(config, at)));
+    DQ_RETURN_IF_ERROR(store_->Set(ConfigKey(prefix, epoch), EncodeConfig(config, at)));
+    if (epoch > kKeptConfigEpochs) {
+      engine::Store::Deletion deletion;
+      deletion.keys.push_back(ConfigKey(prefix, epoch - kKeptConfigEpochs));
+      DeleteKeys(deletion, deletion.keys.back());
+    }
+    CleanUpIfRetired(job_id, incarnation);
     return PublishedChange{epoch, std::move(config)};
   }
   return absl::AbortedError(absl::StrCat("job ", job_id, ": configuration changed concurrently too often; retry"));
@@ -312,9 +550,12 @@ absl::StatusOr<bool> Cluster::PollConfig(const std::string& job_id, uint64_t inc
   auto latest = store_->Get(absl::StrCat(prefix, "/latest_epoch"), absl::ZeroDuration());
   uint64_t newest = 0;
   if (!latest.ok() || !absl::SimpleAtoi(*latest, &newest) || newest <= *epoch) return false;
-  // Apply the newest epoch whose boundary has been reached.
+  // Apply the newest epoch whose boundary has been reached. The newest may be claimed but not yet
+  // written (a moment); the older ones are written, unless deleted as more than kKeptConfigEpochs
+  // behind, where the search ends.
   for (uint64_t e = newest; e > *epoch; --e) {
-    auto value = store_->Get(absl::StrCat(prefix, "/config/", e), absl::Seconds(5));
+    auto value = store_->Get(ConfigKey(prefix, e), e == newest ? absl::Seconds(5) : absl::ZeroDuration());
+    if (e != newest && engine::IsKeyNotSet(value.status())) return false;
     if (!value.ok()) return value.status();
     DQ_ASSIGN_OR_RETURN(auto decoded, DecodeConfig(*value));
     if (decoded.second <= sequence) {
@@ -336,7 +577,23 @@ absl::Status Cluster::ReportFailure(const std::string& job_id, uint64_t incarnat
   if (!s.ok()) {
     std::fprintf(stderr, "dynamiqd: job %s: cannot tell the other nodes why collective %llu failed here: %s\n",
                  job_id.c_str(), static_cast<unsigned long long>(sequence), std::string(s.message()).c_str());
+    return s;
   }
+  // Keep this node's newest reports of the incarnation; delete the older ones.
+  engine::Store::Deletion deletion;
+  {
+    absl::MutexLock lock(&keys_mu_);
+    auto it = incarnations_.find(JobKey(job_id, incarnation));
+    if (it != incarnations_.end()) {
+      std::deque<uint64_t>& reported = it->second.failures;
+      if (std::find(reported.begin(), reported.end(), sequence) == reported.end()) reported.push_back(sequence);
+      for (; reported.size() > kKeptFailureReports; reported.pop_front()) {
+        deletion.keys.push_back(FailureKey(job_id, incarnation, reported.front()));
+      }
+    }
+  }
+  if (!deletion.keys.empty()) DeleteKeys(deletion, absl::StrCat("job ", job_id, "'s old failure reports"));
+  CleanUpIfRetired(job_id, incarnation);
   return s;
 }
 

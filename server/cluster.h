@@ -1,15 +1,33 @@
 // Cluster: this node's side of the coordinator protocol, over the coordinator's store (in-process
 // on a single node; node 0's Rendezvous service over gRPC otherwise). Whatever the nodes of a
-// cluster agree on goes through here, under one key layout:
+// cluster agree on goes through here, under one key layout (<id>: the job id with '%' and '/'
+// escaped as %25 and %2F, so that one job's keys never lie under another's prefix):
 //
 //   member/<r>                          node r's peer address (RendezvousService's Join)
 //   cluster/error_sample_rate           node 0's --error_sample_rate, adopted by every node
 //   cluster/device                      node 0's --device, which every node must match
-//   job/<id>/node<r>/incarnations       how many times node r has created job <id>
+//   cluster/incarnation_floor           the highest incarnation of any job whose keys a node let go
+//   job/<id>/live/<r>                   node r runs the job (some incarnation of it)
+//   job/<id>/base                       the floor when the job's keys were created
+//   job/<id>/node<r>/incarnations       how many times node r has created job <id> since then
 //   job/<id>/inc<k>/gen<g>/...          incarnation k's transport rendezvous, generation g
 //   job/<id>/inc<k>/latest_epoch        its newest compression change (claimed by compare-and-set)
 //   job/<id>/inc<k>/config/<E>          epoch E: a serialized dynamiq.v1.PublishedConfig
 //   job/<id>/inc<k>/failed/<seq>        why a node failed collective seq: "<code>|<node>|<message>"
+//
+// A node's c-th creation of the job is incarnation base + c. Key lifecycle: the store keeps nothing
+// that no node needs any more. `member/` and `cluster/` are one key per node or setting. A node sets
+// `live/<r>` before it claims an incarnation; when it retires its last incarnation of the job
+// (RetireJob) it raises the floor to its newest incarnation, then deletes `live/<r>`, and the node
+// that deletes the last live key deletes every key under `job/<id>/` with it, in one atomic step of
+// the store (engine::Store::Deletion). A later run of the id starts a new base from the floor, so
+// its incarnations stay above every earlier one (stale messages never fit) and every node that
+// creates it agrees on them, as before. While a job runs, its other keys are bounded: a node
+// deletes a generation's rendezvous keys once it has written keys at two later generations, its own
+// failure reports past the newest 64, and the publisher of config epoch E deletes epoch E - 16
+// (PollConfig looks no further back). A job's keys stay while some node holds its live key: a node
+// killed with the job running keeps it until that node runs the id again and retires it (or the
+// coordinator restarts, with an empty store).
 //
 // (server/security.h adds the cluster-authentication agreement under cluster/.) Start-up waits
 // (Join, the agreements) give up after options.timeout, report what they wait for every 5 s on
@@ -19,7 +37,9 @@
 
 #include <stdint.h>
 
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -56,7 +76,8 @@ class Cluster {
   static absl::StatusOr<std::unique_ptr<Cluster>> Join(Options options, std::unique_ptr<GrpcStore> coordinator,
                                                        const std::string& me);
 
-  engine::Store& store() { return *store_; }
+  // The coordinator's store (writes of a job's rendezvous keys are noted, to delete them later).
+  engine::Store& store() { return *noting_store_; }
   // Peer addresses by node rank.
   std::vector<std::string> members() const;
 
@@ -74,7 +95,14 @@ class Cluster {
   absl::StatusOr<bool> RejoinIfForgotten();
 
   // Counts one more creation of `job_id` on this node; returns the count (the new incarnation).
+  // Marks the job live on this node first (its live key): every successful claim is ended by
+  // RetireJob.
   absl::StatusOr<uint64_t> ClaimIncarnation(const std::string& job_id);
+  // This node is done with the incarnation (its last local worker left, or it could not be created
+  // after all): forgets its keys and, once no incarnation of the job runs here any more, deletes the
+  // job's live key of this node, and every key of the job if no node runs it (key lifecycle above).
+  // Best effort: bounded by GrpcStore::kDeleteRpcDeadline, a failure is logged and leaves the keys.
+  void RetireJob(const std::string& job_id, uint64_t incarnation);
   // " (node 1 is at incarnation 3 of job j, this node at 2: ...)" when the nodes' counts differ, or
   // the nodes that never created the job; "" when nothing is known to be wrong.
   std::string IncarnationHint(const std::string& job_id, uint64_t incarnation);
@@ -114,13 +142,50 @@ class Cluster {
   static std::string DescribeJoinWait(const Options& options, GrpcStore& store, const absl::Status& last);
   // A key node 0 sets at start, waited for in cancellable slices.
   absl::StatusOr<std::string> WaitForStartKey(const std::string& key);
+  // Deletes `deletion` from the store, logging a failure as about `what` (best effort).
+  void DeleteKeys(const engine::Store::Deletion& deletion, absl::string_view what);
+  // This node's next count of the job, above the base of the job's keys.
+  absl::StatusOr<uint64_t> CountIncarnation(const std::string& job_id);
+  // The job's base (set from the floor by the first claim since its keys were created).
+  absl::StatusOr<uint64_t> IncarnationBase(const std::string& job_id);
+  // Raises the floor to at least `incarnation`.
+  absl::Status RaiseIncarnationFloor(uint64_t incarnation);
+  // Drops one live incarnation of the job on this node; the last one raises the floor past the
+  // newest incarnation it ran, then deletes the live key (and, if no node runs the job any more, all
+  // the job's keys).
+  void ReleaseJob(const std::string& job_id) ABSL_LOCKS_EXCLUDED(live_mu_);
+  // A key written through store(): notes the generations of a job's rendezvous this node writes at,
+  // and deletes the ones it no longer needs.
+  void NoteWrite(absl::string_view key) ABSL_LOCKS_EXCLUDED(keys_mu_);
+  // After writing a key of an incarnation that this node has retired meanwhile (a compression
+  // change or a failure report racing the job's end): delete the job's keys again if no node runs it.
+  void CleanUpIfRetired(const std::string& job_id, uint64_t incarnation) ABSL_LOCKS_EXCLUDED(keys_mu_);
+
+  // What this node tracks of an incarnation it runs, to delete its keys as they fall out of use.
+  struct LiveIncarnation {
+    std::optional<uint64_t> generation;        // the newest generation this node wrote keys at
+    std::optional<uint64_t> older_generation;  // the one it wrote before (kept for a lagging node)
+    std::deque<uint64_t> failures;             // collectives whose failure this node reported
+  };
 
   const Options options_;
   const std::unique_ptr<engine::Store> store_;
   GrpcStore* const coordinator_;  // store_ over gRPC, for joining (a Rendezvous call); null on one node
+  const std::unique_ptr<engine::Store> noting_store_;  // store_, with NoteWrite on every write: store()
   const std::string me_;
   mutable absl::Mutex mu_;
   std::vector<std::string> members_ ABSL_GUARDED_BY(mu_);
+  // Held across the store calls that set and delete this node's live keys, so that a claim and a
+  // retirement of the same job on this node never cross.
+  absl::Mutex live_mu_ ABSL_ACQUIRED_BEFORE(keys_mu_);
+  struct LiveJob {
+    int incarnations = 0;  // how many of its incarnations run here
+    uint64_t newest = 0;   // the newest incarnation of it this node claimed
+  };
+  std::map<std::string, LiveJob> live_jobs_ ABSL_GUARDED_BY(live_mu_);  // by job id
+  absl::Mutex keys_mu_;
+  std::map<std::string, LiveIncarnation, std::less<>> incarnations_ ABSL_GUARDED_BY(keys_mu_);  // "job/<id>/inc<k>"
+  std::deque<std::string> retired_ ABSL_GUARDED_BY(keys_mu_);  // recently retired, by "job/<id>/inc<k>"
 };
 
 }  // namespace dynamiq::server

@@ -178,6 +178,10 @@ absl::Status Daemon::Start() {
       snapshot.jobs.push_back(std::move(gauges));
     }
     snapshot.shm_mapped_bytes = buffers_->TotalMappedBytes();
+    if (rendezvous_) {
+      snapshot.store_keys = rendezvous_->KeyCount();
+      snapshot.store_bytes = rendezvous_->KeyBytes();
+    }
     return snapshot;
   });
   if (options_.metrics_port >= 0) {
@@ -401,7 +405,12 @@ absl::StatusOr<Daemon::Registration> Daemon::Register(const std::string& job_id,
     DQ_RETURN_IF_ERROR(CheckAnotherJob(options_, jobs_.size(), QuoteName(job_id)));
   }
   DQ_ASSIGN_OR_RETURN(uint64_t incarnation, cluster_->ClaimIncarnation(job_id));
-  DQ_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, CreateJob(job_id, incarnation, local_world_size));
+  absl::StatusOr<std::shared_ptr<Job>> created = CreateJob(job_id, incarnation, local_world_size);
+  if (!created.ok()) {
+    cluster_->RetireJob(job_id, incarnation);  // the claim's keys (server/cluster.h: key lifecycle)
+    return created.status();
+  }
+  std::shared_ptr<Job> job = *std::move(created);
   absl::StatusOr<Registration> registered;
   {
     absl::MutexLock lock(&mu_);
@@ -414,6 +423,7 @@ absl::StatusOr<Daemon::Registration> Daemon::Register(const std::string& job_id,
   }
   if (!registered.ok()) {
     job->Close();  // a job without workers: not kept (the incarnation it claimed stays used)
+    cluster_->RetireJob(job_id, incarnation);
     return registered.status();
   }
   std::fprintf(stderr, "dynamiqd: job %s: incarnation %llu started\n", job_id.c_str(),
@@ -488,8 +498,10 @@ absl::Status Daemon::RemoveWorker(uint64_t worker_id, const std::string& reason)
 void Daemon::RetireJob(std::shared_ptr<Job> job, const std::string& reason) {
   // Joins the reducer (Stop has made it return or abort its collective) and closes the transport.
   job->Close();
-  // Nothing reports on this incarnation any more: drop its per-job state. The metrics keep its
+  // Nothing reports on this incarnation any more: drop its per-job state, its keys in the
+  // coordinator's store among them (all of the job's once no node runs it). The metrics keep its
   // series for one more scrape; the controller (node 0) is started afresh for a next incarnation.
+  cluster_->RetireJob(job->id(), job->incarnation());
   if (error_budget_) error_budget_->ForgetJob(job->id());
   metrics_->RetireJob(job->id());
   retired_.Keep(job->id(), job->FlightRecorder(0));

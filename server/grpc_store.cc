@@ -86,6 +86,19 @@ absl::StatusOr<bool> GrpcStore::CompareAndSet(absl::string_view key, std::option
   return response.swapped();
 }
 
+absl::StatusOr<uint64_t> GrpcStore::Delete(const Deletion& deletion) {
+  dynamiq::v1::StoreDeleteRequest request;
+  for (const std::string& key : deletion.keys) request.add_keys(key);
+  request.set_prefix(deletion.prefix);
+  request.set_unless_prefix(deletion.unless_prefix);
+  dynamiq::v1::StoreDeleteResponse response;
+  grpc::ClientContext context;
+  Prepare(context, absl::Now() + kDeleteRpcDeadline);
+  absl::Status s = Annotate(stub_->Delete(&context, request, &response), absl::StrCat("rendezvous at ", address_));
+  if (!s.ok()) return s;
+  return response.deleted();
+}
+
 absl::Status GrpcStore::Wait(absl::Span<const std::string> keys, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   for (const std::string& key : keys) {

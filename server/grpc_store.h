@@ -30,6 +30,10 @@ class GrpcStore final : public engine::Store {
   absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
   absl::StatusOr<bool> CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
                                      absl::string_view desired) override;
+  // Ends within kDeleteRpcDeadline whatever happens (deletion is best effort: a node must not be held
+  // when the coordinator is out of reach); UNIMPLEMENTED from a coordinator that predates Delete.
+  absl::StatusOr<uint64_t> Delete(const Deletion& deletion) override;
+  static constexpr absl::Duration kDeleteRpcDeadline = absl::Seconds(2);
 
   // Get and Set whose call ends by `deadline` whatever happens (Get waits for the key for `timeout`),
   // with none of the usual slack: for best-effort calls that must not hold their caller when the

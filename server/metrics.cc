@@ -159,7 +159,15 @@ Metrics::Metrics(uint32_t node_rank, uint32_t num_nodes)
                      .Name("dynamiq_shm_mapped_bytes")
                      .Help("Shared-memory bytes allocated to local workers.")
                      .Register(*registry_)
-                     .Add({})) {
+                     .Add({})),
+      store_keys_(prometheus::BuildGauge()
+                      .Name("dynamiq_coordinator_store_keys")
+                      .Help("Keys in the coordinator's store (coordinator node only).")
+                      .Register(*registry_)),
+      store_bytes_(prometheus::BuildGauge()
+                       .Name("dynamiq_coordinator_store_bytes")
+                       .Help("Bytes of the keys and values in the coordinator's store (coordinator node only).")
+                       .Register(*registry_)) {
   prometheus::BuildGauge()
       .Name("dynamiq_build_info")
       .Help("The build (value 1).")
@@ -381,6 +389,8 @@ void Metrics::Refresh() {
   }
   if (!source_) return;  // no state to pull (the gauges keep their last values)
   shm_bytes_.Set(static_cast<double>(snapshot.shm_mapped_bytes));
+  if (snapshot.store_keys.has_value()) store_keys_.Add({}).Set(static_cast<double>(*snapshot.store_keys));
+  if (snapshot.store_bytes.has_value()) store_bytes_.Add({}).Set(static_cast<double>(*snapshot.store_bytes));
   for (const JobGauges& j : snapshot.jobs) {
     const prometheus::Labels job{{"job", j.job}};
     inflight_.Add(job).Set(j.inflight);

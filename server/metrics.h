@@ -76,6 +76,9 @@ class Metrics final : public JobObserver, public PeerBytesSink {
   struct Snapshot {
     std::vector<JobGauges> jobs;
     uint64_t shm_mapped_bytes = 0;
+    // The coordinator's store (node 0 of a cluster; unset elsewhere): its keys, and their bytes.
+    std::optional<uint64_t> store_keys;
+    std::optional<uint64_t> store_bytes;
   };
   using GaugeSource = std::function<Snapshot()>;
 
@@ -153,6 +156,8 @@ class Metrics final : public JobObserver, public PeerBytesSink {
   prometheus::Family<prometheus::Gauge>& budget_saturated_;
   prometheus::Family<prometheus::Counter>& budget_events_;
   prometheus::Gauge& shm_bytes_;
+  prometheus::Family<prometheus::Gauge>& store_keys_;   // one series, on the coordinator only
+  prometheus::Family<prometheus::Gauge>& store_bytes_;  // likewise
 
   absl::Mutex mu_;  // leaf
   // job -> "codec|topology" label sets created at zero.

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 
 namespace dynamiq::server {
 namespace {
@@ -20,6 +22,34 @@ absl::Status CheckKey(const std::string& key) {
   if (key.empty() || key.size() > kMaxStoreKeyBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("store key must be 1..", kMaxStoreKeyBytes, " bytes, got ", key.size()));
+  }
+  return absl::OkStatus();
+}
+
+// Membership keys (Join's) are not for deleting: a node that lost its key would look forgotten.
+constexpr absl::string_view kMemberPrefix = "member/";
+
+absl::Status CheckDeletion(const dynamiq::v1::StoreDeleteRequest& request) {
+  if (static_cast<size_t>(request.keys_size()) > kMaxDeleteKeys) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a deletion names at most ", kMaxDeleteKeys, " keys, got ", request.keys_size()));
+  }
+  for (const std::string& key : request.keys()) {
+    DQ_RETURN_IF_ERROR(CheckKey(key));
+    if (absl::StartsWith(key, kMemberPrefix)) {
+      return absl::InvalidArgumentError(absl::StrCat("membership key '", key, "' cannot be deleted"));
+    }
+  }
+  for (const std::string* prefix : {&request.prefix(), &request.unless_prefix()}) {
+    if (prefix->size() > kMaxStoreKeyBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("store key prefix must be at most ", kMaxStoreKeyBytes, " bytes, got ", prefix->size()));
+    }
+  }
+  const std::string& prefix = request.prefix();
+  if (!prefix.empty() && (absl::StartsWith(prefix, kMemberPrefix) || absl::StartsWith(kMemberPrefix, prefix))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefix '", prefix, "' would delete membership keys, which cannot be deleted"));
   }
   return absl::OkStatus();
 }
@@ -68,6 +98,20 @@ grpc::Status RendezvousService::Get(grpc::ServerContext* context, const dynamiq:
   absl::StatusOr<std::string> value = store_.Get(request->key(), WaitFor(context, request->timeout_ms()));
   if (!value.ok()) return common::ToGrpcStatus(value.status());
   response->set_value(*std::move(value));
+  return grpc::Status::OK;
+}
+
+grpc::Status RendezvousService::Delete(grpc::ServerContext* context, const dynamiq::v1::StoreDeleteRequest* request,
+                                       dynamiq::v1::StoreDeleteResponse* response) {
+  if (absl::Status s = Authorize(*context); !s.ok()) return common::ToGrpcStatus(s);
+  if (absl::Status s = CheckDeletion(*request); !s.ok()) return common::ToGrpcStatus(s);
+  engine::Store::Deletion deletion;
+  deletion.keys.assign(request->keys().begin(), request->keys().end());
+  deletion.prefix = request->prefix();
+  deletion.unless_prefix = request->unless_prefix();
+  absl::StatusOr<uint64_t> deleted = store_.Delete(deletion);
+  if (!deleted.ok()) return common::ToGrpcStatus(deleted.status());
+  response->set_deleted(*deleted);
   return grpc::Status::OK;
 }
 

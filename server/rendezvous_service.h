@@ -4,6 +4,10 @@
 // client side). Backed by an engine::InMemoryStore; Get and Join wait server-side, bounded by
 // the request's timeout and the call's deadline.
 //
+// Keys live until a node deletes them (Delete; server/cluster.h says which keys go when); the store
+// refuses to grow past kMaxStoreKeys keys or kMaxStoreBytes bytes (RESOURCE_EXHAUSTED), a ceiling
+// for a runaway or hostile client, far above what a cluster needs (a few keys per node and job).
+//
 // Bad input gets INVALID_ARGUMENT (empty or oversized key/value, node rank out of range, a
 // node count that disagrees with earlier joiners); a rank that joins twice with a different
 // address gets ALREADY_EXISTS. With an authenticator (a cluster secret is configured), every call
@@ -27,14 +31,18 @@ namespace dynamiq::server {
 
 inline constexpr size_t kMaxStoreKeyBytes = 4096;
 inline constexpr size_t kMaxStoreValueBytes = size_t{16} << 20;
+inline constexpr size_t kMaxStoreKeys = size_t{1} << 20;
+inline constexpr size_t kMaxStoreBytes = size_t{256} << 20;
+inline constexpr size_t kMaxDeleteKeys = 1024;  // keys named in one Delete
 
 class RendezvousService final : public dynamiq::v1::Rendezvous::Service {
  public:
   using RejectFn = std::function<void(const absl::Status&)>;
   // `auth` (may be null: open, for trusted networks) must outlive the service; `on_reject` hears
   // of every call refused for want of authentication.
-  explicit RendezvousService(const BearerAuthenticator* auth = nullptr, RejectFn on_reject = nullptr)
-      : auth_(auth), on_reject_(std::move(on_reject)) {}
+  explicit RendezvousService(const BearerAuthenticator* auth = nullptr, RejectFn on_reject = nullptr,
+                             engine::InMemoryStore::Limits limits = {kMaxStoreKeys, kMaxStoreBytes})
+      : auth_(auth), on_reject_(std::move(on_reject)), store_(limits) {}
 
   grpc::Status Set(grpc::ServerContext* context, const dynamiq::v1::StoreSetRequest* request,
                    dynamiq::v1::StoreSetResponse* response) override;
@@ -42,8 +50,15 @@ class RendezvousService final : public dynamiq::v1::Rendezvous::Service {
                    dynamiq::v1::StoreGetResponse* response) override;
   grpc::Status CompareAndSet(grpc::ServerContext* context, const dynamiq::v1::StoreCompareAndSetRequest* request,
                              dynamiq::v1::StoreCompareAndSetResponse* response) override;
+  grpc::Status Delete(grpc::ServerContext* context, const dynamiq::v1::StoreDeleteRequest* request,
+                      dynamiq::v1::StoreDeleteResponse* response) override;
   grpc::Status Join(grpc::ServerContext* context, const dynamiq::v1::JoinRequest* request,
                     dynamiq::v1::JoinResponse* response) override;
+
+  // How many keys the store holds, and their bytes (keys and values): what tests and the
+  // dynamiq_coordinator_store_* gauges watch.
+  size_t KeyCount() const { return store_.size(); }
+  size_t KeyBytes() const { return store_.bytes(); }
 
  private:
   absl::Status Authorize(const grpc::ServerContext& context) const;

@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "engine/store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/rendezvous_service.h"
@@ -175,6 +177,170 @@ TEST_F(ClusterTest, AFailureReportedByOneNodeIsFoundByTheOther) {
   EXPECT_FALSE(nodes_[0]->LookupFailure("j", 1, 8, absl::Now() + absl::Milliseconds(200)).has_value());
 }
 
+// Writes the keys a transport writes at generation `generation` of the job's rendezvous, as node
+// `rank` (through its Cluster's store, as server/cluster_job_coordinator.cc does).
+void WriteRendezvousKeys(Cluster& node, uint32_t rank, const std::string& job_id, uint64_t incarnation,
+                         uint64_t generation) {
+  engine::PrefixStore scoped(Cluster::RendezvousPrefix(job_id, incarnation, generation), node.store());
+  ASSERT_THAT(scoped.Set(absl::StrCat("tcp/", rank), "127.0.0.1:40000"), IsOk());
+}
+
+JobConfig Initial() { return *MakeJobConfig("dynamiq", 5, "ring", 1024, "measured"); }
+
+absl::StatusOr<PublishedChange> PublishBits(Cluster& node, const std::string& job_id, uint64_t incarnation, double bits,
+                                            uint64_t apply_at) {
+  return node.PublishConfig(
+      job_id, incarnation, Initial(),
+      [bits](const JobConfig& newest) -> absl::StatusOr<JobConfig> {
+        JobConfig c = newest;
+        c.codec.bits = bits;
+        return c;
+      },
+      [apply_at] { return apply_at; }, std::nullopt);
+}
+
+// Issue 42, item 9: the coordinator's store never deleted a key, so every job id grew node 0 for
+// good. A job's keys (its live keys, incarnation counts, rendezvous, configurations and failure
+// reports) now go when the last node retires it: the store returns to its size after each job,
+// plus one key for good (the incarnation floor).
+TEST_F(ClusterTest, AJobsKeysAreDeletedWhenTheLastNodeRetiresIt) {
+  JoinTwo();
+  const size_t baseline = service_.KeyCount();
+  uint64_t previous = 0;
+  for (int i = 0; i < 1000; ++i) {
+    SCOPED_TRACE(absl::StrCat("job ", i));
+    const std::string job = absl::StrCat("soak/", i);  // distinct ids, as launchers make them
+    absl::StatusOr<uint64_t> incarnation = nodes_[0]->ClaimIncarnation(job);
+    ASSERT_THAT(incarnation, IsOk());
+    EXPECT_GT(*incarnation, previous);
+    previous = *incarnation;
+    ASSERT_THAT(nodes_[1]->ClaimIncarnation(job), IsOkAndHolds(*incarnation));
+    for (uint32_t r = 0; r < 2; ++r) WriteRendezvousKeys(*nodes_[r], r, job, *incarnation, 0);
+    ASSERT_THAT(PublishBits(*nodes_[i % 2], job, *incarnation, 4, 3), IsOk());
+    ASSERT_THAT(
+        nodes_[1]->ReportFailure(job, *incarnation, 7, absl::AbortedError("stopped"), absl::Now() + absl::Seconds(5)),
+        IsOk());
+    nodes_[0]->RetireJob(job, *incarnation);
+    if (i == 0) {
+      // Node 1 still runs the job: nothing of it goes yet, and node 1 still reads its keys.
+      EXPECT_GT(service_.KeyCount(), baseline + 5);
+      uint64_t epoch = 0;
+      JobConfig config = Initial();
+      EXPECT_THAT(nodes_[1]->PollConfig(job, *incarnation, 3, &epoch, &config), IsOkAndHolds(true));
+      EXPECT_EQ(nodes_[1]->IncarnationHint(job, *incarnation), "");
+    }
+    nodes_[1]->RetireJob(job, *incarnation);
+    ASSERT_EQ(service_.KeyCount(), baseline + 1);
+  }
+  // An id used again starts afresh, above every incarnation before it (messages recorded from an
+  // earlier run never fit a later one), the same on every node.
+  absl::StatusOr<uint64_t> again = nodes_[0]->ClaimIncarnation("soak/0");
+  ASSERT_THAT(again, IsOk());
+  EXPECT_GT(*again, previous);
+  EXPECT_THAT(nodes_[1]->ClaimIncarnation("soak/0"), IsOkAndHolds(*again));
+  EXPECT_EQ(nodes_[0]->IncarnationHint("soak/0", *again), "");
+}
+
+// While a job runs, what its failures add is bounded too: the rendezvous keys of old generations
+// (one per failed collective), this node's failure reports past the newest 64, and configuration
+// epochs past the newest 16. The newest of each still work.
+TEST_F(ClusterTest, ARunningJobsGenerationsFailureReportsAndEpochsAreBounded) {
+  JoinTwo();
+  const size_t baseline = service_.KeyCount();
+  for (uint32_t r = 0; r < 2; ++r) ASSERT_THAT(nodes_[r]->ClaimIncarnation("j"), IsOkAndHolds(1u));
+  const size_t started = service_.KeyCount();
+  for (uint64_t g = 0; g < 300; ++g) {
+    for (uint32_t r = 0; r < 2; ++r) WriteRendezvousKeys(*nodes_[r], r, "j", 1, g);
+    ASSERT_THAT(nodes_[g % 2]->ReportFailure("j", 1, g, absl::DeadlineExceededError(absl::StrCat("timed out ", g)),
+                                             absl::Now() + absl::Seconds(5)),
+                IsOk());
+  }
+  for (uint64_t e = 1; e <= 100; ++e) {
+    absl::StatusOr<PublishedChange> change = PublishBits(*nodes_[e % 2], "j", 1, 4 + e % 3, 10 + e);
+    ASSERT_THAT(change, IsOk());
+    ASSERT_EQ(change->epoch, e);
+  }
+  // Two generations x 2 ranks, 64 reports per node, 16 epochs and the latest epoch.
+  EXPECT_LE(service_.KeyCount() - started, 4u + 2 * 64 + 16 + 1);
+  // The newest generation is there to connect through, and so is the one before it.
+  for (uint64_t g : {298, 299}) {
+    engine::PrefixStore scoped(Cluster::RendezvousPrefix("j", 1, g), nodes_[0]->store());
+    EXPECT_THAT(scoped.Get("tcp/1", absl::ZeroDuration()), IsOk()) << "generation " << g;
+  }
+  std::optional<Cluster::Failure> newest = nodes_[0]->LookupFailure("j", 1, 299, absl::Now() + absl::Seconds(2));
+  ASSERT_TRUE(newest.has_value());
+  EXPECT_THAT(newest->status, StatusIs(absl::StatusCode::kDeadlineExceeded, "timed out 299"));
+  // A node far behind applies the newest epoch whose boundary it reached, and does not wait for
+  // the deleted ones.
+  uint64_t epoch = 0;
+  JobConfig config = Initial();
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(nodes_[0]->PollConfig("j", 1, 50, &epoch, &config), IsOkAndHolds(false));
+  EXPECT_THAT(nodes_[0]->PollConfig("j", 1, 1000, &epoch, &config), IsOkAndHolds(true));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_EQ(epoch, 100u);
+  EXPECT_EQ(config.codec.bits, 4 + 100 % 3);
+  for (uint32_t r = 0; r < 2; ++r) nodes_[r]->RetireJob("j", 1);
+  EXPECT_EQ(service_.KeyCount(), baseline + 1);  // and the incarnation floor
+}
+
+// A job id may hold '/': no job's keys lie under another's prefix, so retiring "a" keeps "a/inc1".
+TEST_F(ClusterTest, RetiringAJobKeepsTheKeysOfAJobWhoseIdExtendsIt) {
+  JoinTwo();
+  const size_t baseline = service_.KeyCount();
+  for (const char* job : {"a", "a/inc1", "a%2Finc1"}) {
+    for (uint32_t r = 0; r < 2; ++r) {
+      ASSERT_THAT(nodes_[r]->ClaimIncarnation(job), IsOkAndHolds(1u));
+      WriteRendezvousKeys(*nodes_[r], r, job, 1, 0);
+    }
+  }
+  const size_t per_job = (service_.KeyCount() - baseline) / 3;
+  for (uint32_t r = 0; r < 2; ++r) nodes_[r]->RetireJob("a", 1);
+  EXPECT_EQ(service_.KeyCount(), baseline + 2 * per_job + 1);  // and the incarnation floor
+  EXPECT_EQ(nodes_[0]->IncarnationHint("a/inc1", 1), "") << "node 1's count of a/inc1 is still there";
+  for (uint32_t r = 0; r < 2; ++r) {
+    engine::PrefixStore scoped(Cluster::RendezvousPrefix("a/inc1", 1, 0), nodes_[r]->store());
+    EXPECT_THAT(scoped.Get("tcp/0", absl::ZeroDuration()), IsOk());
+  }
+  for (const char* job : {"a/inc1", "a%2Finc1"}) {
+    for (uint32_t r = 0; r < 2; ++r) nodes_[r]->RetireJob(job, 1);
+  }
+  EXPECT_EQ(service_.KeyCount(), baseline + 1);
+}
+
+// A node's next incarnation of a job may start before its previous one is retired (a worker
+// registers while the last one of the previous run is leaving): the job stays live on that node,
+// and its keys stay until it retires that one too.
+TEST_F(ClusterTest, ANodesNextIncarnationKeepsTheJobLiveWhileItsPreviousRetires) {
+  JoinTwo();
+  const size_t baseline = service_.KeyCount();
+  ASSERT_THAT(nodes_[0]->ClaimIncarnation("j"), IsOkAndHolds(1u));
+  ASSERT_THAT(nodes_[0]->ClaimIncarnation("j"), IsOkAndHolds(2u));
+  nodes_[0]->RetireJob("j", 1);
+  nodes_[0]->RetireJob("j", 1);  // twice: the second does nothing
+  EXPECT_THAT(nodes_[1]->ClaimIncarnation("j"), IsOkAndHolds(1u));
+  nodes_[1]->RetireJob("j", 1);
+  EXPECT_THAT(nodes_[0]->IncarnationHint("j", 2), HasSubstr("node 1 is at incarnation 1")) << "kept";
+  nodes_[0]->RetireJob("j", 2);
+  EXPECT_EQ(service_.KeyCount(), baseline + 1);
+  // The next run starts above both.
+  EXPECT_THAT(nodes_[1]->ClaimIncarnation("j"), IsOkAndHolds(3u));
+}
+
+// A compression change or a failure report that races the job's end on every node (written after
+// the last retirement) does not leave its keys behind.
+TEST_F(ClusterTest, AWriteRacingTheLastRetirementIsDeletedToo) {
+  JoinTwo();
+  const size_t baseline = service_.KeyCount();
+  for (uint32_t r = 0; r < 2; ++r) ASSERT_THAT(nodes_[r]->ClaimIncarnation("j"), IsOkAndHolds(1u));
+  for (uint32_t r = 0; r < 2; ++r) nodes_[r]->RetireJob("j", 1);
+  ASSERT_EQ(service_.KeyCount(), baseline + 1);
+  ASSERT_THAT(PublishBits(*nodes_[1], "j", 1, 4, 3), IsOk());
+  ASSERT_THAT(nodes_[0]->ReportFailure("j", 1, 3, absl::AbortedError("stopped"), absl::Now() + absl::Seconds(5)),
+              IsOk());
+  EXPECT_EQ(service_.KeyCount(), baseline + 1);
+}
+
 TEST_F(ClusterTest, ALocalClusterNeedsNoCoordinator) {
   Cluster::Options o;
   std::unique_ptr<Cluster> local = Cluster::Local(o, "127.0.0.1:7070");
@@ -183,6 +349,10 @@ TEST_F(ClusterTest, ALocalClusterNeedsNoCoordinator) {
   EXPECT_THAT(local->RejoinIfForgotten(), IsOkAndHolds(false));
   EXPECT_EQ(*local->ClaimIncarnation("j"), 1u);
   EXPECT_EQ(*local->ClaimIncarnation("j"), 2u);
+  // Its in-process store forgets a job that no longer runs as well; the next run counts on.
+  local->RetireJob("j", 1);
+  local->RetireJob("j", 2);
+  EXPECT_EQ(*local->ClaimIncarnation("j"), 3u);
 }
 
 }  // namespace

@@ -7,8 +7,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/allreduce.h"
 #include "engine/gloo_transport.h"
+#include "engine/store.h"
 #include "gtest/gtest.h"
 #include "kernels/codec_registry.h"
 #include "server/grpc_store.h"
@@ -86,6 +88,59 @@ TEST_F(RendezvousServiceTest, TimeoutsAndBadInputHaveClearCodes) {
   EXPECT_THAT(s.Set(std::string(5000, 'k'), "x"), StatusIs(absl::StatusCode::kInvalidArgument));
   GrpcStore nowhere("127.0.0.1:1");
   EXPECT_THAT(nowhere.Set("k", "v"), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("127.0.0.1:1")));
+}
+
+TEST_F(RendezvousServiceTest, DeleteRemovesKeysAtomicallyWithItsConditionButNeverMembership) {
+  GrpcStore s(address_);
+  const size_t empty = service_.KeyCount();
+  for (const char* key : {"job/a/live/0", "job/a/live/1", "job/a/inc1/gen0/tcp/0", "job/ab/x"}) {
+    ASSERT_THAT(s.Set(key, "1"), IsOk());
+  }
+  EXPECT_EQ(service_.KeyCount(), empty + 4);
+  EXPECT_GT(service_.KeyBytes(), 0u);
+  engine::Store::Deletion retire;
+  retire.keys = {"job/a/live/0"};
+  retire.prefix = "job/a/";
+  retire.unless_prefix = "job/a/live/";
+  EXPECT_THAT(s.Delete(retire), IsOkAndHolds(1u)) << "node 1 still holds job a";
+  retire.keys = {"job/a/live/1"};
+  EXPECT_THAT(s.Delete(retire), IsOkAndHolds(2u));
+  EXPECT_EQ(service_.KeyCount(), empty + 1) << "job/ab/x is not under job/a/";
+  EXPECT_THAT(s.Get("job/a/inc1/gen0/tcp/0", absl::Milliseconds(10)), StatusIs(absl::StatusCode::kDeadlineExceeded));
+
+  // Membership is Join's: never deleted (a node whose key went would look forgotten).
+  ASSERT_THAT(s.Set("member/0", "x"), IsOk());
+  engine::Store::Deletion bad;
+  bad.keys = {"member/0"};
+  EXPECT_THAT(s.Delete(bad), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("membership")));
+  bad.keys.clear();
+  bad.prefix = "mem";
+  EXPECT_THAT(s.Delete(bad), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("membership")));
+  bad.prefix = "member/0/";
+  EXPECT_THAT(s.Delete(bad), StatusIs(absl::StatusCode::kInvalidArgument));
+  bad.prefix.clear();
+  bad.keys.assign(kMaxDeleteKeys + 1, "k");
+  EXPECT_THAT(s.Delete(bad), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most")));
+  EXPECT_THAT(s.Get("member/0", absl::ZeroDuration()), IsOkAndHolds("x"));
+}
+
+TEST(RendezvousServiceLimitsTest, TheStoreRefusesToGrowPastItsLimits) {
+  RendezvousService service(nullptr, nullptr, engine::InMemoryStore::Limits{8, 1 << 20});
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  GrpcStore s("127.0.0.1:" + std::to_string(port));
+  for (int i = 0; i < 8; ++i) ASSERT_THAT(s.Set(absl::StrCat("k", i), "v"), IsOk());
+  EXPECT_THAT(s.Set("k8", "v"), StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("8 keys")));
+  engine::Store::Deletion d;
+  d.prefix = "k";
+  EXPECT_THAT(s.Delete(d), IsOkAndHolds(8u));
+  EXPECT_THAT(s.Set("k8", "v"), IsOk());
+  EXPECT_EQ(service.KeyCount(), 1u);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
 }
 
 TEST_F(RendezvousServiceTest, EveryNodeLearnsTheSameMembership) {

@@ -408,6 +408,13 @@ TEST(ClusterSecretTest, StrayProcessCannotUseTheRendezvous) {
     request.set_value("10.9.9.9:1");
     dynamiq::v1::StoreSetResponse response;
     EXPECT_EQ(stub->Set(&context, request, &response).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    // Nor can it delete what the nodes agreed on.
+    grpc::ClientContext delete_context;
+    if (!token.empty()) delete_context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    dynamiq::v1::StoreDeleteRequest deletion;
+    deletion.set_prefix("cluster/");
+    dynamiq::v1::StoreDeleteResponse deleted;
+    EXPECT_EQ(stub->Delete(&delete_context, deletion, &deleted).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   }
   grpc::ClientContext context;
   context.AddMetadata("authorization", absl::StrCat("Bearer ", RendezvousToken(kSecret)));
