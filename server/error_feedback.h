@@ -18,9 +18,14 @@
 // is sent once its rows rank high enough.
 //
 // Bounded: at most `max_bytes` of state per job (8 bytes per element of every tensor, 12 with
-// momentum); a tensor
-// that does not fit fails its collective with RESOURCE_EXHAUSTED naming the limit
-// (--error_feedback_mib). Reset: a state is dropped when the tensor's size or the job's config
+// momentum, plus kStateOverheadBytes and the name per tensor). States that are not used again go:
+// a state untouched for `max_idle_collectives` of the job's collectives is retired, and a tensor
+// that does not fit evicts the least recently used states until it does (their tensors restart
+// with the dense first step when they come back). Only a tensor whose own state exceeds the limit
+// fails its collective, with RESOURCE_EXHAUSTED naming the limit (--error_feedback_mib). Both
+// rules count the job's collective sequence numbers, so every node that sees the same collectives
+// under the same limit retires the same states at the same collective (every node must run the
+// same --error_feedback_mib). Reset: a state is dropped when the tensor's size or the job's config
 // epoch changes (any compression change), and all states go with the job.
 //
 // Thread safety: none; the job's reducer thread owns it (one collective at a time).
@@ -30,6 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <list>
 #include <map>
 #include <string>
 #include <vector>
@@ -52,24 +58,52 @@ struct ErrorFeedbackState {
 
 class ErrorFeedback {
  public:
+  // What a state costs beyond its vectors (map and list nodes, vector headers), charged with its
+  // name against max_bytes so that many tiny states are bounded too.
+  static constexpr size_t kStateOverheadBytes = 256;
+  // A state untouched for this many of the job's collectives is retired (default).
+  static constexpr uint64_t kDefaultMaxIdleCollectives = 16384;
+
   // `momentum` is eta in (0, 1].
-  ErrorFeedback(size_t max_bytes, double momentum = 1.0) : max_bytes_(max_bytes), momentum_(momentum) {}
+  explicit ErrorFeedback(size_t max_bytes, double momentum = 1.0,
+                         uint64_t max_idle_collectives = kDefaultMaxIdleCollectives)
+      : max_bytes_(max_bytes), momentum_(momentum), max_idle_(max_idle_collectives) {}
   double momentum() const { return momentum_; }
 
-  // The state of `tensor` (n elements) under config `epoch`: reset (uninitialized) when new, when
-  // n changed, or when the epoch changed. RESOURCE_EXHAUSTED if it would not fit in max_bytes.
-  absl::StatusOr<ErrorFeedbackState*> Get(absl::string_view tensor, size_t n, uint64_t epoch);
+  // The state of `tensor` (n elements) under config `epoch` for the job's collective `sequence`
+  // (non-decreasing from call to call): reset (uninitialized) when new, when n changed, or when
+  // the epoch changed. Retires idle states first, then evicts least recently used ones to make
+  // room; RESOURCE_EXHAUSTED only if this tensor's state alone exceeds max_bytes. The pointer is
+  // valid until the next call.
+  absl::StatusOr<ErrorFeedbackState*> Get(absl::string_view tensor, size_t n, uint64_t epoch, uint64_t sequence);
 
   size_t bytes() const { return bytes_; }
   size_t tensors() const { return states_.size(); }
+  // States dropped so far because they were idle / to make room for another.
+  uint64_t retired_idle() const { return retired_idle_; }
+  uint64_t evicted() const { return evicted_; }
   void Clear();
 
  private:
+  struct Entry {
+    ErrorFeedbackState state;
+    uint64_t last_used = 0;                   // the job's collective sequence
+    std::list<std::string>::iterator in_lru;  // its place in lru_
+  };
+  using Map = std::map<std::string, Entry, std::less<>>;
+
   size_t PerElement() const;
+  size_t Cost(const Map::iterator& it) const;
+  void Erase(Map::iterator it);
+
   size_t max_bytes_;
   double momentum_;
+  uint64_t max_idle_;
   size_t bytes_ = 0;
-  std::map<std::string, ErrorFeedbackState, std::less<>> states_;
+  uint64_t retired_idle_ = 0;
+  uint64_t evicted_ = 0;
+  Map states_;
+  std::list<std::string> lru_;  // names, least recently used first
 };
 
 // One EF21(M) step (above, momentum `eta`) of this node's sum `x` (n floats), replaced by the result G, with `codec`

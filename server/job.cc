@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -566,7 +567,15 @@ absl::StatusOr<DataPath::CrossNodeResult> Job::CrossNode(uint64_t sequence, cons
   }
   ErrorFeedbackState* error_feedback = nullptr;
   if (codec->id() == kernels::CodecId::kArcTopK && options_.arc_topk_error_feedback) {
-    absl::StatusOr<ErrorFeedbackState*> state = error_feedback_.Get(tensor_name, n, epoch);
+    const uint64_t evicted = error_feedback_.evicted();
+    absl::StatusOr<ErrorFeedbackState*> state = error_feedback_.Get(tensor_name, n, epoch, sequence);
+    if (error_feedback_.evicted() > evicted && evicted == 0) {
+      // Once per job: a step's tensors do not fit, so some restart with the dense step each time.
+      std::fprintf(stderr,
+                   "dynamiqd: job %s: arc_topk error feedback reached its limit of %zu bytes (--error_feedback_mib); "
+                   "least recently used tensors' state is dropped to make room\n",
+                   options_.id.c_str(), options_.error_feedback_bytes);
+    }
     if (!state.ok()) {
       const absl::Status failed(state.status().code(), absl::StrCat("collective ", sequence, " of job ", options_.id,
                                                                     ": ", state.status().message()));

@@ -92,7 +92,8 @@ class Job {
     // may set its own (JobConfig::error_budget->sample_rate), agreed through its epoch.
     double error_sample_rate = 0;
     // arc_topk jobs keep EF21 error feedback per tensor (server/error_feedback.h), at most this many
-    // bytes of it per job (8 per element of every tensor).
+    // bytes of it per job (8 per element of every tensor); the least recently used tensors' state
+    // makes room for another.
     bool arc_topk_error_feedback = false;
     double arc_topk_momentum = 1.0;  // EF21M's eta in (0, 1]; 1: plain EF21
     size_t error_feedback_bytes = size_t{1} << 30;

@@ -95,7 +95,9 @@ ABSL_FLAG(double, arc_topk_momentum, 1.0,
           "feedback tracks); 1: plain EF21. Every node of a cluster must use the same value.");
 ABSL_FLAG(uint64_t, error_feedback_mib, 1024,
           "Most memory one job's arc_topk error feedback may hold on this node (8 bytes per element of every "
-          "tensor); a tensor beyond it fails its collectives with RESOURCE_EXHAUSTED.");
+          "tensor, plus ~256 per tensor); a tensor that does not fit evicts the least recently used tensors' "
+          "state, and only a tensor larger than the whole limit fails its collectives with RESOURCE_EXHAUSTED. "
+          "Every node of a cluster must use the same value.");
 ABSL_FLAG(double, error_sample_rate, 0.01,
           "Fraction (0..1) of compressed cross-node collectives whose compression error is measured against an "
           "exact fp32 sum computed on the side (an extra uncompressed all-reduce; "

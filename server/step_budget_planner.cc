@@ -25,9 +25,7 @@ void StepBudgetPlanner::Record(const std::string& key, size_t num_elements, std:
   if (codec.id != kernels::CodecId::kDynamiq || num_elements == 0) return;
   if (!SameCodec(codec, planned_for_)) Reset();  // shares and a partial step of another budget
   planned_for_ = codec;
-  bool repeats = false;
-  for (const Bucket& b : step_) repeats = repeats || b.key == key;
-  if (repeats) {
+  if (step_keys_.count(key) != 0) {
     // The step is complete: split its budget. Shares are rounded down to what the step header
     // carries (1/1000 bit), so the step never spends more than its b̄.
     std::vector<std::vector<double>> energy;
@@ -44,12 +42,27 @@ void StepBudgetPlanner::Record(const std::string& key, size_t num_elements, std:
       shares_[step_[k].key] = std::max(info.min_bits, std::floor(split[k] * 1000) / 1000);
     }
     step_.clear();
+    step_keys_.clear();
+    step_super_groups_ = 0;
   }
+  step_super_groups_ += energies.size();
   step_.push_back(Bucket{key, num_elements, std::move(energies)});
+  step_keys_.insert(key);
+  while (step_.size() > kMaxStepBuckets || (step_super_groups_ > kMaxStepSuperGroups && step_.size() > 1)) {
+    DropOldest();
+  }
+}
+
+void StepBudgetPlanner::DropOldest() {
+  step_super_groups_ -= step_.front().energies.size();
+  step_keys_.erase(step_.front().key);
+  step_.pop_front();
 }
 
 void StepBudgetPlanner::Reset() {
   step_.clear();
+  step_keys_.clear();
+  step_super_groups_ = 0;
   shares_.clear();
 }
 

@@ -17,10 +17,20 @@ Modes:
                local gradient.
   die          all_reduce once, write OUT_DIR/ready<r>, rank 1 then waits for OUT_DIR/go before its
                second all_reduce (the test kills the daemon meanwhile); records the error and time.
+  train        DDP without a hook, two buckets of different sizes, PG_STEPS (default 30) SGD steps;
+               records the group's per-call records and the learned period.
+  empty        zero-element all_reduce (SUM, AVG, async), all_reduce_coalesced and reduce_scatter,
+               then a 5000-element all_reduce (run with DQ_TORCH_EXACT_BELOW=0).
+  exit         three DDP steps, then the process ends without closing anything (exit_destroy:
+               after dist.destroy_process_group(); exit_async: after starting 8 all_reduces and
+               waiting for the first only); the test checks the exit code.
+  init_env     only init_process_group, env:// (MASTER_ADDR, MASTER_PORT) with timeout PG_TIMEOUT
+               seconds; records the error and how long init took.
 """
 
 import _thread
 import copy
+import datetime
 import os
 import sys
 import time
@@ -194,6 +204,47 @@ def die(rank, world, pg, out_dir):
         return {"died_error": str(e), "seconds": time.monotonic() - started}
 
 
+def train(rank, world, pg):
+    # DDP puts the first 20 kB in a bucket and then 50 kB per bucket (torch 1.13 reads the first
+    # limit from this module attribute): buckets of 8906 and 8320 elements.
+    dist._DEFAULT_FIRST_BUCKET_BYTES = 20000
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64), torch.nn.ReLU(),
+                              torch.nn.Linear(64, 10))
+    model = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.05)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(rank)
+    losses = []
+    for _ in range(int(os.environ.get("PG_STEPS", "30"))):
+        x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return {"records": list(pg.records), "period": getattr(getattr(pg, "_names", None), "period", None),
+            "losses": losses}
+
+
+def empty(rank, world, pg):
+    out = {}
+    t = torch.zeros(0)
+    dist.all_reduce(t)
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    work = dist.all_reduce(torch.zeros(0, dtype=torch.bfloat16), async_op=True)
+    out["async_completed"] = work.is_completed()
+    work.wait()
+    dist.all_reduce_coalesced([torch.zeros(0), torch.zeros(0)])
+    out_rs = torch.zeros(0)
+    dist.reduce_scatter(out_rs, [torch.zeros(0) for _ in range(world)])
+    out["daemon_calls"] = len(pg.records)
+    t = values(rank, 5000, 9)
+    dist.all_reduce(t)
+    out["after"], out["after_want"] = t, exact_sum(world, 5000, 9)
+    out["records"] = list(pg.records)
+    return out
+
+
 def cuda(rank, world, pg):
     out = {}
     n = 50_000
@@ -226,6 +277,14 @@ def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
     path = os.path.join(out_dir, f"rank{rank}.pt")
+    if mode == "init_env":
+        started = time.monotonic()
+        try:
+            dist.init_process_group("dynamiq", timeout=datetime.timedelta(seconds=float(os.environ["PG_TIMEOUT"])))
+            torch.save({"error": None}, path)
+        except RuntimeError as e:
+            torch.save({"error": str(e), "seconds": time.monotonic() - started}, path)
+        return
     try:
         dist.init_process_group("dynamiq", init_method=f"file://{out_dir}/pg-store", rank=rank, world_size=world)
         pg = dynamiq.torch.get_process_group()
@@ -240,6 +299,22 @@ def main():
             result.update(cuda(rank, world, pg))
         elif mode == "die":
             result.update(die(rank, world, pg, out_dir))
+        elif mode == "train":
+            result.update(train(rank, world, pg))
+        elif mode == "empty":
+            result.update(empty(rank, world, pg))
+        elif mode in ("exit", "exit_destroy", "exit_async"):
+            # Three DDP steps, then the end of the script: nothing closes the group but the
+            # backend itself (at destroy_process_group, or at the interpreter's exit).
+            net = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))
+            for _ in range(3):
+                net(torch.randn(8, 64)).sum().backward()
+            if mode == "exit_destroy":
+                dist.destroy_process_group()
+            if mode == "exit_async":
+                works = [dist.all_reduce(torch.ones(5000 + i), async_op=True) for i in range(8)]
+                works[0].wait()
+            return
     except Exception as e:  # noqa: BLE001 -- the test checks the message
         traceback.print_exc()
         torch.save({"error": f"{type(e).__name__}: {e}"}, path)

@@ -52,6 +52,9 @@ def test_all_reduce_tensors_of_each_dtype(node):
     assert torch.equal(tensors[0], torch.full((6, 4), 3.0))
     with pytest.raises(TypeError, match="float64"):
         dynamiq.torch.all_reduce(torch.zeros(3, dtype=torch.float64), client=clients[0])
+    # An empty tensor is a no-op, as in torch.distributed (the daemon refuses 0 elements).
+    empty = torch.zeros(0, 4)
+    assert dynamiq.torch.all_reduce(empty, client=clients[0]) is empty
     for c in clients:
         c.close()
 

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/codec.h"
 
@@ -115,6 +116,33 @@ TEST(StepBudgetPlannerTest, OneBucketPerStepKeepsTheJobsBudget) {
   const double bits = p.BitsFor("all_reduce.0", c);
   EXPECT_LE(bits, 5);
   EXPECT_GT(bits, 4.95);
+}
+
+TEST(StepBudgetPlannerTest, NamesThatNeverRepeatKeepABoundedWindow) {
+  // The torch backend once named every collective anew ("torch.allreduce.<seq>"): no bucket ever
+  // came round again, so the step being recorded (and its energies) grew with every collective.
+  StepBudgetPlanner p;
+  const CodecConfig c = Dynamiq(5);
+  const size_t total = StepBudgetPlanner::kMaxStepBuckets + 3000;
+  for (size_t k = 0; k < total; ++k) {
+    p.Record(absl::StrCat("torch.allreduce.", k), 256, Energies(1, 1.0), c, Errors());
+    ASSERT_LE(p.recording_buckets(), StepBudgetPlanner::kMaxStepBuckets) << k;
+  }
+  EXPECT_EQ(p.recording_buckets(), StepBudgetPlanner::kMaxStepBuckets);
+  EXPECT_EQ(p.planned_buckets(), 0u);
+  // A real step still completes (the first time with the window before it) and is planned.
+  for (int step = 0; step < 3; ++step) RecordStep(p, c);
+  EXPECT_EQ(p.planned_buckets(), 2u);
+  EXPECT_GT(p.BitsFor("model.bucket1", c), 5);
+  EXPECT_EQ(p.recording_buckets(), 2u);
+  // Energies are bounded too: a few huge buckets keep only what fits (always the newest).
+  StepBudgetPlanner q;
+  const size_t big = StepBudgetPlanner::kMaxStepSuperGroups / 3 + 1;
+  for (int k = 0; k < 5; ++k) {
+    q.Record(absl::StrCat("huge.", k), big * 256, std::vector<double>(big, 1.0), c, Errors());
+    ASSERT_LE(q.recording_super_groups(), StepBudgetPlanner::kMaxStepSuperGroups) << k;
+  }
+  EXPECT_EQ(q.recording_buckets(), 2u);
 }
 
 }  // namespace

@@ -27,15 +27,18 @@ reducer, through the ProcessGroup trampoline) gets the future-wrapping C++ Work,
 carries the error to DDP (backward() raises it).
 """
 
+import atexit
 import collections
 import contextlib
 import datetime
+import functools
 import json
 import os
 import queue
 import sys
 import threading
 import time
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -44,6 +47,7 @@ from torch._C._distributed_c10d import (AllgatherOptions, AllreduceOptions, Pref
 
 import dynamiq
 from dynamiq import torch as _dqtorch
+from dynamiq._names import CallNames
 
 __all__ = ["BACKEND", "ProcessGroupDynamiq", "exact", "get_process_group"]
 
@@ -53,8 +57,12 @@ BACKEND = "dynamiq"
 DEFAULT_EXACT_BELOW = 1024
 # Free shared-memory buffers kept for reuse; a DDP model needs one per bucket in flight.
 _MAX_FREE_SLOTS = 32
-# How long init waits for every rank's membership record, at most (or the group's timeout).
+# How long init waits for every rank's membership record, at most (or the group's timeout), counted
+# from the start of init_process_group: with env:// rendezvous torch's TCPStore on rank 0 has
+# already waited up to the timeout for the other ranks to connect before the group is created.
 _JOIN_SECONDS = 300
+# When the current dist.init_process_group call began (time.monotonic()), or None outside one.
+_init_started = None
 
 _DAEMON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _GLOO_DTYPES = (torch.float64, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
@@ -63,6 +71,9 @@ _EXACT_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.Redu
 
 _exact_lock = threading.Lock()
 _exact_depth = 0
+
+# Open groups, closed at interpreter exit (see _close_at_exit).
+_open_groups = weakref.WeakSet()
 
 
 @contextlib.contextmanager
@@ -250,11 +261,13 @@ class ProcessGroupDynamiq(ProcessGroup):
         if exact_below is None:
             exact_below = int(os.environ.get("DQ_TORCH_EXACT_BELOW", DEFAULT_EXACT_BELOW))
         self.exact_below = int(exact_below)
+        self._started = time.monotonic() if _init_started is None else _init_started
         self._timeout = timeout
         self._store = store
         self.records = collections.deque(maxlen=max_records)
         self.exact_collectives = 0
-        self._sequence = 0
+        # Daemon collectives are named by the learned period of their sequence (dynamiq/_names.py).
+        self._names = CallNames("torch")
         self._submit_lock = threading.Lock()
         self._queue = queue.Queue()
         self._thread = None
@@ -273,6 +286,7 @@ class ProcessGroupDynamiq(ProcessGroup):
         except BaseException:
             self.close()
             raise
+        _open_groups.add(self)
 
     # -- set-up ----------------------------------------------------------------------------------
 
@@ -307,12 +321,17 @@ class ProcessGroupDynamiq(ProcessGroup):
                 "pid": os.getpid()}
         self._publish_member(mine)
         keys = [f"dynamiq/member/{r}" for r in range(self.size())]
-        seconds = _JOIN_SECONDS if self._timeout is None else min(_JOIN_SECONDS, self._timeout.total_seconds())
+        bound = _JOIN_SECONDS if self._timeout is None else min(_JOIN_SECONDS, self._timeout.total_seconds())
+        # What is left of the bound since init_process_group began (at least a moment, to read
+        # what is there).
+        left = max(1.0, bound - (time.monotonic() - self._started))
         try:
-            self._store.wait(keys, datetime.timedelta(seconds=seconds))
+            self._store.wait(keys, datetime.timedelta(seconds=left))
         except RuntimeError as e:
+            waited = time.monotonic() - self._started
             raise RuntimeError(f"dynamiq backend: not every rank of the world of {self.size()} joined within "
-                               f"{seconds:.0f} s (a wrong WORLD_SIZE, or a rank failed to start): {e}") from e
+                               f"{waited:.0f} s of init_process_group (timeout {bound:.0f} s; a wrong WORLD_SIZE, "
+                               f"or a rank failed to start): {e}") from e
         members = [json.loads(self._store.get(k)) for k in keys]
         for r, m in enumerate(members):
             if "error" in m:
@@ -377,8 +396,7 @@ class ProcessGroupDynamiq(ProcessGroup):
                 view[offset:offset + t.numel()].copy_(t.reshape(-1))
                 offset += t.numel()
             slot.before_submit(tensors)
-            name = f"torch.{kind}.{self._sequence}"
-            self._sequence += 1
+            name = self._names.name(kind, str(dtype).replace("torch.", ""), n)
             started = time.perf_counter()
             try:
                 pending = self.client.all_reduce_async(slot.buffer, name, count=n, dtype=_dqtorch._dq_dtype(send_dtype),
@@ -451,6 +469,14 @@ class ProcessGroupDynamiq(ProcessGroup):
 
     def _all_reduce(self, tensors, op, kind):
         if self._route(tensors, op, kind) == "daemon":
+            if self._closed:
+                raise RuntimeError("dynamiq backend: the process group is closed")
+            if all(t.numel() == 0 for t in tensors):
+                # Nothing to reduce (torch's own backends complete it at once too). Every rank has
+                # the same element count, so every rank skips it, and it takes no name.
+                future = torch.futures.Future()
+                future.set_result(tensors)
+                return future
             return self._daemon_all_reduce(tensors, op == dist.ReduceOp.AVG, kind)
         return self._gloo_all_reduce(tensors, op)
 
@@ -552,14 +578,19 @@ class ProcessGroupDynamiq(ProcessGroup):
     def close(self):
         """Waits for the daemon all-reduces in flight, stops the completion thread, frees the
         buffers and closes the client (if the group created it). Idempotent; the group is unusable
-        afterwards. dist.destroy_process_group() does not call it (torch 1.13 has no hook): the
-        daemon cleans up after a worker process that exits."""
+        afterwards. dist.destroy_process_group() calls it for the groups it destroys, and so does
+        the interpreter's exit for groups still open: the completion thread must not be inside
+        torch when Python shuts down (a thread that wakes up then to take the GIL is ended with a
+        forced unwind, which a noexcept frame of torch's turns into "terminate called without an
+        active exception", SIGABRT)."""
         if self._closed:
             return
         self._closed = True
+        _open_groups.discard(self)
         if self._thread is not None:
             self._queue.put(None)
-            self._thread.join()
+            if self._thread is not threading.current_thread():  # closed from a future's callback
+                self._thread.join()
             self._thread = None
         if hasattr(self, "_pool"):
             self._pool.clear()
@@ -618,6 +649,58 @@ def _complete_loop(pending_queue, pool, records):
         del slot, tensors, future
 
 
+def _close_at_exit():
+    """Closes the groups still open when the interpreter exits (atexit runs before Python starts
+    to shut down threads): waits for their daemon all-reduces in flight and stops their
+    completion threads."""
+    for pg in list(_open_groups):
+        try:
+            pg.close()
+        except Exception as e:  # noqa: BLE001 -- at exit: report, and close the others
+            print(f"dynamiq backend: closing a process group at exit: {e}", file=sys.stderr)
+
+
+def _timed_init(init):
+    """torch.distributed.init_process_group that notes when it began, so that the group's wait for
+    the other ranks ends within the timeout of the whole call (_check_membership)."""
+    if getattr(init, "_dynamiq_timed", False):
+        return init
+
+    @functools.wraps(init)
+    def init_process_group(*args, **kwargs):
+        global _init_started
+        outer, _init_started = _init_started, time.monotonic()
+        try:
+            return init(*args, **kwargs)
+        finally:
+            _init_started = outer
+
+    init_process_group._dynamiq_timed = True
+    return init_process_group
+
+
+def _closing_destroy(destroy):
+    """torch.distributed.destroy_process_group that also closes the ProcessGroupDynamiq groups it
+    destroys (torch 1.13 has no hook for it)."""
+    if getattr(destroy, "_dynamiq_closes", False):
+        return destroy
+
+    @functools.wraps(destroy)
+    def destroy_process_group(group=None):
+        c10d = dist.distributed_c10d
+        if group is None or group == c10d.GroupMember.WORLD:
+            doomed = list(c10d._pg_map.keys())
+        else:
+            doomed = [group]
+        destroy(group)
+        for pg in doomed:
+            if isinstance(pg, ProcessGroupDynamiq):
+                pg.close()
+
+    destroy_process_group._dynamiq_closes = True
+    return destroy_process_group
+
+
 def _create(store, rank, world_size, timeout):
     return ProcessGroupDynamiq(store, rank, world_size, timeout)
 
@@ -625,6 +708,13 @@ def _create(store, rank, world_size, timeout):
 def _register():
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, _create)
+    # torch.distributed re-exports distributed_c10d's functions: wrap both names.
+    c10d = dist.distributed_c10d
+    c10d.destroy_process_group = _closing_destroy(c10d.destroy_process_group)
+    dist.destroy_process_group = _closing_destroy(dist.destroy_process_group)
+    c10d.init_process_group = _timed_init(c10d.init_process_group)
+    dist.init_process_group = _timed_init(dist.init_process_group)
+    atexit.register(_close_at_exit)
 
 
 _register()

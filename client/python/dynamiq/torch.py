@@ -17,11 +17,14 @@ jobs, or what DynamiqState(codec=..., control=...) sets through the operator API
 See docs/python.md.
 """
 
+import atexit
 import collections
 import itertools
 import queue
+import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 import torch
@@ -29,6 +32,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import dynamiq
+from dynamiq._names import CallNames
 
 __all__ = ["BACKEND", "DynamiqState", "ProcessGroupDynamiq", "allreduce_hook", "all_reduce", "exact", "get_process_group",
            "wire_dtype"]
@@ -75,6 +79,10 @@ def aligned_layout(sizes, quantum=_SUPER_GROUP, min_aligned=_MIN_ALIGNED_ELEMENT
             offsets[i] = total
             total += n
     return offsets, total
+
+
+def _dtype_name(dtype):
+    return str(dtype).replace("torch.", "")
 
 
 def _dq_dtype(torch_dtype):
@@ -198,6 +206,7 @@ class DynamiqState:
         self._queue = queue.Queue()
         self._thread = None
         self._closed = False
+        _open_states.add(self)
         if any(v is not None for v in (codec, bits, min_compress_elements, topology)):
             self._set_compression(control, codec=codec, bits=bits,
                                   min_compress_elements=min_compress_elements, topology=topology)
@@ -354,13 +363,16 @@ class DynamiqState:
 
     def close(self):
         """Stops the completion thread (after the pending all-reduces), releases the buffers and,
-        if the state created its Client, closes it. Idempotent."""
+        if the state created its Client, closes it. Idempotent. The interpreter's exit closes a
+        state still open (its completion thread must not be inside torch when Python shuts down)."""
         if self._closed:
             return
         self._closed = True
+        _open_states.discard(self)
         if self._thread is not None:
             self._queue.put(None)
-            self._thread.join()
+            if self._thread is not threading.current_thread():  # closed from a future's callback
+                self._thread.join()
         for slot in self._slots.values():
             slot.release()
         self._slots.clear()
@@ -412,7 +424,21 @@ def allreduce_hook(state, bucket):
 _default_client = None
 _default_slot = None
 _default_lock = threading.Lock()
-_default_names = itertools.count()
+# Names of all_reduce calls without name=: the learned period of their sequence (dynamiq/_names.py).
+_default_names = CallNames("all_reduce")
+# Hook states not yet closed, closed at interpreter exit.
+_open_states = weakref.WeakSet()
+
+
+def _close_at_exit():
+    for state in list(_open_states):
+        try:
+            state.close()
+        except Exception as e:  # noqa: BLE001 -- at exit: report, and close the others
+            print(f"dynamiq.torch: closing a DynamiqState at exit: {e}", file=sys.stderr)
+
+
+atexit.register(_close_at_exit)
 
 
 def all_reduce(tensor, average=False, *, client=None, name=None):
@@ -422,11 +448,16 @@ def all_reduce(tensor, average=False, *, client=None, name=None):
     else they are staged through host shared memory.
 
     client: default, one dynamiq.Client per process from the DQ_* environment, created on first use.
-    name: the collective's name (every worker must pass the same); default "all_reduce.<k>" for
-    the k-th call in this process (workers must then call in the same order).
+    name: the collective's name (every worker must pass the same); default
+    "all_reduce.<dtype>.<count>.<k>", named from the sequence of this process's calls without a
+    name so that a training loop's calls get the same names every step (daemon state such as
+    arc_topk's error feedback is kept per name; workers must then call in the same order).
+    An empty tensor is returned at once (like torch.distributed's all_reduce).
     Raises dynamiq.Error with the daemon's message on failure (e.g. workers disagreeing on size)."""
     global _default_client, _default_slot
     send_dtype = wire_dtype(tensor.dtype)
+    if tensor.numel() == 0:
+        return tensor
     nbytes = tensor.numel() * torch.tensor([], dtype=send_dtype).element_size()
     if client is None:
         # The default client's slot is shared: one all-reduce at a time through it.
@@ -434,7 +465,7 @@ def all_reduce(tensor, average=False, *, client=None, name=None):
             if _default_client is None:
                 _default_client = dynamiq.Client()
             if name is None:
-                name = f"all_reduce.{next(_default_names)}"
+                name = _default_names.name("", _dtype_name(tensor.dtype), tensor.numel())
             if _default_slot is None or not _default_slot.fits(nbytes, tensor.device):
                 if _default_slot is not None:
                     _default_slot.release()
@@ -443,7 +474,7 @@ def all_reduce(tensor, average=False, *, client=None, name=None):
         return tensor
     if name is None:
         with _default_lock:
-            name = f"all_reduce.{next(_default_names)}"
+            name = _default_names.name("", _dtype_name(tensor.dtype), tensor.numel())
     slot = _Slot(client, nbytes, tensor.device)
     try:
         _all_reduce_through(client, slot, tensor, send_dtype, name, average)
