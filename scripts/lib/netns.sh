@@ -199,8 +199,11 @@ netns_up() {
       # A long fat pipe needs TCP windows of its bandwidth-delay product: let autotuning grow the
       # buffers to 4 x BDP (the namespace's defaults stop the send buffer at 4 MiB: 213 Mbit/s at
       # 150 ms). Every method run here gets the same.
+      # And a connection idle between two steps keeps its window (by default it restarts from slow
+      # start after one RTO idle: at 150 ms every ring step would pay several round trips again).
       timeout 10 ip netns exec "$ns" sysctl -qw "net.ipv4.tcp_wmem=4096 16384 $NETNS_TCP_BUFFER" \
-        "net.ipv4.tcp_rmem=4096 131072 $NETNS_TCP_BUFFER" || die "cannot size TCP buffers in $ns"
+        "net.ipv4.tcp_rmem=4096 131072 $NETNS_TCP_BUFFER" net.ipv4.tcp_slow_start_after_idle=0 ||
+        die "cannot size TCP buffers in $ns"
     fi
     if [[ $NETNS_LOSS != 0 ]]; then
       timeout 10 ip netns exec "$ns" ethtool -K dq0 tso off gso off >/dev/null 2>&1 ||
