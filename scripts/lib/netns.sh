@@ -37,9 +37,10 @@
 #               hub moves frames between dqx<i> and dqy<i> with RTT/4 each way (a path between two
 #               ranks crosses two such links: RTT/2 one way) and jitter JITTER/sqrt(2) per link
 #               (JITTER per path, one way; FIFO, never reordered). LOSS (P, or ge:... bursts): an
-#               eBPF filter drops packets on every rank's egress (dq0), so each direction of a path
-#               loses LOSS; segmentation offload is turned off there (a drop is one packet, not a
-#               64 KiB aggregate). RTT 0, JITTER 0 and LOSS 0 build the plain layout. With a delay
+#               eBPF filter drops packets where every rank receives (dq0's ingress), so each
+#               direction of a path loses LOSS; the bridge port segments what it sends the rank
+#               (offload off on dqp<i>, GRO off on dq0): a drop is one packet, not a 64 KiB
+#               aggregate, while senders and the delay line keep 64 KiB frames. RTT 0, JITTER 0 and LOSS 0 build the plain layout. With a delay
 #               line, every rank's TCP buffers may grow (autotuning) to 4 x the bandwidth-delay
 #               product (NETNS_TCP_BUFFER; net.ipv4.tcp_wmem/tcp_rmem in its namespace).
 # After netns_init: NETNS_RATE, NETNS_RATE_BPS (bytes/s), NETNS_BURST (bytes), NETNS_LATENCY,
@@ -107,8 +108,9 @@ netns_link_flags_help() {
                      path crosses, each way
   --jitter DURATION  standard deviation of the one-way delay (default 0; frames are never reordered)
   --loss P           random loss of each direction of a path (default 0): P (Bernoulli, e.g. 0.001)
-                     or ge:P_GB,P_BG[,LOSS_BAD[,LOSS_GOOD]] (Gilbert-Elliott bursts); an eBPF filter on
-                     every rank's egress, with segmentation offload off there (per-packet loss)
+                     or ge:P_GB,P_BG[,LOSS_BAD[,LOSS_GOOD]] (Gilbert-Elliott bursts); an eBPF filter
+                     where every rank receives, on packets segmented by the bridge (per-packet loss;
+                     costs CPU at high rates, docs/testing.md)
   --seed N           seed of the loss and jitter generators (default 1)
   --profile NAME     a named network (given flags win): lan (1gbit), cross-region (1gbit, 30ms RTT,
                      0.01% loss), cross-continent (1gbit, 150ms RTT, 2ms jitter, 0.1% loss),
@@ -206,10 +208,15 @@ netns_up() {
         die "cannot size TCP buffers in $ns"
     fi
     if [[ $NETNS_LOSS != 0 ]]; then
-      timeout 10 ip netns exec "$ns" ethtool -K dq0 tso off gso off >/dev/null 2>&1 ||
-        die "cannot turn segmentation offload off on rank $i's link (ethtool)"
-      timeout 10 ip netns exec "$ns" "$(netns_linkem)" loss --dev=dq0 --loss="$NETNS_LOSS" --seed=$((NETNS_SEED + i)) ||
-        die "cannot attach the loss filter to rank $i's link"
+      # Loss where a rank receives: the bridge port segments what it sends to the rank (offload off
+      # there) and the rank does not re-aggregate (GRO off), so each drop is one MTU packet, while
+      # senders keep TSO and the delay line moves 64 KiB frames (its packet rate would not carry
+      # 1 Gbit/s x N ranks of MTU packets).
+      timeout 10 ip netns exec "$hub" ethtool -K "dqp$i" tso off gso off >/dev/null 2>&1 ||
+        die "cannot turn segmentation offload off on rank $i's bridge port (ethtool)"
+      timeout 10 ip netns exec "$ns" ethtool -K dq0 gro off >/dev/null 2>&1 || true
+      timeout 10 ip netns exec "$ns" "$(netns_linkem)" loss --dev=dq0 --ingress --loss="$NETNS_LOSS" \
+        --seed=$((NETNS_SEED + i)) || die "cannot attach the loss filter to rank $i's link"
     fi
   done
   if netns_delayed; then

@@ -1,5 +1,5 @@
 /* The link emulator's packet loss (tools/linkem/loss_model.h): a tc classifier in direct-action
- * mode on a veth's egress that drops IPv4 and IPv6 packets (ARP and the rest pass) at random, by
+ * mode on a veth's egress or ingress that drops IPv4 and IPv6 packets (ARP and the rest pass) at random, by
  * the model in `config`, with one generator per CPU in `state` (seeded by dynamiq-linkem). Built
  * with clang -target bpf; loaded and attached by tools/linkem/loss_filter.cc. */
 #include <linux/bpf.h>

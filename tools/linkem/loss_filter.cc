@@ -37,7 +37,7 @@ struct ObjectCloser {
 
 }  // namespace
 
-absl::Status AttachLossFilter(const std::string& device, const LossModel& loss, uint64_t seed) {
+absl::Status AttachLossFilter(const std::string& device, const LossModel& loss, uint64_t seed, LossSide side) {
   const int ifindex = static_cast<int>(if_nametoindex(device.c_str()));
   if (ifindex == 0) return absl::InvalidArgumentError(absl::StrCat("loss filter: no device '", device, "' here"));
   libbpf_set_print(nullptr);  // errors are returned, not printed
@@ -67,14 +67,15 @@ absl::Status AttachLossFilter(const std::string& device, const LossModel& loss, 
 
   bpf_program* program = bpf_object__find_program_by_name(obj.get(), "dq_loss");
   if (program == nullptr) return Failed("find the program", ENOENT);
-  LIBBPF_OPTS(bpf_tc_hook, hook, .ifindex = ifindex, .attach_point = BPF_TC_EGRESS);
+  LIBBPF_OPTS(bpf_tc_hook, hook, .ifindex = ifindex,
+              .attach_point = side == LossSide::kIngress ? BPF_TC_INGRESS : BPF_TC_EGRESS);
   if (int err = bpf_tc_hook_create(&hook); err != 0 && err != -EEXIST) {
     return Failed(absl::StrCat("create the clsact qdisc on ", device), err);
   }
   LIBBPF_OPTS(bpf_tc_opts, attach, .prog_fd = bpf_program__fd(program), .flags = BPF_TC_F_REPLACE, .handle = 1,
               .priority = 1);
   if (int err = bpf_tc_attach(&hook, &attach); err != 0) {
-    return Failed(absl::StrCat("attach to ", device, "'s egress"), err);
+    return Failed(absl::StrCat("attach to ", device, side == LossSide::kIngress ? "'s ingress" : "'s egress"), err);
   }
   return absl::OkStatus();
 }

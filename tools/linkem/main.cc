@@ -4,8 +4,8 @@
 //   dynamiq-linkem delay --pairs=A:B[,C:D...] --delay_ab=D --delay_ba=D [--jitter=J] [--seed=N]
 //       forwards frames between each pair of devices with a one-way delay per direction (a->b,
 //       b->a) until SIGTERM/SIGINT; then prints per-direction counters
-//   dynamiq-linkem loss --dev=X --loss=SPEC [--seed=N]
-//       attaches random loss to X's egress (an eBPF filter; stays after exit)
+//   dynamiq-linkem loss --dev=X --loss=SPEC [--seed=N] [--ingress]
+//       attaches random loss to X's egress (or ingress) (an eBPF filter; stays after exit)
 //   dynamiq-linkem profile NAME    prints a named profile as shell assignments
 //   dynamiq-linkem profiles        lists the profiles
 //   dynamiq-linkem check [--delay_ab=D] [--delay_ba=D] [--jitter=J] [--loss=SPEC] [--print_ms]
@@ -38,6 +38,7 @@ ABSL_FLAG(bool, realtime, true,
           "delay: run at real-time priority (SCHED_FIFO 10) where allowed, so that busy CPUs do not add delay");
 ABSL_FLAG(uint64_t, queue_mib, 64, "delay: the most each direction holds (frames past it are dropped)");
 ABSL_FLAG(std::string, dev, "", "loss: the device whose egress loses packets");
+ABSL_FLAG(bool, ingress, false, "loss: drop what --dev receives instead of what it sends");
 ABSL_FLAG(std::string, loss, "0", "loss, check: P (Bernoulli) or ge:P_GB,P_BG[,LOSS_BAD[,LOSS_GOOD]] (bursts)");
 ABSL_FLAG(bool, print_ms, false, "check: print --delay_ab in milliseconds (for scripts)");
 ABSL_FLAG(uint64_t, seed, 1, "delay, loss: seed of the jitter / loss generators");
@@ -109,7 +110,9 @@ int Loss() {
   auto loss = dynamiq::linkem::ParseLoss(absl::GetFlag(FLAGS_loss));
   if (!loss.ok()) return Fail(loss.status());
   if (absl::GetFlag(FLAGS_dev).empty()) return Fail(absl::InvalidArgumentError("loss: --dev is required"));
-  const absl::Status s = dynamiq::linkem::AttachLossFilter(absl::GetFlag(FLAGS_dev), *loss, absl::GetFlag(FLAGS_seed));
+  const absl::Status s = dynamiq::linkem::AttachLossFilter(
+      absl::GetFlag(FLAGS_dev), *loss, absl::GetFlag(FLAGS_seed),
+      absl::GetFlag(FLAGS_ingress) ? dynamiq::linkem::LossSide::kIngress : dynamiq::linkem::LossSide::kEgress);
   return s.ok() ? 0 : Fail(s);
 }
 
@@ -132,7 +135,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "the link emulator: delay, jitter and loss on existing network devices.\n"
       "  dynamiq-linkem delay --pairs=A:B[,C:D] --delay_ab=D --delay_ba=D [--jitter=J] [--seed=N]\n"
-      "  dynamiq-linkem loss --dev=X --loss=P|ge:P_GB,P_BG[,LOSS_BAD[,LOSS_GOOD]] [--seed=N]\n"
+      "  dynamiq-linkem loss --dev=X --loss=P|ge:P_GB,P_BG[,LOSS_BAD[,LOSS_GOOD]] [--seed=N] [--ingress]\n"
       "  dynamiq-linkem profile NAME | profiles\n"
       "  dynamiq-linkem check [--delay_ab=D] [--delay_ba=D] [--jitter=J] [--loss=SPEC]\n"
       "Needs root (AF_PACKET, eBPF). docs/testing.md, \"Wide-area links\".");
