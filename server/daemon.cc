@@ -51,7 +51,11 @@ Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {
   shm.max_total_bytes = options_.max_shm_bytes;
   shm.max_total_buffers = options_.max_buffers;
   buffers_ = std::make_unique<ipc::NodeBuffers>(shm);
-  metrics_ = std::make_unique<Metrics>(options_.node_rank, options_.num_nodes);
+  // The collectives' transport label names what really moves the bytes (it said "gloo" always).
+  metrics_ = std::make_unique<Metrics>(options_.node_rank, options_.num_nodes,
+                                       UsesNccl(options_)  ? "nccl"
+                                       : UsesTcp(options_) ? "tcp"
+                                                           : "gloo");
   reject_log_ = std::make_unique<RejectLog>(*metrics_);
   std::vector<JobObserver*> observers = {metrics_.get()};
   if (options_.node_rank == 0) {

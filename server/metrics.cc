@@ -68,9 +68,10 @@ class Metrics::Collector final : public prometheus::Collectable {
   Metrics* const metrics_;
 };
 
-Metrics::Metrics(uint32_t node_rank, uint32_t num_nodes)
+Metrics::Metrics(uint32_t node_rank, uint32_t num_nodes, std::string transport)
     : node_rank_(node_rank),
       num_nodes_(num_nodes),
+      transport_label_(num_nodes <= 1 ? "local" : std::move(transport)),
       registry_(std::make_shared<prometheus::Registry>()),
       collectives_(prometheus::BuildCounter()
                        .Name("dynamiq_collectives_total")
@@ -253,12 +254,11 @@ void Metrics::EnsureJob(const std::string& job, const kernels::CodecConfig& code
     for (FaultKind kind : kFaults) faults_.Add({{"job", job}, {"kind", std::string(FaultKindName(kind))}});
     error_samples_.Add({{"job", job}});
   }
-  const std::string transport = num_nodes_ <= 1 ? "local" : "gloo";
   for (CollectiveResult result : kResults) {
     collectives_.Add({{"job", job},
                       {"codec", codec_name},
                       {"topology", topology_name},
-                      {"transport", transport},
+                      {"transport", transport_label_},
                       {"result", std::string(CollectiveResultName(result))}});
   }
 }
@@ -272,7 +272,7 @@ void Metrics::OnCollective(const std::string& job, const CollectiveOutcome& o) {
       .Add({{"job", job},
             {"codec", codec},
             {"topology", topology},
-            {"transport", num_nodes_ <= 1 ? "local" : "gloo"},
+            {"transport", transport_label_},
             {"result", std::string(CollectiveResultName(o.result))}})
       .Increment();
   if (o.result != CollectiveResult::kOk) {

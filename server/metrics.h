@@ -82,7 +82,9 @@ class Metrics final : public JobObserver, public PeerBytesSink {
   };
   using GaugeSource = std::function<Snapshot()>;
 
-  Metrics(uint32_t node_rank, uint32_t num_nodes);
+  // `transport`: what moves this node's bytes to the others ("tcp", "gloo", "nccl"), the
+  // collectives' `transport` label (single node: "local").
+  Metrics(uint32_t node_rank, uint32_t num_nodes, std::string transport = "tcp");
   ~Metrics() override;
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
@@ -133,6 +135,7 @@ class Metrics final : public JobObserver, public PeerBytesSink {
 
   const uint32_t node_rank_;
   const uint32_t num_nodes_;
+  const std::string transport_label_;
   const std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<Collector> collector_;
 
