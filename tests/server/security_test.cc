@@ -15,6 +15,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <sstream>
 #include <string>
@@ -360,6 +361,21 @@ std::vector<absl::Status> StartCluster(const std::string& dir, const std::vector
   return status;
 }
 
+// One worker of job "job" on each node of a StartCluster cluster, holding `n` floats set by
+// `value(node, k)`.
+std::vector<testing::DaemonTestWorker> WorkerPerNode(const std::string& dir, size_t n,
+                                                     const std::function<float(uint32_t, size_t)>& value) {
+  std::vector<testing::DaemonTestWorker> workers;
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto w = testing::ConnectTestWorker(absl::StrCat(dir, "/node", r, ".sock"), "job", 0, 1, n);
+    EXPECT_THAT(w, IsOk());
+    if (!w.ok()) return {};
+    workers.push_back(*std::move(w));
+    for (size_t k = 0; k < n; ++k) workers[r].data()[k] = value(r, k);
+  }
+  return workers;
+}
+
 TEST(ClusterSecretTest, ANodeWithAnotherSecretCannotJoin) {
   TempDir temp;
   const std::string dir = temp.path();
@@ -441,13 +457,9 @@ TEST(ClusterSecretTest, TwoNodesAllReduceWithAuthenticatedMessagesOverTlsRendezv
   ASSERT_THAT(status[0], IsOk());
   ASSERT_THAT(status[1], IsOk());
   const size_t n = 50000;
-  std::vector<testing::DaemonTestWorker> workers;
-  for (uint32_t r = 0; r < 2; ++r) {
-    auto w = testing::ConnectTestWorker(absl::StrCat(dir, "/node", r, ".sock"), "job", 0, 1, n);
-    ASSERT_THAT(w, IsOk());
-    workers.push_back(*std::move(w));
-    for (size_t k = 0; k < n; ++k) workers[r].data()[k] = static_cast<float>((k % 7) + r);
-  }
+  std::vector<testing::DaemonTestWorker> workers =
+      WorkerPerNode(dir, n, [](uint32_t r, size_t k) { return static_cast<float>((k % 7) + r); });
+  ASSERT_EQ(workers.size(), 2u);
   std::vector<grpc::Status> results(2);
   std::vector<std::thread> threads;
   for (uint32_t r = 0; r < 2; ++r) threads.emplace_back([&, r] { results[r] = workers[r].AllReduce("g", n); });
@@ -479,13 +491,9 @@ TEST(ClusterSecretTest, AStrangerOnTheTransportPortCannotTakeANodesPlace) {
   ASSERT_THAT(status[0], IsOk());
   ASSERT_THAT(status[1], IsOk());
   const size_t n = 4096;
-  std::vector<testing::DaemonTestWorker> workers;
-  for (uint32_t r = 0; r < 2; ++r) {
-    auto w = testing::ConnectTestWorker(absl::StrCat(dir, "/node", r, ".sock"), "job", 0, 1, n);
-    ASSERT_THAT(w, IsOk());
-    workers.push_back(*std::move(w));
-    for (size_t k = 0; k < n; ++k) workers[r].data()[k] = static_cast<float>(k % 5);
-  }
+  std::vector<testing::DaemonTestWorker> workers =
+      WorkerPerNode(dir, n, [](uint32_t, size_t k) { return static_cast<float>(k % 5); });
+  ASSERT_EQ(workers.size(), 2u);
   std::vector<grpc::Status> results(2);
   std::thread node0([&] { results[0] = workers[0].AllReduce("g", n); });
   // Node 0's group now listens for rank 1.
