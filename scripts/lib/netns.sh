@@ -141,12 +141,6 @@ netns_link_settings() { # PROFILE RTT JITTER LOSS SEED
   if [[ $rtt != 0 || $jitter != 0 || $loss != 0 ]]; then netns_emulate "$rtt" "$jitter" "$loss" "$seed"; fi
 }
 
-# A description of the emulated links for reports ("" without emulation).
-netns_link_summary() {
-  [[ ${NETNS_RTT:-0} != 0 || ${NETNS_JITTER:-0} != 0 || ${NETNS_LOSS:-0} != 0 ]] || return 0
-  echo "RTT ${NETNS_RTT}, jitter ${NETNS_JITTER}, loss ${NETNS_LOSS}"
-}
-
 # Whether the layout has a delay line (RTT or jitter set).
 netns_delayed() { awk -v r="${NETNS_RTT_MS:-0}" -v j="${NETNS_JITTER_MS:-0}" 'BEGIN { exit !(r > 0 || j > 0) }'; }
 
