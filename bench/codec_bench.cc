@@ -1,5 +1,6 @@
 #include "bench/codec_bench.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -94,6 +95,22 @@ absl::Status MeasureThroughput(const Codec& codec, const std::vector<std::vector
   row.compress_gbps = gb / t_c;
   row.decompress_gbps = gb / t_d;
   row.dar_gbps = gb / t_dar;
+  if (codec.NeedsBucketTransform()) {
+    // The rotation runs on the padded bucket; it is linear, so the values it starts from do not
+    // change its time.
+    DQ_ASSIGN_OR_RETURN(const size_t length, codec.TransformedLength(d));
+    std::vector<float> rotated(length, 0.0f);
+    std::copy(inputs[0].begin(), inputs[0].end(), rotated.begin());
+    const kernels::RoundInfo round{7, 0, static_cast<uint32_t>(n)};
+    DQ_ASSIGN_OR_RETURN(double t_f, TimePerCall(o.min_seconds, [&]() -> absl::Status {
+                          return codec.ForwardTransform(round, absl::MakeSpan(rotated));
+                        }));
+    DQ_ASSIGN_OR_RETURN(double t_i, TimePerCall(o.min_seconds, [&]() -> absl::Status {
+                          return codec.InverseTransform(round, absl::MakeSpan(rotated));
+                        }));
+    row.forward_transform_gbps = gb / t_f;
+    row.inverse_transform_gbps = gb / t_i;
+  }
   return absl::OkStatus();
 }
 
@@ -260,9 +277,13 @@ std::string FormatRowJson(const CodecBenchRow& r, const CodecBenchOptions& o) {
   return absl::StrFormat(
       R"({"codec":"%s","bits_target":%.4g,"workers":%d,"topology":"%s","elements":%d,"wire_bits_per_coord":%.4f,)"
       R"("vnmse":%.6g,"compress_gbps":%.3f,"decompress_gbps":%.3f,"dar_gbps":%.3f,"identical_on_all_ranks":%s,)"
-      R"(%s"description":"%s"})",
+      R"(%s%s"description":"%s"})",
       r.codec, r.config.bits, o.workers, o.topology, r.elements, r.wire_bits_per_coord, r.vnmse, r.compress_gbps,
-      r.decompress_gbps, r.dar_gbps, r.identical ? "true" : "false", hops, r.description);
+      r.decompress_gbps, r.dar_gbps, r.identical ? "true" : "false", hops,
+      r.forward_transform_gbps > 0 ? absl::StrFormat(R"("forward_transform_gbps":%.3f,"inverse_transform_gbps":%.3f,)",
+                                                     r.forward_transform_gbps, r.inverse_transform_gbps)
+                                   : "",
+      r.description);
 }
 
 std::string FormatTable(const std::vector<CodecBenchRow>& rows, const CodecBenchOptions& o) {
@@ -282,6 +303,12 @@ std::string FormatTable(const std::vector<CodecBenchRow>& rows, const CodecBench
     absl::StrAppendFormat(&s, "%-11s %9s %10.3f %12.4e %10.2f %10.2f %10.2f %s\n", r.codec,
                           has_bits ? absl::StrFormat("%.3g", r.config.bits) : "-", r.wire_bits_per_coord, r.vnmse,
                           r.compress_gbps, r.decompress_gbps, r.dar_gbps, r.identical ? "yes" : "NO");
+  }
+  for (const CodecBenchRow& r : rows) {
+    if (r.forward_transform_gbps > 0) {
+      absl::StrAppendFormat(&s, "# %s: whole-bucket transform %.2f GB/s forward, %.2f GB/s inverse (one core)\n",
+                            r.codec, r.forward_transform_gbps, r.inverse_transform_gbps);
+    }
   }
   return s;
 }

@@ -44,6 +44,9 @@ struct CodecBenchRow {
   double wire_bits_per_coord = 0;
   double vnmse = 0;
   double compress_gbps = 0, decompress_gbps = 0, dar_gbps = 0;
+  // Codecs with a whole-bucket transform (THC's rotation): GB/s of fp32 input (the bucket's d
+  // elements) of ForwardTransform and of InverseTransform on one core; 0 for the others.
+  double forward_transform_gbps = 0, inverse_transform_gbps = 0;
   bool identical = true;         // all ranks decoded bit-identical results
   std::vector<double> hop_bits;  // DynamiQ with CodecBenchOptions::hop_bits: b̄ per summand count
 };

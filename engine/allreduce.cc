@@ -14,7 +14,9 @@
 #include "engine/stats_exchange.h"
 #include "engine/step_header.h"
 #include "engine/step_messenger.h"
+#include "engine/topology_selector.h"
 #include "kernels/codec_registry.h"
+#include "kernels/cpu/bucket_transform.h"
 #include "kernels/dtype.h"
 #include "kernels/dynamiq_math.h"
 
@@ -417,11 +419,31 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
   return result;
 }
 
+// Codecs with a whole-bucket transform (THC's rotation) all-reduce the transformed bucket, and the
+// sum is transformed back after the all-gather (kernels/cpu/bucket_transform.h).
+absl::StatusOr<AllReduceResult> AllReduceTransformed(const Codec& codec, Transport& transport,
+                                                     const AllReduceOptions& options, const kernels::Source& local,
+                                                     const kernels::Dest& out, size_t d) {
+  if (!codec.NeedsBucketTransform()) return AllReduceImpl(codec, transport, options, local, out, d);
+  // Keyed like block 0's plan, so that a one-block collective is the simulator's at that round.
+  const kernels::RoundInfo round = BlockRound(options.sequence, 0, transport.rank(), transport.size());
+  absl::StatusOr<kernels::BucketTransform> bucket = [&] {
+    TimelineSpan span(options.timeline, Timeline::Kind::kCompress);
+    return kernels::BucketTransform::Forward(codec, round, local, d);
+  }();
+  if (!bucket.ok()) return Annotate(bucket.status(), transport.rank());
+  DQ_ASSIGN_OR_RETURN(AllReduceResult result,
+                      AllReduceImpl(codec, transport, options, bucket->source(), bucket->dest(), bucket->size()));
+  TimelineSpan span(options.timeline, Timeline::Kind::kDecompress);
+  DQ_RETURN_IF_ERROR(Annotate(bucket->InverseInto(out), transport.rank()));
+  return result;
+}
+
 }  // namespace
 
 absl::StatusOr<AllReduceResult> AllReduce(const Codec& codec, Transport& transport, const AllReduceOptions& options,
                                           const kernels::Source& local, const kernels::Dest& out, size_t d) {
-  absl::StatusOr<AllReduceResult> result = AllReduceImpl(codec, transport, options, local, out, d);
+  absl::StatusOr<AllReduceResult> result = AllReduceTransformed(codec, transport, options, local, out, d);
   // A failed collective may leave receives posted into buffers that die with it: abort the
   // transport (it is broken for this group anyway) so nothing writes into them later.
   if (!result.ok()) transport.Abort();

@@ -50,6 +50,7 @@ kernels::BucketPlan SliceBucketPlan(const kernels::BucketPlan& bucket, uint64_t 
   p.round.bits = bucket.round.bits;
   p.num_elements = count;
   p.global_scale = bucket.global_scale;
+  p.scale_elements = bucket.scale_elements;
   if (!bucket.widths.empty()) p.widths.assign(bucket.widths.begin() + sg0, bucket.widths.begin() + sg0 + sgs);
   if (!bucket.local_means.empty()) {
     p.local_means.assign(bucket.local_means.begin() + sg0, bucket.local_means.begin() + sg0 + sgs);
@@ -63,6 +64,7 @@ kernels::BucketPlan JoinBlockPlans(absl::Span<const kernels::BucketPlan> blocks,
   if (blocks.empty()) return joined;
   joined.round = kernels::RoundInfo{sequence, blocks[0].round.rank, blocks[0].round.world_size, blocks[0].round.bits};
   joined.global_scale = blocks[0].global_scale;
+  joined.scale_elements = blocks[0].scale_elements;
   for (const kernels::BucketPlan& b : blocks) {
     joined.num_elements += b.num_elements;
     joined.widths.insert(joined.widths.end(), b.widths.begin(), b.widths.end());

@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "engine/rank_executor.h"
 #include "engine/stats_exchange.h"
+#include "kernels/cpu/bucket_transform.h"
 #include "kernels/cpu/buffer_io.h"
 
 namespace dynamiq::engine {
@@ -147,11 +148,39 @@ void Centre(const BucketPlan& plan, Source& in, Dest& out) {
   if (!plan.mean_sums.empty()) out.add_per_group = plan.mean_sums.data();
 }
 
-}  // namespace
+// Codecs with a whole-bucket transform (THC's rotation): every rank's bucket is transformed, `run`
+// simulates the all-reduce of the transformed buckets in place, and each rank's sum is transformed
+// back into its output, as the engines do (kernels/cpu/bucket_transform.h).
+template <typename Run>
+absl::StatusOr<SimulationResult> WithBucketTransform(const Codec& codec, size_t d, uint64_t round,
+                                                     absl::Span<const Source> inputs, absl::Span<const Dest> outputs,
+                                                     Run run) {
+  if (!codec.NeedsBucketTransform()) return run(d, inputs, outputs);
+  if (inputs.size() != outputs.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("need as many inputs as outputs, got ", inputs.size(), " and ", outputs.size()));
+  }
+  const uint32_t n = static_cast<uint32_t>(inputs.size());
+  std::vector<kernels::BucketTransform> buckets;
+  std::vector<Source> in;
+  std::vector<Dest> out;
+  for (uint32_t r = 0; r < n; ++r) {
+    DQ_ASSIGN_OR_RETURN(kernels::BucketTransform b,
+                        kernels::BucketTransform::Forward(codec, kernels::RoundInfo{round, r, n}, inputs[r], d));
+    buckets.push_back(std::move(b));
+  }
+  for (kernels::BucketTransform& b : buckets) {
+    in.push_back(b.source());
+    out.push_back(b.dest());
+  }
+  DQ_ASSIGN_OR_RETURN(SimulationResult result, run(buckets.empty() ? d : buckets[0].size(), in, out));
+  for (uint32_t r = 0; r < n; ++r) DQ_RETURN_IF_ERROR(buckets[r].InverseInto(outputs[r]));
+  return result;
+}
 
-absl::StatusOr<SimulationResult> SimulateAllReduce(const Codec& codec, const Schedule& schedule, size_t d,
-                                                   uint64_t round, absl::Span<const Source> inputs,
-                                                   absl::Span<const Dest> outputs) {
+absl::StatusOr<SimulationResult> SimulateUntransformed(const Codec& codec, const Schedule& schedule, size_t d,
+                                                       uint64_t round, absl::Span<const Source> inputs,
+                                                       absl::Span<const Dest> outputs) {
   const int n = schedule.world_size;
   DQ_RETURN_IF_ERROR(CheckArguments(codec, schedule, inputs, outputs));
   SimulationResult result;
@@ -167,10 +196,10 @@ absl::StatusOr<SimulationResult> SimulateAllReduce(const Codec& codec, const Sch
   return result;
 }
 
-absl::StatusOr<SimulationResult> SimulateAllReduceHopBits(const Codec& codec, const Schedule& schedule, size_t d,
-                                                          uint64_t round, absl::Span<const double> hop_bits,
-                                                          absl::Span<const Source> inputs,
-                                                          absl::Span<const Dest> outputs) {
+absl::StatusOr<SimulationResult> SimulateHopBitsUntransformed(const Codec& codec, const Schedule& schedule, size_t d,
+                                                              uint64_t round, absl::Span<const double> hop_bits,
+                                                              absl::Span<const Source> inputs,
+                                                              absl::Span<const Dest> outputs) {
   const int n = schedule.world_size;
   DQ_RETURN_IF_ERROR(CheckArguments(codec, schedule, inputs, outputs));
   if (static_cast<int>(hop_bits.size()) != n) {
@@ -255,6 +284,27 @@ absl::StatusOr<SimulationResult> SimulateAllReduceHopBits(const Codec& codec, co
   }
   for (uint64_t b : result.bytes_sent) result.total_bytes_sent += b;
   return result;
+}
+
+}  // namespace
+
+absl::StatusOr<SimulationResult> SimulateAllReduce(const Codec& codec, const Schedule& schedule, size_t d,
+                                                   uint64_t round, absl::Span<const Source> inputs,
+                                                   absl::Span<const Dest> outputs) {
+  return WithBucketTransform(codec, d, round, inputs, outputs,
+                             [&](size_t length, absl::Span<const Source> in, absl::Span<const Dest> out) {
+                               return SimulateUntransformed(codec, schedule, length, round, in, out);
+                             });
+}
+
+absl::StatusOr<SimulationResult> SimulateAllReduceHopBits(const Codec& codec, const Schedule& schedule, size_t d,
+                                                          uint64_t round, absl::Span<const double> hop_bits,
+                                                          absl::Span<const Source> inputs,
+                                                          absl::Span<const Dest> outputs) {
+  return WithBucketTransform(codec, d, round, inputs, outputs,
+                             [&](size_t length, absl::Span<const Source> in, absl::Span<const Dest> out) {
+                               return SimulateHopBitsUntransformed(codec, schedule, length, round, hop_bits, in, out);
+                             });
 }
 
 double WireBitsPerCoord(const SimulationResult& result, size_t d, int n) {

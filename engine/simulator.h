@@ -25,7 +25,9 @@ struct SimulationResult {
 
 // All-reduces inputs[r] (num_elements values each) into outputs[r] for every rank r.
 // inputs/outputs have one entry per rank; Source::subtract_per_group and Dest::add_per_group
-// must be unset (the codec's plan supplies them).
+// must be unset (the codec's plan supplies them). A codec that NeedsBucketTransform (THC) runs on
+// every rank's transformed bucket (keyed by `round`), and the sums are transformed back, as the
+// engine does (kernels/cpu/bucket_transform.h).
 absl::StatusOr<SimulationResult> SimulateAllReduce(const kernels::Codec& codec, const Schedule& schedule,
                                                    size_t num_elements, uint64_t round,
                                                    absl::Span<const kernels::Source> inputs,

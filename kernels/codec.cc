@@ -6,6 +6,14 @@
 
 namespace dynamiq::kernels {
 
+absl::Status Codec::ForwardTransform(const RoundInfo&, absl::Span<float>) const {
+  return absl::UnimplementedError(absl::StrCat(CodecName(id()), " has no bucket transform"));
+}
+
+absl::Status Codec::InverseTransform(const RoundInfo&, absl::Span<float>) const {
+  return absl::UnimplementedError(absl::StrCat(CodecName(id()), " has no bucket transform"));
+}
+
 size_t Codec::StatsLength(size_t) const { return 0; }
 
 void Codec::ComputeStats(const Source&, size_t, float*) const {}

@@ -131,6 +131,10 @@ struct BucketPlan {
   std::vector<float> mean_sums;
   // THC: the largest L2 norm of any rank's bucket.
   float global_scale = 0.0f;
+  // THC: the element count the global norm is spread over, sqrt(scale_elements) / global_scale
+  // normalizing a coordinate: the whole (rotated) bucket's, kept when the bucket is cut into
+  // pipelining blocks (engine/block_plan.h SliceBucketPlan). 0: num_elements.
+  size_t scale_elements = 0;
 };
 
 enum class StatsReduction : uint8_t { kSum, kMax };
@@ -150,6 +154,20 @@ class Codec {
   // False for codecs whose aggregation is only defined along a path (THC sums integers hop by
   // hop and cannot re-quantize an fp32 accumulator fed by several children).
   virtual bool SupportsButterfly() const { return true; }
+
+  // ---- Whole-bucket transform (THC's rotation). A codec that NeedsBucketTransform works on a
+  // transformed bucket of TransformedLength(d) floats: the caller loads its d values into such a
+  // buffer (zero-padded), runs ForwardTransform, hands the buffer to the statistics, plans and
+  // chunk-level calls below as the bucket (TransformedLength(d) elements), and after the
+  // all-gather runs InverseTransform on the summed buffer and keeps its first d values
+  // (kernels/cpu/bucket_transform.h does all of this). Both transforms are linear and
+  // deterministic: every rank, decoding the same bytes, gets the same result. `round` keys the
+  // transform's randomness (its `round` field only; the same on every rank). Defaults: no
+  // transform (length d; the calls are UNIMPLEMENTED).
+  virtual bool NeedsBucketTransform() const { return false; }
+  virtual absl::StatusOr<size_t> TransformedLength(size_t num_elements) const { return num_elements; }
+  virtual absl::Status ForwardTransform(const RoundInfo& round, absl::Span<float> values) const;
+  virtual absl::Status InverseTransform(const RoundInfo& round, absl::Span<float> values) const;
 
   // ---- Bucket level. Defaults: no statistics, a plan with only `round` and `num_elements`.
   virtual size_t StatsLength(size_t num_elements) const;

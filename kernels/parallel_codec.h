@@ -27,6 +27,16 @@ class ParallelCodec final : public Codec {
   std::string Describe() const override { return codec_.Describe(); }
   bool SupportsButterfly() const override { return codec_.SupportsButterfly(); }
 
+  bool NeedsBucketTransform() const override { return codec_.NeedsBucketTransform(); }
+  absl::StatusOr<size_t> TransformedLength(size_t num_elements) const override {
+    return codec_.TransformedLength(num_elements);
+  }
+  absl::Status ForwardTransform(const RoundInfo& round, absl::Span<float> values) const override {
+    return codec_.ForwardTransform(round, values);
+  }
+  absl::Status InverseTransform(const RoundInfo& round, absl::Span<float> values) const override {
+    return codec_.InverseTransform(round, values);
+  }
   size_t StatsLength(size_t num_elements) const override { return codec_.StatsLength(num_elements); }
   StatsReduction stats_reduction() const override { return codec_.stats_reduction(); }
   void ComputeStats(const Source& local, size_t num_elements, float* stats) const override {

@@ -80,18 +80,66 @@ absl::Status CheckOutputSize(absl::Span<uint8_t> out, size_t needed) {
   return absl::OkStatus();
 }
 
+// The element count the global norm spreads over: the whole bucket's, also in a block's slice.
+size_t ScaleElements(const BucketPlan& plan) {
+  return plan.scale_elements != 0 ? plan.scale_elements : plan.num_elements;
+}
+
 // sqrt(d) / N, the factor into the normalized domain. Capped so that a tiny N cannot turn
 // 0 * Inf into NaN; 0 when N = 0 (every rank's bucket is zero and decodes to exactly zero).
 float ToZ(const BucketPlan& plan) {
   if (!(plan.global_scale > 0.0f)) return 0.0f;
-  double f = std::sqrt(static_cast<double>(plan.num_elements)) / plan.global_scale;
+  double f = std::sqrt(static_cast<double>(ScaleElements(plan))) / plan.global_scale;
   return static_cast<float>(std::min(f, static_cast<double>(FLT_MAX)));
 }
 
 // N / sqrt(d), the factor back out of it.
 float FromZ(const BucketPlan& plan) {
-  if (plan.num_elements == 0) return 0.0f;
-  return static_cast<float>(plan.global_scale / std::sqrt(static_cast<double>(plan.num_elements)));
+  if (ScaleElements(plan) == 0) return 0.0f;
+  return static_cast<float>(plan.global_scale / std::sqrt(static_cast<double>(ScaleElements(plan))));
+}
+
+// Walsh-Hadamard levels h_begin <= h < h_end over v[0, n): two levels per pass over memory.
+void HadamardLevels(float* v, size_t n, size_t h_begin, size_t h_end) {
+  size_t h = h_begin;
+  for (; 4 * h <= h_end; h *= 4) {
+    for (size_t i = 0; i < n; i += 4 * h) {
+      for (size_t j = i; j < i + h; ++j) ThcButterfly4(v, j, h);
+    }
+  }
+  if (h < h_end) ThcHadamardLevels(v, n, h, h_end);
+}
+
+// The levels below kTile within one tile (in cache; n a multiple of 64): 1, 2 and 4 per 8
+// elements, then the rest.
+constexpr size_t kTile = 4096;  // 16 KiB
+void HadamardTile(float* v, size_t n) {
+  for (size_t i = 0; i < n; i += 64) ThcHadamard8x8(v + i);
+  HadamardLevels(v, n, 8, n);
+}
+
+// The rotation of v[0, p), p a power of two >= 256, forward (y = H D x / sqrt(p)) or inverse
+// (x = D H y / sqrt(p)). The Hadamard levels commute: the forward transform runs the sign and the
+// low levels tile by tile, then the levels above a tile; the inverse the other way round, so the
+// signs are applied while a tile is in cache. Deterministic: the same bits on every rank.
+void Rotate(float* v, size_t p, uint32_t sign_key, bool inverse) {
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p)));
+  const size_t tile = std::min(p, kTile);
+  if (inverse) HadamardLevels(v, p, tile, p);
+  for (size_t t = 0; t < p; t += tile) {
+    if (!inverse) ThcSignScale(v + t, tile, sign_key, static_cast<uint32_t>(t), scale);
+    HadamardTile(v + t, tile);
+    if (inverse) ThcSignScale(v + t, tile, sign_key, static_cast<uint32_t>(t), scale);
+  }
+  if (!inverse) HadamardLevels(v, p, tile, p);
+}
+
+absl::Status ValidateRotated(absl::Span<float> values) {
+  if (values.size() != ThcRotatedLength(values.size()) || values.size() > kMaxBucketElements) {
+    return absl::InvalidArgumentError(absl::StrCat("thc: a rotated bucket has a power-of-two length >= ", kThcBlockSize,
+                                                   " (TransformedLength), not ", values.size()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status NonFiniteLocal(const ChunkRef& chunk, size_t offset) {
@@ -169,7 +217,6 @@ template <typename Sink>
 void DecodeChunk(const ThcTable& table, const CodecConfig& config, const BucketPlan& plan, const ChunkRef& chunk,
                  const Received& r, Sink sink) {
   const float from_z = FromZ(plan);
-  const uint32_t sign_key = StreamKey(config.seed, plan.round.round, kThcSignStream);
   float v[kThcBlockSize];
   for (size_t b = 0; b < NumBlocks(chunk.count); ++b) {
     const size_t offset = b * kThcBlockSize;
@@ -177,7 +224,6 @@ void DecodeChunk(const ThcTable& table, const CodecConfig& config, const BucketP
     for (int j = 0; j < kThcBlockSize; ++j) {
       v[j] = ThcDequantize(ReceivedSum(table, r, block, j), r.header.num_summands, from_z);
     }
-    ThcInverse(v, sign_key, static_cast<uint32_t>(chunk.begin + offset));
     sink(offset, std::min<size_t>(kThcBlockSize, chunk.count - offset), v);
   }
 }
@@ -194,8 +240,31 @@ ThcCodec::ThcCodec(const CodecConfig& config) : Codec(WithThcId(config)) {
   InitThcTable(&table_);
 }
 
+absl::StatusOr<size_t> ThcCodec::TransformedLength(size_t num_elements) const {
+  if (num_elements > kMaxBucketElements / 2 + 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("thc: bucket of ", num_elements, " elements is too large to rotate (at most 2^31)"));
+  }
+  return static_cast<size_t>(ThcRotatedLength(num_elements));
+}
+
+absl::Status ThcCodec::ForwardTransform(const RoundInfo& round, absl::Span<float> values) const {
+  DQ_RETURN_IF_ERROR(ValidateRotated(values));
+  if (values.empty()) return absl::OkStatus();
+  Rotate(values.data(), values.size(), StreamKey(config().seed, round.round, kThcSignStream), /*inverse=*/false);
+  return absl::OkStatus();
+}
+
+absl::Status ThcCodec::InverseTransform(const RoundInfo& round, absl::Span<float> values) const {
+  DQ_RETURN_IF_ERROR(ValidateRotated(values));
+  if (values.empty()) return absl::OkStatus();
+  Rotate(values.data(), values.size(), StreamKey(config().seed, round.round, kThcSignStream), /*inverse=*/true);
+  return absl::OkStatus();
+}
+
 std::string ThcCodec::Describe() const {
-  return absl::StrCat("thc: RHT(256) + 4-bit table g=", kThcGranularity, " T=", kThcClamp,
+  return absl::StrCat("thc: RHT of the whole bucket (padded to 2^k) + 4-bit table g=", kThcGranularity,
+                      " T=", kThcClamp,
                       ", integer sums at w = 8/12/16 bits (smallest with 2^w > 42 x world_size); 4 bits/coord first "
                       "hop, w after; no error feedback",
                       config().correlated_rounding ? ", correlated rounding" : "");
@@ -229,6 +298,7 @@ absl::StatusOr<BucketPlan> ThcCodec::MakePlan(const RoundInfo& round, size_t num
   plan.round = round;
   plan.num_elements = num_elements;
   plan.global_scale = reduced_stats[0];
+  plan.scale_elements = num_elements;
   return plan;
 }
 
@@ -244,7 +314,8 @@ bool ThcCodec::QuantizeLocalBlock(const BucketPlan& plan, const Source& local, s
   for (int i = count; i < kThcBlockSize; ++i) v[i] = 0.0f;  // padding of a partial last block
   const CodecConfig& c = config();
   const uint32_t first = static_cast<uint32_t>(block_start);
-  ThcForward(v, StreamKey(c.seed, plan.round.round, kThcSignStream), first, ToZ(plan));
+  const float to_z = ToZ(plan);
+  for (int i = 0; i < count; ++i) v[i] *= to_z;
   const bool correlated = Correlated(c, plan);
   const uint32_t n = plan.round.world_size;
   const uint32_t stratum = correlated ? StratumOf(StreamKey(c.seed, plan.round.round, kSharedStream),

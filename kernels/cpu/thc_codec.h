@@ -1,10 +1,16 @@
 // ThcCodec: the THC baseline (CodecId::kThc, algorithm.md 2.1) on the CPU.
 //
-// Per aligned 256-element block of the bucket: randomized Hadamard transform (signs shared by all
-// ranks, re-drawn every round), normalization by the global norm N, clamp to [-T, T] and unbiased
-// stochastic rounding onto a 16-point table (kernels/thc_math.h). Aggregation is a plain integer
-// sum of table values, so a DAR hop never re-quantizes what it received: it adds the integer
-// table values of its own local contribution.
+// The bucket is rotated as a whole before it is cut into chunks (NeedsBucketTransform: a
+// randomized Hadamard transform over the bucket zero-padded to a power of two, signs shared by all
+// ranks and re-drawn every round; the engine runs ForwardTransform before the schedule and
+// InverseTransform after the all-gather, kernels/cpu/bucket_transform.h), as in Li et al.
+// (NSDI'24). The chunk-level calls below work on the rotated bucket: per aligned 256-coefficient
+// block, normalization by the global norm N, clamp to [-T, T] and unbiased stochastic rounding
+// onto a 16-point table (kernels/thc_math.h). Aggregation is a plain integer sum of table values,
+// so a DAR hop never re-quantizes what it received: it adds the integer table values of its own
+// local contribution. Called on an unrotated bucket the chunk calls still work (they quantize the
+// values as they are), but every coordinate that exceeds T sqrt(N^2/d) is clamped: only the
+// rotation makes the coordinates N(0, N^2/P)-like, which the global norm and T assume.
 //
 // Bucket statistics: StatsLength = 1, reduced with kMax. ComputeStats writes the local L2 norm
 // (accumulated in double); MakePlan sets plan.global_scale = N, the reduced (largest) norm, and
@@ -31,7 +37,7 @@
 // re-quantize that sum, which THC's integer scheme has no operation for.
 //
 // Randomness (kernels/random_math.h): signs from RandomBits(StreamKey(seed, round,
-// kSharedStream ^ 0x7468), element index); rounding u for coefficient i from
+// kSharedStream ^ 0x7468), index in the padded bucket); rounding u for coefficient i from
 // RandomBits(StreamKey(seed, round, rank), i). With config.correlated_rounding and world_size > 1,
 // u = CorrelatedUnit(StratumOf(StreamKey(seed, round, kSharedStream), i / 256, rank, world_size),
 // world_size, u): stratified by rank, ignoring ChunkRef's rounding fields. That is unbiased for
@@ -71,6 +77,13 @@ class ThcCodec final : public Codec {
 
   std::string Describe() const override;
   bool SupportsButterfly() const override { return false; }
+
+  // The rotation: max(256, 2^ceil(log2 d)) elements; INVALID_ARGUMENT above 2^31.
+  bool NeedsBucketTransform() const override { return true; }
+  absl::StatusOr<size_t> TransformedLength(size_t num_elements) const override;
+  // y = H D x / sqrt(P) and x = D H y / sqrt(P) in place; `values` must be TransformedLength long.
+  absl::Status ForwardTransform(const RoundInfo& round, absl::Span<float> values) const override;
+  absl::Status InverseTransform(const RoundInfo& round, absl::Span<float> values) const override;
 
   size_t StatsLength(size_t num_elements) const override { return 1; }
   StatsReduction stats_reduction() const override { return StatsReduction::kMax; }

@@ -383,6 +383,38 @@ TEST(AllReduceTest, CodecWorkSplitAcrossThreadsGivesTheResultsOfOneThread) {
   }
 }
 
+// THC's whole-bucket rotation runs around the schedule in the engine as in the simulator: the same
+// bits, pipelined in blocks or not (the blocks cut the rotated bucket), within THC's error.
+TEST(AllReduceTest, ThcRotatesTheWholeBucketLikeTheSimulator) {
+  const int n = 8;
+  const size_t d = 50000;  // rotated as 65536 coefficients
+  auto inputs = Inputs(n, d, 9);
+  auto exact = bench::ExactSum(inputs);
+  auto codec = Make(CodecId::kThc);
+  auto schedule = MakeSchedule(Topology::kRing, n);
+  std::vector<std::vector<float>> sim(n, std::vector<float>(d));
+  std::vector<kernels::Source> in;
+  std::vector<kernels::Dest> out;
+  for (int r = 0; r < n; ++r) {
+    in.push_back({inputs[r].data(), kernels::DType::kFloat32, 0, nullptr});
+    out.push_back({sim[r].data(), kernels::DType::kFloat32, 0, nullptr});
+  }
+  ASSERT_THAT(SimulateAllReduce(*codec, *schedule, d, 3 * 1048576, in, out), IsOk());
+  const double whole = bench::Vnmse(sim[0].data(), exact);
+  EXPECT_LT(whole, 0.03);
+  for (size_t block : {size_t{0}, size_t{8192}}) {
+    RankRun run = RunThreads(*codec, inputs, [&](int) { return Options(Topology::kRing, block); });
+    for (int r = 0; r < n; ++r) {
+      ASSERT_THAT(run.results[r], IsOk()) << block;
+      ASSERT_EQ(run.outputs[r], run.outputs[0]) << "rank " << r << " block " << block;
+    }
+    if (block == 0) EXPECT_EQ(run.outputs[0], sim[0]);
+    // A block normalizes by the whole bucket's coordinate scale (BucketPlan::scale_elements), not
+    // its own length: the same error as one block, up to the rounding noise.
+    EXPECT_LT(bench::Vnmse(run.outputs[0].data(), exact), 1.2 * whole) << block;
+  }
+}
+
 TEST(AllReduceTest, BalancedChunksAreBitIdenticalOnAllRanksAndWithinTheCodecsError) {
   const int n = 4;
   const size_t d = 30000;

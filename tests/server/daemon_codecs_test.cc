@@ -133,7 +133,8 @@ TEST(DaemonErrorFeedbackTest, ArcTopKDeliversWhatItLeftBehindOverTheNextSteps) {
 
 constexpr CodecCase kCodecs[] = {
     // Bounds are about 3x what each codec measures here with 2 nodes (e.g. dynamiq 5-bit 2.5e-4,
-    // mxfp8 1.5e-3..2.7e-3, thc 0.11), so a regression of a few x fails.
+    // mxfp8 1.5e-3..2.7e-3, thc 1.0e-2 with its whole-bucket rotation; 0.11 with the per-block one
+    // before issue 41), so a regression of a few x fails.
     {"none", 0, "ring", 1e-12},
     {"bf16", 0, "ring", 1.5e-5},
     {"dynamiq", 5, "ring", 1e-3},
@@ -141,7 +142,7 @@ constexpr CodecCase kCodecs[] = {
     {"mxfp8", 0, "ring", 8e-3},
     {"mxfp6", 0, "ring", 1.5e-2},
     {"mxfp4", 0, "ring", 8e-2},
-    {"thc", 4, "ring", 0.35},
+    {"thc", 4, "ring", 3e-2},
     {"uniform", 8, "ring", 6e-5},
     {"int8", 0, "ring", 1e-2},             // 5.6e-4 and 3.4e-3 here: one scale per chunk, outliers clipped at 6 sigma
     {"global_qsgd", 8, "ring", 1e-3},      // 1.1e-4 and 3.3e-4 here
