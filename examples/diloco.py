@@ -74,6 +74,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.outer_steps < 1 or args.inner_steps < 1:
         p.error("--outer-steps and --inner-steps must be at least 1")
+    # --bits is for codecs that have a bit setting; dynamiqd refuses it for the others (none, bf16, int8, mxfp*).
+    if args.codec not in ("dynamiq", "thc", "uniform", "global_qsgd", "arc_topk"):
+        args.bits = 0
     # What train.LmTask and train.make_lm read.
     args.task, args.lr = "lm", args.inner_lr
     return args

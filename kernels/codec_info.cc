@@ -77,6 +77,25 @@ absl::Status CheckCodecBits(CodecId id, double bits) {
                                                  c.bits_meaning, "), got ", bits));
 }
 
+absl::Status CheckBitsSetting(CodecId id, double bits) {
+  if (bits == 0) return absl::OkStatus();
+  const CodecInfo& c = GetCodecInfo(id);
+  if (!c.has_bits) {
+    return absl::InvalidArgumentError(absl::StrCat("codec ", c.name,
+                                                   " has no bit setting (its wire width is fixed), got bits ", bits,
+                                                   ": leave bits unset (or 0)"));
+  }
+  return CheckCodecBits(id, bits);
+}
+
+std::string DefaultBitsSummary() {
+  std::vector<std::string> parts;
+  for (const CodecInfo& c : kCodecs) {
+    if (c.has_bits) parts.push_back(absl::StrCat(c.name, " ", c.default_bits));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
 std::string CudaCodecNames() {
   std::vector<absl::string_view> names;
   for (const CodecInfo& c : kCodecs) {

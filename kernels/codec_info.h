@@ -56,6 +56,13 @@ absl::string_view CodecName(CodecId id);
 absl::StatusOr<CodecId> ParseCodecId(absl::string_view name);
 // OK, or INVALID_ARGUMENT naming the codec's range, for `bits` (0 is not "default" here).
 absl::Status CheckCodecBits(CodecId id, double bits);
+// A bit setting as an operator gives it (dynamiqd --bits, dynamiqctl set-compression --bits, a
+// job's configuration): 0 is the codec's default; a codec without a bit setting takes only 0
+// (INVALID_ARGUMENT saying so: its wire width is fixed); others CheckCodecBits.
+absl::Status CheckBitsSetting(CodecId id, double bits);
+// "dynamiq 5, thc 4, uniform 4, global_qsgd 8, arc_topk 0.1": every codec's default bits, for help
+// texts (dynamiqd --bits, dynamiqctl --bits), from the table.
+std::string DefaultBitsSummary();
 // "none, bf16 and dynamiq": the codecs GPU nodes run, for messages.
 std::string CudaCodecNames();
 

@@ -183,7 +183,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Join(Options options, std::uni
     // idempotent: the coordinator keeps this node's address from the first one.
     const absl::Duration slice = std::min(kStartSlice, std::max(absl::Milliseconds(1), deadline - absl::Now()));
     absl::StatusOr<std::vector<std::string>> members =
-        coordinator->Join(options.node_rank, options.num_nodes, me, slice);
+        coordinator->Join(options.node_rank, options.num_nodes, me, slice, options.settings);
     if (members.ok()) {
       GrpcStore* raw = coordinator.get();
       return std::unique_ptr<Cluster>(
@@ -261,34 +261,6 @@ absl::StatusOr<double> Cluster::AgreeOnErrorSampleRate(double mine) {
   return rate;
 }
 
-absl::Status Cluster::AgreeOnStepBudget(bool mine) {
-  if (options_.num_nodes <= 1) return absl::OkStatus();
-  const std::string key = "cluster/step_budget";
-  const std::string value = mine ? "true" : "false";
-  if (options_.node_rank == 0) return store_->Set(key, value);
-  DQ_ASSIGN_OR_RETURN(std::string theirs, WaitForStartKey(key));
-  if (theirs != value) {
-    return absl::FailedPreconditionError(absl::StrCat("node 0 runs --step_budget=", theirs,
-                                                      " but this node --step_budget=", value,
-                                                      ": every node of a cluster must set the same"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Cluster::AgreeOnDevice(absl::string_view mine) {
-  if (options_.num_nodes <= 1) return absl::OkStatus();
-  // A CPU node runs Gloo, a GPU node NCCL or staged Gloo: they would never meet. Say so at startup.
-  const std::string key = "cluster/device";
-  if (options_.node_rank == 0) return store_->Set(key, mine);
-  DQ_ASSIGN_OR_RETURN(std::string theirs, WaitForStartKey(key));
-  if (theirs != mine) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("node 0 runs --device=", theirs, " but this node --device=", mine,
-                     ": every node of a cluster must run the same --device and --transport"));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<bool> Cluster::RejoinIfForgotten() {
   if (coordinator_ == nullptr) return false;
   // Known to the coordinator, or the coordinator is down (then try again later). A missing key is
@@ -299,8 +271,8 @@ absl::StatusOr<bool> Cluster::RejoinIfForgotten() {
   // It answers but does not know this node: it restarted with an empty rendezvous. Join again; the
   // coordinator records this node at once and its own start completes once all have.
   std::fprintf(stderr, "dynamiqd: the coordinator does not know this node (restarted?): joining again\n");
-  DQ_ASSIGN_OR_RETURN(std::vector<std::string> members,
-                      coordinator_->Join(options_.node_rank, options_.num_nodes, me_, absl::Seconds(2)));
+  DQ_ASSIGN_OR_RETURN(std::vector<std::string> members, coordinator_->Join(options_.node_rank, options_.num_nodes, me_,
+                                                                           absl::Seconds(2), options_.settings));
   std::fprintf(stderr, "dynamiqd: re-joined the cluster\n");
   {
     absl::MutexLock lock(&mu_);

@@ -5,7 +5,6 @@
 //
 //   member/<r>                          node r's peer address (RendezvousService's Join)
 //   cluster/error_sample_rate           node 0's --error_sample_rate, adopted by every node
-//   cluster/device                      node 0's --device, which every node must match
 //   cluster/incarnation_floor           the highest incarnation of any job whose keys a node let go
 //   job/<id>/live/<r>                   node r runs the job (some incarnation of it)
 //   job/<id>/base                       the floor when the job's keys were created
@@ -28,6 +27,10 @@
 // (PollConfig looks no further back). A job's keys stay while some node holds its live key: a node
 // killed with the job running keeps it until that node runs the id again and retires it (or the
 // coordinator restarts, with an empty store).
+//
+// The settings every node must share (--device, --transport, --step_budget, the codec defaults, ...)
+// are not keys: the coordinator compares them when a node joins and refuses a node whose settings
+// differ from node 0's before it becomes a member (Options::settings).
 //
 // (server/security.h adds the cluster-authentication agreement under cluster/.) Start-up waits
 // (Join, the agreements) give up after options.timeout, report what they wait for every 5 s on
@@ -66,6 +69,9 @@ class Cluster {
     std::string coordinator;  // its address, for messages
     absl::Duration timeout = absl::Seconds(300);
     std::function<bool()> cancelled;  // start-up waits stop once it returns true (unset: never)
+    // What this node sends when it joins: the coordinator refuses it, naming the differences, unless
+    // they are node 0's (server/rendezvous_service.h; dynamiqd: ClusterSettings()).
+    NodeSettings settings;
   };
 
   // A single node: an in-process store, no waiting.
@@ -81,13 +87,10 @@ class Cluster {
   // Peer addresses by node rank.
   std::vector<std::string> members() const;
 
-  // Start-up agreements: node 0 publishes its value, the others adopt it (the sample rate, with a
-  // log line when theirs differed) or must match it (the device: FAILED_PRECONDITION otherwise).
+  // Start-up agreement: node 0 publishes its --error_sample_rate, the others adopt it (with a log
+  // line when theirs differed). The settings every node must match are compared when it joins
+  // (Options::settings).
   absl::StatusOr<double> AgreeOnErrorSampleRate(double mine);
-  // Every node must plan one bit budget per step or none (the shares travel in the step headers):
-  // FAILED_PRECONDITION naming both settings otherwise.
-  absl::Status AgreeOnStepBudget(bool mine);
-  absl::Status AgreeOnDevice(absl::string_view mine);
 
   // A coordinator that answers but no longer knows this node restarted with an empty store: join it
   // again and return true (the jobs' keys are lost with it). False when it knows this node or does

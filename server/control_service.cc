@@ -36,6 +36,8 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context, const dynam
   response->set_git_commit(std::string(BuildGitCommit()));
   response->set_metrics_address(daemon_.metrics_address());
   response->set_error_sample_rate(daemon_.error_sample_rate());
+  response->set_transport(TransportName(daemon_.options()));
+  response->set_device(std::string(DeviceKindName(daemon_.options().device)));
   for (const auto& [id, s] : daemon_.JobStatuses()) {
     dynamiq::v1::JobStatus* j = response->add_jobs();
     j->set_job_id(id);

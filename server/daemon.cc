@@ -52,10 +52,7 @@ Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {
   shm.max_total_buffers = options_.max_buffers;
   buffers_ = std::make_unique<ipc::NodeBuffers>(shm);
   // The collectives' transport label names what really moves the bytes (it said "gloo" always).
-  metrics_ = std::make_unique<Metrics>(options_.node_rank, options_.num_nodes,
-                                       UsesNccl(options_)  ? "nccl"
-                                       : UsesTcp(options_) ? "tcp"
-                                                           : "gloo");
+  metrics_ = std::make_unique<Metrics>(options_.node_rank, options_.num_nodes, TransportName(options_));
   reject_log_ = std::make_unique<RejectLog>(*metrics_);
   std::vector<JobObserver*> observers = {metrics_.get()};
   if (options_.node_rank == 0) {
@@ -113,6 +110,8 @@ absl::Status Daemon::Start() {
   if (coordinator_here && options_.num_nodes > 1) {
     rendezvous_ = std::make_unique<RendezvousService>(
         security_.rendezvous_auth.get(), [this](const absl::Status& s) { RecordRejected(s, "a rendezvous call"); });
+    // A node whose settings differ from this one's is refused as it joins, and never listed.
+    rendezvous_->RequireSettings(ClusterSettings(options_));
     op.RegisterService(rendezvous_.get());
   }
   operator_server_ = op.BuildAndStart();
@@ -137,20 +136,24 @@ absl::Status Daemon::Start() {
   cluster.coordinator = coordinator_here ? me : options_.coordinator;
   cluster.timeout = options_.timeout;
   cluster.cancelled = [this] { return start_cancelled_.load(); };
+  cluster.settings = ClusterSettings(options_);
+  std::unique_ptr<Cluster> formed;
   if (options_.num_nodes == 1) {
-    cluster_ = Cluster::Local(std::move(cluster), me);
+    formed = Cluster::Local(std::move(cluster), me);
   } else {
     auto coordinator =
         std::make_unique<GrpcStore>(cluster.coordinator, security_.channel_credentials, security_.rendezvous_token);
-    DQ_ASSIGN_OR_RETURN(cluster_, Cluster::Join(std::move(cluster), std::move(coordinator), me));
+    DQ_ASSIGN_OR_RETURN(formed, Cluster::Join(std::move(cluster), std::move(coordinator), me));
+  }
+  {
+    absl::MutexLock lock(&mu_);  // members() (operators' GetStatus) reads it meanwhile
+    cluster_ = std::move(formed);
   }
   DQ_ASSIGN_OR_RETURN(const double rate, cluster_->AgreeOnErrorSampleRate(options_.error_sample_rate));
   {
     absl::MutexLock lock(&mu_);
     error_sample_rate_ = rate;
   }
-  DQ_RETURN_IF_ERROR(cluster_->AgreeOnDevice(DataPathName(options_)));
-  DQ_RETURN_IF_ERROR(cluster_->AgreeOnStepBudget(options_.step_budget));
   if (options_.num_nodes > 1) {
     DQ_RETURN_IF_ERROR(AgreeOnClusterAuthentication(cluster_->store(), options_.node_rank,
                                                     !security_.cluster_secret.empty(), options_.timeout));
@@ -296,7 +299,11 @@ void Daemon::RecordRejected(const absl::Status& status, absl::string_view who) {
 
 std::vector<std::string> Daemon::members() const {
   absl::MutexLock lock(&mu_);
-  return cluster_ != nullptr ? cluster_->members() : std::vector<std::string>{listen_address_};
+  if (cluster_ != nullptr) return cluster_->members();
+  // The cluster has not formed: only this node's own place is known (the others by rank are "").
+  std::vector<std::string> members(options_.num_nodes);
+  if (options_.node_rank < members.size()) members[options_.node_rank] = listen_address_;
+  return members;
 }
 
 absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id, uint64_t incarnation,

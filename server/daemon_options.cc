@@ -1,7 +1,9 @@
 #include "server/daemon_options.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "kernels/codec_info.h"
 
 namespace dynamiq::server {
 
@@ -21,9 +23,35 @@ bool UsesTcp(const DaemonOptions& o) {
   return o.device != DeviceKind::kCuda && (o.transport.empty() || o.transport == "tcp");
 }
 
-std::string DataPathName(const DaemonOptions& o) {
-  if (o.device != DeviceKind::kCuda) return UsesTcp(o) ? "cpu" : "cpu --transport=gloo";
-  return UsesNccl(o) ? "cuda" : "cuda --transport=gloo";
+std::string TransportName(const DaemonOptions& o) {
+  if (UsesNccl(o)) return "nccl";
+  return UsesTcp(o) ? "tcp" : "gloo";
+}
+
+NodeSettings ClusterSettings(const DaemonOptions& o) {
+  auto number = [](double v) { return absl::StrFormat("%g", v); };
+  auto boolean = [](bool v) { return std::string(v ? "true" : "false"); };
+  const JobConfig& c = o.default_config;
+  NodeSettings s = {
+      {"device", std::string(DeviceKindName(o.device))},
+      {"transport", TransportName(o)},
+      {"step_budget", boolean(o.step_budget)},
+      {"arc_topk_error_feedback", boolean(o.arc_topk_error_feedback)},
+      {"arc_topk_momentum", number(o.arc_topk_momentum)},
+      {"error_feedback_mib", absl::StrCat(o.error_feedback_mib)},
+      // New jobs start with these on every node (a later change is published to all).
+      {"codec", std::string(kernels::CodecName(c.codec.id))},
+      {"bits", number(c.codec.bits)},
+      {"topology", std::string(engine::TopologyName(c.topology))},
+      {"min_compress_elements", absl::StrCat(c.min_compress_elements)},
+      {"target_vnmse", number(c.error_budget ? c.error_budget->target_vnmse : 0)},
+  };
+  if (c.error_budget) {
+    s.emplace_back("min_bits", number(c.error_budget->min_bits));
+    s.emplace_back("max_bits", number(c.error_budget->max_bits));
+    s.emplace_back("budget_sample_rate", number(c.error_budget->sample_rate));
+  }
+  return s;
 }
 
 absl::Status CheckAnotherJob(const DaemonOptions& o, size_t live_jobs, absl::string_view job) {

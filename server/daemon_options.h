@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "common/env.h"
 #include "common/thread_pool.h"
+#include "server/grpc_store.h"
 #include "server/job_config.h"
 #include "server/security.h"
 
@@ -24,7 +25,8 @@ struct DaemonOptions {
   uint32_t num_nodes = 1;
   // host:port of the coordinator's gRPC server; empty: node 0 serves it on `listen`.
   std::string coordinator;
-  // Operator / peer gRPC address (TCP). Its host is also the address Gloo binds for peers.
+  // Operator / peer gRPC address (TCP). Its host is also the address the cross-node transport
+  // binds for peers.
   std::string listen = "127.0.0.1:7070";
   std::string worker_socket = common::DefaultWorkerSocket();
   JobConfig default_config;
@@ -84,9 +86,15 @@ bool DaemonHasCudaSupport();
 bool UsesNccl(const DaemonOptions& options);
 // Whether they do with engine/tcp_transport.h (a CPU node's default).
 bool UsesTcp(const DaemonOptions& options);
-// What every node of a cluster must agree on: "cpu" (over tcp), "cpu --transport=gloo", "cuda"
-// (over NCCL) or "cuda --transport=gloo".
-std::string DataPathName(const DaemonOptions& options);
+// How jobs move data between nodes, as --transport names it once the default is resolved: "tcp"
+// or "gloo" on a CPU node, "nccl" or "gloo" on a GPU node.
+std::string TransportName(const DaemonOptions& options);
+// The settings every node of a cluster must share because they change what goes between the nodes
+// (the coordinator compares them when a node joins, server/rendezvous_service.h): --device,
+// --transport, --step_budget, the arc_topk error feedback's, and new jobs' codec, bits (resolved:
+// 0 is the codec's default), topology, min_compress_elements and error budget. Values as the flags
+// would be given.
+NodeSettings ClusterSettings(const DaemonOptions& options);
 // OK if a node already running `live_jobs` jobs may start another: RESOURCE_EXHAUSTED at
 // --max_jobs; FAILED_PRECONDITION for a second job of a multi-node cluster over NCCL, where every
 // node would have to launch the jobs' NCCL collectives on its GPU in one agreed order (NCCL's rule

@@ -109,11 +109,17 @@ absl::Status GrpcStore::Wait(absl::Span<const std::string> keys, absl::Duration 
 }
 
 absl::StatusOr<std::vector<std::string>> GrpcStore::Join(uint32_t node_rank, uint32_t num_nodes,
-                                                         const std::string& address, absl::Duration timeout) {
+                                                         const std::string& address, absl::Duration timeout,
+                                                         const NodeSettings& settings) {
   dynamiq::v1::JoinRequest request;
   request.set_node_rank(node_rank);
   request.set_num_nodes(num_nodes);
   request.set_address(address);
+  for (const auto& [name, value] : settings) {
+    dynamiq::v1::NodeSetting* s = request.add_settings();
+    s->set_name(name);
+    s->set_value(value);
+  }
   dynamiq::v1::JoinResponse response;
   grpc::ClientContext context;
   Prepare(context, absl::Now() + timeout);

@@ -6,8 +6,10 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include <grpcpp/channel.h>
 #include <grpcpp/security/credentials.h>
 
 #include "absl/status/statusor.h"
@@ -16,6 +18,10 @@
 #include "engine/store.h"
 
 namespace dynamiq::server {
+
+// A node's settings that every node of a cluster must share, in the order messages list them: flag
+// name (without "--") and value as the flag would be given ({"transport", "tcp"}).
+using NodeSettings = std::vector<std::pair<std::string, std::string>>;
 
 class GrpcStore final : public engine::Store {
  public:
@@ -41,10 +47,11 @@ class GrpcStore final : public engine::Store {
   absl::StatusOr<std::string> GetBefore(absl::string_view key, absl::Duration timeout, absl::Time deadline) override;
   absl::Status SetBefore(absl::string_view key, absl::string_view value, absl::Time deadline) override;
 
-  // Joins the cluster as `node_rank` of `num_nodes` at `address`; returns every member's address
-  // by node rank once all have joined (or DEADLINE_EXCEEDED after `timeout`).
+  // Joins the cluster as `node_rank` of `num_nodes` at `address` with `settings` (the coordinator
+  // compares them with node 0's: FAILED_PRECONDITION naming those that differ); returns every
+  // member's address by node rank once all have joined (or DEADLINE_EXCEEDED after `timeout`).
   absl::StatusOr<std::vector<std::string>> Join(uint32_t node_rank, uint32_t num_nodes, const std::string& address,
-                                                absl::Duration timeout);
+                                                absl::Duration timeout, const NodeSettings& settings = {});
 
  private:
   // A context with the deadline and the token.

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "kernels/codec_info.h"
 #include "kernels/codec_registry.h"
 #include "server/request_names.h"
 
@@ -12,6 +13,8 @@ absl::StatusOr<JobConfig> MakeJobConfig(absl::string_view codec, double bits, ab
                                         uint64_t min_compress_elements, absl::string_view allocator) {
   JobConfig c;
   DQ_ASSIGN_OR_RETURN(c.codec.id, kernels::ParseCodecId(codec));
+  // Bits on a codec without a bit setting would be shown (int8/3.7) but never used: refused.
+  DQ_RETURN_IF_ERROR(kernels::CheckBitsSetting(c.codec.id, bits));
   if (bits == 0) bits = kernels::GetCodecInfo(c.codec.id).default_bits;  // 0 without a bit setting
   c.codec.bits = bits;
   if (allocator.empty() || allocator == "measured") {

@@ -55,7 +55,7 @@ absl::StatusOr<JobConfig> ApplyCompressionChange(const JobConfig& newest, const 
 // "dynamiq bits=5 ring min_compress=4096" (+ " target_vnmse=0.001 bits=[3,8]" under a budget).
 std::string DescribeJobConfig(const JobConfig& config);
 
-// Where a daemon reduces (dynamiqd --device): host memory with Gloo TCP between nodes, or a CUDA
+// Where a daemon reduces (dynamiqd --device): host memory with TCP or Gloo between nodes, or a CUDA
 // device with NCCL between nodes (engine::NcclAllReduce).
 enum class DeviceKind { kCpu, kCuda };
 // A compression change as published to every node of a job: each applies `config` from the

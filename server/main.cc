@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/flag_names.h"
 #include "common/thread_pool.h"
+#include "kernels/codec_info.h"
 #include "server/build_info.h"
 #include "server/daemon.h"
 
@@ -38,10 +39,15 @@ ABSL_FLAG(std::string, worker_socket, "",
           "/tmp/dynamiq-<uid>/dynamiqd.sock (what workers use when DQ_SOCKET is unset).");
 ABSL_FLAG(std::string, codec, "dynamiq",
           "Default codec of new jobs: none, bf16, dynamiq, mxfp8, mxfp6, mxfp4, thc, uniform, int8, global_qsgd, "
-          "arc_topk.");
-ABSL_FLAG(double, bits, 5,
-          "Default bits: dynamiq average bits/coord incl. metadata (3..8); uniform and global_qsgd bits per code "
-          "(2..8); arc_topk the density (fraction of 256-element rows kept, 0.001..1).");
+          "arc_topk. int8 is INTELLECT-1's codec for DiLoCo pseudo-gradients (per-chunk clip at +-6 sigma); on raw "
+          "gradients it clips the heavy tail (docs/compressors.md).");
+ABSL_FLAG(double, bits, 0,
+          absl::StrCat("Default bits of new jobs: dynamiq average bits/coord incl. metadata (3..8); uniform and "
+                       "global_qsgd bits per code (2..8); thc 4; arc_topk the density (fraction of 256-element rows "
+                       "kept, 0.001..1). 0: the codec's own default (",
+                       dynamiq::kernels::DefaultBitsSummary(),
+                       "), as dynamiqctl set-compression gives it. The other codecs have no bit setting and take "
+                       "none."));
 ABSL_FLAG(double, target_vnmse, 0,
           "Default error budget of new jobs (codec dynamiq): the controller on node 0 picks the lowest average bit "
           "budget in [--min_bits, --max_bits] that keeps the measured vNMSE at or under this (docs/error_budget.md); "
@@ -66,9 +72,10 @@ ABSL_FLAG(uint64_t, max_jobs, 256,
           "Jobs this daemon runs at once (each has a reducer thread and transports); a worker that would start "
           "another gets RESOURCE_EXHAUSTED.");
 ABSL_FLAG(std::string, device, "cpu",
-          "Where jobs reduce: cpu (host shared-memory buffers, Gloo TCP between nodes) or cuda (a GPU node: workers "
-          "may also get buffers in the GPU's memory through CUDA IPC handles; local reduce on the GPU, NCCL between "
-          "nodes; codecs none, bf16 and dynamiq; no error budget and no --cluster_secret_file). cuda needs a dynamiqd "
+          "Where jobs reduce: cpu (host shared-memory buffers; between nodes over --transport: tcp by default, or "
+          "gloo) or cuda (a GPU node: workers may also get buffers in the GPU's memory through CUDA IPC handles; "
+          "local reduce on the GPU, NCCL between nodes by default; codecs none, bf16 and dynamiq; no error budget "
+          "and no --cluster_secret_file). cuda needs a dynamiqd "
           "built with CUDA and NCCL and a visible CUDA device, else dynamiqd refuses to start. Every node of a "
           "cluster must run the same --device.");
 ABSL_FLAG(std::string, transport, "",
@@ -309,9 +316,11 @@ int main(int argc, char** argv) {
                o.num_nodes, daemon.listen_address().c_str(), o.worker_socket.c_str(),
                metrics.empty() ? "(off)" : absl::StrCat("http://", metrics, "/metrics").c_str());
   if (o.device == dynamiq::server::DeviceKind::kCuda) {
-    std::fprintf(stderr, "dynamiqd: device cuda:%d (device buffers over CUDA IPC, NCCL between nodes)\n",
-                 o.cuda_device);
+    std::fprintf(stderr, "dynamiqd: device cuda:%d (device buffers over CUDA IPC)\n", o.cuda_device);
   }
+  // What goes between nodes, and what new jobs run: the settings every node must share.
+  std::fprintf(stderr, "dynamiqd: transport %s between nodes; new jobs: %s\n",
+               dynamiq::server::TransportName(o).c_str(), dynamiq::server::DescribeJobConfig(o.default_config).c_str());
   std::fprintf(stderr, "dynamiqd: operator token %s, TLS %s, cluster secret %s\n",
                o.security.operator_token_file.empty() ? "off" : "required",
                o.security.tls_cert_file.empty() ? "off" : "on", o.security.cluster_secret_file.empty() ? "off" : "on");

@@ -4,8 +4,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
+#include "common/safe_text.h"
 #include "common/status_macros.h"
 
 namespace dynamiq::server {
@@ -55,6 +57,39 @@ absl::Status CheckDeletion(const dynamiq::v1::StoreDeleteRequest& request) {
 }
 
 }  // namespace
+
+// Bounds of a join's settings (a few dozen short flags in practice).
+constexpr int kMaxJoinSettings = 64;
+constexpr size_t kMaxSettingBytes = 256;
+
+absl::Status CompareNodeSettings(const NodeSettings& node0, const NodeSettings& joiner, uint32_t rank) {
+  auto find = [](const NodeSettings& settings, const std::string& name) -> std::string {
+    for (const auto& [n, v] : settings) {
+      if (n == name) return v;
+    }
+    return "(unset)";
+  };
+  std::vector<std::string> names;
+  for (const auto& [name, value] : node0) names.push_back(name);
+  for (const auto& [name, value] : joiner) {
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  }
+  std::vector<std::string> theirs, mine, flags;
+  for (const std::string& name : names) {
+    const std::string a = find(node0, name), b = find(joiner, name);
+    if (a == b) continue;
+    theirs.push_back(absl::StrCat("--", name, "=", a));
+    mine.push_back(absl::StrCat("--", name, "=", b));
+    flags.push_back(absl::StrCat("--", name));
+  }
+  if (flags.empty()) return absl::OkStatus();
+  const std::string last = flags.back();
+  flags.pop_back();
+  const std::string which = flags.empty() ? last : absl::StrCat(absl::StrJoin(flags, ", "), " and ", last);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "node 0 runs ", absl::StrJoin(theirs, " "), " but node ", rank, " runs ", absl::StrJoin(mine, " "),
+      ": every node of a cluster must run the same ", which, " (settings that change what goes between nodes)"));
+}
 
 absl::Status RendezvousService::Authorize(const grpc::ServerContext& context) const {
   if (auth_ == nullptr) return absl::OkStatus();
@@ -126,6 +161,29 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const dynamiq
   if (request->address().empty()) return common::ToGrpcStatus(absl::InvalidArgumentError("join without an address"));
   {
     absl::MutexLock lock(&mu_);
+    if (required_settings_.has_value()) {
+      // Before the node takes its place: a refused node is never a member.
+      // A joiner's words end up in node 0's log and the joiner's error: bounded and made safe.
+      if (request->settings_size() > kMaxJoinSettings) {
+        return common::ToGrpcStatus(absl::InvalidArgumentError(
+            absl::StrCat("join with ", request->settings_size(), " settings, at most ", kMaxJoinSettings)));
+      }
+      NodeSettings settings;
+      for (const dynamiq::v1::NodeSetting& s : request->settings()) {
+        settings.emplace_back(common::SafeText(s.name(), kMaxSettingBytes),
+                              common::SafeText(s.value(), kMaxSettingBytes));
+      }
+      absl::Status same = CompareNodeSettings(*required_settings_, settings, request->node_rank());
+      if (!same.ok() && settings.empty()) {
+        same = absl::FailedPreconditionError(
+            absl::StrCat("node ", request->node_rank(),
+                         " sent none of its settings (a dynamiqd older than node 0's?): ", same.message()));
+      }
+      if (!same.ok()) {
+        if (on_reject_) on_reject_(same);
+        return common::ToGrpcStatus(same);
+      }
+    }
     if (num_nodes_ == 0) {
       num_nodes_ = n;
       members_.assign(n, "");

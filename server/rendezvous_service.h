@@ -8,6 +8,12 @@
 // refuses to grow past kMaxStoreKeys keys or kMaxStoreBytes bytes (RESOURCE_EXHAUSTED), a ceiling
 // for a runaway or hostile client, far above what a cluster needs (a few keys per node and job).
 //
+// With RequireSettings (dynamiqd's node 0 calls it with its own settings), a Join whose settings
+// (JoinRequest.settings: those that change what goes between nodes) differ from node 0's is refused
+// with FAILED_PRECONDITION naming each differing setting and both values, before the node takes its
+// place: the coordinator never lists a refused node among the members, and a node with the right
+// settings may still join in its place.
+//
 // Bad input gets INVALID_ARGUMENT (empty or oversized key/value, node rank out of range, a
 // node count that disagrees with earlier joiners); a rank that joins twice with a different
 // address gets ALREADY_EXISTS. With an authenticator (a cluster secret is configured), every call
@@ -18,14 +24,18 @@
 #define DQ_SERVER_RENDEZVOUS_SERVICE_H_
 
 #include <functional>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "dynamiq/v1/rendezvous.grpc.pb.h"
 #include "engine/store.h"
 #include "server/bearer_auth.h"
+#include "server/grpc_store.h"
 
 namespace dynamiq::server {
 
@@ -34,6 +44,11 @@ inline constexpr size_t kMaxStoreValueBytes = size_t{16} << 20;
 inline constexpr size_t kMaxStoreKeys = size_t{1} << 20;
 inline constexpr size_t kMaxStoreBytes = size_t{256} << 20;
 inline constexpr size_t kMaxDeleteKeys = 1024;  // keys named in one Delete
+
+// OK if `joiner`'s settings (node `rank`'s) are node 0's; FAILED_PRECONDITION otherwise, e.g. "node 0
+// runs --transport=tcp but node 1 runs --transport=gloo: every node of a cluster must run the same
+// --transport". A setting only one side has is shown as "(unset)" on the other.
+absl::Status CompareNodeSettings(const NodeSettings& node0, const NodeSettings& joiner, uint32_t rank);
 
 class RendezvousService final : public dynamiq::v1::Rendezvous::Service {
  public:
@@ -55,6 +70,12 @@ class RendezvousService final : public dynamiq::v1::Rendezvous::Service {
   grpc::Status Join(grpc::ServerContext* context, const dynamiq::v1::JoinRequest* request,
                     dynamiq::v1::JoinResponse* response) override;
 
+  // Joins must present these settings (node 0's; see above). Call before the server starts.
+  void RequireSettings(NodeSettings settings) {
+    absl::MutexLock lock(&mu_);
+    required_settings_ = std::move(settings);
+  }
+
   // How many keys the store holds, and their bytes (keys and values): what tests and the
   // dynamiq_coordinator_store_* gauges watch.
   size_t KeyCount() const { return store_.size(); }
@@ -69,6 +90,7 @@ class RendezvousService final : public dynamiq::v1::Rendezvous::Service {
   absl::Mutex mu_;
   uint32_t num_nodes_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> members_ ABSL_GUARDED_BY(mu_);
+  std::optional<NodeSettings> required_settings_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dynamiq::server

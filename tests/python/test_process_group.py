@@ -131,8 +131,52 @@ def test_wrong_world_size_and_duplicate_local_rank(node, workdir):
     xs = run("init", envs, workdir)
     assert time.monotonic() - started < 60
     errors = sorted(x["error"] for x in xs)
-    assert any("cannot register with dynamiqd" in e for e in errors), errors
+    assert any("refused its registration (another process of this node already has local rank 0" in e
+               for e in errors), errors
+    assert not any("is dynamiqd running" in e for e in errors), errors  # the daemon answered
     assert any("failed to join" in e or "both local rank 0" in e for e in errors), errors
+
+
+def test_startup_errors_say_what_was_wrong_and_which_variable_to_set(node, workdir, monkeypatch):
+    """Issue 44.5: the DQ_SOCKET hint only when no daemon answered, and a message naming the
+    variable for a defaulted local rank or local world size, a bad or differing DQ_TORCH_EXACT_BELOW."""
+    for var in ("DQ_LOCAL_RANK", "LOCAL_RANK", "DQ_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE", "DQ_TORCH_EXACT_BELOW"):
+        monkeypatch.delenv(var, raising=False)
+    base = dict(DQ_SOCKET=node.socket)
+
+    def init(envs):
+        for r in range(len(envs)):
+            path = os.path.join(workdir, f"rank{r}.pt")
+            if os.path.exists(path):
+                os.remove(path)
+        for f in os.listdir(workdir):
+            if f.startswith("pg-store"):
+                os.remove(os.path.join(workdir, f))
+        return [x["error"] for x in run("init", envs, workdir)]
+
+    # Two ranks without a local rank: both take 0, and the daemon (which answered) refuses one.
+    errors = init([dict(base, RANK=str(r), WORLD_SIZE="2", DQ_JOB="nolocal", DQ_LOCAL_WORLD_SIZE="2")
+                   for r in range(2)])
+    assert all(e for e in errors), errors
+    assert not any("is dynamiqd running" in e for e in errors), errors
+    assert any("neither DQ_LOCAL_RANK nor LOCAL_RANK is set" in e and "set DQ_LOCAL_RANK" in e for e in errors), errors
+    # A local rank without a local world size: it says the size defaulted to 1, and what to set.
+    (e,) = init([dict(base, RANK="0", WORLD_SIZE="1", DQ_JOB="noworld", LOCAL_RANK="1")])
+    assert "neither DQ_LOCAL_WORLD_SIZE nor LOCAL_WORLD_SIZE is set (it defaulted to 1)" in e, e
+    assert "is not below" not in e and "is dynamiqd running" not in e, e
+    # A bad DQ_TORCH_EXACT_BELOW is named, not a bare int() error.
+    one = dict(base, RANK="0", WORLD_SIZE="1", DQ_JOB="exact", DQ_LOCAL_RANK="0", DQ_LOCAL_WORLD_SIZE="1")
+    (e,) = init([dict(one, DQ_TORCH_EXACT_BELOW="abc")])
+    assert e.startswith("ValueError: dynamiq backend: DQ_TORCH_EXACT_BELOW must be a whole number"), e
+    assert "'abc'" in e and "invalid literal" not in e, e
+    (e,) = init([dict(one, DQ_LOCAL_RANK="x")])
+    assert "DQ_LOCAL_RANK must be a whole number, 0 or more, got 'x'" in e, e
+    # Ranks whose DQ_TORCH_EXACT_BELOW differ: that is the error, not a world-size mismatch.
+    errors = init([dict(base, RANK=str(r), WORLD_SIZE="2", DQ_JOB="differ", DQ_LOCAL_RANK=str(r),
+                        DQ_LOCAL_WORLD_SIZE="2", DQ_TORCH_EXACT_BELOW=str(100 * (r + 1))) for r in range(2)])
+    for e in errors:
+        assert "disagree on a setting" in e and "DQ_TORCH_EXACT_BELOW" in e, errors
+        assert "world size" not in e, errors
 
 
 def test_daemon_killed_mid_collective_raises(cluster, workdir):

@@ -70,21 +70,77 @@ class ClusterTest : public ::testing::Test {
 TEST_F(ClusterTest, JoinGivesEveryNodeTheMembersAndStartUpSettingsAgree) {
   JoinTwo();
   EXPECT_THAT(nodes_[1]->members(), ElementsAre("10.0.0.1:7070", "10.0.0.2:7070"));
-  // Node 0's sample rate applies everywhere; the device must match.
+  // Node 0's sample rate applies everywhere.
   absl::StatusOr<double> rate[2];
   std::thread other([&] { rate[1] = nodes_[1]->AgreeOnErrorSampleRate(0.5); });
   rate[0] = nodes_[0]->AgreeOnErrorSampleRate(0.25);
   other.join();
   ASSERT_THAT(rate[1], IsOk());
   EXPECT_EQ(*rate[1], 0.25);
-  ASSERT_THAT(nodes_[0]->AgreeOnDevice("cpu"), IsOk());
-  EXPECT_THAT(nodes_[1]->AgreeOnDevice("cuda"),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("node 0 runs --device=cpu")));
-  // One budget per step: all nodes or none.
-  ASSERT_THAT(nodes_[0]->AgreeOnStepBudget(true), IsOk());
-  EXPECT_THAT(nodes_[1]->AgreeOnStepBudget(false),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("node 0 runs --step_budget=true")));
-  EXPECT_THAT(nodes_[1]->AgreeOnStepBudget(true), IsOk());
+}
+
+// Issue 44.3/44.4: the settings that change what goes between nodes are compared as a node joins.
+// A node whose settings differ from node 0's is refused at once (not at its first collective, after
+// --timeout), the message naming every differing setting with both values, and it never becomes a
+// member: node 0 goes on waiting for a node with the right settings, which then joins in its place.
+TEST_F(ClusterTest, ANodeWhoseSettingsDifferFromNodeZerosIsRefusedAtJoinAndNeverListed) {
+  const NodeSettings node0 = {{"device", "cpu"}, {"transport", "tcp"}, {"arc_topk_error_feedback", "false"}};
+  service_.RequireSettings(node0);
+  absl::StatusOr<std::unique_ptr<Cluster>> joined0;
+  Cluster::Options o0 = NodeOptions(0);
+  o0.settings = node0;
+  std::thread first([&] { joined0 = Cluster::Join(o0, std::make_unique<GrpcStore>(address_), "10.0.0.1:7070"); });
+  Cluster::Options o1 = NodeOptions(1);
+  o1.settings = {{"device", "cpu"}, {"transport", "gloo"}, {"arc_topk_error_feedback", "true"}};
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(Cluster::Join(o1, std::make_unique<GrpcStore>(address_), "10.0.0.9:7070"),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("node 0 runs --transport=tcp --arc_topk_error_feedback=false but node 1 runs "
+                                 "--transport=gloo --arc_topk_error_feedback=true: every node of a cluster must run "
+                                 "the same --transport and --arc_topk_error_feedback")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "refused at once, not after the timeout";
+  // A node that sends no settings (an older dynamiqd) is refused too.
+  Cluster::Options bare = NodeOptions(1);
+  EXPECT_THAT(Cluster::Join(bare, std::make_unique<GrpcStore>(address_), "10.0.0.9:7070"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("node 1 sent none of its settings")));
+  // The refused node took no place: the right one joins from another address, and is the member.
+  o1.settings = node0;
+  absl::StatusOr<std::unique_ptr<Cluster>> joined1 =
+      Cluster::Join(o1, std::make_unique<GrpcStore>(address_), "10.0.0.2:7070");
+  first.join();
+  ASSERT_THAT(joined1, IsOk());
+  ASSERT_THAT(joined0, IsOk());
+  EXPECT_THAT((*joined0)->members(), ElementsAre("10.0.0.1:7070", "10.0.0.2:7070"));
+}
+
+// A joiner's settings reach node 0's log and the joiner's error: too many are refused, and what a
+// stranger writes there is bounded and cannot break a log line.
+TEST_F(ClusterTest, AJoinsSettingsAreBoundedAndMadeSafeBeforeTheyAreCompared) {
+  service_.RequireSettings({{"transport", "tcp"}});
+  Cluster::Options many = NodeOptions(1);
+  for (int i = 0; i < 65; ++i) many.settings.emplace_back(absl::StrCat("s", i), "x");
+  EXPECT_THAT(Cluster::Join(many, std::make_unique<GrpcStore>(address_), "10.0.0.9:7070"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("join with 65 settings, at most 64")));
+  Cluster::Options forged = NodeOptions(1);
+  forged.settings = {{"transport", "tcp\ndynamiqd: forged line" + std::string(1000, 'y')}};
+  absl::StatusOr<std::unique_ptr<Cluster>> refused =
+      Cluster::Join(forged, std::make_unique<GrpcStore>(address_), "10.0.0.9:7070");
+  ASSERT_THAT(refused, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("tcp\\x0a")));
+  EXPECT_EQ(refused.status().message().find('\n'), std::string::npos);
+  EXPECT_LT(refused.status().message().size(), 900u);
+}
+
+TEST(NodeSettingsTest, TheComparisonNamesEachDifferenceAndBothValues) {
+  EXPECT_THAT(CompareNodeSettings({{"a", "1"}, {"b", "2"}}, {{"a", "1"}, {"b", "2"}}, 1), IsOk());
+  EXPECT_THAT(CompareNodeSettings({{"step_budget", "true"}}, {{"step_budget", "false"}}, 3),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("node 0 runs --step_budget=true but node 3 runs --step_budget=false: every node of "
+                                 "a cluster must run the same --step_budget")));
+  EXPECT_THAT(
+      CompareNodeSettings({{"a", "1"}}, {{"a", "1"}, {"c", "x"}}, 1),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("node 0 runs --c=(unset) but node 1 runs --c=x")));
+  EXPECT_THAT(CompareNodeSettings({{"a", "1"}, {"b", "1"}, {"c", "1"}}, {{"a", "2"}, {"b", "2"}, {"c", "2"}}, 1),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("the same --a, --b and --c")));
 }
 
 TEST_F(ClusterTest, JoinNamesTheMissingRankAndStopsWhenCancelled) {

@@ -572,6 +572,34 @@ TEST(DynamiqdFlagsTest, VersionHelpDashesStrayWordsAndABudgetOnOneNode) {
   EXPECT_THAT(output, HasSubstr("--target_vnmse needs the compression error measured between nodes"));
 }
 
+// A dynamiqd that starts: stopped with SIGTERM after `seconds` (it then exits 0, "stopped").
+std::string DynamiqdFor(const TempDir& temp, int seconds, const std::string& flags) {
+  return absl::StrCat("timeout -s TERM ", seconds, " ", BinaryPath("DQ_DYNAMIQD", DQ_DYNAMIQD),
+                      " --listen=127.0.0.1:0 --metrics_port=-1 --worker_socket=", temp.path(), "/d.sock ", flags);
+}
+
+// Issue 44.2: without --bits each codec starts at its own default, the one dynamiqctl set-compression
+// and docs/compressors.md give (the global --bits=5 made --codec=arc_topk exit 2 and ran
+// global_qsgd at 5 bits); --bits on a codec without a bit setting is refused. Issue 44.9: the log
+// says which transport the node uses, and --help no longer says CPU nodes use Gloo TCP.
+TEST(DynamiqdFlagsTest, EachCodecStartsWithItsOwnDefaultBitsAndTheLogNamesTheTransport) {
+  TempDir temp;
+  auto [code, output] = RunCommand(DynamiqdFor(temp, 3, "--codec=arc_topk"));
+  EXPECT_THAT(output, HasSubstr(" ready; ")) << output;
+  EXPECT_THAT(output, HasSubstr("dynamiqd: transport tcp between nodes; new jobs: arc_topk bits=0.1 ring"));
+  std::tie(code, output) = RunCommand(DynamiqdFor(temp, 3, "--codec=global_qsgd"));
+  EXPECT_THAT(output, HasSubstr("new jobs: global_qsgd bits=8 ring")) << output;
+  std::tie(code, output) = RunCommand(DynamiqdFor(temp, 3, "--transport=gloo"));
+  EXPECT_THAT(output, HasSubstr("dynamiqd: transport gloo between nodes; new jobs: dynamiq bits=5 ring")) << output;
+  std::tie(code, output) = RunCommand(Dynamiqd(temp, "--codec=int8 --bits=3.7"));
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_THAT(output, HasSubstr("codec int8 has no bit setting"));
+  std::tie(code, output) = RunCommand(absl::StrCat(BinaryPath("DQ_DYNAMIQD", DQ_DYNAMIQD), " --help"));
+  EXPECT_THAT(output, HasSubstr(kernels::DefaultBitsSummary()));
+  EXPECT_THAT(output, HasSubstr("tcp by default"));
+  EXPECT_THAT(output, Not(HasSubstr("Gloo TCP between nodes")));
+}
+
 // ---------------------------------------------------------------------------------------------
 // GPU: real device buffers through a --device=cuda daemon (skips without a GPU).
 

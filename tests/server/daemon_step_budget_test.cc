@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +23,7 @@ using ::dynamiq::testing::DaemonTestWorker;
 using ::dynamiq::testing::IsOk;
 using ::dynamiq::testing::StartTestCluster;
 using ::dynamiq::testing::TempDir;
+using ::dynamiq::testing::TestDaemonOptions;
 
 constexpr size_t kQuiet = 64 * 1024, kLoud = 8 * 1024;
 
@@ -103,11 +105,25 @@ TEST(DaemonStepBudgetTest, NodesThatDisagreeDoNotStart) {
   TempDir temp;
   auto config = MakeJobConfig("dynamiq", 5, "ring", /*min_compress_elements=*/1024, "measured");
   ASSERT_THAT(config, IsOk());
-  auto daemons = StartTestCluster(temp.path(), 2, *config, absl::Seconds(20),
-                                  [](DaemonOptions& o) { o.step_budget = o.node_rank == 0; });
-  ASSERT_FALSE(daemons.ok());
-  EXPECT_EQ(daemons.status().code(), absl::StatusCode::kFailedPrecondition) << daemons.status();
-  EXPECT_NE(daemons.status().message().find("--step_budget"), absl::string_view::npos) << daemons.status();
+  // Node 1 is refused as it joins (the settings are compared at join); node 0 goes on waiting for a
+  // node 1 that agrees, until stopped.
+  DaemonOptions o0 = TestDaemonOptions(temp.path(), 0, 2, *config);
+  o0.step_budget = true;
+  Daemon node0(o0);
+  absl::Status started0;
+  std::thread start0([&] { started0 = node0.Start(); });
+  for (int i = 0; i < 1000 && node0.listen_address().empty(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  DaemonOptions o1 = TestDaemonOptions(temp.path(), 1, 2, *config);
+  o1.coordinator = node0.listen_address();
+  Daemon node1(o1);
+  const absl::Status started1 = node1.Start();
+  node0.CancelStart();
+  start0.join();
+  EXPECT_EQ(started1.code(), absl::StatusCode::kFailedPrecondition) << started1;
+  EXPECT_NE(started1.message().find("node 0 runs --step_budget=true but node 1 runs --step_budget=false"),
+            absl::string_view::npos)
+      << started1;
+  EXPECT_FALSE(started0.ok());
 }
 
 }  // namespace

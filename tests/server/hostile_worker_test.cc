@@ -261,12 +261,15 @@ TEST(HostileWorkerTest, SetCompressionRefusesBadBitsAndHugeNamesWithTheRightCode
       EXPECT_THAT(s.error_message(), ::testing::HasSubstr("bits")) << codec << " " << bits;
     }
   }
-  // A codec without a bit setting takes a sane value (and does not use it).
-  ASSERT_TRUE(set("j", "bf16", 5).ok());
+  // A codec without a bit setting refuses bits it would never use (issue 44.6), and takes 0.
+  const grpc::Status unused = set("j", "bf16", 5);
+  EXPECT_EQ(unused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << unused.error_message();
+  EXPECT_THAT(unused.error_message(), ::testing::HasSubstr("codec bf16 has no bit setting"));
+  ASSERT_TRUE(set("j", "bf16", 0).ok());
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(w->AllReduce("g", 16).ok());  // the change applies at a boundary
   auto statuses = daemon.JobStatuses();
   EXPECT_EQ(statuses["j"].config.codec.id, kernels::CodecId::kBf16);
-  EXPECT_EQ(statuses["j"].config.codec.bits, 5);
+  EXPECT_EQ(statuses["j"].config.codec.bits, 0);
   const grpc::Status huge_job = set(std::string(1 << 20, 'x'), "bf16", 0);
   EXPECT_EQ(huge_job.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << huge_job.error_message();
   EXPECT_LT(huge_job.error_message().size(), 300u);

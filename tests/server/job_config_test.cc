@@ -3,6 +3,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/codec_info.h"
 #include "tests/testing/status_matchers.h"
 
 namespace dynamiq::server {
@@ -73,6 +74,42 @@ TEST(JobConfigTest, ANewCodecWithoutBitsGetsItsDefault) {
   c = Apply(Dynamiq5(), change);
   ASSERT_THAT(c, IsOk());
   EXPECT_EQ(c->codec.bits, 5);
+}
+
+// Issue 44.6: bits on a codec without a bit setting were shown (int8/3.7, bf16/4) but never used;
+// they are refused, whether the change names the codec or the job already runs it. 0 stays "the
+// codec's default".
+TEST(JobConfigTest, BitsForACodecWithoutABitSettingAreRefused) {
+  dynamiq::v1::CompressionConfig change;
+  change.set_codec("int8");
+  change.set_bits(3.7);
+  EXPECT_THAT(Apply(Dynamiq5(), change),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("codec int8 has no bit setting")));
+  change.set_codec("bf16");
+  change.set_bits(4);
+  EXPECT_THAT(Apply(Dynamiq5(), change),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("codec bf16 has no bit setting")));
+  change.set_bits(0);
+  absl::StatusOr<JobConfig> bf16 = Apply(Dynamiq5(), change);
+  ASSERT_THAT(bf16, IsOk());
+  EXPECT_EQ(bf16->codec.bits, 0);
+  change.Clear();
+  change.set_bits(6);  // the job runs bf16: bits alone are refused too
+  EXPECT_THAT(Apply(*bf16, change),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("codec bf16 has no bit setting")));
+  EXPECT_THAT(MakeJobConfig("int8", 5, "ring", 0, "measured"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("int8 has no bit setting")));
+}
+
+// Issue 44.2: bits 0 (dynamiqd without --bits) is each codec's own default, from the codec table.
+TEST(JobConfigTest, ZeroBitsIsEachCodecsDefault) {
+  for (const kernels::CodecInfo& info : kernels::AllCodecs()) {
+    absl::StatusOr<JobConfig> c = MakeJobConfig(info.name, 0, "ring", 0, "measured");
+    ASSERT_THAT(c, IsOk()) << info.name;
+    EXPECT_EQ(c->codec.bits, info.default_bits) << info.name;
+  }
+  EXPECT_EQ(MakeJobConfig("arc_topk", 0, "ring", 0, "measured")->codec.bits, 0.1);
+  EXPECT_EQ(MakeJobConfig("global_qsgd", 0, "ring", 0, "measured")->codec.bits, 8);
 }
 
 TEST(JobConfigTest, ABudgetSwitchesToDynamiqAndStartsInItsRange) {

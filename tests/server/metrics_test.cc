@@ -529,7 +529,7 @@ class TwoNodeMetricsTest : public ::testing::Test {
       o.coordinator = coordinator;
       o.listen = "127.0.0.1:0";
       o.worker_socket = absl::StrCat(dir_.path(), "/node", rank, ".sock");
-      o.default_config = *MakeJobConfig(codec, 5, "ring", 1024, "measured");
+      o.default_config = *MakeJobConfig(codec, codec == "dynamiq" ? 5 : 0, "ring", 1024, "measured");
       o.timeout = absl::Seconds(20);
       o.metrics_port = 0;
       o.error_sample_rate = rate;

@@ -172,8 +172,20 @@ inline absl::StatusOr<std::vector<std::unique_ptr<server::Daemon>>> StartTestClu
     if (customize) customize(o);
     daemons.push_back(std::make_unique<server::Daemon>(o));
   }
-  for (uint32_t r = 1; r < nodes; ++r) threads.emplace_back([&, r] { status[r] = daemons[r]->Start(); });
+  for (uint32_t r = 1; r < nodes; ++r) {
+    threads.emplace_back([&, r] {
+      status[r] = daemons[r]->Start();
+      // A node refused as it joins (its settings differ from node 0's) leaves the others waiting
+      // for it: stop them, and report the refusal rather than their cancelled starts.
+      if (!status[r].ok()) {
+        for (auto& d : daemons) d->CancelStart();
+      }
+    });
+  }
   for (auto& t : threads) t.join();
+  for (const absl::Status& s : status) {
+    if (!s.ok() && !absl::IsCancelled(s)) return s;
+  }
   for (const absl::Status& s : status) {
     if (!s.ok()) return s;
   }

@@ -29,6 +29,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ipc/shm_region.h"
+#include "kernels/codec_info.h"
 #include "server/daemon.h"
 #include "server/metrics.h"
 #include "tests/testing/daemon_harness.h"
@@ -211,6 +212,8 @@ TEST_F(DynamiqctlTest, StatusListsTheJob) {
   EXPECT_EQ(status->node_rank(), 0u);
   EXPECT_EQ(status->num_nodes(), 1u);
   EXPECT_THAT(status->members(), ElementsAre(daemon_->listen_address()));
+  EXPECT_EQ(status->transport(), "tcp");  // issue 44.9: which transport this node uses
+  EXPECT_EQ(status->device(), "cpu");
   ASSERT_EQ(status->jobs_size(), 1);
   EXPECT_EQ(status->jobs(0).job_id(), "job");
   EXPECT_EQ(status->jobs(0).workers(), 1u);
@@ -353,6 +356,31 @@ TEST_F(DynamiqctlTest, InvalidBitsAreInvalidArgument) {
   EXPECT_EQ(RunIt(in), kExitFailure);
   EXPECT_THAT(err_, HasSubstr("dynamiqctl: INVALID_ARGUMENT: "));
   EXPECT_EQ(JobStatus().config_epoch(), 0u);
+}
+
+// Issue 44.6: --bits with a codec that has no bit setting was accepted and shown (int8/3.7, bf16/4)
+// while the wire stayed 8 and 16 bits; it is a usage error, and the job keeps its configuration.
+TEST_F(DynamiqctlTest, BitsForACodecWithoutABitSettingAreRefused) {
+  Invocation in = Command("set-compression");
+  in.job = "job";
+  in.compression.codec = "int8";
+  in.compression.bits = 3.7;
+  EXPECT_EQ(RunIt(in), kExitUsage);
+  EXPECT_EQ(out_, "");
+  EXPECT_THAT(err_, HasSubstr("--bits: codec int8 has no bit setting"));
+  in.compression.codec = "bf16";
+  in.compression.bits = 4;
+  EXPECT_EQ(RunIt(in), kExitUsage);
+  EXPECT_THAT(err_, HasSubstr("--bits: codec bf16 has no bit setting"));
+  EXPECT_EQ(JobStatus().config_epoch(), 0u);
+  // 0 is "the codec's default" and stays accepted; bits alone on a bf16 job are refused by the daemon.
+  in.compression.bits = 0;
+  ASSERT_EQ(RunIt(in), kExitOk) << err_;
+  EXPECT_THAT(out_, HasSubstr("codec=bf16 bits=default"));
+  in.compression.codec.reset();
+  in.compression.bits = 4;
+  EXPECT_EQ(RunIt(in), kExitFailure);
+  EXPECT_THAT(err_, HasSubstr("INVALID_ARGUMENT: codec bf16 has no bit setting"));
 }
 
 TEST_F(DynamiqctlTest, UnknownJobIsNotFound) {
@@ -514,6 +542,14 @@ TEST(DynamiqctlFormatTest, TablesKeepOneLinePerRecordAndAlign) {
   status.set_version("0.1.0");
   EXPECT_EQ(FormatStatus(status, false),
             "node     1 of 2\nversion  0.1.0\nmembers  0=10.0.0.1:7070 1=10.0.0.2:7070\n\nno jobs\n");
+  // Issue 44.8/44.9: before the cluster forms only the node's own place is known (not its address
+  // as rank 0), and the transport is shown.
+  status.set_members(0, "");
+  status.set_transport("tcp");
+  status.set_device("cpu");
+  EXPECT_EQ(FormatStatus(status, false),
+            "node     1 of 2\nversion  0.1.0\nmembers  0=- 1=10.0.0.2:7070 (the cluster has not formed yet: - has "
+            "not joined)\ndevice   cpu, transport tcp between nodes\n\nno jobs\n");
 }
 
 TEST(DynamiqctlFormatTest, JsonEscapesStrings) {
@@ -689,6 +725,9 @@ TEST(DynamiqctlBinaryTest, HelpDocumentsEveryCommandAndFlag) {
     EXPECT_THAT(p.out, HasSubstr(word));
   }
   EXPECT_EQ(RunBinary("help").out, p.out);
+  // Issue 44.2: every codec's default, from the codec table that dynamiqd's --help also lists.
+  EXPECT_THAT(p.out, HasSubstr(kernels::DefaultBitsSummary()));
+  EXPECT_THAT(kernels::DefaultBitsSummary(), HasSubstr("global_qsgd 8, arc_topk 0.1"));
 }
 
 TEST(DynamiqctlBinaryTest, BadFlagsAreUsageErrors) {
@@ -764,11 +803,15 @@ TEST(DynamiqctlTopTest, RatesBetweenTwoAnswers) {
   EXPECT_EQ(rows[0].collectives, 35u);
 
   const absl::Time now = absl::FromUnixSeconds(1700000000);
+  // Issue 44.7: wire MB/s, the config epoch and the workers are in the table, as --help promises.
   EXPECT_EQ(FormatTop(after, TopRows(before, after, 2.0), false, false, now),
             "dynamiqctl top  node 0 of 2  2023-11-14T22:13:20.000Z  (2.0 s, MB/s)\n"
-            "JOB  CODEC      INFL  COLL/S  FAIL  ALGBW  BUSBW  RATIO     VNMSE\n"
-            "a    dynamiq/5     1    10.0     1   16.0   16.0  8.00x  6.30e-04\n"
-            "b    /0            0     2.0     0      -      -      -         -\n");
+            "JOB  CODEC      EPOCH  WORKERS  INFL  COLL/S  FAIL\n"
+            "a    dynamiq/5      2        4     1    10.0     1\n"
+            "b    -              0        0     0     2.0     0\n"
+            "JOB  ALGBW  BUSBW  WIRE  RATIO     VNMSE\n"
+            "a     16.0   16.0   0.5  8.00x  6.30e-04\n"
+            "b        -      -   0.0      -         -\n");
   // Issue 23.10: an 80-column terminal holds it, long job ids and big figures included.
   dynamiq::v1::GetStatusResponse wide = after;
   wide.mutable_jobs(0)->set_job_id("a-very-long-job-identifier-2026-11-25");
@@ -831,10 +874,11 @@ TEST_F(DynamiqctlTest, TopPollsTheLiveDaemon) {
     EXPECT_TRUE(s.fields().at("compression_ratio").has_null_value());
   }
   EXPECT_GT(collectives, 0) << "the load ran " << done.load() << " collectives";
-  // Tables: two refreshes, each a header and a row for the job.
-  EXPECT_EQ(std::count(out_.begin(), out_.end(), '\n'), 7) << out_;
-  EXPECT_THAT(out_, HasSubstr("JOB  CODEC      INFL  COLL/S  FAIL"));
-  EXPECT_THAT(out_, HasSubstr("\njob  dynamiq/5  "));
+  // Tables: two refreshes, each a header line and two tables of a header and a row for the job.
+  EXPECT_EQ(std::count(out_.begin(), out_.end(), '\n'), 11) << out_;
+  EXPECT_THAT(out_, HasSubstr("JOB  CODEC      EPOCH  WORKERS  INFL  COLL/S  FAIL"));
+  EXPECT_THAT(out_, HasSubstr("\njob  dynamiq/5      0        1  "));
+  EXPECT_THAT(out_, HasSubstr("JOB  ALGBW  BUSBW  WIRE  RATIO  VNMSE"));
 
   in.interval = 0;
   EXPECT_EQ(RunIt(in), kExitUsage);

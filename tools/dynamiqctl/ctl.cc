@@ -162,11 +162,19 @@ int Failure(std::ostream& err, const absl::Status& status) {
 std::string FormatStatus(const dynamiq::v1::GetStatusResponse& status, bool json) {
   if (json) return ToJson(status) + "\n";
   std::vector<std::string> members;
-  for (int i = 0; i < status.members_size(); ++i) members.push_back(absl::StrCat(i, "=", status.members(i)));
+  bool forming = false;  // before the cluster forms a node knows only its own place
+  for (int i = 0; i < status.members_size(); ++i) {
+    forming |= status.members(i).empty();
+    members.push_back(absl::StrCat(i, "=", status.members(i).empty() ? "-" : status.members(i)));
+  }
   std::string out =
       absl::StrCat("node     ", status.node_rank(), " of ", status.num_nodes(), "\n", "version  ", status.version(),
                    status.git_commit().empty() ? "" : absl::StrCat(" (", status.git_commit(), ")"), "\n", "members  ",
-                   members.empty() ? "-" : absl::StrJoin(members, " "), "\n");
+                   members.empty() ? "-" : absl::StrJoin(members, " "),
+                   forming ? " (the cluster has not formed yet: - has not joined)" : "", "\n");
+  if (!status.transport().empty()) {
+    absl::StrAppend(&out, "device   ", status.device(), ", transport ", status.transport(), " between nodes\n");
+  }
   if (!status.metrics_address().empty()) {
     absl::StrAppend(&out, "metrics  http://", status.metrics_address(), "/metrics (error sample rate ",
                     absl::StrFormat("%g", status.error_sample_rate()), ")\n");
@@ -274,6 +282,13 @@ std::string MegabytesPerSecond(std::optional<double> bytes_per_second) {
   return bytes_per_second ? absl::StrFormat("%.1f", *bytes_per_second / 1e6) : "-";
 }
 
+// "dynamiq/5", "arc_topk/0.1"; a codec without a bit setting alone ("int8"); "-" when unknown.
+std::string TopCodec(const std::string& codec, double bits) {
+  absl::StatusOr<kernels::CodecId> id = kernels::ParseCodecId(codec);
+  if (!id.ok()) return codec.empty() ? "-" : codec;
+  return kernels::GetCodecInfo(*id).has_bits ? absl::StrCat(codec, "/", Bits(bits)) : codec;
+}
+
 std::string JsonNumber(std::optional<double> v) { return v ? absl::StrFormat("%.9g", *v) : "null"; }
 
 }  // namespace
@@ -341,27 +356,24 @@ std::string FormatTop(const dynamiq::v1::GetStatusResponse& status, const std::v
   absl::StrAppend(&out, "dynamiqctl top  node ", status.node_rank(), " of ", status.num_nodes(), "  ", time);
   if (rows.empty()) return out + "\nno jobs\n";
   absl::StrAppend(&out, absl::StrFormat("  (%.1f s, MB/s)\n", rows[0].seconds));
-  // Fits an 80-column terminal: epochs and workers are in `status`, wire bytes in the ratio, every
-  // figure in --json.
-  Table table({{"JOB"},
-               {"CODEC"},
-               {"INFL", true},
-               {"COLL/S", true},
-               {"FAIL", true},
-               {"ALGBW", true},
-               {"BUSBW", true},
-               {"RATIO", true},
-               {"VNMSE", true}});
+  // Two tables, so that every figure fits an 80-column terminal: the job (codec/bits, config epoch,
+  // workers, collectives in flight, collectives/s and failures in the interval), then its bandwidths
+  // (algbw, busbw, wire; MB/s), compression ratio and last measured vNMSE.
+  Table job_table(
+      {{"JOB"}, {"CODEC"}, {"EPOCH", true}, {"WORKERS", true}, {"INFL", true}, {"COLL/S", true}, {"FAIL", true}});
+  Table rate_table({{"JOB"}, {"ALGBW", true}, {"BUSBW", true}, {"WIRE", true}, {"RATIO", true}, {"VNMSE", true}});
   for (const TopRow& r : rows) {
     std::string job = OneLine(r.job_id);
     if (job.size() > kTopJobWidth) job = absl::StrCat(job.substr(0, kTopJobWidth - 1), "~");
-    table.AddRow({job, absl::StrCat(r.codec, "/", Bits(r.bits)), absl::StrCat(r.inflight),
-                  absl::StrFormat("%.1f", r.collectives_per_second), absl::StrCat(r.failed),
-                  MegabytesPerSecond(r.algbw), MegabytesPerSecond(r.busbw),
-                  r.compression_ratio ? absl::StrFormat("%.2fx", *r.compression_ratio) : "-",
-                  r.last_vnmse ? absl::StrFormat("%.2e", *r.last_vnmse) : "-"});
+    job_table.AddRow({job, TopCodec(r.codec, r.bits), absl::StrCat(r.config_epoch), absl::StrCat(r.workers),
+                      absl::StrCat(r.inflight), absl::StrFormat("%.1f", r.collectives_per_second),
+                      absl::StrCat(r.failed)});
+    rate_table.AddRow({job, MegabytesPerSecond(r.algbw), MegabytesPerSecond(r.busbw),
+                       MegabytesPerSecond(r.wire_bytes_per_second),
+                       r.compression_ratio ? absl::StrFormat("%.2fx", *r.compression_ratio) : "-",
+                       r.last_vnmse ? absl::StrFormat("%.2e", *r.last_vnmse) : "-"});
   }
-  return out + table.Render();
+  return out + job_table.Render() + rate_table.Render();
 }
 
 std::string FormatError(const absl::Status& status) {
@@ -375,7 +387,9 @@ const std::vector<CommandInfo>& Commands() {
        "Stages a job's compression change and prints the config epoch at which every node applies it. "
        "Flags not given keep the job's newest values (dynamiqd merges the change into them, a staged change "
        "included; the complete configuration is printed); a new --codec without "
-       "--bits gets that codec's default bits. --target_vnmse puts the job under an error budget: node 0's "
+       "--bits gets that codec's default bits (the same as dynamiqd's), and a codec without a bit setting "
+       "(none, bf16, mxfp8, mxfp6, mxfp4, int8) refuses --bits. --target_vnmse puts the job under an error budget: "
+       "node 0's "
        "controller then picks DynamiQ's bits itself (docs/error_budget.md); --bits without it returns to "
        "fixed bits.",
        {"job", "codec", "bits", "topology", "min_compress_elements", "allocator", "target_vnmse", "min_bits",
@@ -387,8 +401,9 @@ const std::vector<CommandInfo>& Commands() {
       {"top",
        "A live view of the node's jobs, refreshed every --interval seconds: collectives/s, algbw and busbw "
        "(bytes over time spent in collectives), wire MB/s, compression ratio (bus bytes / wire bytes), the last "
-       "measured vNMSE, codec/bits, config epoch, workers and in-flight collectives. --json prints one object "
-       "per job per refresh. Runs until interrupted unless --iterations is given.",
+       "measured vNMSE, codec/bits, config epoch, workers and in-flight collectives (two tables per refresh, to "
+       "fit 80 columns). --json prints one object per job per refresh. Runs until interrupted unless "
+       "--iterations is given.",
        {"interval", "iterations"}},
   };
   return *commands;
@@ -454,6 +469,15 @@ int Run(const Invocation& in, std::ostream& out, std::ostream& err) {
   }
   if (command == "set-compression") {
     if (!in.job || in.job->empty()) return UsageError(err, "set-compression needs --job");
+    if (in.compression.codec && in.compression.bits) {
+      // --bits on a codec without a bit setting would be shown (int8/3.7) but never used.
+      absl::StatusOr<kernels::CodecId> id = kernels::ParseCodecId(*in.compression.codec);
+      if (id.ok()) {
+        if (absl::Status s = kernels::CheckBitsSetting(*id, *in.compression.bits); !s.ok()) {
+          return UsageError(err, absl::StrCat("--bits: ", s.message()));
+        }
+      }
+    }
     CompressionChange change = in.compression;
     change.job_id = *in.job;
     absl::StatusOr<CompressionChangeResult> result = ChangeCompression(client, change);

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/flag_names.h"
+#include "kernels/codec_info.h"
 #include "tools/dynamiqctl/ctl.h"
 
 // Global flags.

@@ -228,6 +228,43 @@ def _op_name(op):
     return str(op)
 
 
+def _env_count(name, fallback, minimum):
+    """The whole number in environment variable `name` (else `fallback`, torchrun's), or None when
+    neither is set; ValueError naming the variable for anything else."""
+    for var in (name, fallback):
+        text = os.environ.get(var)
+        if text is None:
+            continue
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise ValueError(f"dynamiq backend: {var} must be a whole number, {minimum} or more, got {text!r}"
+                             + (f" ({name} overrides it)" if var == fallback else ""))
+        return value
+    return None
+
+
+def _exact_below(value):
+    """exact_below= if given, else DQ_TORCH_EXACT_BELOW, else DEFAULT_EXACT_BELOW; ValueError naming
+    where a bad value came from."""
+    where = "exact_below"
+    if value is None:
+        value = os.environ.get("DQ_TORCH_EXACT_BELOW")
+        if value is None:
+            return DEFAULT_EXACT_BELOW
+        where = "DQ_TORCH_EXACT_BELOW"
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        count = None
+    if count is None or count < 0 or (isinstance(value, float) and value != count):
+        raise ValueError(f"dynamiq backend: {where} must be a whole number of elements, 0 or more (all-reduces of "
+                         f"fewer elements stay exact; default {DEFAULT_EXACT_BELOW}), got {value!r}")
+    return count
+
+
 def _check_device(tensor, what):
     if tensor.layout != torch.strided:
         raise ValueError(f"dynamiq backend: {what} takes dense tensors, not {tensor.layout}")
@@ -258,9 +295,6 @@ class ProcessGroupDynamiq(ProcessGroup):
 
     def __init__(self, store, rank, world_size, timeout, *, exact_below=None, client=None, max_records=100_000):
         super().__init__(rank, world_size)
-        if exact_below is None:
-            exact_below = int(os.environ.get("DQ_TORCH_EXACT_BELOW", DEFAULT_EXACT_BELOW))
-        self.exact_below = int(exact_below)
         self._started = time.monotonic() if _init_started is None else _init_started
         self._timeout = timeout
         self._store = store
@@ -274,6 +308,7 @@ class ProcessGroupDynamiq(ProcessGroup):
         self._closed = False
         self._owns_client = client is None
         try:
+            self.exact_below = _exact_below(exact_below)
             self.client = client if client is not None else self._connect(timeout)
         except Exception as e:
             self._publish_member({"error": str(e)})
@@ -292,19 +327,37 @@ class ProcessGroupDynamiq(ProcessGroup):
 
     def _connect(self, timeout):
         env = os.environ
-        local_rank = env.get("DQ_LOCAL_RANK", env.get("LOCAL_RANK"))
-        local_world = env.get("DQ_LOCAL_WORLD_SIZE", env.get("LOCAL_WORLD_SIZE"))
+        local_rank = _env_count("DQ_LOCAL_RANK", "LOCAL_RANK", minimum=0)
+        local_world = _env_count("DQ_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE", minimum=1)
+        me = f"dynamiq backend: rank {self.rank()}"
+        if local_world is None and local_rank is not None and local_rank >= 1:
+            # The client would default the local world size to 1 and refuse the rank without saying so.
+            raise ValueError(f"{me}: local rank {local_rank} (DQ_LOCAL_RANK or LOCAL_RANK) needs the number of this "
+                             f"job's processes on this node, but neither DQ_LOCAL_WORLD_SIZE nor LOCAL_WORLD_SIZE is "
+                             f"set (it defaulted to 1): set DQ_LOCAL_WORLD_SIZE (torchrun sets LOCAL_WORLD_SIZE)")
         seconds = None
         if "DQ_TIMEOUT_SECONDS" not in env and timeout is not None:
             seconds = max(1.0, timeout.total_seconds())
         try:
-            return dynamiq.Client(local_rank=None if local_rank is None else int(local_rank),
-                                  local_world_size=None if local_world is None else int(local_world),
-                                  timeout=seconds)
+            return dynamiq.Client(local_rank=local_rank, local_world_size=local_world, timeout=seconds)
         except dynamiq.Error as e:
             where = env.get("DQ_SOCKET", "the default socket")
-            raise RuntimeError(f"dynamiq backend: rank {self.rank()} cannot register with dynamiqd at {where} "
-                               f"(DQ_SOCKET; is dynamiqd running on this node?): {e}") from e
+            code = getattr(e, "code", "")
+            if code == "ALREADY_EXISTS":
+                # The daemon answered: another process of this node registered the same local rank.
+                if local_rank is None:
+                    why = ("neither DQ_LOCAL_RANK nor LOCAL_RANK is set, so this rank took local rank 0 like another "
+                           "process of this node: set DQ_LOCAL_RANK to each process's rank on its node (0, 1, ...; "
+                           "torchrun sets LOCAL_RANK) and DQ_LOCAL_WORLD_SIZE to their number")
+                else:
+                    why = (f"another process of this node already has local rank {local_rank} (DQ_LOCAL_RANK or "
+                           f"LOCAL_RANK): give each process of the node its own")
+                raise RuntimeError(f"{me}: dynamiqd at {where} refused its registration ({why}): {e}") from e
+            if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):  # nobody answered at the socket
+                raise RuntimeError(f"{me} cannot register with dynamiqd at {where} "
+                                   f"(DQ_SOCKET; is dynamiqd running on this node?): {e}") from e
+            # The daemon (or the client's own checks) answered: its message says what was wrong.
+            raise RuntimeError(f"{me} cannot register with dynamiqd at {where}: {e}") from e
 
     def _publish_member(self, record):
         try:
@@ -336,13 +389,20 @@ class ProcessGroupDynamiq(ProcessGroup):
         for r, m in enumerate(members):
             if "error" in m:
                 raise RuntimeError(f"dynamiq backend: rank {r} failed to join: {m['error']}")
+        # Settings every rank must share: not a world-size problem, say which variable differs.
+        differ = []
+        for r, m in enumerate(members):
+            if m["exact_below"] != mine["exact_below"]:
+                differ.append(f"rank {r} has exact_below {m['exact_below']}, rank {self.rank()} "
+                              f"{mine['exact_below']} (set DQ_TORCH_EXACT_BELOW, or exact_below=, the same on every "
+                              f"rank)")
+        if differ:
+            raise ValueError("dynamiq backend: the ranks disagree on a setting that must be the same on every rank: "
+                             + "; ".join(differ))
         problems = []
         for r, m in enumerate(members):
             if m["job"] != mine["job"]:
                 problems.append(f"rank {r} is in job '{m['job']}', rank {self.rank()} in '{mine['job']}' (DQ_JOB)")
-            if m["exact_below"] != mine["exact_below"]:
-                problems.append(f"rank {r} has exact_below {m['exact_below']}, rank {self.rank()} "
-                                f"{mine['exact_below']} (DQ_TORCH_EXACT_BELOW)")
         seen = {}
         for r, m in enumerate(members):
             where = (m["node"], m["local_rank"])
