@@ -105,6 +105,10 @@ absl::Status Daemon::Start() {
   // gRPC sets SO_REUSEPORT by default: a second daemon on the same port would start and share the
   // operator calls with this one. Off, it fails at start like the worker socket and metrics port.
   op.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Nodes ping the coordinator while a call is open (server/grpc_store.cc): let them, however often
+  // this server sends no data (gRPC's default closes a connection pinged more than every 5 min).
+  op.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
+  op.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   op.RegisterService(control_service_.get());
   // The rendezvous of a cluster: a single node has none (a node pointed at it is told so).
   if (coordinator_here && options_.num_nodes > 1) {

@@ -22,6 +22,10 @@ absl::Status Annotate(const grpc::Status& s, absl::string_view what) {
 
 absl::Time Deadline(absl::Duration timeout) { return absl::Now() + timeout + kRpcSlack; }
 
+// How long a call waits for a channel that is not connected before it is made (Prepare): a little
+// more than the longest reconnect backoff.
+constexpr absl::Duration kReconnectWait = absl::Milliseconds(1500);
+
 // A Get that does not wait (a poll, e.g. for configuration changes before every collective) must
 // not hold its caller for the full slack when the coordinator is unreachable without a reset (a
 // cut link): the server answers it at once, so a round trip is all it needs.
@@ -33,11 +37,29 @@ GrpcStore::GrpcStore(const std::string& address, std::shared_ptr<grpc::ChannelCr
                      std::string token)
     : address_(address), token_(std::move(token)), tls_(credentials != nullptr) {
   if (!credentials) credentials = grpc::InsecureChannelCredentials();
-  stub_ = dynamiq::v1::Rendezvous::NewStub(grpc::CreateChannel(address, credentials));
+  // A cut link must not outlast itself. A connection that carried calls while the link was down
+  // waits in TCP's retransmission backoff (doubling from 200 ms), so after the link comes back the
+  // node would reach the coordinator only seconds later and miss the next collective's rendezvous:
+  // pings while a call is open find such a connection dead within ~3 s, a new one is tried at
+  // least every second (gRPC's default reconnect backoff grows by 1.6x per attempt to 2 min), and
+  // a call waits for it first (Prepare).
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  channel_ = grpc::CreateCustomChannel(address, credentials, args);
+  stub_ = dynamiq::v1::Rendezvous::NewStub(channel_);
 }
 
 void GrpcStore::Prepare(grpc::ClientContext& context, absl::Time deadline) const {
   context.set_deadline(absl::ToChronoTime(deadline));
+  // A channel that lost its connection (a link that just came back) fails calls at once with the
+  // last connection error until its next attempt: give it that attempt first, within the call's
+  // deadline. A coordinator that is really gone still fails the call, kReconnectWait later.
+  if (channel_->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY) {
+    channel_->WaitForConnected(absl::ToChronoTime(std::min(deadline, absl::Now() + kReconnectWait)));
+  }
   if (!token_.empty()) context.AddMetadata("authorization", absl::StrCat("Bearer ", token_));
 }
 

@@ -60,6 +60,7 @@ class GrpcStore final : public engine::Store {
   std::string address_;
   std::string token_;
   bool tls_ = false;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<dynamiq::v1::Rendezvous::Stub> stub_;
 };
 
