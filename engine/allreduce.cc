@@ -319,11 +319,16 @@ class SumStatsExchange {
   std::vector<bool> have_;                   // per chunk: its sum decoded
 };
 
-absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& transport, const AllReduceOptions& options,
-                                              const kernels::Source& local, const kernels::Dest& out, size_t d) {
+absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& transport,
+                                              const AllReduceOptions& configured, const kernels::Source& local,
+                                              const kernels::Dest& out, size_t d) {
   const int n = transport.size();
   const int rank = transport.rank();
+  // topology=auto: every rank resolves it alike; the step headers carry the pick.
+  AllReduceOptions options = configured;
+  options.topology = SelectTopology(configured.topology, d, n, codec, transport.capabilities());
   DQ_ASSIGN_OR_RETURN(Schedule schedule, MakeSchedule(options.topology, n));
+  DQ_RETURN_IF_ERROR(ValidateSchedule(schedule));
   if (options.topology == Topology::kButterfly && !codec.SupportsButterfly()) {
     return absl::InvalidArgumentError(
         absl::StrCat("codec ", kernels::CodecName(codec.id()), " does not support the butterfly topology"));
@@ -333,6 +338,7 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
   DQ_ASSIGN_OR_RETURN(const size_t num_blocks, NumBlocks(d, options.block_elements));
   AllReduceResult result;
   result.blocks = static_cast<int>(num_blocks);
+  result.topology = options.topology;
   const absl::Time deadline = absl::Now() + options.timeout;
   const size_t stats_len = codec.StatsLength(d);
   const bool per_block = PlansPerBlock(codec) && stats_len > 0;

@@ -45,6 +45,7 @@
 namespace dynamiq::engine {
 
 struct AllReduceOptions {
+  // kAuto: SelectTopology picks per collective (engine/topology_selector.h).
   Topology topology = Topology::kRing;
   uint64_t job_id = 0;
   uint64_t config_epoch = 0;
@@ -77,6 +78,8 @@ struct AllReduceResult {
   uint64_t bytes_received = 0;
   uint64_t stats_bytes_sent = 0;  // statistics phase only
   int blocks = 1;
+  // The schedule that ran (what topology=auto resolved to).
+  Topology topology = Topology::kRing;
   // With keep_plan_widths: BucketPlan::widths of the whole bucket (the blocks' plans joined; one
   // byte per super-group; empty for codecs without widths).
   std::vector<uint8_t> plan_widths;

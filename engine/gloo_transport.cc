@@ -150,6 +150,11 @@ class GlooTransport final : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "gloo_tcp"; }
+  TransportCapabilities capabilities() const override {
+    TransportCapabilities c;
+    c.kind = "gloo";
+    return c;
+  }
 
   absl::StatusOr<Handle> PostSend(int peer, uint64_t tag, absl::Span<const uint8_t> data) override {
     return Post(/*send=*/true, peer, tag, const_cast<uint8_t*>(data.data()), data.size());

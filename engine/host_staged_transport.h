@@ -45,6 +45,13 @@ class HostStagedTransport final : public Transport {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::string name() const override { return "staged-" + inner_->name(); }
+  // The inner transport's kind (what crosses the network), moving device memory.
+  TransportCapabilities capabilities() const override {
+    TransportCapabilities c = inner_->capabilities();
+    c.device_memory = true;
+    c.scatter_gather = false;
+    return c;
+  }
   int device() const { return device_; }
 
   // `data` / `buffer`: device memory of device().

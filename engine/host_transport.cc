@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/gloo_transport.h"
 #include "engine/tcp_transport.h"
+#include "engine/transport_registry.h"
 
 namespace dynamiq::engine {
 
@@ -23,7 +24,11 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectHostTransport(absl::string_vie
     o.timeout = timeout;
     return ConnectGlooTransport(store, rank, size, o);
   }
-  return absl::InvalidArgumentError(absl::StrCat("transport must be gloo or tcp, got '", name, "'"));
+  absl::StatusOr<TransportKind> kind = FindTransportKind(name);
+  if (!kind.ok())
+    return absl::InvalidArgumentError(absl::StrCat("transport must be ", HostTransportNames(), ", got '", name, "'"));
+  return absl::InvalidArgumentError(absl::StrCat("transport ", name, " does not move host memory between CPU nodes (",
+                                                 kind->summary, "); --transport takes ", HostTransportNames()));
 }
 
 }  // namespace dynamiq::engine

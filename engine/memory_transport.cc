@@ -26,6 +26,7 @@ absl::StatusOr<Transport::Handle> InMemoryTransport::PostSendParts(int peer, uin
   absl::MutexLock lock(&hub_->mu_);
   if (hub_->aborted_) return absl::AbortedError("transport aborted");
   hub_->mailboxes_[{rank_, peer, tag}].push_back(std::move(message));
+  sends_.insert(next_);
   return next_++;
 }
 
@@ -44,8 +45,11 @@ absl::StatusOr<Transport::Handle> InMemoryTransport::PostRecvParts(int peer, uin
 }
 
 absl::Status InMemoryTransport::Wait(Handle handle, absl::Time deadline) {
+  if (sends_.erase(handle) != 0) return absl::OkStatus();  // complete when posted
   auto it = recvs_.find(handle);
-  if (it == recvs_.end()) return absl::OkStatus();  // a send: complete when posted
+  if (it == recvs_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank_, ": no operation with handle ", handle));
+  }
   const Recv r = it->second;
   recvs_.erase(it);
   const MemoryHub::Key key{r.peer, rank_, r.tag};

@@ -11,6 +11,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -62,7 +63,8 @@ class InMemoryTransport final : public Transport {
   std::shared_ptr<MemoryHub> hub_;
   const int rank_;
   Handle next_ = 1;
-  std::map<Handle, Recv> recvs_;  // pending receives; sends complete when posted
+  std::map<Handle, Recv> recvs_;  // pending receives
+  std::set<Handle> sends_;        // sends not yet waited for (complete when posted)
 };
 
 // `size` connected transports, one per rank.

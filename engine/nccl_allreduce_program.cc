@@ -13,6 +13,7 @@
 #include "engine/block_plan.h"
 #include "engine/rank_executor.h"
 #include "engine/stats_exchange.h"
+#include "engine/topology_selector.h"
 #include "kernels/codec_registry.h"
 #include "kernels/cpu/dynamiq_codec.h"
 #include "kernels/cuda/dynamiq_cuda_host.h"
@@ -176,11 +177,14 @@ absl::Status ReduceSumStats(Transport& transport, const AllReduceOptions& option
   return absl::OkStatus();
 }
 
-absl::StatusOr<AllReduceResult> Run(const Codec& codec, Transport& transport, const AllReduceOptions& options, size_t d,
-                                    NcclAllReduceBackend& backend) {
+absl::StatusOr<AllReduceResult> Run(const Codec& codec, Transport& transport, const AllReduceOptions& configured,
+                                    size_t d, NcclAllReduceBackend& backend) {
   const int n = transport.size();
   const int rank = transport.rank();
   if (!SupportedCodec(codec.id())) return Unsupported(codec);
+  // topology=auto, resolved as engine::AllReduce resolves it; the handshake carries the pick.
+  AllReduceOptions options = configured;
+  options.topology = SelectTopology(configured.topology, d, n, codec, transport.capabilities());
   if (options.bits != 0) {
     return absl::UnimplementedError(
         "a per-collective bit budget (AllReduceOptions::bits) is not supported by the device all-reduce");
@@ -192,6 +196,7 @@ absl::StatusOr<AllReduceResult> Run(const Codec& codec, Transport& transport, co
   }
   if (d > (size_t{1} << 40)) return absl::InvalidArgumentError(absl::StrCat("bucket of ", d, " elements is too large"));
   AllReduceResult result;
+  result.topology = options.topology;
   Mover mover(transport, absl::Now() + options.timeout, result);
 
   // 0. Every rank must derive the same message sizes.
@@ -287,6 +292,7 @@ absl::StatusOr<NcclRankProgram> MakeNcclRankProgram(const Schedule& schedule, in
   if (rank < 0 || rank >= n || static_cast<int>(schedule.owner.size()) != n) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of a schedule for ", n, " ranks"));
   }
+  DQ_RETURN_IF_ERROR(ValidateSchedule(schedule));
   NcclRankProgram p;
   p.rank = rank;
   p.world_size = n;
@@ -537,6 +543,7 @@ StepHeader NcclHandshakeHeader(const Codec& codec, const AllReduceOptions& optio
   StepHeader h;
   h.phase = Phase::kStats;
   h.codec = static_cast<uint8_t>(codec.id());
+  h.schedule = ScheduleId(options.topology);
   h.bits_x1000 = static_cast<uint32_t>(std::lround(config.bits * 1000));
   h.sender = static_cast<uint32_t>(sender);
   h.job_id = options.job_id;

@@ -113,6 +113,12 @@ class NcclTransport final : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "nccl"; }
+  TransportCapabilities capabilities() const override {
+    TransportCapabilities c;
+    c.kind = "nccl";
+    c.device_memory = true;
+    return c;
+  }
   int device() const { return device_; }
 
   // `data` / `buffer` must be device memory of this transport's device (or managed memory);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/dynamiq_math.h"
 
 namespace dynamiq::engine {
@@ -12,16 +13,32 @@ int Mod(int a, int n) { return ((a % n) + n) % n; }
 
 }  // namespace
 
-absl::string_view TopologyName(Topology t) { return t == Topology::kRing ? "ring" : "butterfly"; }
+absl::string_view TopologyName(Topology t) {
+  switch (t) {
+    case Topology::kRing:
+      return "ring";
+    case Topology::kButterfly:
+      return "butterfly";
+    case Topology::kAuto:
+      return "auto";
+  }
+  return "unknown";
+}
 
 absl::StatusOr<Topology> ParseTopology(absl::string_view name) {
   if (name == "ring") return Topology::kRing;
   if (name == "butterfly") return Topology::kButterfly;
-  return absl::InvalidArgumentError(absl::StrCat("unknown topology '", name, "' (expected ring or butterfly)"));
+  if (name == "auto") return Topology::kAuto;
+  return absl::InvalidArgumentError(absl::StrCat("unknown topology '", name, "' (expected ring, butterfly or auto)"));
 }
+
+uint8_t ScheduleId(Topology t) { return t == Topology::kButterfly ? 1 : 0; }
 
 absl::StatusOr<Schedule> MakeSchedule(Topology topology, int n) {
   if (n < 1 || n > 65535) return absl::InvalidArgumentError(absl::StrCat("world size must be 1..65535, got ", n));
+  if (topology == Topology::kAuto) {
+    return absl::InvalidArgumentError("topology auto is resolved per collective (SelectTopology) before a schedule");
+  }
   if (topology == Topology::kButterfly && (n & (n - 1)) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("butterfly needs a power-of-two world size, got ", n));
   }
@@ -52,6 +69,96 @@ absl::StatusOr<Schedule> MakeSchedule(Topology topology, int n) {
   s.owner.resize(n);
   for (int c = 0; c < n; ++c) s.owner[c] = Mod(c - 1, n);
   return s;
+}
+
+absl::Status ValidateSchedule(const Schedule& s, StepLimits limits) {
+  const int n = s.world_size;
+  auto invalid = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(TopologyName(s.topology), " schedule for ", n, " ranks: ", parts...));
+  };
+  if (n < 1) return invalid("no ranks");
+  if (s.owner.size() != static_cast<size_t>(n)) return invalid(s.owner.size(), " chunk owners, expected one per rank");
+  std::vector<int> owns(n, 0);
+  for (int c = 0; c < n; ++c) {
+    if (s.owner[c] < 0 || s.owner[c] >= n) return invalid("chunk ", c, "'s owner ", s.owner[c], " is out of range");
+    if (++owns[s.owner[c]] > 1) return invalid("rank ", s.owner[c], " owns more than one chunk");
+  }
+  // Per chunk and rank: the step at which the rank last got the chunk (a child's partial sum in the
+  // reduce-scatter, the final bytes in the all-gather); -1 never.
+  auto check_step = [&](absl::string_view phase, size_t index, const std::vector<Transfer>& step) -> absl::Status {
+    std::vector<int> sends(n, 0), receives(n, 0);
+    for (const Transfer& t : step) {
+      if (t.from < 0 || t.from >= n || t.to < 0 || t.to >= n || t.chunk < 0 || t.chunk >= n) {
+        return invalid(phase, " step ", index, ": transfer ", t.from, " -> ", t.to, " of chunk ", t.chunk,
+                       " is out of range");
+      }
+      if (t.from == t.to) return invalid(phase, " step ", index, ": rank ", t.from, " sends to itself");
+      if (++sends[t.from] > limits.sends) {
+        return invalid(phase, " step ", index, ": rank ", t.from, " sends more than ", limits.sends, " message(s)");
+      }
+      if (++receives[t.to] > limits.receives) {
+        return invalid(phase, " step ", index, ": rank ", t.to, " receives more than ", limits.receives, " message(s)");
+      }
+    }
+    return absl::OkStatus();
+  };
+  // Reduce-scatter: sent[c][r] the step rank r sent chunk c (-1 not yet); last_in[c][r] the last step
+  // at which a child's partial sum of chunk c reached r.
+  std::vector<std::vector<int>> sent(n, std::vector<int>(n, -1)), last_in(n, std::vector<int>(n, -1));
+  for (size_t k = 0; k < s.reduce_scatter.size(); ++k) {
+    DQ_RETURN_IF_ERROR(check_step("reduce-scatter", k, s.reduce_scatter[k]));
+    const int step = static_cast<int>(k);
+    for (const Transfer& t : s.reduce_scatter[k]) {
+      if (t.from == s.owner[t.chunk])
+        return invalid("reduce-scatter step ", k, ": chunk ", t.chunk, "'s owner ", t.from, " sends it");
+      if (sent[t.chunk][t.from] >= 0) {
+        return invalid("reduce-scatter step ", k, ": rank ", t.from, " sends chunk ", t.chunk,
+                       " a second time (first at step ", sent[t.chunk][t.from], ")");
+      }
+      if (sent[t.chunk][t.to] >= 0) {
+        return invalid("reduce-scatter step ", k, ": rank ", t.to, " receives chunk ", t.chunk,
+                       " after it sent its partial sum at step ", sent[t.chunk][t.to]);
+      }
+      sent[t.chunk][t.from] = step;
+    }
+    // Receives of this step count only for later steps: a rank cannot forward in the step it receives.
+    for (const Transfer& t : s.reduce_scatter[k]) last_in[t.chunk][t.to] = step;
+    for (const Transfer& t : s.reduce_scatter[k]) {
+      if (last_in[t.chunk][t.from] == step) {
+        return invalid("reduce-scatter step ", k, ": rank ", t.from, " sends chunk ", t.chunk,
+                       " in the step it still receives a part of it");
+      }
+    }
+  }
+  for (int c = 0; c < n; ++c) {
+    for (int r = 0; r < n; ++r) {
+      if (r != s.owner[c] && sent[c][r] < 0) return invalid("rank ", r, "'s part of chunk ", c, " never leaves it");
+    }
+  }
+  // All-gather: have[c][r] the step from which rank r holds chunk c's final bytes.
+  std::vector<std::vector<int>> have(n, std::vector<int>(n, -1));
+  for (int c = 0; c < n; ++c) have[c][s.owner[c]] = 0;
+  for (size_t k = 0; k < s.all_gather.size(); ++k) {
+    DQ_RETURN_IF_ERROR(check_step("all-gather", k, s.all_gather[k]));
+    const int step = static_cast<int>(k);
+    for (const Transfer& t : s.all_gather[k]) {
+      if (have[t.chunk][t.from] < 0 || have[t.chunk][t.from] > step) {
+        return invalid("all-gather step ", k, ": rank ", t.from, " forwards chunk ", t.chunk,
+                       " before it holds the final bytes");
+      }
+      if (have[t.chunk][t.to] >= 0) {
+        return invalid("all-gather step ", k, ": rank ", t.to, " receives chunk ", t.chunk, " a second time");
+      }
+    }
+    for (const Transfer& t : s.all_gather[k]) have[t.chunk][t.to] = step + 1;
+  }
+  for (int c = 0; c < n; ++c) {
+    for (int r = 0; r < n; ++r) {
+      if (have[c][r] < 0) return invalid("rank ", r, " never receives chunk ", c, "'s result");
+    }
+  }
+  return absl::OkStatus();
 }
 
 kernels::ChunkRef ChunkOf(size_t d, int n, int c) {

@@ -13,6 +13,10 @@
 //              Chunk c's tree is a binomial tree rotated by c (depth log2 n), sink c - 1.
 //   Both:      owner(c) = (c - 1) mod n; AG step t (0..n-2): rank r sends chunk (r + 1 - t) to r + 1.
 // Every rank sends at most one and receives at most one chunk per step (ring bandwidth).
+//
+// A schedule is a dependency graph: ValidateSchedule checks what every engine relies on (the CPU
+// executor, engine/rank_executor.h, and the NCCL program, engine/nccl_allreduce_program.h, both
+// refuse a schedule it rejects), so a new algorithm is a new MakeSchedule case, not a new engine.
 #ifndef DQ_ENGINE_SCHEDULE_H_
 #define DQ_ENGINE_SCHEDULE_H_
 
@@ -26,10 +30,18 @@
 
 namespace dynamiq::engine {
 
-enum class Topology { kRing, kButterfly };
+// kAuto is a configuration value, not a schedule: the engine resolves it for every collective
+// (engine/topology_selector.h SelectTopology) and runs the ring or the butterfly.
+enum class Topology { kRing, kButterfly, kAuto };
 
 absl::string_view TopologyName(Topology t);
+// "ring", "butterfly" or "auto"; INVALID_ARGUMENT naming the choices for anything else.
 absl::StatusOr<Topology> ParseTopology(absl::string_view name);
+
+// The schedule id a step header and the NCCL handshake carry (engine/step_header.h), so ranks that
+// resolved different schedules fail with an error naming both instead of exchanging wrong chunks.
+// Ring 0 (what headers without an id meant), butterfly 1.
+uint8_t ScheduleId(Topology t);
 
 struct Transfer {
   int from = 0;
@@ -45,8 +57,26 @@ struct Schedule {
   std::vector<int> owner;  // owner[c]: the rank that finishes chunk c
 };
 
-// INVALID_ARGUMENT for n < 1, or butterfly with n not a power of two.
+// INVALID_ARGUMENT for n < 1, butterfly with n not a power of two, or kAuto (resolve it first).
 absl::StatusOr<Schedule> MakeSchedule(Topology topology, int world_size);
+
+// How many transfers one rank may take part in at one step. The graph itself allows any number;
+// today's executors run one send and one receive per rank and step.
+struct StepLimits {
+  int sends = 1;
+  int receives = 1;
+};
+
+// Checks the schedule as a dependency graph; INVALID_ARGUMENT naming the first violation:
+//   - n chunks with one owner each, every rank owning exactly one; ranks and chunks in range;
+//     no rank sends to itself; at most `limits` transfers per rank and step;
+//   - reduce-scatter: every rank but a chunk's owner sends the chunk exactly once, the owner
+//     never, and a rank sends a chunk only after every transfer of that chunk to it arrived at an
+//     earlier step (so each chunk's transfers form an in-tree rooted at its owner: no cycles, every
+//     rank's contribution reaches the owner once);
+//   - all-gather: every rank but the owner receives the chunk's final bytes exactly once, from a
+//     rank that holds them at that step (the owner, or one that received them at an earlier step).
+absl::Status ValidateSchedule(const Schedule& schedule, StepLimits limits = {});
 
 // Elements of chunk c (0 <= c < n) of a d-element bucket.
 kernels::ChunkRef ChunkOf(size_t num_elements, int world_size, int chunk);

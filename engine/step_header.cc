@@ -7,6 +7,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/schedule.h"
 #include "kernels/codec.h"
 
 namespace dynamiq::engine {
@@ -15,6 +16,8 @@ namespace {
 constexpr uint32_t kMagic = 0x31535144u;  // "DQS1"
 constexpr uint8_t kVersion = 2;
 constexpr uint8_t kFlagAuthenticated = 1;
+constexpr uint8_t kScheduleShift = 1;
+constexpr uint8_t kScheduleMask = 0x7 << kScheduleShift;
 // Marks a MatchStepHeader error whose collective ids differ (IsDifferentCollective).
 constexpr char kDifferentCollectivePayload[] = "type.dynamiq.dev/engine.DifferentCollective";
 
@@ -49,7 +52,8 @@ std::array<uint8_t, kStepHeaderBytes> EncodeStepHeader(const StepHeader& h) {
   b[4] = kVersion;
   b[5] = static_cast<uint8_t>(h.phase);
   b[6] = h.codec;
-  b[7] = h.authenticated ? kFlagAuthenticated : 0;
+  b[7] = static_cast<uint8_t>((h.authenticated ? kFlagAuthenticated : 0) |
+                              ((h.schedule << kScheduleShift) & kScheduleMask));
   Put<uint32_t>(&b[8], h.bits_x1000);
   Put<uint32_t>(&b[12], h.sender);
   Put<uint64_t>(&b[16], h.job_id);
@@ -75,7 +79,7 @@ absl::StatusOr<StepHeader> DecodeStepHeader(absl::Span<const uint8_t> b) {
     return absl::InvalidArgumentError(absl::StrCat("step header version ", b[4], ", this build speaks ", kVersion));
   }
   if (b[5] > 2) return absl::InvalidArgumentError(absl::StrCat("step header with unknown phase ", b[5]));
-  if ((b[7] & ~kFlagAuthenticated) != 0) {
+  if ((b[7] & ~(kFlagAuthenticated | kScheduleMask)) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("step header with unknown flags ", b[7]));
   }
   const bool authenticated = (b[7] & kFlagAuthenticated) != 0;
@@ -84,6 +88,7 @@ absl::StatusOr<StepHeader> DecodeStepHeader(absl::Span<const uint8_t> b) {
   h.authenticated = authenticated;
   h.phase = static_cast<Phase>(b[5]);
   h.codec = b[6];
+  h.schedule = static_cast<uint8_t>((b[7] & kScheduleMask) >> kScheduleShift);
   h.bits_x1000 = Get<uint32_t>(&b[8]);
   h.sender = Get<uint32_t>(&b[12]);
   h.job_id = Get<uint64_t>(&b[16]);
@@ -115,6 +120,12 @@ absl::Status MatchStepHeader(const StepHeader& r, const StepHeader& e) {
   check("codec", std::string(kernels::CodecName(static_cast<kernels::CodecId>(r.codec))),
         std::string(kernels::CodecName(static_cast<kernels::CodecId>(e.codec))));
   check("bits", absl::StrCat(r.bits_x1000 / 1000.0), absl::StrCat(e.bits_x1000 / 1000.0));
+  auto schedule = [](uint8_t id) -> std::string {
+    if (id == ScheduleId(Topology::kRing)) return "ring";
+    if (id == ScheduleId(Topology::kButterfly)) return "butterfly";
+    return absl::StrCat("schedule ", id);
+  };
+  check("schedule", schedule(r.schedule), schedule(e.schedule));
   if (diffs.empty()) return absl::OkStatus();
   absl::Status mismatch = absl::FailedPreconditionError(
       absl::StrCat("rank ", r.sender, " runs a different collective: ", absl::StrJoin(diffs, ", ")));

@@ -9,7 +9,8 @@
 //        4    1 version          2
 //        5    1 phase            0 statistics, 1 reduce-scatter, 2 all-gather
 //        6    1 codec            CodecId
-//        7    1 flags            bit 0: authenticated; the other bits must be 0
+//        7    1 flags            bit 0: authenticated; bits 1-3: the schedule (ScheduleId:
+//                                0 ring, 1 butterfly); the other bits must be 0
 //        8    4 bits_x1000       the codec's bits setting x 1000 (e.g. 5000)
 //       12    4 sender           rank of the sender
 //       16    8 job_id
@@ -25,7 +26,8 @@
 //       52   12 tag              HMAC-SHA256 of bytes 0..51, the receiver's rank and the payload,
 //                                truncated to 96 bits; replaces the checksum (it detects corruption too)
 //
-// Version 2 added the flags and the tag (version 1 had reserved zeros at byte 7).
+// Version 2 added the flags and the tag (version 1 had reserved zeros at byte 7); the schedule bits
+// came later within version 2 (ring is 0, what every earlier header said).
 #ifndef DQ_ENGINE_STEP_HEADER_H_
 #define DQ_ENGINE_STEP_HEADER_H_
 
@@ -52,6 +54,7 @@ enum class Phase : uint8_t { kStats = 0, kReduceScatter = 1, kAllGather = 2 };
 struct StepHeader {
   Phase phase = Phase::kReduceScatter;
   uint8_t codec = 0;
+  uint8_t schedule = 0;  // ScheduleId (engine/schedule.h), 0..7
   uint32_t bits_x1000 = 0;
   uint32_t sender = 0;
   uint64_t job_id = 0;

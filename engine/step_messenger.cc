@@ -187,6 +187,7 @@ StepHeader StepMessenger::Expected(Phase phase, uint32_t step, size_t block, con
   StepHeader h;
   h.phase = phase;
   h.codec = static_cast<uint8_t>(codec.id());
+  h.schedule = ScheduleId(o_.topology);
   // A per-collective b̄ (AllReduceOptions::bits) replaces DynamiQ's setting, not the statistics'
   // codec's.
   h.bits_x1000 = o_.bits != 0 && codec.id() == kernels::CodecId::kDynamiq

@@ -30,6 +30,22 @@
 
 namespace dynamiq::engine {
 
+// What a transport promises (engine/transport_registry.h lists every kind with its own). Data
+// paths and the algorithm selector read these instead of asking for a transport by name.
+struct TransportCapabilities {
+  // The registry's name: "tcp", "gloo", "nccl", "memory", "host_staged".
+  std::string kind;
+  // Every message arrives whole and intact, or the transport fails (the contract above). The
+  // collective engines need it; a datagram transport would not give it and has its own interface.
+  bool reliable = true;
+  // Messages of one tag between a pair match in posting order.
+  bool ordered = true;
+  // Sends and receives take device (GPU) memory; otherwise host memory.
+  bool device_memory = false;
+  // SupportsParts: a message sent from, or received into, several buffers.
+  bool scatter_gather = false;
+};
+
 class Transport {
  public:
   // Identifies a posted operation until Wait returns for it.
@@ -41,6 +57,14 @@ class Transport {
   virtual int size() const = 0;
   // e.g. "gloo_tcp", "nccl", "memory".
   virtual std::string name() const = 0;
+  // What this transport promises. The default is a reliable, ordered host transport of kind
+  // name(); each transport states its own.
+  virtual TransportCapabilities capabilities() const {
+    TransportCapabilities c;
+    c.kind = name();
+    c.scatter_gather = SupportsParts();
+    return c;
+  }
 
   // `data` / `buffer` must stay valid until Wait returns for the handle.
   virtual absl::StatusOr<Handle> PostSend(int peer, uint64_t tag, absl::Span<const uint8_t> data) = 0;

@@ -1,6 +1,6 @@
 // CountingTransport: an engine::Transport decorator that counts the bytes moved to and from each
 // peer (dynamiq_peer_bytes_total) and otherwise forwards every call unchanged. The daemon wraps it
-// around each job's Gloo transport, so peer ranks are node ranks.
+// around each job's cross-node transport (tcp, gloo, ...), so peer ranks are node ranks.
 //
 // A send counts its size when Wait succeeds for it (a failed or never-waited send moved nothing we
 // can vouch for). Received bytes are what the engine reports with MessageReceived once it has
@@ -38,6 +38,7 @@ class CountingTransport final : public engine::Transport {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::string name() const override { return inner_->name(); }
+  engine::TransportCapabilities capabilities() const override { return inner_->capabilities(); }
   absl::StatusOr<Handle> PostSend(int peer, uint64_t tag, absl::Span<const uint8_t> data) override;
   absl::StatusOr<Handle> PostRecv(int peer, uint64_t tag, absl::Span<uint8_t> buffer) override;
   bool SupportsParts() const override { return inner_->SupportsParts(); }

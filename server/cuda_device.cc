@@ -196,6 +196,7 @@ class CudaDataPath final : public DataPath {
                                                 workspace_.get()));
     CrossNodeResult out;
     out.bytes_sent = result.bytes_sent;
+    out.topology = result.topology;
     return out;
   }
 

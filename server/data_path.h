@@ -45,6 +45,8 @@ class DataPath {
   // compression error (paths that can measure it), the vNMSE against an exact all-reduce on the side.
   struct CrossNodeResult {
     uint64_t bytes_sent = 0;
+    // The schedule that ran (what topology=auto resolved to).
+    engine::Topology topology = engine::Topology::kRing;
     std::optional<double> vnmse;  // unset: not sampled, or undefined (zero or non-finite sum)
     double probe_seconds = 0;     // time the measurement took (not the collective's)
     absl::Status probe_status;    // a failed measurement does not fail the collective

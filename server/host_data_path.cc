@@ -80,6 +80,7 @@ absl::StatusOr<DataPath::CrossNodeResult> HostDataPath::CrossNode(const kernels:
   DQ_ASSIGN_OR_RETURN(engine::AllReduceResult result, std::move(reduced));
   CrossNodeResult out;
   out.bytes_sent = result.bytes_sent;
+  out.topology = result.topology;
   if (!sampled) return out;
   if (no_memory_for_probe) {
     // The peers are about to run the side all-reduce: make it fail now rather than at their

@@ -507,7 +507,8 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   ++completed_;
   CollectiveOutcome outcome;
   outcome.codec = EffectiveCodec(config, n);
-  outcome.topology = config.topology;
+  // topology=auto: the label names the schedule that ran.
+  outcome.topology = config.topology == engine::Topology::kAuto ? cross.topology : config.topology;
   outcome.num_elements = n;
   outcome.seconds = seconds;
   outcome.wire_bytes = wire_bytes;

@@ -57,7 +57,9 @@ ABSL_FLAG(double, max_bits, 8, "Error budget: the highest average bits/coordinat
 ABSL_FLAG(double, budget_sample_rate, 0,
           "Error budget: fraction of a job's compressed collectives whose error is measured for the controller; "
           "0: --error_sample_rate.");
-ABSL_FLAG(std::string, topology, "ring", "Default topology of new jobs: ring or butterfly (power-of-two nodes).");
+ABSL_FLAG(std::string, topology, "ring",
+          "Default topology of new jobs: ring, butterfly (power-of-two nodes) or auto (per collective: butterfly "
+          "for re-quantizing codecs on 8 or more power-of-two nodes, else ring; docs/design.md).");
 ABSL_FLAG(uint64_t, min_compress_elements, 4096, "Tensors with fewer elements go uncompressed (fp32).");
 ABSL_FLAG(double, timeout, 300,
           "Seconds before a collective that has not completed fails on every participant. Also the local "

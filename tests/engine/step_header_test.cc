@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/status_macros.h"
+#include "engine/schedule.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 
@@ -80,8 +81,8 @@ TEST(StepHeaderTest, RejectsUnknownFlagsAndVersionOne) {
   auto bytes = EncodeStepHeader(Sample());
   EXPECT_EQ(bytes[4], 2);
   auto bad = bytes;
-  bad[7] = 2;
-  EXPECT_THAT(DecodeStepHeader(bad), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown flags 2")));
+  bad[7] = 0x10;  // bits 1-3 are the schedule
+  EXPECT_THAT(DecodeStepHeader(bad), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown flags 16")));
   bad = bytes;
   bad[4] = 1;
   EXPECT_THAT(DecodeStepHeader(bad),
@@ -96,6 +97,19 @@ TEST(StepHeaderTest, MismatchNamesTheRankAndBothValues) {
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("rank 3 runs a different collective: config epoch 8 (expected 9), codec mxfp8 "
                                  "(expected dynamiq)")));
+}
+
+TEST(StepHeaderTest, CarriesTheScheduleAndRefusesARankThatRunsAnother) {
+  StepHeader butterfly = Sample();
+  butterfly.schedule = ScheduleId(Topology::kButterfly);
+  butterfly.authenticated = true;  // the schedule bits sit beside the authentication flag
+  auto decoded = DecodeStepHeader(EncodeStepHeader(butterfly));
+  ASSERT_THAT(decoded, IsOk());
+  EXPECT_EQ(decoded->schedule, ScheduleId(Topology::kButterfly));
+  EXPECT_TRUE(decoded->authenticated);
+  EXPECT_EQ(DecodeStepHeader(EncodeStepHeader(Sample()))->schedule, ScheduleId(Topology::kRing));
+  EXPECT_THAT(MatchStepHeader(*decoded, Sample()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("schedule butterfly (expected ring)")));
 }
 
 TEST(StepHeaderTest, AnotherCollectiveIdIsTypedThroughAnnotations) {

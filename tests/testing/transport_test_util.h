@@ -81,6 +81,11 @@ class WrappedTransport : public engine::Transport {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::string name() const override { return inner_->name(); }
+  engine::TransportCapabilities capabilities() const override {
+    engine::TransportCapabilities c = inner_->capabilities();
+    c.scatter_gather = SupportsParts();  // a wrapper that does not forward parts does not offer them
+    return c;
+  }
   absl::StatusOr<Handle> PostSend(int peer, uint64_t tag, absl::Span<const uint8_t> data) override {
     return inner_->PostSend(peer, tag, data);
   }
