@@ -148,12 +148,12 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectNcclTransport(Store& store, in
   if (rank == 0) {
     absl::StatusOr<ncclUniqueId> created = CreateAndPublishId(store, device_status);
     if (!created.ok()) {
-      return absl::Status(created.status().code(), absl::StrCat(where, ": ", created.status().message()));
+      return common::Annotate(created.status(), where);
     }
     id = *created;
   } else {
     if (!device_status.ok()) {
-      return absl::Status(device_status.code(), absl::StrCat(where, ": ", device_status.message()));
+      return common::Annotate(device_status, where);
     }
     absl::StatusOr<std::string> value =
         store.Get(kNcclUniqueIdKey, std::max(absl::ZeroDuration(), deadline - absl::Now()));
@@ -163,7 +163,7 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectNcclTransport(Store& store, in
     }
     absl::StatusOr<ncclUniqueId> parsed = ParseUniqueId(*value);
     if (!parsed.ok()) {
-      return absl::Status(parsed.status().code(), absl::StrCat(where, ": ", parsed.status().message()));
+      return common::Annotate(parsed.status(), where);
     }
     id = *parsed;
   }
@@ -178,7 +178,7 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectNcclTransport(Store& store, in
   if (result != ncclSuccess && result != ncclInProgress) {
     absl::Status status = DQ_NCCL_STATUS(result, comm, "ncclCommInitRankConfig");
     if (comm != nullptr) (void)ncclCommAbort(comm);
-    return absl::Status(status.code(), absl::StrCat(where, ": ", status.message()));
+    return common::Annotate(status, where);
   }
   ncclResult_t state = ncclInProgress;
   ncclResult_t call = ncclSuccess;
@@ -202,7 +202,7 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectNcclTransport(Store& store, in
     (void)cudaGetLastError();
     (void)ncclCommAbort(comm);  // the peers may be running already: a finalize would wait for them
     const absl::Status status = common::CudaErrorStatus(error, "cudaStreamCreateWithFlags", __FILE__, __LINE__);
-    return absl::Status(status.code(), absl::StrCat(where, ": ", status.message()));
+    return common::Annotate(status, where);
   }
   return std::unique_ptr<Transport>(new NcclTransport(rank, size, device, comm, stream));
 }
@@ -360,7 +360,7 @@ absl::Status NcclTransport::WaitForOp(Handle handle, absl::Time start, absl::Tim
       if (error != cudaErrorNotReady) {
         (void)cudaGetLastError();
         const absl::Status status = common::CudaErrorStatus(error, "cudaEventQuery", __FILE__, __LINE__);
-        return Fail(absl::Status(status.code(), absl::StrCat(Where(), ": ", Describe(op), ": ", status.message())));
+        return Fail(common::Annotate(status, absl::StrCat(Where(), ": ", Describe(op))));
       }
       ncclResult_t state = ncclSuccess;
       const ncclResult_t call = ncclCommGetAsyncError(comm_, &state);
@@ -389,14 +389,13 @@ absl::Status NcclTransport::LaunchPending(const Op& waited, absl::Time start, ab
     if (error != cudaSuccess) {
       (void)cudaGetLastError();
       const absl::Status status = common::CudaErrorStatus(error, "cudaEventCreateWithFlags", __FILE__, __LINE__);
-      return Fail(absl::Status(status.code(), absl::StrCat(Where(), ": ", status.message())));
+      return Fail(common::Annotate(status, Where()));
     }
   }
   // On failure the event goes back to the pool (it has not been recorded).
   auto fail = [&](absl::Status status) {
     free_events_.push_back(event);
-    return Fail(absl::Status(
-        status.code(), absl::StrCat(Where(), ": launching the group with ", Describe(waited), ": ", status.message())));
+    return Fail(common::Annotate(status, absl::StrCat(Where(), ": launching the group with ", Describe(waited))));
   };
 
   // One group: the calls only queue work; ncclGroupEnd launches it (or, non-blocking, starts to).
@@ -424,7 +423,7 @@ absl::Status NcclTransport::LaunchPending(const Op& waited, absl::Time start, ab
     const ncclResult_t end_result = ncclGroupEnd();
     if (failed != nullptr) {
       const absl::Status status = DQ_NCCL_STATUS(first_error, comm_, failed->send ? "ncclSend" : "ncclRecv");
-      return fail(absl::Status(status.code(), absl::StrCat(Describe(*failed), ": ", status.message())));
+      return fail(common::Annotate(status, absl::StrCat(Describe(*failed))));
     }
     if (end_result != ncclSuccess && end_result != ncclInProgress) {
       return fail(DQ_NCCL_STATUS(end_result, comm_, "ncclGroupEnd"));

@@ -152,7 +152,7 @@ absl::Status RankExecutor::ReduceScatterReceive(int step, absl::Span<const uint8
   // Verified here unless the DAR below verifies it as it decodes.
   if (verify.has_value() && !(last && checksum_messages_) && kernels::PayloadChecksum(message) != *verify) {
     const absl::Status bad = kernels::PayloadChecksumError();
-    return absl::Status(bad.code(), absl::StrCat("from rank ", m.peer, ", chunk ", m.chunk, ": ", bad.message()));
+    return common::Annotate(bad, absl::StrCat("from rank ", m.peer, ", chunk ", m.chunk));
   }
   if (!last) {
     auto [it, fresh] = accumulators_.try_emplace(m.chunk);
@@ -162,7 +162,7 @@ absl::Status RankExecutor::ReduceScatterReceive(int step, absl::Span<const uint8
     }
     absl::Status s = codec_.DecompressAccumulate(plan_, chunk, message, it->second.data());
     if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("from rank ", m.peer, ", chunk ", m.chunk, ": ", s.message()));
+      return common::Annotate(s, absl::StrCat("from rank ", m.peer, ", chunk ", m.chunk));
     }
     return absl::OkStatus();
   }
@@ -177,8 +177,7 @@ absl::Status RankExecutor::ReduceScatterReceive(int step, absl::Span<const uint8
         codec_.DecompressAccumulateRecompressSplit(plan_, chunk, message, verify, source, absl::MakeSpan(owned_),
                                                    reinterpret_cast<float*>(OutputBody(m.chunk).data()), sum);
     if (accumulated) accumulators_.erase(m.chunk);
-    if (!s.ok())
-      return absl::Status(s.code(), absl::StrCat("from rank ", m.peer, ", chunk ", m.chunk, ": ", s.message()));
+    if (!s.ok()) return common::Annotate(s, absl::StrCat("from rank ", m.peer, ", chunk ", m.chunk));
     owned_sum_ = sum;
     owned_in_out_ = true;
     return absl::OkStatus();
@@ -202,8 +201,7 @@ absl::Status RankExecutor::ReduceScatterReceive(int step, absl::Span<const uint8
   }
   if (accumulated) accumulators_.erase(m.chunk);
   if (!bytes.ok()) {
-    return absl::Status(bytes.status().code(),
-                        absl::StrCat("from rank ", m.peer, ", chunk ", m.chunk, ": ", bytes.status().message()));
+    return common::Annotate(bytes.status(), absl::StrCat("from rank ", m.peer, ", chunk ", m.chunk));
   }
   target->resize(*bytes);
   return absl::OkStatus();
@@ -262,8 +260,7 @@ absl::Status RankExecutor::AllGatherReceive(int step, Bytes message, std::option
   forward_sum_ = checksum;
   forward_body_ = bodies_in_out_ ? OutputBody(m.chunk) : absl::Span<uint8_t>();
   if (!s.ok()) {
-    return absl::Status(s.code(),
-                        absl::StrCat("all-gather from rank ", m.peer, ", chunk ", m.chunk, ": ", s.message()));
+    return common::Annotate(s, absl::StrCat("all-gather from rank ", m.peer, ", chunk ", m.chunk));
   }
   return absl::OkStatus();
 }

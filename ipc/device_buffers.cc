@@ -26,9 +26,9 @@ absl::StatusOr<DeviceBufferInfo> DeviceBufferRegistry::Allocate(uint64_t worker_
   // Allocated without holding the lock.
   absl::StatusOr<DeviceMemory::Allocation> allocation = memory_->Allocate(bytes);
   if (!allocation.ok()) {
-    return buffers_.Commit(reservation, absl::Status(allocation.status().code(),
-                                                     absl::StrCat("device buffer of ", bytes, " bytes for worker ",
-                                                                  worker_id, ": ", allocation.status().message())));
+    return buffers_.Commit(reservation,
+                           common::Annotate(allocation.status(),
+                                            absl::StrCat("device buffer of ", bytes, " bytes for worker ", worker_id)));
   }
   DeviceBufferInfo info{reservation.buffer_id, bytes, allocation->ipc_handle, memory_->device(), uuid_};
   DQ_RETURN_IF_ERROR(buffers_.Commit(reservation, Buffer(memory_.get(), allocation->data, bytes)));

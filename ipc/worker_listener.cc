@@ -27,7 +27,7 @@ absl::StatusOr<std::unique_ptr<WorkerListener>> WorkerListener::Start(const std:
       return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", std::strerror(errno)));
     }
     if (absl::Status s = CheckPrivateDirectory(dir); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("refusing --worker_socket ", path, ": ", s.message()));
+      return common::Annotate(s, absl::StrCat("refusing --worker_socket ", path));
     }
   }
   DQ_ASSIGN_OR_RETURN(int fd, ListenUnixSocket(path));

@@ -33,11 +33,9 @@ inline constexpr uint8_t kWireVersion = 1;
 inline constexpr size_t kChunkHeaderBytes = 32;
 inline constexpr uint32_t kMaxChunkElements = 1u << 30;
 
-// Flag bits.
+// Flag bits. (DynamiQ's uniform-levels choice per width travels in element_bits, not here.)
 inline constexpr uint8_t kFlagCorrelated = 1u << 0;  // stratified rounding across ranks
-inline constexpr uint8_t kFlagUniform4 = 1u << 1;    // DynamiQ: uniform levels at 4 bits (else MEE)
 inline constexpr uint8_t kFlagAggregated = 1u << 2;  // THC: payload holds integer sums
-inline constexpr uint8_t kFlagUniform8 = 1u << 3;    // DynamiQ: uniform levels at 8 bits (else MEE)
 
 struct ChunkHeader {
   CodecId codec = CodecId::kNone;

@@ -296,7 +296,7 @@ absl::StatusOr<uint64_t> Cluster::ClaimIncarnation(const std::string& job_id) {
     if (live.incarnations == 0) {
       if (absl::Status s = store_->Set(LiveKey(job_id, options_.node_rank), "1"); !s.ok()) {
         live_jobs_.erase(job_id);
-        return absl::Status(s.code(), absl::StrCat("cannot create job ", job_id, ": ", s.message()));
+        return common::Annotate(s, absl::StrCat("cannot create job ", job_id));
       }
     }
     ++live.incarnations;
@@ -304,8 +304,7 @@ absl::StatusOr<uint64_t> Cluster::ClaimIncarnation(const std::string& job_id) {
   absl::StatusOr<uint64_t> incarnation = CountIncarnation(job_id);
   if (!incarnation.ok()) {
     ReleaseJob(job_id);
-    return absl::Status(incarnation.status().code(),
-                        absl::StrCat("cannot create job ", job_id, ": ", incarnation.status().message()));
+    return common::Annotate(incarnation.status(), absl::StrCat("cannot create job ", job_id));
   }
   {
     absl::MutexLock lock(&live_mu_);

@@ -1,6 +1,7 @@
 // ClusterJobCoordinator: a job's JobCoordinator (server/job_coordinator.h) on a daemon of a
 // cluster: its incarnation's keys in the Cluster (configuration changes, failure causes), and the
-// transport of the node's device kind (Gloo, counted per peer node; NCCL on GPU nodes), connected
+// transport of the node's device kind (tcp or gloo on CPU nodes, counted per peer node; NCCL or
+// staged gloo on GPU nodes), connected
 // through the Cluster's store under the incarnation's rendezvous prefix. Thread-safe (the Cluster
 // is).
 #ifndef DQ_SERVER_CLUSTER_JOB_COORDINATOR_H_

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "common/status_macros.h"
 
 namespace dynamiq::server {
 namespace {
@@ -45,8 +46,7 @@ absl::StatusOr<engine::Transport*> CrossNodeGroup::Connected(uint64_t sequence) 
     auto connected = coordinator_->Connect(generation_, sequence);
     if (!connected.ok()) {
       ++generation_;  // this collective failed: the next one meets the others at the next generation
-      return absl::Status(connected.status().code(), absl::StrCat("collective ", sequence, " of job ", job_id_, ": ",
-                                                                  connected.status().message()));
+      return common::Annotate(connected.status(), absl::StrCat("collective ", sequence, " of job ", job_id_));
     }
     transport_ = *std::move(connected);
     ++transport_serial_;

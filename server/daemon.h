@@ -4,7 +4,7 @@
 //
 // Cluster: with num_nodes > 1 every daemon joins through the coordinator (node 0's daemon unless
 // --coordinator names another address) and learns the same membership; each job's cross-node
-// transport (Gloo TCP) rendezvous through the coordinator's store under "job/<id>/inc<k>/gen<g>".
+// transport (tcp, gloo or nccl) rendezvous through the coordinator's store under "job/<id>/inc<k>/gen<g>".
 // Compression changes are published in that store ("job/<id>/inc<k>/config/<epoch>") with the
 // sequence they apply at (one after the job's next collective on the node that took the call), and
 // every node polls for them before each collective, so all nodes switch at the same boundary.

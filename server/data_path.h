@@ -3,7 +3,8 @@
 // write-back of the result into every region. Job runs every collective as these three calls; the
 // implementations are
 //   HostDataPath (server/host_data_path.h): CPU nodes; shared-memory regions, the sum in place in
-//     local rank 0's buffer, the engine's all-reduce over Gloo, and the sampled error probe;
+//     local rank 0's buffer, the engine's all-reduce over the job's transport (tcp or gloo), and
+//     the sampled error probe;
 //   CudaDataPath (server/cuda_device.h): GPU nodes; device (or staged host) regions, CUDA reduce
 //     kernels, engine::NcclAllReduce.
 // This header is CUDA-free, so Job and its tests (with fake paths) need no CUDA.

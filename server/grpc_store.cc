@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 
 namespace dynamiq::server {
 namespace {
@@ -17,7 +18,7 @@ constexpr absl::Duration kRpcSlack = absl::Seconds(5);
 absl::Status Annotate(const grpc::Status& s, absl::string_view what) {
   absl::Status status = common::FromGrpcStatus(s);
   if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
+  return common::Annotate(status, what);
 }
 
 absl::Time Deadline(absl::Duration timeout) { return absl::Now() + timeout + kRpcSlack; }

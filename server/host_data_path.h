@@ -1,7 +1,7 @@
 // HostDataPath: the DataPath of CPU nodes (server/data_path.h). The sum lives in local rank 0's own
 // buffer when that is fp32 host memory (no copy: the cross-node all-reduce runs in place in shared
-// memory), else in scratch memory; the cross-node step is engine::AllReduce over the job's Gloo
-// transport, and a collective sampled for its error (server/error_probe.h) is also all-reduced
+// memory), else in scratch memory; the cross-node step is engine::AllReduce over the job's
+// transport (tcp or gloo), and a collective sampled for its error (server/error_probe.h) is also all-reduced
 // exactly on the side, from a copy of this node's sum, under a sequence no real collective uses.
 //
 // Thread-safety: one collective at a time, as DataPath says.

@@ -6,7 +6,7 @@
 // it through the job's DataPath (server/data_path.h): the local fp32 sum of their buffers, the
 // compressed all-reduce across nodes over the job's transport (whose step headers make every node
 // check the same job, sequence and config epoch), and the write-back into every worker's buffer.
-// Submit blocks until then. CPU nodes use HostDataPath (shared memory, Gloo, the error probe); GPU
+// Submit blocks until then. CPU nodes use HostDataPath (shared memory, tcp or gloo, the error probe); GPU
 // nodes pass a CudaDataPath (CUDA kernels, NCCL).
 //
 // Configuration changes (SetCompression) are staged with the sequence at which they apply; the
