@@ -28,7 +28,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/codec_registry.h"
+#include "server/daemon_options.h"
 #include "server/grpc_store.h"
+#include "server/job_config.h"
 #include "tests/faults/fault_harness.h"
 #include "tests/testing/raw_tcp_peer.h"
 
@@ -77,8 +79,15 @@ class RogueNode {
   RogueNode(const std::string& coordinator, std::string transport)
       : store_(coordinator), transport_name_(std::move(transport)) {}
 
+  // Joins as node 1 with the settings a dynamiqd started like the daemon would send (--codec=none,
+  // the other flags' defaults): the coordinator refuses a join whose settings differ.
   absl::Status Join() {
-    auto members = store_.Join(1, 2, "127.0.0.1:1", absl::Seconds(20));
+    server::DaemonOptions o;
+    o.transport = transport_name_;
+    absl::StatusOr<server::JobConfig> config = server::MakeJobConfig("none", 0, "ring", 4096, "measured");
+    if (!config.ok()) return config.status();
+    o.default_config = *config;
+    auto members = store_.Join(1, 2, "127.0.0.1:1", absl::Seconds(20), server::ClusterSettings(o));
     return members.status();
   }
 
@@ -114,7 +123,7 @@ class RogueNode {
     engine::StepHeader h;
     h.phase = phase;
     h.codec = static_cast<uint8_t>(kernels::CodecId::kNone);
-    h.bits_x1000 = static_cast<uint32_t>(std::lround(kernels::CodecConfig{}.bits * 1000));  // as dynamiqd's none
+    h.bits_x1000 = 0;  // as dynamiqd's none: a codec without a bit setting runs at bits 0
     h.sender = 1;
     h.job_id = CollectiveId("j", "grad", kElements);
     h.config_epoch = 0;
@@ -159,7 +168,9 @@ class RogueNode {
     if (!t.ok()) return t.status();
     std::vector<float> data(kElements);
     for (size_t i = 0; i < kElements; ++i) data[i] = 2.0f * static_cast<float>(1 + i % 7);
-    auto codec = kernels::CreateCodec(kernels::CodecConfig{kernels::CodecId::kNone});
+    kernels::CodecConfig none{kernels::CodecId::kNone};
+    none.bits = 0;  // as dynamiqd's
+    auto codec = kernels::CreateCodec(none);
     if (!codec.ok()) return codec.status();
     engine::AllReduceOptions o;
     o.job_id = CollectiveId("j", "grad", kElements);

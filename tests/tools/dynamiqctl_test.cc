@@ -41,6 +41,7 @@ namespace {
 using ::dynamiq::testing::IsOk;
 using ::dynamiq::testing::StatusIs;
 using grpc::health::v1::HealthCheckResponse;
+using ::testing::ContainsRegex;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -876,9 +877,10 @@ TEST_F(DynamiqctlTest, TopPollsTheLiveDaemon) {
   EXPECT_GT(collectives, 0) << "the load ran " << done.load() << " collectives";
   // Tables: two refreshes, each a header line and two tables of a header and a row for the job.
   EXPECT_EQ(std::count(out_.begin(), out_.end(), '\n'), 11) << out_;
-  EXPECT_THAT(out_, HasSubstr("JOB  CODEC      EPOCH  WORKERS  INFL  COLL/S  FAIL"));
-  EXPECT_THAT(out_, HasSubstr("\njob  dynamiq/5      0        1  "));
-  EXPECT_THAT(out_, HasSubstr("JOB  ALGBW  BUSBW  WIRE  RATIO  VNMSE"));
+  // Columns widen to their values (a loaded machine's thousands of MB/s): match the order only.
+  EXPECT_THAT(out_, ContainsRegex("JOB +CODEC +EPOCH +WORKERS +INFL +COLL/S +FAIL"));
+  EXPECT_THAT(out_, ContainsRegex("\njob +dynamiq/5 +0 +1 "));
+  EXPECT_THAT(out_, ContainsRegex("JOB +ALGBW +BUSBW +WIRE +RATIO +VNMSE"));
 
   in.interval = 0;
   EXPECT_EQ(RunIt(in), kExitUsage);
