@@ -28,6 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <array>
 #include <optional>
 #include <string>
 #include <vector>
@@ -154,6 +155,10 @@ class Codec {
   // False for codecs whose aggregation is only defined along a path (THC sums integers hop by
   // hop and cannot re-quantize an fp32 accumulator fed by several children).
   virtual bool SupportsButterfly() const { return true; }
+  // Measured relative squared error of one quantization per code width (index = bits, 2..8 used),
+  // for codecs with variable code widths (DynamiQ): what one budget per step plans with
+  // (server/step_budget_planner.h). Null for the others.
+  virtual const std::array<double, 9>* MeasuredWidthErrors() const { return nullptr; }
 
   // ---- Whole-bucket transform (THC's rotation). A codec that NeedsBucketTransform works on a
   // transformed bucket of TransformedLength(d) floats: the caller loads its d values into such a

@@ -28,6 +28,7 @@ class ParallelCodec final : public Codec {
   bool SupportsButterfly() const override { return codec_.SupportsButterfly(); }
 
   bool NeedsBucketTransform() const override { return codec_.NeedsBucketTransform(); }
+  const std::array<double, 9>* MeasuredWidthErrors() const override { return codec_.MeasuredWidthErrors(); }
   absl::StatusOr<size_t> TransformedLength(size_t num_elements) const override {
     return codec_.TransformedLength(num_elements);
   }

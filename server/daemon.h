@@ -30,7 +30,10 @@
 // workers may also ask for buffers in the daemon's device memory (DeviceBufferRegistry, shared
 // through CUDA IPC handles), every job reduces on the device (a CudaDataPath, server/data_path.h) and its
 // cross-node transport is an engine::NcclTransport rendezvousing under the same keys as Gloo's.
-// Every node of a cluster must run the same --device (checked at Start through the coordinator).
+// Every node of a cluster must run the same --device (compared by the coordinator as a node joins).
+//
+// Implemented in server/daemon.cc (start-up, shutdown, jobs, operator calls) and
+// server/daemon_workers.cc (the worker API: registration, buffers, all-reduce calls).
 //
 // Thread-safe. Start once, Shutdown once (also from a signal-watching thread).
 #ifndef DQ_SERVER_DAEMON_H_

@@ -17,7 +17,7 @@
 #include "engine/allreduce.h"
 #include "engine/step_header.h"
 #include "kernels/bf16_math.h"
-#include "kernels/cpu/dynamiq_codec.h"
+#include "kernels/dynamiq_allocator.h"
 #include "server/error_probe.h"
 #include "server/host_data_path.h"
 
@@ -463,9 +463,9 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   if (plan && codec.id == kernels::CodecId::kDynamiq) {
     std::vector<double> energies;
     absl::StatusOr<kernels::Codec*> dq = codecs_.Get(codec);
-    const auto* dynamiq = dq.ok() ? dynamic_cast<const kernels::DynamiqCodec*>(*dq) : nullptr;
-    if (status.ok() && dynamiq != nullptr && path_->ResultEnergies(n, &energies)) {
-      planner_.Record(bucket, n, std::move(energies), codec, dynamiq->width_errors());
+    const kernels::WidthErrors* errors = dq.ok() ? (*dq)->MeasuredWidthErrors() : nullptr;
+    if (status.ok() && errors != nullptr && path_->ResultEnergies(n, &energies)) {
+      planner_.Record(bucket, n, std::move(energies), codec, *errors);
     } else {
       planner_.Reset();  // a failed collective (on every node), or a path that cannot plan
     }

@@ -77,6 +77,7 @@ class DynamiqCodec final : public Codec {
 
   // Measured relative squared error of one quantization per width 2..8 (Gaussian groups).
   const WidthErrors& width_errors() const { return errors_; }
+  const WidthErrors* MeasuredWidthErrors() const override { return &errors_; }
   const LevelTable& table(int bits) const { return tables_[bits]; }
 
  private:

@@ -309,5 +309,25 @@ TEST(ParallelCodecTest, ANullPoolRunsOnTheCallingThread) {
   ExpectChunkMatches(codec, parallel, plan, ChunkRef{0, 0, d}, testing::Src(x), testing::Src(y));
 }
 
+// One budget per step asks the codec for its measured per-width errors (no cast to DynamiqCodec,
+// which a ParallelCodec is not): DynamiQ answers, wrapped or not; codecs without widths do not.
+TEST(CodecCapabilityTest, OnlyDynamiqReportsMeasuredWidthErrorsAndAParallelCodecForwardsThem) {
+  common::ThreadPool pool(2);
+  for (CodecId id : {CodecId::kDynamiq, CodecId::kNone, CodecId::kMxfp8, CodecId::kThc}) {
+    CodecConfig config{id};
+    config.bits = GetCodecInfo(id).default_bits;
+    absl::StatusOr<std::unique_ptr<Codec>> codec = CreateCodec(config);
+    ASSERT_THAT(codec, IsOk());
+    const ParallelCodec parallel(**codec, &pool);
+    const std::array<double, 9>* errors = (*codec)->MeasuredWidthErrors();
+    EXPECT_EQ(errors != nullptr, id == CodecId::kDynamiq) << CodecName(id);
+    EXPECT_EQ(parallel.MeasuredWidthErrors(), errors) << CodecName(id);
+    if (errors != nullptr) {
+      EXPECT_EQ(errors, &static_cast<const DynamiqCodec&>(**codec).width_errors());
+      for (int w = 2; w <= 8; w *= 2) EXPECT_GT((*errors)[w], 0.0) << "width " << w;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dynamiq::kernels
