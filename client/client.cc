@@ -104,8 +104,8 @@ absl::StatusOr<dynamiq::v1::AllocateBufferResponse> RequestBuffer(Connection& co
   request.set_bytes(bytes);
   request.set_memory_kind(kind);
   dynamiq::v1::AllocateBufferResponse allocated;
-  DQ_RETURN_IF_ERROR(
-      connection.FromGrpc(connection.stub().AllocateBuffer(&context, request, &allocated), "AllocateBuffer", timeout));
+  DQ_RETURN_IF_ERROR(connection.FromGrpc(connection.stub().AllocateBuffer(&context, request, &allocated),
+                                         "AllocateBuffer", timeout, context));
   return allocated;
 }
 
@@ -114,16 +114,16 @@ absl::StatusOr<dynamiq::v1::AllocateBufferResponse> RequestBuffer(Connection& co
 namespace client::internal {
 
 absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view rpc, absl::string_view socket_path,
-                            absl::Duration timeout) {
+                            absl::Duration timeout, absl::Time deadline) {
   if (status.ok()) return absl::OkStatus();
   const auto code = static_cast<absl::StatusCode>(status.error_code());
   switch (status.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
       return absl::Status(code, absl::StrCat(rpc, " to dynamiqd at ", socket_path, ": ", status.error_message()));
     case grpc::StatusCode::DEADLINE_EXCEEDED:
-      // gRPC's own deadline (the client's DQ_TIMEOUT_SECONDS) says only "Deadline Exceeded"; any
-      // other message is the daemon's answer (its --timeout fired), which names what it waited for.
-      if (status.error_message() != "Deadline Exceeded") {
+      // Before the call's deadline only the daemon can have answered (its --timeout fired, and its
+      // message names what it waited for); from it on, gRPC's own deadline (DQ_TIMEOUT_SECONDS) fired.
+      if (absl::Now() < deadline) {
         return absl::Status(code, absl::StrCat(rpc, " to dynamiqd at ", socket_path, ": ", status.error_message()));
       }
       return absl::Status(
@@ -142,7 +142,7 @@ absl::Status Connection::ReleaseBuffer(uint64_t buffer_id, absl::Duration timeou
   request.set_worker_id(worker_id);
   request.set_buffer_id(buffer_id);
   dynamiq::v1::ReleaseBufferResponse response;
-  return FromGrpc(stub_->ReleaseBuffer(&context, request, &response), "ReleaseBuffer", timeout);
+  return FromGrpc(stub_->ReleaseBuffer(&context, request, &response), "ReleaseBuffer", timeout, context);
 }
 
 absl::Status Connection::Unregister(absl::Duration timeout) {
@@ -152,7 +152,7 @@ absl::Status Connection::Unregister(absl::Duration timeout) {
   dynamiq::v1::UnregisterRequest request;
   request.set_worker_id(worker_id);
   dynamiq::v1::UnregisterResponse response;
-  return FromGrpc(stub_->Unregister(&context, request, &response), "Unregister", timeout);
+  return FromGrpc(stub_->Unregister(&context, request, &response), "Unregister", timeout, context);
 }
 
 }  // namespace client::internal
@@ -200,8 +200,8 @@ absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
   request.set_local_rank(options.local_rank);
   request.set_local_world_size(options.local_world_size);
   dynamiq::v1::RegisterResponse response;
-  DQ_RETURN_IF_ERROR(
-      connection->FromGrpc(connection->stub().Register(&context, request, &response), "Register", options.timeout));
+  DQ_RETURN_IF_ERROR(connection->FromGrpc(connection->stub().Register(&context, request, &response), "Register",
+                                          options.timeout, context));
   if (response.worker_id().empty()) {
     return absl::InternalError(absl::StrCat("dynamiqd at ", options.socket_path, " registered job ", options.job_id,
                                             " local rank ", options.local_rank, " without a worker id"));
@@ -269,7 +269,7 @@ absl::StatusOr<Buffer> Client::Allocate(size_t bytes, MemoryKind kind) {
     request.set_buffer_id(id);
     dynamiq::v1::MappedResponse response;
     absl::Status mapped =
-        connection_->FromGrpc(connection_->stub().Mapped(&context, request, &response), "Mapped", timeout);
+        connection_->FromGrpc(connection_->stub().Mapped(&context, request, &response), "Mapped", timeout, context);
     if (!mapped.ok()) return fail(std::move(mapped));
   }
   auto impl = std::make_unique<client::internal::BufferImpl>();
@@ -372,7 +372,7 @@ absl::Status Client::AllReduce(const Buffer& buffer, size_t offset_bytes, size_t
   buffer.impl_->uses->Start();
   const grpc::Status status = connection_->stub().AllReduce(&context, request, &response);
   buffer.impl_->uses->Done();
-  DQ_RETURN_IF_ERROR(connection_->FromGrpc(status, "AllReduce", timeout));
+  DQ_RETURN_IF_ERROR(connection_->FromGrpc(status, "AllReduce", timeout, context));
   if (result != nullptr) *result = client::internal::ToResult(response);
   return absl::OkStatus();
 }
@@ -399,7 +399,8 @@ Future Client::AllReduceAsync(const Buffer& buffer, size_t offset_bytes, size_t 
   connection_->stub().async()->AllReduce(
       &call->context, &call->request, &call->response,
       [call, state, tracker, uses, socket_path = connection_->options().socket_path, timeout](grpc::Status status) {
-        absl::Status s = client::internal::FromGrpcStatus(status, "AllReduce", socket_path, timeout);
+        absl::Status s = client::internal::FromGrpcStatus(status, "AllReduce", socket_path, timeout,
+                                                          absl::FromChrono(call->context.deadline()));
         const bool ok = s.ok();
         state->Complete(std::move(s), ok ? client::internal::ToResult(call->response) : AllReduceResult());
         // After the future completes, so a release that waited for this call finds it complete; a

@@ -49,8 +49,10 @@ inline AllReduceResult ToResult(const dynamiq::v1::AllReduceResponse& response) 
 // code and message unchanged. UNAVAILABLE and DEADLINE_EXCEEDED, which gRPC itself produces when the
 // socket is missing or the deadline passes, keep their code and get "<rpc> to dynamiqd at
 // <socket>[ (deadline <timeout>)]: " in front of the message, so the error says where and how long.
+// A DEADLINE_EXCEEDED that arrives before the call's own `deadline` is the daemon's answer (its
+// --timeout fired; its message names what it waited for); at or after it, the client's own deadline.
 absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view rpc, absl::string_view socket_path,
-                            absl::Duration timeout);
+                            absl::Duration timeout, absl::Time deadline);
 
 // Counts a connection's in-flight asynchronous calls so that ~Client can wait for them.
 // Thread-safe.
@@ -124,8 +126,10 @@ class Connection {
   static void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   }
-  absl::Status FromGrpc(const grpc::Status& status, absl::string_view rpc, absl::Duration timeout) const {
-    return FromGrpcStatus(status, rpc, options_.socket_path, timeout);
+  // `context`: the call's (for its deadline).
+  absl::Status FromGrpc(const grpc::Status& status, absl::string_view rpc, absl::Duration timeout,
+                        const grpc::ClientContext& context) const {
+    return FromGrpcStatus(status, rpc, options_.socket_path, timeout, absl::FromChrono(context.deadline()));
   }
 
   // ReleaseBuffer with the given deadline. After Unregister() it does not call the daemon (which
