@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/hmac.h"
+#include "common/log.h"
 #include "common/secret_file.h"
 
 namespace dynamiq::server {
@@ -64,11 +65,11 @@ void BearerAuthenticator::MaybeReload() const {
   // Read outside the lock; a concurrent reload of the same change is harmless.
   absl::StatusOr<std::vector<std::string>> tokens = common::ReadTokens(path_, flag_);
   if (!tokens.ok()) {
-    std::fprintf(stderr, "dynamiqd: %s changed but cannot be used (keeping the previous tokens): %s\n", path_.c_str(),
-                 std::string(tokens.status().message()).c_str());
+    common::Log("%s changed but cannot be used (keeping the previous tokens): %s", path_.c_str(),
+                std::string(tokens.status().message()).c_str());
     return;
   }
-  std::fprintf(stderr, "dynamiqd: reloaded %zu token(s) from %s\n", tokens->size(), path_.c_str());
+  common::Log("reloaded %zu token(s) from %s", tokens->size(), path_.c_str());
   absl::MutexLock lock(&mu_);
   tokens_ = *std::move(tokens);
 }

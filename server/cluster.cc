@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "dynamiq/v1/rendezvous.pb.h"
 #include "server/request_names.h"
@@ -202,8 +203,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Join(Options options, std::uni
                        DescribeJoinWait(options, *coordinator, members.status())));
     }
     if (absl::Now() >= next_report) {
-      std::fprintf(stderr, "dynamiqd: waiting for the cluster to form: %s\n",
-                   DescribeJoinWait(options, *coordinator, members.status()).c_str());
+      common::Log("waiting for the cluster to form: %s",
+                  DescribeJoinWait(options, *coordinator, members.status()).c_str());
       next_report = absl::Now() + kStartProgressInterval;
     }
   }
@@ -256,7 +257,7 @@ absl::StatusOr<double> Cluster::AgreeOnErrorSampleRate(double mine) {
     return absl::DataLossError(absl::StrCat("malformed error sample rate '", value, "' from node 0"));
   }
   if (rate != mine) {
-    std::fprintf(stderr, "dynamiqd: using node 0's --error_sample_rate=%g instead of %g\n", rate, mine);
+    common::Log("using node 0's --error_sample_rate=%g instead of %g", rate, mine);
   }
   return rate;
 }
@@ -270,10 +271,10 @@ absl::StatusOr<bool> Cluster::RejoinIfForgotten() {
   if (known.ok() || !engine::IsKeyNotSet(known.status())) return false;
   // It answers but does not know this node: it restarted with an empty rendezvous. Join again; the
   // coordinator records this node at once and its own start completes once all have.
-  std::fprintf(stderr, "dynamiqd: the coordinator does not know this node (restarted?): joining again\n");
+  common::Log("the coordinator does not know this node (restarted?): joining again");
   DQ_ASSIGN_OR_RETURN(std::vector<std::string> members, coordinator_->Join(options_.node_rank, options_.num_nodes, me_,
                                                                            absl::Seconds(2), options_.settings));
-  std::fprintf(stderr, "dynamiqd: re-joined the cluster\n");
+  common::Log("re-joined the cluster");
   {
     absl::MutexLock lock(&mu_);
     members_ = std::move(members);
@@ -381,8 +382,8 @@ void Cluster::ReleaseJob(const std::string& job_id) {
   // incarnation: a later run of the id numbers its incarnations above it, so messages recorded from
   // this run never fit the next (docs/security.md).
   if (absl::Status s = RaiseIncarnationFloor(newest); !s.ok()) {
-    std::fprintf(stderr, "dynamiqd: job %s: keeping its keys in the coordinator's store: %s\n", job_id.c_str(),
-                 std::string(s.message()).c_str());
+    common::Log("job %s: keeping its keys in the coordinator's store: %s", job_id.c_str(),
+                std::string(s.message()).c_str());
     return;
   }
   // This node's live key, and the job's keys with it if no other node holds one.
@@ -397,8 +398,8 @@ void Cluster::DeleteKeys(const engine::Store::Deletion& deletion, absl::string_v
   absl::StatusOr<uint64_t> deleted = store_->Delete(deletion);
   // UNIMPLEMENTED: a coordinator that predates deletion keeps every key, as it always did.
   if (!deleted.ok() && !absl::IsUnimplemented(deleted.status())) {
-    std::fprintf(stderr, "dynamiqd: cannot delete %s from the coordinator's store (they stay): %s\n",
-                 std::string(what).c_str(), std::string(deleted.status().message()).c_str());
+    common::Log("cannot delete %s from the coordinator's store (they stay): %s", std::string(what).c_str(),
+                std::string(deleted.status().message()).c_str());
   }
 }
 
@@ -546,8 +547,8 @@ absl::Status Cluster::ReportFailure(const std::string& job_id, uint64_t incarnat
   const std::string key = FailureKey(job_id, incarnation, sequence);
   absl::Status s = store_->SetBefore(key, value, deadline);
   if (!s.ok()) {
-    std::fprintf(stderr, "dynamiqd: job %s: cannot tell the other nodes why collective %llu failed here: %s\n",
-                 job_id.c_str(), static_cast<unsigned long long>(sequence), std::string(s.message()).c_str());
+    common::Log("job %s: cannot tell the other nodes why collective %llu failed here: %s", job_id.c_str(),
+                static_cast<unsigned long long>(sequence), std::string(s.message()).c_str());
     return s;
   }
   // Keep this node's newest reports of the incarnation; delete the older ones.
@@ -579,7 +580,7 @@ std::optional<Cluster::Failure> Cluster::LookupFailure(const std::string& job_id
   uint32_t node = 0;
   if (f.size() != 3 || !absl::SimpleAtoi(f[0], &code) || code <= 0 || code > 16 || !absl::SimpleAtoi(f[1], &node) ||
       node >= options_.num_nodes || node == options_.node_rank) {
-    std::fprintf(stderr, "dynamiqd: job %s: ignoring malformed %s\n", job_id.c_str(), key.c_str());
+    common::Log("job %s: ignoring malformed %s", job_id.c_str(), key.c_str());
     return std::nullopt;
   }
   return Failure{node, absl::Status(static_cast<absl::StatusCode>(code), f[2])};

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/cuda_check.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "engine/host_staged_transport.h"
 #include "engine/nccl_allreduce.h"
@@ -92,8 +93,7 @@ class CudaDeviceMemory final : public ipc::DeviceMemory {
     ScopedDevice scoped(device_);
     const cudaError_t error = cudaFree(data);
     if (error != cudaSuccess) {
-      std::fprintf(stderr, "dynamiqd: cudaFree of a device buffer on device %d failed: %s\n", device_,
-                   cudaGetErrorString(error));
+      common::Log("cudaFree of a device buffer on device %d failed: %s", device_, cudaGetErrorString(error));
     }
   }
 

@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "server/cluster.h"
 #include "server/control_service.h"
@@ -67,8 +68,7 @@ Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {
         },
         [this](const ErrorBudgetService::Event& e) {
           metrics_->OnErrorBudgetEvent(e.job, e.kind);
-          std::fprintf(stderr, "dynamiqd: job %s: error budget %s: %s\n", e.job.c_str(), e.kind.c_str(),
-                       e.reason.c_str());
+          common::Log("job %s: error budget %s: %s", e.job.c_str(), e.kind.c_str(), e.reason.c_str());
         });
     observers.push_back(error_budget_.get());
   }
@@ -80,10 +80,7 @@ Daemon::~Daemon() { Shutdown(absl::Seconds(1)); }
 absl::Status Daemon::Start() {
   // Buffers a crashed daemon created but never unlinked (their worker never reported mapping them).
   if (const size_t orphans = ipc::ShmRegion::UnlinkOrphans(); orphans > 0) {
-    std::fprintf(
-        stderr,
-        "dynamiqd: removed %zu shared-memory objects left in /dev/shm by dynamiqd processes that no longer run\n",
-        orphans);
+    common::Log("removed %zu shared-memory objects left in /dev/shm by dynamiqd processes that no longer run", orphans);
   }
   DQ_RETURN_IF_ERROR(ValidateDaemonOptions(options_));
   if (options_.device == DeviceKind::kCpu && options_.codec_threads > 1) {
@@ -231,7 +228,7 @@ void Daemon::WatchCoordinator() {
           "job ", job->id(), " (incarnation ", job->incarnation(),
           ") cannot go on: the coordinator (node 0) restarted and lost its state; restart the job's workers on "
           "every node (they register a new incarnation)");
-      std::fprintf(stderr, "dynamiqd: %s\n", reason.c_str());
+      common::Log("%s", reason.c_str());
       job->Stop(reason);
     }
   }

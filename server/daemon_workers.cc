@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "ipc/process_watcher.h"
 #include "ipc/worker_listener.h"
@@ -95,8 +96,7 @@ absl::StatusOr<Daemon::Registration> Daemon::Register(const std::string& job_id,
     cluster_->RetireJob(job_id, incarnation);
     return registered.status();
   }
-  std::fprintf(stderr, "dynamiqd: job %s: incarnation %llu started\n", job_id.c_str(),
-               static_cast<unsigned long long>(incarnation));
+  common::Log("job %s: incarnation %llu started", job_id.c_str(), static_cast<unsigned long long>(incarnation));
   return registered;
 }
 
@@ -174,7 +174,7 @@ void Daemon::RetireJob(std::shared_ptr<Job> job, const std::string& reason) {
   if (error_budget_) error_budget_->ForgetJob(job->id());
   metrics_->RetireJob(job->id());
   retired_.Keep(job->id(), job->FlightRecorder(0));
-  std::fprintf(stderr, "dynamiqd: %s\n", reason.c_str());
+  common::Log("%s", reason.c_str());
 }
 
 std::optional<ipc::PeerCredentials> Daemon::WorkerPeer(const std::string& grpc_peer) const {

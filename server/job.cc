@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/log.h"
 #include "common/safe_text.h"
 #include "common/status_macros.h"
 #include "engine/allreduce.h"
@@ -572,10 +573,10 @@ absl::StatusOr<DataPath::CrossNodeResult> Job::CrossNode(uint64_t sequence, cons
     absl::StatusOr<ErrorFeedbackState*> state = error_feedback_.Get(tensor_name, n, epoch, sequence);
     if (error_feedback_.evicted() > evicted && evicted == 0) {
       // Once per job: a step's tensors do not fit, so some restart with the dense step each time.
-      std::fprintf(stderr,
-                   "dynamiqd: job %s: arc_topk error feedback reached its limit of %zu bytes (--error_feedback_mib); "
-                   "least recently used tensors' state is dropped to make room\n",
-                   options_.id.c_str(), options_.error_feedback_bytes);
+      common::Log(
+          "job %s: arc_topk error feedback reached its limit of %zu bytes (--error_feedback_mib); least recently "
+          "used tensors' state is dropped to make room",
+          options_.id, options_.error_feedback_bytes);
     }
     if (!state.ok()) {
       const absl::Status failed(state.status().code(), absl::StrCat("collective ", sequence, " of job ", options_.id,

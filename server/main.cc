@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/flag_names.h"
+#include "common/log.h"
 #include "common/thread_pool.h"
 #include "kernels/codec_info.h"
 #include "server/build_info.h"
@@ -162,13 +163,13 @@ void KeepTheAllocatorFromGrowing() {
   constexpr int kMmapThresholdBytes = 256 << 10;
   constexpr int kArenas = 4;
   if (mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes) != 1 || mallopt(M_ARENA_MAX, kArenas) != 1) {
-    std::fprintf(stderr, "dynamiqd: cannot tune malloc; memory may grow with job churn\n");
+    dynamiq::common::Log("cannot tune malloc; memory may grow with job churn");
   }
 #endif
 }
 
 int Fail(const std::string& message) {
-  std::fprintf(stderr, "dynamiqd: %s\n", message.c_str());
+  dynamiq::common::Log("%s", message.c_str());
   return 2;
 }
 
@@ -292,11 +293,11 @@ int main(int argc, char** argv) {
       if (sig <= 0) continue;
       stopping = true;
       if (phase.load() == Phase::kStarting) {
-        std::fprintf(stderr, "dynamiqd: signal %d during start-up, stopping\n", sig);
+        dynamiq::common::Log("signal %d during start-up, stopping", sig);
         daemon.CancelStart();
         continue;  // Start returns; main ends the process (phase kDone)
       }
-      std::fprintf(stderr, "dynamiqd: signal %d, shutting down\n", sig);
+      dynamiq::common::Log("signal %d, shutting down", sig);
       daemon.Shutdown(absl::Seconds(10));
       return;
     }
@@ -306,7 +307,7 @@ int main(int argc, char** argv) {
     phase = Phase::kDone;
     watcher.join();
     if (stopping.load()) {
-      std::fprintf(stderr, "dynamiqd: stopped before the cluster formed (%s)\n", started.ToString().c_str());
+      dynamiq::common::Log("stopped before the cluster formed (%s)", started.ToString().c_str());
       return 0;
     }
     return Fail(started.ToString());
@@ -314,21 +315,21 @@ int main(int argc, char** argv) {
   phase = Phase::kRunning;
   if (stopping.load()) daemon.Shutdown(absl::Seconds(10));  // a signal that came as Start finished
   const std::string metrics = daemon.metrics_address();
-  std::fprintf(stderr, "dynamiqd: node %u/%u ready; operators on %s, workers on %s, metrics on %s\n", o.node_rank,
-               o.num_nodes, daemon.listen_address().c_str(), o.worker_socket.c_str(),
-               metrics.empty() ? "(off)" : absl::StrCat("http://", metrics, "/metrics").c_str());
+  dynamiq::common::Log("node %u/%u ready; operators on %s, workers on %s, metrics on %s", o.node_rank, o.num_nodes,
+                       daemon.listen_address().c_str(), o.worker_socket.c_str(),
+                       metrics.empty() ? "(off)" : absl::StrCat("http://", metrics, "/metrics").c_str());
   if (o.device == dynamiq::server::DeviceKind::kCuda) {
-    std::fprintf(stderr, "dynamiqd: device cuda:%d (device buffers over CUDA IPC)\n", o.cuda_device);
+    dynamiq::common::Log("device cuda:%d (device buffers over CUDA IPC)", o.cuda_device);
   }
   // What goes between nodes, and what new jobs run: the settings every node must share.
-  std::fprintf(stderr, "dynamiqd: transport %s between nodes; new jobs: %s\n",
-               dynamiq::server::TransportName(o).c_str(), dynamiq::server::DescribeJobConfig(o.default_config).c_str());
-  std::fprintf(stderr, "dynamiqd: operator token %s, TLS %s, cluster secret %s\n",
-               o.security.operator_token_file.empty() ? "off" : "required",
-               o.security.tls_cert_file.empty() ? "off" : "on", o.security.cluster_secret_file.empty() ? "off" : "on");
+  dynamiq::common::Log("transport %s between nodes; new jobs: %s", dynamiq::server::TransportName(o).c_str(),
+                       dynamiq::server::DescribeJobConfig(o.default_config).c_str());
+  dynamiq::common::Log(
+      "operator token %s, TLS %s, cluster secret %s", o.security.operator_token_file.empty() ? "off" : "required",
+      o.security.tls_cert_file.empty() ? "off" : "on", o.security.cluster_secret_file.empty() ? "off" : "on");
   daemon.Wait();
   phase = Phase::kDone;
   watcher.join();
-  std::fprintf(stderr, "dynamiqd: stopped\n");
+  dynamiq::common::Log("stopped");
   return 0;
 }

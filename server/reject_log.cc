@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 
 namespace dynamiq::server {
 
@@ -29,8 +30,8 @@ void RejectLog::Record(const absl::Status& status, absl::string_view who) {
     ++lines_in_window_;
     left_out = std::exchange(not_logged_, 0);
   }
-  std::fprintf(stderr, "dynamiqd: refused a request of %s: %s%s\n", std::string(who).c_str(), status.ToString().c_str(),
-               left_out > 0 ? absl::StrCat(" (and ", left_out, " more refusals not logged)").c_str() : "");
+  common::Log("refused a request of %s: %s%s", std::string(who).c_str(), status.ToString().c_str(),
+              left_out > 0 ? absl::StrCat(" (and ", left_out, " more refusals not logged)").c_str() : "");
 }
 
 }  // namespace dynamiq::server
