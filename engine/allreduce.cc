@@ -328,7 +328,6 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
   AllReduceOptions options = configured;
   options.topology = SelectTopology(configured.topology, d, n, codec, transport.capabilities());
   DQ_ASSIGN_OR_RETURN(Schedule schedule, MakeSchedule(options.topology, n));
-  DQ_RETURN_IF_ERROR(ValidateSchedule(schedule));
   if (options.topology == Topology::kButterfly && !codec.SupportsButterfly()) {
     return absl::InvalidArgumentError(
         absl::StrCat("codec ", kernels::CodecName(codec.id()), " does not support the butterfly topology"));

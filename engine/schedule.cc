@@ -68,6 +68,8 @@ absl::StatusOr<Schedule> MakeSchedule(Topology topology, int n) {
   }
   s.owner.resize(n);
   for (int c = 0; c < n; ++c) s.owner[c] = Mod(c - 1, n);
+  // Every schedule an engine runs comes from here, checked once where it is made.
+  DQ_RETURN_IF_ERROR(ValidateSchedule(s));
   return s;
 }
 

@@ -15,8 +15,9 @@
 // Every rank sends at most one and receives at most one chunk per step (ring bandwidth).
 //
 // A schedule is a dependency graph: ValidateSchedule checks what every engine relies on (the CPU
-// executor, engine/rank_executor.h, and the NCCL program, engine/nccl_allreduce_program.h, both
-// refuse a schedule it rejects), so a new algorithm is a new MakeSchedule case, not a new engine.
+// executor, engine/rank_executor.h, and the NCCL program, engine/nccl_allreduce_program.h), and
+// MakeSchedule, where every schedule the engines run is made, returns only schedules it accepts; so
+// a new algorithm is a new MakeSchedule case, not a new engine.
 #ifndef DQ_ENGINE_SCHEDULE_H_
 #define DQ_ENGINE_SCHEDULE_H_
 
@@ -58,6 +59,7 @@ struct Schedule {
 };
 
 // INVALID_ARGUMENT for n < 1, butterfly with n not a power of two, or kAuto (resolve it first).
+// The result passes ValidateSchedule.
 absl::StatusOr<Schedule> MakeSchedule(Topology topology, int world_size);
 
 // How many transfers one rank may take part in at one step. The graph itself allows any number;

@@ -164,12 +164,6 @@ class TcpTransport final : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "tcp"; }
-  TransportCapabilities capabilities() const override {
-    TransportCapabilities c;
-    c.kind = "tcp";
-    c.scatter_gather = SupportsParts();
-    return c;
-  }
 
   absl::StatusOr<Handle> PostSend(int peer, uint64_t tag, absl::Span<const uint8_t> data) override {
     return PostSendParts(peer, tag, {data});

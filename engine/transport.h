@@ -58,7 +58,7 @@ class Transport {
   // e.g. "gloo_tcp", "nccl", "memory".
   virtual std::string name() const = 0;
   // What this transport promises. The default is a reliable, ordered host transport of kind
-  // name(); each transport states its own.
+  // name(); a transport whose kind or memory differs states its own.
   virtual TransportCapabilities capabilities() const {
     TransportCapabilities c;
     c.kind = name();

@@ -508,8 +508,7 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   ++completed_;
   CollectiveOutcome outcome;
   outcome.codec = EffectiveCodec(config, n);
-  // topology=auto: the label names the schedule that ran.
-  outcome.topology = config.topology == engine::Topology::kAuto ? cross.topology : config.topology;
+  outcome.topology = cross.topology;  // the schedule that ran (what topology=auto resolved to)
   outcome.num_elements = n;
   outcome.seconds = seconds;
   outcome.wire_bytes = wire_bytes;
