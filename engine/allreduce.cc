@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "engine/block_plan.h"
 #include "engine/rank_executor.h"
+#include "engine/side_lane.h"
 #include "engine/stats_exchange.h"
 #include "engine/step_header.h"
 #include "engine/step_messenger.h"
@@ -343,7 +344,7 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
   const bool per_block = PlansPerBlock(codec) && stats_len > 0;
   // Whatever a posted send may read outlives the messenger, which aborts the transport when the
   // collective fails with operations still posted: the pool (executors give their buffers back to
-  // it) and the statistics.
+  // it), the statistics and the side lane.
   BufferPool call_pool;
   BufferPool& pool = options.buffers != nullptr ? *options.buffers : call_pool;
   std::unique_ptr<Codec> bf16;  // names the statistics messages' codec
@@ -355,7 +356,13 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
     sums.emplace(codec, *bf16, rank, n, d);
   }
   std::vector<float> local_stats, reduced_stats;
+  // The side lane's few values travel while everything else does (engine/side_lane.h).
+  std::optional<SideLane> side;
   StepMessenger messenger(transport, options, pool, deadline, result);
+  if (!options.side_sums.empty()) {
+    side.emplace(codec, rank, n);
+    DQ_RETURN_IF_ERROR(Annotate(side->Start(messenger, options.side_sums), rank));
+  }
 
   // 1. Statistics (of the values as they are; the plan's centring applies to compression only),
   // and a whole-bucket plan for codecs that do not plan per block.
@@ -417,6 +424,7 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
   // 3. Reduce-scatter and all-gather, as a wavefront over blocks and steps.
   DQ_RETURN_IF_ERROR(Annotate(RunExecutors(messenger, codec, schedule, num_blocks, make, options.timeline), rank));
   if (per_block) DQ_RETURN_IF_ERROR(Annotate(sums->Finish(messenger), rank));
+  if (side.has_value()) DQ_RETURN_IF_ERROR(Annotate(side->Finish(messenger, options.side_sums), rank));
   if (options.keep_plan_widths) {
     for (const BucketPlan& p : plans)
       result.plan_widths.insert(result.plan_widths.end(), p.widths.begin(), p.widths.end());

@@ -10,7 +10,9 @@
 //      own plan, or its slice of the bucket's) that flow through the steps independently: block
 //      k's first message leaves before block k + 1 is planned, and a block's next message leaves
 //      as soon as its previous one has arrived and been decoded and re-quantized, while later
-//      blocks are still on the wire.
+//      blocks are still on the wire;
+//   4. the side lane (AllReduceOptions::side_sums): a few exact fp64 sums, exchanged directly while
+//      the rest travels (engine/side_lane.h).
 //
 // Every message is a 64-byte StepHeader (engine/step_header.h) and its payload, whose receives are
 // posted ahead with the plan's bound on its size; the header is validated before the payload is
@@ -35,6 +37,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "engine/buffer_pool.h"
 #include "engine/schedule.h"
 #include "engine/step_auth.h"
@@ -71,6 +74,11 @@ struct AllReduceOptions {
   double bits = 0;
   // Records where this rank's time goes (engine/timeline.h); null: nothing is recorded.
   Timeline* timeline = nullptr;
+  // Exact fp64 sums carried beside the data (engine/side_lane.h), for contribution accounting: in,
+  // this rank's values; out, their sums over all ranks, added in rank order, so bit-identical on
+  // every rank. Every rank must pass as many (at most kMaxSideSums); empty: no side lane, nothing
+  // more on the wire. The memory must outlive the call.
+  absl::Span<double> side_sums;
 };
 
 struct AllReduceResult {

@@ -40,6 +40,8 @@ absl::string_view PhaseName(Phase p) {
       return "reduce-scatter";
     case Phase::kAllGather:
       return "all-gather";
+    case Phase::kSideLane:
+      return "side lane";
   }
   return "?";
 }
@@ -78,7 +80,7 @@ absl::StatusOr<StepHeader> DecodeStepHeader(absl::Span<const uint8_t> b) {
   if (b[4] != kVersion) {
     return absl::InvalidArgumentError(absl::StrCat("step header version ", b[4], ", this build speaks ", kVersion));
   }
-  if (b[5] > 2) return absl::InvalidArgumentError(absl::StrCat("step header with unknown phase ", b[5]));
+  if (b[5] > 3) return absl::InvalidArgumentError(absl::StrCat("step header with unknown phase ", b[5]));
   if ((b[7] & ~(kFlagAuthenticated | kScheduleMask)) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("step header with unknown flags ", b[7]));
   }

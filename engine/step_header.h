@@ -7,7 +7,7 @@
 //   offset size field
 //        0    4 magic            "DQS1"
 //        4    1 version          2
-//        5    1 phase            0 statistics, 1 reduce-scatter, 2 all-gather
+//        5    1 phase            0 statistics, 1 reduce-scatter, 2 all-gather, 3 side lane
 //        6    1 codec            CodecId
 //        7    1 flags            bit 0: authenticated; bits 1-3: the schedule (ScheduleId:
 //                                0 ring, 1 butterfly); the other bits must be 0
@@ -27,7 +27,8 @@
 //                                truncated to 96 bits; replaces the checksum (it detects corruption too)
 //
 // Version 2 added the flags and the tag (version 1 had reserved zeros at byte 7); the schedule bits
-// came later within version 2 (ring is 0, what every earlier header said).
+// came later within version 2 (ring is 0, what every earlier header said), and so did phase 3 (a peer
+// that predates it refuses a side lane as an unknown phase).
 #ifndef DQ_ENGINE_STEP_HEADER_H_
 #define DQ_ENGINE_STEP_HEADER_H_
 
@@ -49,7 +50,8 @@ inline constexpr size_t kStepHeaderMacCoverage = 52;
 inline constexpr size_t kStepTagBytes = kStepHeaderBytes - kStepHeaderMacCoverage;  // 12: 96 bits
 using StepTag = std::array<uint8_t, kStepTagBytes>;
 
-enum class Phase : uint8_t { kStats = 0, kReduceScatter = 1, kAllGather = 2 };
+// kSideLane: the exact fp64 sums a collective carries beside its data (AllReduceOptions::side_sums).
+enum class Phase : uint8_t { kStats = 0, kReduceScatter = 1, kAllGather = 2, kSideLane = 3 };
 
 struct StepHeader {
   Phase phase = Phase::kReduceScatter;

@@ -13,7 +13,9 @@
 #include "common/thread_pool.h"
 #include "engine/gloo_transport.h"
 #include "engine/memory_transport.h"
+#include "engine/side_lane.h"
 #include "engine/simulator.h"
+#include "engine/step_header.h"
 #include "engine/store.h"
 #include "gtest/gtest.h"
 #include "kernels/bf16_math.h"
@@ -283,6 +285,76 @@ TEST(AllReduceTest, DifferentSizesOrCodecsFail) {
   for (auto& t : threads) t.join();
   for (int r = 0; r < n; ++r) EXPECT_FALSE(results[r].ok()) << r;
   EXPECT_THAT(results[2].status().message(), AnyOf(HasSubstr("codec mxfp8"), HasSubstr("rank 1")));
+}
+
+// The side lane (contribution accounting): every rank ends with the same exact fp64 sums, added in
+// rank order, and the data's result is the one without a side lane, bit for bit.
+TEST(AllReduceTest, SideSumsAreExactAndBitIdenticalOnEveryRankBesideAnUnchangedResult) {
+  const int n = 4;
+  const size_t d = 5000;
+  auto inputs = Inputs(n, d);
+  for (CodecId id : {CodecId::kNone, CodecId::kDynamiq, CodecId::kThc, CodecId::kMxfp8}) {
+    for (Topology t : {Topology::kRing, Topology::kButterfly}) {
+      auto codec = Make(id);
+      if (t == Topology::kButterfly && !codec->SupportsButterfly()) continue;
+      SCOPED_TRACE(absl::StrCat(kernels::CodecName(id), " ", TopologyName(t)));
+      // Weights that fp32 could not sum exactly, and a count.
+      std::vector<std::vector<double>> side(n);
+      double expected_weight = 0;
+      for (int r = 0; r < n; ++r) {
+        side[r] = {0.1 * (r + 1) + 1e-12 * r, 3.0};
+        expected_weight += side[r][0];
+      }
+      const RankRun plain = RunThreads(*codec, inputs, [&](int) { return Options(t, 1024); });
+      const RankRun with_side = RunThreads(*codec, inputs, [&](int r) {
+        AllReduceOptions o = Options(t, 1024);
+        o.side_sums = absl::MakeSpan(side[r]);
+        return o;
+      });
+      for (int r = 0; r < n; ++r) {
+        ASSERT_THAT(with_side.results[r], IsOk());
+        EXPECT_EQ(side[r][0], expected_weight) << r;
+        EXPECT_EQ(side[r][1], 3.0 * n) << r;
+        EXPECT_EQ(std::memcmp(with_side.outputs[r].data(), plain.outputs[r].data(), d * sizeof(float)), 0) << r;
+      }
+      // The side lane's messages are headers and 8 bytes per value to each other rank.
+      EXPECT_EQ(with_side.results[0]->bytes_sent - plain.results[0]->bytes_sent,
+                (n - 1) * (kStepHeaderBytes + 2 * sizeof(double)));
+    }
+  }
+}
+
+TEST(AllReduceTest, ARankWithAnotherNumberOfSideSumsIsNamed) {
+  const int n = 3;
+  auto inputs = Inputs(n, 3000);
+  auto codec = Make(CodecId::kDynamiq);
+  std::vector<std::vector<double>> side = {{1, 1}, {1, 1}, {1, 1, 1}};
+  const RankRun run = RunThreads(*codec, inputs, [&](int r) {
+    AllReduceOptions o = Options();
+    o.timeout = absl::Seconds(5);
+    o.side_sums = absl::MakeSpan(side[r]);
+    return o;
+  });
+  // Every rank fails; the first to find the difference names it (the others may see the abort).
+  int named = 0;
+  for (int r = 0; r < n; ++r) {
+    ASSERT_FALSE(run.results[r].ok()) << r;
+    const absl::Status& s = run.results[r].status();
+    if (absl::StrContains(s.message(), "rank 2 sent 3 side-lane values (24 bytes), this rank 2") ||
+        absl::StrContains(s.message(), "sent 2 side-lane values (16 bytes), this rank 3")) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+      ++named;
+    }
+  }
+  EXPECT_GE(named, 1);
+  // More than a side lane carries is refused before anything is sent.
+  std::vector<double> many(kMaxSideSums + 1, 1.0);
+  const RankRun one = RunThreads(*codec, {inputs[0]}, [&](int) {
+    AllReduceOptions o = Options();
+    o.side_sums = absl::MakeSpan(many);
+    return o;
+  });
+  EXPECT_THAT(one.results[0].status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 16")));
 }
 
 TEST(AllReduceTest, AMissingPeerFailsTheOthersWithinTheTimeout) {
