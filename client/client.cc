@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -73,7 +74,7 @@ absl::Status CheckSocketExists(const std::string& path) {
 // Call only after Client::CheckAllReduce() accepted the arguments.
 dynamiq::v1::AllReduceRequest MakeAllReduceRequest(Connection& connection, const Buffer& buffer, size_t offset_bytes,
                                                    size_t num_elements, DType dtype, absl::string_view tensor_name,
-                                                   bool average) {
+                                                   const AllReduceOptions& options) {
   dynamiq::v1::AllReduceRequest request;
   request.set_worker_id(connection.worker_id);
   request.set_tensor_name(std::string(tensor_name));
@@ -81,7 +82,8 @@ dynamiq::v1::AllReduceRequest MakeAllReduceRequest(Connection& connection, const
   request.set_offset_bytes(offset_bytes);
   request.set_num_elements(num_elements);
   request.set_dtype(static_cast<dynamiq::v1::DType>(static_cast<int>(dtype)));
-  request.set_average(average);
+  request.set_average(options.average);
+  if (options.weight.has_value()) request.set_weight(*options.weight);
   request.set_submission(connection.next_submission.fetch_add(1));
   return request;
 }
@@ -327,9 +329,13 @@ absl::StatusOr<Buffer> Client::AllocateDevice(size_t bytes) {
 }
 
 absl::Status Client::CheckAllReduce(const Buffer& buffer, size_t offset_bytes, size_t num_elements, DType dtype,
-                                    absl::string_view tensor_name) const {
+                                    absl::string_view tensor_name, const AllReduceOptions& options) const {
   if (connection_ == nullptr) return absl::FailedPreconditionError("AllReduce on a moved-from dynamiq::Client");
   if (tensor_name.empty()) return absl::InvalidArgumentError("all-reduce with an empty tensor name");
+  if (options.weight.has_value() && !(*options.weight >= 0 && std::isfinite(*options.weight))) {
+    return absl::InvalidArgumentError(absl::StrCat("all-reduce of '", tensor_name, "': weight ", *options.weight,
+                                                   " is not finite and >= 0 (a sample count)"));
+  }
   if (!buffer.valid()) {
     return absl::InvalidArgumentError(
         absl::StrCat("all-reduce of '", tensor_name, "': the buffer is empty (released or moved from)"));
@@ -361,10 +367,21 @@ absl::Status Client::CheckAllReduce(const Buffer& buffer, size_t offset_bytes, s
 
 absl::Status Client::AllReduce(const Buffer& buffer, size_t offset_bytes, size_t num_elements, DType dtype,
                                absl::string_view tensor_name, bool average, AllReduceResult* result) {
-  DQ_RETURN_IF_ERROR(CheckAllReduce(buffer, offset_bytes, num_elements, dtype, tensor_name));
+  return AllReduce(buffer, offset_bytes, num_elements, dtype, tensor_name, AllReduceOptions{average}, result);
+}
+
+Future Client::AllReduceAsync(const Buffer& buffer, size_t offset_bytes, size_t num_elements, DType dtype,
+                              absl::string_view tensor_name, bool average) {
+  return AllReduceAsync(buffer, offset_bytes, num_elements, dtype, tensor_name, AllReduceOptions{average});
+}
+
+absl::Status Client::AllReduce(const Buffer& buffer, size_t offset_bytes, size_t num_elements, DType dtype,
+                               absl::string_view tensor_name, const AllReduceOptions& options,
+                               AllReduceResult* result) {
+  DQ_RETURN_IF_ERROR(CheckAllReduce(buffer, offset_bytes, num_elements, dtype, tensor_name, options));
   DQ_RETURN_IF_ERROR(buffer.impl_->device_mapping.WaitForWrites());
   const dynamiq::v1::AllReduceRequest request =
-      MakeAllReduceRequest(*connection_, buffer, offset_bytes, num_elements, dtype, tensor_name, average);
+      MakeAllReduceRequest(*connection_, buffer, offset_bytes, num_elements, dtype, tensor_name, options);
   const absl::Duration timeout = connection_->options().timeout;
   grpc::ClientContext context;
   Connection::SetDeadline(context, timeout);
@@ -378,9 +395,9 @@ absl::Status Client::AllReduce(const Buffer& buffer, size_t offset_bytes, size_t
 }
 
 Future Client::AllReduceAsync(const Buffer& buffer, size_t offset_bytes, size_t num_elements, DType dtype,
-                              absl::string_view tensor_name, bool average) {
+                              absl::string_view tensor_name, const AllReduceOptions& options) {
   auto state = std::make_shared<FutureState>();
-  absl::Status ready = CheckAllReduce(buffer, offset_bytes, num_elements, dtype, tensor_name);
+  absl::Status ready = CheckAllReduce(buffer, offset_bytes, num_elements, dtype, tensor_name, options);
   if (ready.ok()) ready = buffer.impl_->device_mapping.WaitForWrites();
   if (!ready.ok()) {
     state->Complete(std::move(ready));
@@ -388,7 +405,7 @@ Future Client::AllReduceAsync(const Buffer& buffer, size_t offset_bytes, size_t 
   }
   const absl::Duration timeout = connection_->options().timeout;
   auto call = std::make_shared<AllReduceCall>();
-  call->request = MakeAllReduceRequest(*connection_, buffer, offset_bytes, num_elements, dtype, tensor_name, average);
+  call->request = MakeAllReduceRequest(*connection_, buffer, offset_bytes, num_elements, dtype, tensor_name, options);
   Connection::SetDeadline(call->context, timeout);
   std::shared_ptr<client::internal::OpTracker> tracker = connection_->tracker();
   std::shared_ptr<client::internal::OpTracker> uses = buffer.impl_->uses;

@@ -42,6 +42,8 @@ inline AllReduceResult ToResult(const dynamiq::v1::AllReduceResponse& response) 
   r.bits = response.bits();
   r.wire_bytes = response.wire_bytes();
   if (response.has_measured_vnmse()) r.measured_vnmse = response.measured_vnmse();
+  r.contributors = response.contributors();
+  r.weight_sum = response.weight_sum();
   return r;
 }
 

@@ -157,6 +157,13 @@ class CudaDataPath final : public DataPath {
     DQ_RETURN_IF_ERROR(MakeCurrent(scoped, device_));
     DQ_ASSIGN_OR_RETURN(void* sum, sum_.Get(n * sizeof(float)));
     sum_data_ = static_cast<float*>(sum);
+    for (const Region& in : inputs) {
+      if (in.weight != 1.0f) {
+        sum_data_ = nullptr;
+        return absl::UnimplementedError(
+            "weighted all-reduces are not supported on GPU nodes yet (every weight must be 1); CPU nodes support them");
+      }
+    }
     for (size_t k = 0; k < inputs.size(); ++k) {
       const Region& in = inputs[k];
       const size_t element_bytes = kernels::DTypeSize(in.dtype);
@@ -188,6 +195,11 @@ class CudaDataPath final : public DataPath {
                        transport.name(), " transport"));
     }
     if (sum_data_ == nullptr) return absl::FailedPreconditionError("CrossNode before LocalReduce");
+    if (!options.side_sums.empty()) {
+      return absl::UnimplementedError(
+          "weighted all-reduces (a side lane of exact sums) are not supported on GPU nodes yet; CPU nodes support "
+          "them");
+    }
     std::optional<absl::MutexLock> no_allocation;
     if (nccl != nullptr) no_allocation.emplace(&DeviceCollectiveMutex(device_));
     // In place on the sum; the device all-reduce orders its work after the local reduce queued on stream_.

@@ -142,8 +142,12 @@ class Daemon {
     kernels::DType dtype = kernels::DType::kFloat32;
     bool average = false;
     std::optional<uint64_t> submission;
+    std::optional<double> weight;  // Job::Request::weight
   };
   absl::StatusOr<Job::Result> AllReduce(const AllReduceCall& call);
+  // Like AllReduce, but returns at once: `done` runs exactly once with what AllReduce would have
+  // returned (Job::Enqueue), here for a refused request. The worker service's handler.
+  void AllReduceAsync(const AllReduceCall& call, Job::Completion done);
 
   // Operator API. A compression change maps the job's newest configuration (the newest published
   // epoch, staged or applied) to the new one; it runs on this node while the change claims the next

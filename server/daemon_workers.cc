@@ -191,6 +191,19 @@ absl::StatusOr<Job::Result> Daemon::AllReduce(const AllReduceCall& call) {
   return job->Submit(*request);
 }
 
+void Daemon::AllReduceAsync(const AllReduceCall& call, Job::Completion done) {
+  std::shared_ptr<Job> job;
+  absl::StatusOr<Job::Request> request = CheckAllReduce(call, &job);
+  if (!request.ok()) {
+    RecordRejected(request.status(), absl::StrCat("worker ", call.worker_id));
+    done(request.status());
+    return;
+  }
+  // The job completes every request it accepted before it closes (Job::Stop), so `done` never
+  // outlives it.
+  job->Enqueue(*request, std::move(done));
+}
+
 absl::StatusOr<Job::Request> Daemon::CheckAllReduce(const AllReduceCall& call, std::shared_ptr<Job>* job_out) {
   std::string job_id;
   {
@@ -226,6 +239,7 @@ absl::StatusOr<Job::Request> Daemon::CheckAllReduce(const AllReduceCall& call, s
   r.buffer_use = std::move(use.hold);
   r.device_memory = device_memory;
   r.submission = call.submission;
+  r.weight = call.weight;
   *job_out = std::move(job);
   return r;
 }

@@ -37,6 +37,9 @@ class DataPath {
     uint8_t* data = nullptr;
     kernels::DType dtype = kernels::DType::kFloat32;
     bool device = false;  // device memory of the path's device (else host memory)
+    // The region's weight in LocalReduce's sum (contribution accounting: a worker's sample count);
+    // finite and >= 0. Weights of 1 add the values as they are, bit for bit.
+    float weight = 1.0f;
   };
   struct Output {
     Region region;
@@ -57,13 +60,16 @@ class DataPath {
   virtual ~DataPath() = default;
   // The sum lives in device memory (GPU nodes): Job's messages say so ("local reduce on the device").
   virtual bool on_device() const { return false; }
-  // The sum of `inputs` (in their order, accumulated in fp32) becomes the collective's sum of `n`
-  // elements. Errors: RESOURCE_EXHAUSTED (no memory for the sum), INTERNAL (device errors);
-  // messages without the collective's name (Job adds it).
+  // The weighted sum of `inputs` (each region's values times its weight, in their order,
+  // accumulated in fp32) becomes the collective's sum of `n` elements. Errors: RESOURCE_EXHAUSTED
+  // (no memory for the sum), INTERNAL (device errors), UNIMPLEMENTED (weights other than 1 where
+  // the path has no weighted reduce); messages without the collective's name (Job adds it).
   virtual absl::Status LocalReduce(absl::Span<const Region> inputs, size_t n) = 0;
-  // All-reduces the sum across the ranks of `transport` in place with `codec`; measures the error
+  // All-reduces the sum across the ranks of `transport` in place with `codec`, and
+  // options.side_sums (the exact side lane, engine/side_lane.h) beside it; measures the error
   // with probability `error_sample_rate` where the path can. Errors as the engine's;
-  // INVALID_ARGUMENT for a transport the implementation cannot drive.
+  // INVALID_ARGUMENT for a transport the implementation cannot drive; UNIMPLEMENTED for a side
+  // lane where the path has none.
   virtual absl::StatusOr<CrossNodeResult> CrossNode(const kernels::Codec& codec, engine::Transport& transport,
                                                     const engine::AllReduceOptions& options, size_t n,
                                                     double error_sample_rate) = 0;

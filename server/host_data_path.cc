@@ -1,5 +1,6 @@
 #include "server/host_data_path.h"
 
+#include <cmath>
 #include <new>
 #include <utility>
 
@@ -22,9 +23,18 @@ absl::Status HostDataPath::LocalReduce(absl::Span<const Region> inputs, size_t n
   if (inputs.empty()) return absl::InvalidArgumentError("no regions to reduce");
   for (const Region& r : inputs) {
     if (r.device) return absl::InvalidArgumentError("a device region on a CPU node");
+    if (!(r.weight >= 0 && std::isfinite(r.weight))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a region's weight is ", r.weight, "; weights are finite and >= 0"));
+    }
   }
+  const float w0 = inputs[0].weight;
   if (inputs[0].dtype == kernels::DType::kFloat32) {
     sum_ = reinterpret_cast<float*>(inputs[0].data);
+    // The sum lives in local rank 0's buffer, which the write-back overwrites anyway.
+    if (w0 != 1.0f) {
+      for (size_t i = 0; i < n; ++i) sum_[i] *= w0;
+    }
   } else {
     try {
       scratch_.resize(n);
@@ -33,16 +43,29 @@ absl::Status HostDataPath::LocalReduce(absl::Span<const Region> inputs, size_t n
     }
     sum_ = scratch_.data();
     const uint16_t* h = reinterpret_cast<const uint16_t*>(inputs[0].data);
-    for (size_t i = 0; i < n; ++i) sum_[i] = kernels::Bf16ToFloat(h[i]);
+    if (w0 == 1.0f) {
+      for (size_t i = 0; i < n; ++i) sum_[i] = kernels::Bf16ToFloat(h[i]);
+    } else {
+      for (size_t i = 0; i < n; ++i) sum_[i] = w0 * kernels::Bf16ToFloat(h[i]);
+    }
   }
-  // In local-rank order: deterministic.
+  // In local-rank order: deterministic. Weights of 1 take the unweighted loops (bit for bit).
   for (size_t k = 1; k < inputs.size(); ++k) {
+    const float w = inputs[k].weight;
     if (inputs[k].dtype == kernels::DType::kFloat32) {
       const float* f = reinterpret_cast<const float*>(inputs[k].data);
-      for (size_t i = 0; i < n; ++i) sum_[i] += f[i];
+      if (w == 1.0f) {
+        for (size_t i = 0; i < n; ++i) sum_[i] += f[i];
+      } else {
+        for (size_t i = 0; i < n; ++i) sum_[i] += w * f[i];
+      }
     } else {
       const uint16_t* h = reinterpret_cast<const uint16_t*>(inputs[k].data);
-      for (size_t i = 0; i < n; ++i) sum_[i] += kernels::Bf16ToFloat(h[i]);
+      if (w == 1.0f) {
+        for (size_t i = 0; i < n; ++i) sum_[i] += kernels::Bf16ToFloat(h[i]);
+      } else {
+        for (size_t i = 0; i < n; ++i) sum_[i] += w * kernels::Bf16ToFloat(h[i]);
+      }
     }
   }
   return absl::OkStatus();
@@ -95,6 +118,7 @@ absl::StatusOr<DataPath::CrossNodeResult> HostDataPath::CrossNode(const kernels:
   const absl::Time start = absl::Now();
   DQ_ASSIGN_OR_RETURN(auto none, kernels::CreateCodec(kernels::CodecConfig{kernels::CodecId::kNone}));
   engine::AllReduceOptions exact_options = o;
+  exact_options.side_sums = {};  // summed once, by the collective itself
   exact_options.sequence = ErrorProbeSequence(options.sequence);
   exact_options.timeout = probe_timeout_;  // a measurement on the side, with its own deadline
   auto exact_result =

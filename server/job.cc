@@ -3,46 +3,20 @@
 #include <pthread.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstring>
+#include <array>
+#include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
-#include "common/log.h"
+#include "absl/synchronization/notification.h"
 #include "common/safe_text.h"
-#include "common/status_macros.h"
-#include "engine/allreduce.h"
-#include "engine/step_header.h"
-#include "kernels/bf16_math.h"
-#include "kernels/dynamiq_allocator.h"
-#include "server/error_probe.h"
 #include "server/host_data_path.h"
 
 namespace dynamiq::server {
 namespace {
-
-// Stable 64-bit id of a job name for the engine's step headers (FNV-1a).
-uint64_t JobHash(absl::string_view id) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (char c : id) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
-  return h;
-}
-
-// What the step headers' job field carries: the job and its incarnation, the tensor's name, element
-// count and dtype, so nodes whose workers submitted different tensors (or sizes, or dtypes: the
-// cross-node sum is fp32 either way) fail the header check at once, and messages of an earlier
-// incarnation of the job are refused.
-uint64_t CollectiveId(absl::string_view job, uint64_t incarnation, absl::string_view tensor, uint64_t num_elements,
-                      kernels::DType dtype) {
-  const std::string nul(1, '\0');
-  // Incarnation 1 is the plain job id.
-  const std::string id = incarnation <= 1 ? std::string(job) : absl::StrCat(job, nul, "inc", incarnation);
-  return JobHash(absl::StrCat(id, nul, tensor, nul, num_elements, nul, kernels::DTypeName(dtype)));
-}
 
 // How far ahead of the job's next collective a worker may submit: far more than any training loop
 // keeps outstanding (DDP has a few dozen buckets in flight), and a bound on the slots one worker can
@@ -106,6 +80,7 @@ absl::Status Job::AddWorker(uint64_t worker_id, uint32_t local_rank, uint32_t lo
 void Job::RemoveWorker(uint64_t worker_id, const std::string& reason) {
   CrossNodeGroup::Break broken;
   uint32_t rank;
+  Completions completions;
   {
     absl::MutexLock lock(&mu_);
     auto it = workers_.find(worker_id);
@@ -125,14 +100,11 @@ void Job::RemoveWorker(uint64_t worker_id, const std::string& reason) {
       }
       const absl::Status failed = absl::AbortedError(absl::StrCat("collective ", slot->first, " of job ", options_.id,
                                                                   ": local rank ", rank, " left (", reason, ")"));
-      for (auto& [r, e] : slot->second.entries) {
-        e->status = failed;
-        e->done = true;
-      }
       if (!slot->second.entries.empty()) {
         CountFailure(slot->second.entries.begin()->second->request.num_elements,
                      {CollectiveResult::kAborted, FaultKind::kAbort});
       }
+      TakeSlot(slot->second, failed, completions);
       failures.emplace_back(slot->first, failed);
       next_run_ = std::max(next_run_, slot->first + 1);
       slot = slots_.erase(slot);
@@ -140,6 +112,7 @@ void Job::RemoveWorker(uint64_t worker_id, const std::string& reason) {
     for (auto& [id, next] : next_submit_) next = std::max(next, next_run_);
     if (!failures.empty()) broken = group_.Decide(std::move(failures));
   }
+  Complete(std::move(completions));
   group_.Announce(broken);
   // A running collective may still read or write this worker's buffer: wait until it is done, so
   // the caller can release the worker's shared memory.
@@ -156,6 +129,7 @@ void Job::RemoveWorker(uint64_t worker_id, const std::string& reason) {
 void Job::Stop(const std::string& reason) {
   // The collectives this call fails or aborts, for the other nodes (whose part of them it cuts short).
   CrossNodeGroup::Failures failures;
+  Completions completions;
   {
     absl::MutexLock lock(&mu_);
     const bool first = !stopping_;
@@ -170,129 +144,115 @@ void Job::Stop(const std::string& reason) {
         ++it;
         continue;
       }
-      for (auto& [r, e] : it->second.entries) {
-        e->status = absl::UnavailableError(stop_reason_);
-        e->done = true;
-      }
       if (!it->second.entries.empty()) {
         CountFailure(it->second.entries.begin()->second->request.num_elements,
                      {CollectiveResult::kAborted, FaultKind::kAbort});
       }
-      // The entries live in their submitters' frames, which return now: drop the slot so nothing
-      // (a second Stop) touches them afterwards.
+      TakeSlot(it->second, absl::UnavailableError(stop_reason_), completions);
       it = slots_.erase(it);
     }
   }
+  Complete(std::move(completions));
   group_.Report(failures);
   group_.Abort();  // a running collective fails promptly instead of at its timeout
   absl::MutexLock lock(&mu_);
-  auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return active_submitters_ == 0; };
+  auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return outstanding_ == 0; };
   mu_.Await(absl::Condition(&drained));
 }
 
-absl::StatusOr<Job::Result> Job::Submit(const Request& request) {
-  auto reject = [this](absl::Status status) {
+void Job::TakeSlot(Slot& slot, const absl::StatusOr<Result>& result, Completions& out) {
+  for (auto& [r, e] : slot.entries) {
+    out.entries.push_back(std::move(e));
+    out.results.push_back(result);
+  }
+  slot.entries.clear();
+}
+
+void Job::Complete(Completions completions) {
+  if (completions.empty()) return;
+  const size_t count = completions.entries.size();
+  std::vector<Completion> calls;
+  for (auto& e : completions.entries) calls.push_back(std::move(e->done));
+  completions.entries.clear();  // the buffer holds go first
+  for (size_t i = 0; i < count; ++i) calls[i](std::move(completions.results[i]));
+  absl::MutexLock lock(&mu_);
+  outstanding_ -= count;
+}
+
+void Job::Enqueue(const Request& request, Completion done) {
+  auto reject = [this, &done](absl::Status status) {
     if (options_.observer != nullptr) options_.observer->OnRejected(status.code());
-    return status;
+    done(std::move(status));
   };
-  Entry entry;
-  entry.request = request;
-  uint64_t sequence;
-  {
+  if (request.weight.has_value() && !(*request.weight >= 0 && std::isfinite(*request.weight) &&
+                                      *request.weight <= std::numeric_limits<float>::max())) {
+    return reject(absl::InvalidArgumentError(absl::StrCat(
+        "weight ", *request.weight, " of worker ", request.worker_id,
+        "'s all-reduce: a weight is finite and >= 0 (a sample count; 0 when the worker contributes nothing)")));
+  }
+  auto entry = std::make_unique<Entry>();
+  entry->request = request;
+  // Accepts the request into its slot, or says why not (answered without mu_ held).
+  const absl::Status accepted = [&]() -> absl::Status {
+    uint64_t sequence;
     absl::MutexLock lock(&mu_);
     auto w = workers_.find(request.worker_id);
     if (w == workers_.end()) {
-      return reject(absl::FailedPreconditionError(
-          absl::StrCat("worker ", request.worker_id, " is not registered with job ", options_.id)));
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", request.worker_id, " is not registered with job ", options_.id));
     }
-    entry.local_rank = w->second;
+    entry->local_rank = w->second;
     if (request.submission.has_value()) {
       // The worker's own numbering: asynchronous requests may arrive out of order.
       const uint64_t base = base_[request.worker_id];
       const uint64_t next = next_run_ - std::min(next_run_, base);  // the worker's submission that runs next
       if (*request.submission >= next + kMaxCollectivesAhead) {
-        return reject(absl::InvalidArgumentError(absl::StrCat(
+        return absl::InvalidArgumentError(absl::StrCat(
             "submission ", *request.submission, " of worker ", request.worker_id, " is too far ahead: job ",
             options_.id, " runs its collective ", next, " of this worker next and accepts at most ",
-            kMaxCollectivesAhead, " ahead of it (number a worker's all-reduces 0, 1, 2, ... from its registration)")));
+            kMaxCollectivesAhead, " ahead of it (number a worker's all-reduces 0, 1, 2, ... from its registration)"));
       }
       sequence = base + *request.submission;
       if (sequence < next_run_) {
-        return reject(absl::InvalidArgumentError(absl::StrCat("submission ", *request.submission, " of worker ",
-                                                              request.worker_id, " is out of order: its collective ",
-                                                              sequence, " of job ", options_.id, " already ran")));
+        return absl::InvalidArgumentError(absl::StrCat("submission ", *request.submission, " of worker ",
+                                                       request.worker_id, " is out of order: its collective ", sequence,
+                                                       " of job ", options_.id, " already ran"));
       }
     } else {
       sequence = next_submit_[request.worker_id];
       if (sequence >= next_run_ + kMaxCollectivesAhead) {
-        return reject(absl::ResourceExhaustedError(
-            absl::StrCat("worker ", request.worker_id, " has ", sequence - next_run_, " all-reduces of job ",
-                         options_.id, " waiting; at most ", kMaxCollectivesAhead, " may be outstanding")));
+        return absl::ResourceExhaustedError(absl::StrCat("worker ", request.worker_id, " has ", sequence - next_run_,
+                                                         " all-reduces of job ", options_.id, " waiting; at most ",
+                                                         kMaxCollectivesAhead, " may be outstanding"));
       }
     }
-    if (stopping_) return reject(absl::UnavailableError(stop_reason_));
+    if (stopping_) return absl::UnavailableError(stop_reason_);
     auto existing = slots_.find(sequence);
-    if (existing != slots_.end() && existing->second.entries.count(entry.local_rank)) {
-      return reject(absl::AlreadyExistsError(absl::StrCat("worker ", request.worker_id, " submitted collective ",
-                                                          sequence, " twice (submission index reused)")));
+    if (existing != slots_.end() && existing->second.entries.count(entry->local_rank)) {
+      return absl::AlreadyExistsError(absl::StrCat("worker ", request.worker_id, " submitted collective ", sequence,
+                                                   " twice (submission index reused)"));
     }
     next_submit_[request.worker_id] = std::max(next_submit_[request.worker_id], sequence + 1);
-    slots_[sequence].entries[entry.local_rank] = &entry;
-    ++active_submitters_;
-    struct Leave {
-      Job* job;
-      ~Leave() ABSL_NO_THREAD_SAFETY_ANALYSIS { --job->active_submitters_; }
-    } leave{this};
-    // Wait for the reducer (which completes every entry of the slot) or the watchdog deadline.
-    auto done = [&entry]() { return entry.done; };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&done), options_.timeout)) {
-      Slot& slot = slots_[sequence];
-      if (slot.running) {
-        // The reducer is using this entry; the engine's own timeout bounds how long that takes.
-        mu_.Await(absl::Condition(&done));
-      } else {
-        const std::string missing = MissingRanks(slot);  // the local workers that never submitted
-        // Every local rank submitted: it waited behind an earlier collective that never ran.
-        const std::string why = missing.empty()
-                                    ? absl::StrCat("every local rank submitted it, but it waited behind collective ",
-                                                   next_run_, ", which has not run")
-                                    : absl::StrCat("local ranks that did not submit: ", missing);
-        // The collective can no longer complete here: fail it for every local worker and let the
-        // job continue after it (other nodes see the failure as a timeout of the same collective).
-        const absl::Status failed = absl::DeadlineExceededError(
-            absl::StrCat("collective ", sequence, " of job ", options_.id, " timed out after ",
-                         absl::FormatDuration(options_.timeout), " (dynamiqd --timeout); ", why));
-        for (auto& [r, e] : slot.entries) {
-          e->status = failed;
-          e->done = true;
-        }
-        // The flight recorder keeps it like a collective that ran and failed.
-        CollectiveRecord record;
-        record.sequence = sequence;
-        record.tensor_name = request.tensor_name;
-        record.num_elements = request.num_elements;
-        record.config = config_;
-        record.config_epoch = config_epoch_;
-        record.state = "failed";
-        record.error = std::string(failed.message());
-        record.start = absl::Now() - options_.timeout;
-        record.seconds = absl::ToDoubleSeconds(options_.timeout);
-        Record(std::move(record));
-        slots_.erase(sequence);
-        if (sequence == next_run_) ++next_run_;
-        CountFailure(request.num_elements, {CollectiveResult::kTimeout, FaultKind::kTimeout});
-        const CrossNodeGroup::Break broken = group_.Decide({{sequence, failed}});
-        // Not under mu_: announcing talks to the coordinator. This handler still counts as active,
-        // so Stop and Close wait for it.
-        mu_.Unlock();
-        group_.Announce(broken);
-        mu_.Lock();
-        return failed;
-      }
-    }
-  }
-  if (!entry.status.ok()) return entry.status;
-  return entry.result;
+    entry->stall_deadline = absl::Now() + options_.timeout;
+    entry->done = std::move(done);
+    const uint32_t rank = entry->local_rank;
+    slots_[sequence].entries[rank] = std::move(entry);
+    ++outstanding_;
+    ++enqueued_;
+    return absl::OkStatus();
+  }();
+  if (!accepted.ok()) reject(accepted);
+}
+
+absl::StatusOr<Job::Result> Job::Submit(const Request& request) {
+  absl::Notification completed;
+  absl::StatusOr<Result> result;
+  Enqueue(request, [&](absl::StatusOr<Result> r) {
+    result = std::move(r);
+    completed.Notify();
+  });
+  completed.WaitForNotification();
+  return result;
 }
 
 Job::Status Job::GetStatus() const {
@@ -332,21 +292,6 @@ void Job::Record(CollectiveRecord record) {
   while (records_.size() > options_.flight_recorder_size) records_.pop_front();
 }
 
-std::string Job::MissingRanks(const Slot& slot) const {
-  std::vector<std::string> missing;
-  for (uint32_t r = 0; r < options_.local_world_size; ++r) {
-    if (slot.entries.count(r)) continue;
-    std::string who = "not registered";
-    for (const auto& [id, rank] : workers_) {
-      if (rank != r) continue;
-      auto pid = pids_.find(id);
-      who = pid != pids_.end() ? absl::StrCat("worker ", id, ", pid ", pid->second) : absl::StrCat("worker ", id);
-    }
-    missing.push_back(absl::StrCat(r, " (", who, ")"));
-  }
-  return absl::StrJoin(missing, ", ");
-}
-
 absl::Status Job::WithRemoteCause(uint64_t sequence, absl::Status error) {
   {
     absl::MutexLock lock(&mu_);
@@ -357,31 +302,49 @@ absl::Status Job::WithRemoteCause(uint64_t sequence, absl::Status error) {
 
 void Job::ReducerLoop() {
   while (true) {
-    uint64_t sequence;
-    Slot* slot;
+    uint64_t sequence = 0;
+    Slot* slot = nullptr;
+    Completions expired;
+    CrossNodeGroup::Failures failures;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        if (stopping_) return true;
+      while (slot == nullptr && expired.empty()) {
+        // Wakes for the next collective, a stop, or a new request (which may bring the next stall
+        // check forward from "never").
+        const uint64_t seen = enqueued_;
+        auto ready = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          if (stopping_ || enqueued_ != seen) return true;
+          auto it = slots_.find(next_run_);
+          return it != slots_.end() && it->second.entries.size() == options_.local_world_size;
+        };
+        mu_.AwaitWithDeadline(absl::Condition(&ready), NextStall());
+        if (stopping_) return;
         auto it = slots_.find(next_run_);
-        return it != slots_.end() && it->second.entries.size() == options_.local_world_size;
-      };
-      mu_.Await(absl::Condition(&ready));
-      if (stopping_) return;
-      sequence = next_run_;
-      slot = &slots_[sequence];
-      slot->running = true;
+        if (it != slots_.end() && it->second.entries.size() == options_.local_world_size) {
+          sequence = next_run_;
+          slot = &it->second;
+          slot->running = true;
+        } else {
+          ExpireStalled(expired, failures);
+        }
+      }
     }
-    RunCollective(sequence, *slot);
+    if (!expired.empty()) {
+      // Not under mu_: announcing talks to the coordinator.
+      const CrossNodeGroup::Break broken = group_.Decide(std::move(failures));
+      Complete(std::move(expired));
+      group_.Announce(broken);
+    }
+    if (slot != nullptr) RunCollective(sequence, *slot);
   }
 }
 
 void Job::RunCollective(uint64_t sequence, Slot& slot) {
   // --timeout bounds the whole collective from here, the coordinator poll below included.
   deadline_ = absl::Now() + options_.timeout;
-  // The entries are stable while the slot is complete: their submitters wait for `done`.
+  // The entries are stable while the slot runs: RemoveWorker, Stop and the stall check leave it.
   std::vector<Entry*> entries;
-  for (auto& [rank, e] : slot.entries) entries.push_back(e);
+  for (auto& [rank, e] : slot.entries) entries.push_back(e.get());
   // Adopt a published configuration change whose boundary is this collective (the poll talks to
   // the coordinator, so it runs without holding the lock).
   JobConfig config;
@@ -414,6 +377,14 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   for (Entry* e : entries) {
     const Request& a = entries[0]->request;
     const Request& b = e->request;
+    if (a.weight.has_value() != b.weight.has_value()) {
+      status = absl::InvalidArgumentError(absl::StrFormat(
+          "collective %d of job %s: local rank %d submitted it %s a weight, local rank %d %s; every worker submits "
+          "with a weight or every one without",
+          sequence, options_.id, entries[0]->local_rank, a.weight.has_value() ? "with" : "without", e->local_rank,
+          b.weight.has_value() ? "with one" : "without"));
+      break;
+    }
     if (a.tensor_name != b.tensor_name || a.num_elements != b.num_elements || a.dtype != b.dtype) {
       status = absl::InvalidArgumentError(absl::StrFormat(
           "collective %d of job %s: local rank %d submitted '%s' (%d x %s), local rank %d submitted '%s' (%d x %s)",
@@ -427,8 +398,14 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   // The three steps of the data path: local reduce, across nodes, write-back.
   std::vector<DataPath::Region> inputs;
   std::vector<DataPath::Output> outputs;
+  // Contribution accounting: this node's sum of weights and workers, over every node after the
+  // cross-node step (its side lane, for a weighted collective).
+  const bool weighted = entries[0]->request.weight.has_value();
+  std::array<double, 2> side = {0, static_cast<double>(entries.size())};
   for (const Entry* e : entries) {
-    const DataPath::Region region{e->request.region.data(), e->request.dtype, e->request.device_memory};
+    const float weight = static_cast<float>(e->request.weight.value_or(1.0));
+    side[0] += e->request.weight.value_or(1.0);
+    const DataPath::Region region{e->request.region.data(), e->request.dtype, e->request.device_memory, weight};
     inputs.push_back(region);
     outputs.push_back(DataPath::Output{region, e->request.average});
   }
@@ -454,12 +431,18 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   const double bits = plan ? planner_.BitsFor(bucket, codec) : 0;
   if (status.ok() && options_.num_nodes > 1) {
     absl::StatusOr<DataPath::CrossNodeResult> r =
-        CrossNode(sequence, config, epoch, entries[0]->request.tensor_name, entries[0]->request.dtype, n, bits);
+        CrossNode(sequence, config, epoch, entries[0]->request.tensor_name, entries[0]->request.dtype, n, bits,
+                  weighted ? absl::MakeSpan(side) : absl::Span<double>());
     if (r.ok()) {
       cross = *std::move(r);
     } else {
       status = WithRemoteCause(sequence, r.status());
     }
+  }
+  if (!weighted) side[0] = side[1] = static_cast<double>(options_.num_nodes) * options_.local_world_size;
+  if (status.ok() && !(side[0] >= 0 && std::isfinite(side[0]))) {
+    // Every node checked its own workers' weights: only a broken peer gets here.
+    status = absl::DataLossError(absl::StrCat(name, ": the nodes' weights sum to ", side[0]));
   }
   if (plan && codec.id == kernels::CodecId::kDynamiq) {
     std::vector<double> energies;
@@ -472,7 +455,11 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
     }
   }
   if (status.ok()) {
-    const float scale = 1.0f / static_cast<float>(options_.num_nodes * options_.local_world_size);
+    // The mean divides by what was summed: the weights, or the workers (a collective whose every
+    // weight is 0 has nothing to average: 0).
+    const float scale = !weighted     ? 1.0f / static_cast<float>(options_.num_nodes * options_.local_world_size)
+                        : side[0] > 0 ? static_cast<float>(1.0 / side[0])
+                                      : 0.0f;
     status = path_->WriteBack(outputs, n, scale);
     if (!status.ok()) {
       status = absl::Status(status.code(),
@@ -490,14 +477,27 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   }
   // Metrics count the collective, not the measurement on the side.
   const double seconds = std::max(0.0, record.seconds - cross.probe_seconds);
-  // Advance the job in the same critical section that releases the submitters: once any worker
-  // sees its result, NextSequence() (which SetCompression's boundary is computed from) is current.
-  absl::MutexLock lock(&mu_);
-  for (Entry* e : entries) {
-    e->status = status;
-    e->result = Result{sequence, epoch, config, wire_bytes, cross.vnmse};
-    e->done = true;
+  // Advance the job before any worker sees its result: NextSequence() (which SetCompression's
+  // boundary is computed from) is then current.
+  Completions completions;
+  {
+    absl::MutexLock lock(&mu_);
+    Finish(sequence, status,
+           Result{sequence, epoch, config, wire_bytes, cross.vnmse, static_cast<uint64_t>(side[1]), side[0]},
+           std::move(record), cross, seconds, completions);
   }
+  Complete(std::move(completions));
+}
+
+void Job::Finish(uint64_t sequence, const absl::Status& status, const Result& result, CollectiveRecord record,
+                 const DataPath::CrossNodeResult& cross, double seconds, Completions& completions) {
+  if (status.ok()) {
+    TakeSlot(slots_[sequence], result, completions);
+  } else {
+    TakeSlot(slots_[sequence], status, completions);
+  }
+  const JobConfig& config = result.config;
+  const uint64_t n = record.num_elements, wire_bytes = result.wire_bytes;
   Record(std::move(record));
   slots_.erase(sequence);
   next_run_ = std::max(next_run_, sequence + 1);  // RemoveWorker may have skipped ahead meanwhile
@@ -523,7 +523,8 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   if (options_.observer != nullptr) {
     options_.observer->OnCollective(options_.id, outcome);
     if (cross.vnmse.has_value()) {
-      options_.observer->OnErrorSample(options_.id, SampledError{config, epoch, outcome.codec, *cross.vnmse});
+      options_.observer->OnErrorSample(options_.id,
+                                       SampledError{config, result.config_epoch, outcome.codec, *cross.vnmse});
     }
   }
 }
@@ -542,66 +543,6 @@ void Job::CountFailure(uint64_t num_elements, Classification how) {
   outcome.topology = config_.topology;
   outcome.num_elements = num_elements;
   options_.observer->OnCollective(options_.id, outcome);
-}
-
-absl::StatusOr<DataPath::CrossNodeResult> Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch,
-                                                         absl::string_view tensor_name, kernels::DType dtype, size_t n,
-                                                         double bits) {
-  DQ_ASSIGN_OR_RETURN(engine::Transport * transport, group_.Connected(sequence));
-  DQ_ASSIGN_OR_RETURN(kernels::Codec * codec, codecs_.Get(EffectiveCodec(config, n)));
-  engine::AllReduceOptions o;
-  o.topology = config.topology;
-  o.job_id = CollectiveId(options_.id, options_.incarnation, tensor_name, n, dtype);
-  o.config_epoch = epoch;
-  o.sequence = sequence;
-  o.bits = bits;
-  o.timeout = std::max(absl::Milliseconds(1), deadline_ - absl::Now());
-  o.authenticator = options_.authenticator.get();
-  // A job under an error budget may sample more often than the daemon's default rate.
-  const double rate = config.error_budget.has_value() && config.error_budget->sample_rate > 0
-                          ? config.error_budget->sample_rate
-                          : options_.error_sample_rate;
-  // arc_topk's error feedback: the tensor's state, all of it dropped at a compression change.
-  if (epoch != error_feedback_epoch_) {
-    error_feedback_.Clear();
-    error_feedback_epoch_ = epoch;
-  }
-  ErrorFeedbackState* error_feedback = nullptr;
-  if (codec->id() == kernels::CodecId::kArcTopK && options_.arc_topk_error_feedback) {
-    const uint64_t evicted = error_feedback_.evicted();
-    absl::StatusOr<ErrorFeedbackState*> state = error_feedback_.Get(tensor_name, n, epoch, sequence);
-    if (error_feedback_.evicted() > evicted && evicted == 0) {
-      // Once per job: a step's tensors do not fit, so some restart with the dense step each time.
-      common::Log(
-          "job %s: arc_topk error feedback reached its limit of %zu bytes (--error_feedback_mib); least recently "
-          "used tensors' state is dropped to make room",
-          options_.id, options_.error_feedback_bytes);
-    }
-    if (!state.ok()) {
-      const absl::Status failed(state.status().code(), absl::StrCat("collective ", sequence, " of job ", options_.id,
-                                                                    ": ", state.status().message()));
-      // Like a failed local reduce: the other nodes learn why instead of waiting for this one.
-      group_.Announce(group_.Decide({{sequence, failed}}));
-      return failed;
-    }
-    error_feedback = *state;
-  }
-  path_->SetErrorFeedback(error_feedback, error_feedback_.momentum());
-  absl::StatusOr<DataPath::CrossNodeResult> result = path_->CrossNode(*codec, *transport, o, n, rate);
-  if (!result.ok()) {
-    group_.Drop(/*abort=*/false);
-    std::string hint;
-    if (engine::IsDifferentCollective(result.status())) {
-      hint = absl::StrFormat(
-          " (the nodes' workers submitted different tensors; this node all-reduces '%s', %d x %s: every worker "
-          "of a job must submit the same tensors in the same order)",
-          tensor_name, n, kernels::DTypeName(dtype));
-    }
-    return absl::Status(result.status().code(), absl::StrCat("collective ", sequence, " of job ", options_.id, ": ",
-                                                             result.status().message(), hint));
-  }
-  if (result->regroup) group_.Drop(/*abort=*/false);  // the measurement on the side broke the group
-  return result;
 }
 
 }  // namespace dynamiq::server

@@ -6,8 +6,10 @@
 // it through the job's DataPath (server/data_path.h): the local fp32 sum of their buffers, the
 // compressed all-reduce across nodes over the job's transport (whose step headers make every node
 // check the same job, sequence and config epoch), and the write-back into every worker's buffer.
-// Submit blocks until then. CPU nodes use HostDataPath (shared memory, tcp or gloo, the error probe); GPU
-// nodes pass a CudaDataPath (CUDA kernels, NCCL).
+// Enqueue returns at once and completes the request then (Submit waits for it). The reducer also
+// watches for stalls: a collective still incomplete --timeout after its first submission fails for
+// every local worker of it, naming the local ranks that never submitted. CPU nodes use HostDataPath (shared memory, tcp
+// or gloo, the error probe); GPU nodes pass a CudaDataPath (CUDA kernels, NCCL).
 //
 // Configuration changes (SetCompression) are staged with the sequence at which they apply; the
 // coordinator's store carries them to every node (see Daemon), so all nodes switch at the same
@@ -18,7 +20,7 @@
 // incarnation on this node (Options::incarnation): its rendezvous and configuration keys are its
 // own, and its step headers carry the incarnation, so nothing of an earlier run reaches it.
 //
-// Thread-safe: Submit is called from many gRPC handler threads.
+// Thread-safe: Enqueue and Submit are called from many gRPC threads.
 #ifndef DQ_SERVER_JOB_H_
 #define DQ_SERVER_JOB_H_
 
@@ -117,6 +119,13 @@ class Job {
     uint64_t num_elements = 0;
     kernels::DType dtype = kernels::DType::kFloat32;
     bool average = false;
+    // Contribution accounting: the worker's weight (its sample count; finite, >= 0, 0 allowed). A
+    // weighted collective's result is sum(w_i g_i), or with `average` sum(w_i g_i) / sum(w_i) (0
+    // when every weight is 0), over every worker of every node; the sum of the weights travels
+    // exactly, in fp64, beside the data (engine/side_lane.h). Every worker of a collective, on
+    // every node, must submit with a weight or every one without. Unset: weight 1, and the mean
+    // divides by the number of workers (no side lane on the wire).
+    std::optional<double> weight;
     absl::Span<uint8_t> region;              // the worker's bytes (shared memory, or device memory if device_memory)
     std::shared_ptr<const void> buffer_use;  // keeps `region` from being released (BufferUse::hold)
     bool device_memory = false;              // region is a device buffer (only with a device data path)
@@ -130,6 +139,10 @@ class Job {
     JobConfig config;
     uint64_t wire_bytes = 0;
     std::optional<double> measured_vnmse;  // the error probe's figure when it sampled the collective
+    // What was summed: the workers of every node that contributed, and the sum of their weights
+    // (for an unweighted collective, the number of workers).
+    uint64_t contributors = 0;
+    double weight_sum = 0;
   };
 
   explicit Job(Options options);
@@ -148,13 +161,19 @@ class Job {
   // no running collective uses its buffers any more (they may then be unmapped).
   void RemoveWorker(uint64_t worker_id, const std::string& reason);
   // Fails queued requests (with `reason`, else "job <id> is shutting down"), aborts a running
-  // collective, rejects new ones, and waits until no handler is inside Submit. Idempotent.
+  // collective, rejects new ones, and waits until every accepted request has completed. Idempotent.
   void Stop(const std::string& reason = "");
   // Stop, then joins the reducer thread and closes the transport: what is left is the job's status
   // and flight recorder. Called by the destructor; idempotent; never from the reducer thread.
   void Close();
 
-  // Blocks until the worker's next collective completes; its result is in request.region.
+  // Called once per request with its result (then in request.region) or its error.
+  using Completion = std::function<void(absl::StatusOr<Result>)>;
+  // Queues the worker's next collective and returns at once. `done` runs exactly once: on this
+  // thread for a refused request, else on the thread that completes the collective (the reducer,
+  // or RemoveWorker/Stop for one they fail). It must not block for long nor call into the Job.
+  void Enqueue(const Request& request, Completion done);
+  // Enqueue, then waits for the completion.
   absl::StatusOr<Result> Submit(const Request& request);
 
   // Stages a configuration change; returns the epoch it gets (local only: the Daemon publishes it).
@@ -183,24 +202,47 @@ class Job {
   struct Entry {
     Request request;
     uint32_t local_rank = 0;
-    bool done = false;
-    absl::Status status;
-    Result result;
+    absl::Time stall_deadline;  // its collective fails if it has not started by then
+    Completion done;
   };
   struct Slot {
-    std::map<uint32_t, Entry*> entries;  // by local rank
-    bool running = false;                // the reducer owns the entries until it marks them done
+    std::map<uint32_t, std::unique_ptr<Entry>> entries;  // by local rank
+    bool running = false;                                // the reducer owns the entries until it completes them
+  };
+  // Entries taken out of their slots under mu_, to complete once it is released: their buffer
+  // holds are let go first (as a handler's frame did), then their completions run, so a worker
+  // that has its answer can release its buffer at once.
+  struct Completions {
+    std::vector<std::unique_ptr<Entry>> entries;
+    std::vector<absl::StatusOr<Result>> results;  // one per entry
+    bool empty() const { return entries.empty(); }
   };
 
   void ReducerLoop();
-  // Runs collective `sequence` over the complete slot; fills every entry's status/result.
+  // Runs `completions`, then counts them done (Stop waits for that). Without mu_ held.
+  void Complete(Completions completions);
+  // Takes every entry of `slot` into `out`, each to complete with `result` (the slot is then empty).
+  static void TakeSlot(Slot& slot, const absl::StatusOr<Result>& result, Completions& out);
+  // The stall check: fails every waiting collective whose first submission is --timeout old, as the
+  // watchdog of each request; their failures for the other nodes go to `failures`.
+  void ExpireStalled(Completions& out, CrossNodeGroup::Failures& failures) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When ExpireStalled has something to do next (InfiniteFuture: nothing waits).
+  absl::Time NextStall() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs collective `sequence` over the complete slot and completes every entry of it.
   void RunCollective(uint64_t sequence, Slot& slot);
+  // The end of a collective: takes its entries' completions into `completions`, records it, drops
+  // its slot, advances the job and counts it.
+  void Finish(uint64_t sequence, const absl::Status& status, const Result& result, CollectiveRecord record,
+              const DataPath::CrossNodeResult& cross, double seconds, Completions& completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The cross-node step of a collective whose local sum is ready: the job's transport and codec,
   // then the data path's all-reduce (and error probe). The tensor's name and the workers' dtype
   // identify the collective on the wire. A failure drops the group (re-formed at the next one).
+  // A weighted collective passes its side lane (the node's sum of weights and its workers; the
+  // sums over nodes on return), which also marks it in the collective's id.
   absl::StatusOr<DataPath::CrossNodeResult> CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch,
                                                       absl::string_view tensor_name, kernels::DType dtype, size_t n,
-                                                      double bits);
+                                                      double bits, absl::Span<double> side_sums);
   // The codec collectives of `num_elements` use across nodes (none below min_compress_elements).
   static kernels::CodecConfig EffectiveCodec(const JobConfig& config, uint64_t num_elements);
   // Counts a failed collective and reports it to the observer.
@@ -227,7 +269,8 @@ class Job {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string stop_reason_ ABSL_GUARDED_BY(mu_);
   std::deque<CollectiveRecord> records_ ABSL_GUARDED_BY(mu_);
-  uint32_t active_submitters_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // accepted requests not yet completed
+  uint64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;     // requests accepted so far (wakes the stall check)
   // The cross-node transport and its generation: used by the reducer, aborted by Stop.
   CrossNodeGroup group_;
   absl::Time deadline_;         // of the collective the reducer runs (reducer thread only)

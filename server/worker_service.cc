@@ -11,7 +11,7 @@ namespace {
 
 // How a log line names the worker on the other end of `context`: its pid and uid when the daemon
 // accepted its connection itself (the worker socket), else gRPC's peer name.
-std::string DescribeWorkerPeer(const Daemon& daemon, const grpc::ServerContext& context) {
+std::string DescribeWorkerPeer(const Daemon& daemon, const grpc::ServerContextBase& context) {
   const std::string peer = context.peer();
   if (std::optional<ipc::PeerCredentials> c = daemon.WorkerPeer(peer)) {
     return absl::StrCat("worker pid ", c->pid, " uid ", c->uid, " (", peer, ")");
@@ -21,7 +21,7 @@ std::string DescribeWorkerPeer(const Daemon& daemon, const grpc::ServerContext& 
 
 // Every error a handler returns (but a collective's own failure) is a refused request: counted and
 // logged (rate-limited) with the worker's process.
-grpc::Status Refuse(Daemon& daemon, const grpc::ServerContext* context, const absl::Status& status) {
+grpc::Status Refuse(Daemon& daemon, const grpc::ServerContextBase* context, const absl::Status& status) {
   if (!status.ok()) daemon.RecordRejected(status, DescribeWorkerPeer(daemon, *context));
   return common::ToGrpcStatus(status);
 }
@@ -99,10 +99,15 @@ grpc::Status WorkerService::ReleaseBuffer(grpc::ServerContext* context,
   return Refuse(daemon_, context, daemon_.Release(*worker, request->buffer_id()));
 }
 
-grpc::Status WorkerService::AllReduce(grpc::ServerContext* context, const dynamiq::v1::AllReduceRequest* request,
-                                      dynamiq::v1::AllReduceResponse* response) {
+grpc::ServerUnaryReactor* WorkerService::AllReduce(grpc::CallbackServerContext* context,
+                                                   const dynamiq::v1::AllReduceRequest* request,
+                                                   dynamiq::v1::AllReduceResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   auto worker = ParseWorkerId(request->worker_id());
-  if (!worker.ok()) return Refuse(daemon_, context, worker.status());
+  if (!worker.ok()) {
+    reactor->Finish(Refuse(daemon_, context, worker.status()));
+    return reactor;
+  }
   Daemon::AllReduceCall call;
   call.worker_id = *worker;
   call.tensor_name = request->tensor_name();
@@ -111,6 +116,7 @@ grpc::Status WorkerService::AllReduce(grpc::ServerContext* context, const dynami
   call.num_elements = request->num_elements();
   call.average = request->average();
   if (request->has_submission()) call.submission = request->submission();
+  if (request->has_weight()) call.weight = request->weight();
   switch (request->dtype()) {
     case dynamiq::v1::DTYPE_FLOAT32:
       call.dtype = kernels::DType::kFloat32;
@@ -119,17 +125,27 @@ grpc::Status WorkerService::AllReduce(grpc::ServerContext* context, const dynami
       call.dtype = kernels::DType::kBFloat16;
       break;
     default:
-      return Refuse(daemon_, context, absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", request->dtype())));
+      reactor->Finish(
+          Refuse(daemon_, context, absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", request->dtype()))));
+      return reactor;
   }
-  auto r = daemon_.AllReduce(call);
-  if (!r.ok()) return common::ToGrpcStatus(r.status());
-  response->set_sequence(r->sequence);
-  response->set_config_epoch(r->config_epoch);
-  response->set_codec(std::string(kernels::CodecName(r->config.codec.id)));
-  response->set_bits(r->config.codec.bits);
-  response->set_wire_bytes(r->wire_bytes);
-  if (r->measured_vnmse.has_value()) response->set_measured_vnmse(*r->measured_vnmse);
-  return grpc::Status::OK;
+  // The reactor and the response stay valid until Finish, which the completion calls exactly once.
+  daemon_.AllReduceAsync(call, [reactor, response](absl::StatusOr<Job::Result> r) {
+    if (!r.ok()) {
+      reactor->Finish(common::ToGrpcStatus(r.status()));
+      return;
+    }
+    response->set_sequence(r->sequence);
+    response->set_config_epoch(r->config_epoch);
+    response->set_codec(std::string(kernels::CodecName(r->config.codec.id)));
+    response->set_bits(r->config.codec.bits);
+    response->set_wire_bytes(r->wire_bytes);
+    if (r->measured_vnmse.has_value()) response->set_measured_vnmse(*r->measured_vnmse);
+    response->set_contributors(r->contributors);
+    response->set_weight_sum(r->weight_sum);
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
 }
 
 grpc::Status WorkerService::Unregister(grpc::ServerContext* context, const dynamiq::v1::UnregisterRequest* request,

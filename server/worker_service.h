@@ -1,6 +1,7 @@
 // WorkerService: dynamiq.v1.Worker, the gRPC face of Daemon's worker API (Unix socket).
-// Translates messages and statuses; all logic lives in Daemon. AllReduce blocks its handler
-// thread until the collective completes (the sync server's pool serves other calls meanwhile).
+// Translates messages and statuses; all logic lives in Daemon. AllReduce is a callback method: it
+// queues the request (Daemon::AllReduceAsync) and answers when the collective completes, so no
+// thread waits per outstanding all-reduce; the other methods are quick and synchronous.
 #ifndef DQ_SERVER_WORKER_SERVICE_H_
 #define DQ_SERVER_WORKER_SERVICE_H_
 
@@ -9,7 +10,7 @@
 
 namespace dynamiq::server {
 
-class WorkerService final : public dynamiq::v1::Worker::Service {
+class WorkerService final : public dynamiq::v1::Worker::WithCallbackMethod_AllReduce<dynamiq::v1::Worker::Service> {
  public:
   explicit WorkerService(Daemon& daemon) : daemon_(daemon) {}
 
@@ -20,8 +21,8 @@ class WorkerService final : public dynamiq::v1::Worker::Service {
   grpc::Status Mapped(grpc::ServerContext*, const dynamiq::v1::MappedRequest*, dynamiq::v1::MappedResponse*) override;
   grpc::Status ReleaseBuffer(grpc::ServerContext*, const dynamiq::v1::ReleaseBufferRequest*,
                              dynamiq::v1::ReleaseBufferResponse*) override;
-  grpc::Status AllReduce(grpc::ServerContext*, const dynamiq::v1::AllReduceRequest*,
-                         dynamiq::v1::AllReduceResponse*) override;
+  grpc::ServerUnaryReactor* AllReduce(grpc::CallbackServerContext*, const dynamiq::v1::AllReduceRequest*,
+                                      dynamiq::v1::AllReduceResponse*) override;
   grpc::Status Unregister(grpc::ServerContext*, const dynamiq::v1::UnregisterRequest*,
                           dynamiq::v1::UnregisterResponse*) override;
 

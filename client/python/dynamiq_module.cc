@@ -423,28 +423,29 @@ class PyClient {
   }
 
   AllReduceResult AllReduce(py::handle target, const std::string& name, std::optional<size_t> count,
-                            size_t offset_bytes, py::object dtype, bool average) {
+                            size_t offset_bytes, py::object dtype, bool average, std::optional<double> weight) {
     std::shared_ptr<Client> c = client();
     Region r = ResolveRegion(target, count, offset_bytes, std::move(dtype));
     AllReduceResult result;
     absl::Status status;
     {
       py::gil_scoped_release release;
-      status = c->AllReduce(*r.buffer, r.offset_bytes, r.count, r.dtype, name, average, &result);
+      status =
+          c->AllReduce(*r.buffer, r.offset_bytes, r.count, r.dtype, name, AllReduceOptions{average, weight}, &result);
     }
     Check(std::move(status));
     return result;
   }
 
   PyFuture AllReduceAsync(py::handle target, const std::string& name, std::optional<size_t> count, size_t offset_bytes,
-                          py::object dtype, bool average) {
+                          py::object dtype, bool average, std::optional<double> weight) {
     std::shared_ptr<Client> c = client();
     Region r = ResolveRegion(target, count, offset_bytes, std::move(dtype));
     Future future;
     {
       // Submission is non-blocking in the library, but gRPC may take locks: let other threads run.
       py::gil_scoped_release release;
-      future = c->AllReduceAsync(*r.buffer, r.offset_bytes, r.count, r.dtype, name, average);
+      future = c->AllReduceAsync(*r.buffer, r.offset_bytes, r.count, r.dtype, name, AllReduceOptions{average, weight});
     }
     return PyFuture(std::move(future), std::move(r.buffer));
   }
@@ -543,7 +544,7 @@ std::string ResultRepr(const AllReduceResult& r) {
   return absl::StrCat("AllReduceResult(sequence=", r.sequence, ", config_epoch=", r.config_epoch, ", codec='", r.codec,
                       "', bits=", r.bits, ", wire_bytes=", r.wire_bytes,
                       ", measured_vnmse=", r.measured_vnmse.has_value() ? absl::StrCat(*r.measured_vnmse) : "None",
-                      ")");
+                      ", contributors=", r.contributors, ", weight_sum=", r.weight_sum, ")");
 }
 
 }  // namespace
@@ -604,6 +605,10 @@ PYBIND11_MODULE(_dynamiq, m) {
       .def_readonly("measured_vnmse", &AllReduceResult::measured_vnmse,
                     "vNMSE the daemon measured for this collective (its error probe, dynamiqd "
                     "--error_sample_rate), or None when it did not sample it")
+      .def_readonly("contributors", &AllReduceResult::contributors,
+                    "The workers of every node whose values were summed")
+      .def_readonly("weight_sum", &AllReduceResult::weight_sum,
+                    "The sum of the contributors' weights (without weights, their number)")
       .def("__repr__", &ResultRepr);
 
   py::class_<PyBuffer>(m, "Buffer", "Shared memory mapped by this process and dynamiqd (Client.allocate).")
@@ -647,12 +652,14 @@ PYBIND11_MODULE(_dynamiq, m) {
            "from a --device=cpu daemon).")
       .def("all_reduce", &PyClient::AllReduce, py::arg("target"), py::arg("name"), py::kw_only(),
            py::arg("count") = py::none(), py::arg("offset_bytes") = 0, py::arg("dtype") = py::none(),
-           py::arg("average") = false,
+           py::arg("average") = false, py::arg("weight") = py::none(),
            "All-reduces in place and returns the AllReduceResult. target: a Buffer (with count, offset_bytes, "
-           "dtype) or an ndarray view of one (Buffer.numpy()). Blocks without the GIL.")
+           "dtype) or an ndarray view of one (Buffer.numpy()). weight: this worker's weight (its sample count, "
+           ">= 0): the result is sum(w_i g_i), with average divided by sum(w_i); every worker of a collective "
+           "gives one or none does. Blocks without the GIL.")
       .def("all_reduce_async", &PyClient::AllReduceAsync, py::arg("target"), py::arg("name"), py::kw_only(),
            py::arg("count") = py::none(), py::arg("offset_bytes") = 0, py::arg("dtype") = py::none(),
-           py::arg("average") = false, "Like all_reduce, but returns a Future at once.")
+           py::arg("average") = false, py::arg("weight") = py::none(), "Like all_reduce, but returns a Future at once.")
       .def("close", &PyClient::Close,
            "Waits for in-flight all-reduces and unregisters; later calls raise ValueError. Idempotent.")
       .def_property_readonly("closed", &PyClient::closed)

@@ -93,6 +93,31 @@ def test_async_futures_complete_with_the_daemons_report(node):
         cl.close()
 
 
+def test_weighted_all_reduce_divides_by_the_weights_and_reports_what_was_summed(node):
+    c = node
+    clients = [connect(c, "weights", r) for r in range(2)]
+    views = [cl.allocate(64 * 4).numpy(np.float32, 64) for cl in clients]
+    views[0][:] = 1.0
+    views[1][:] = 5.0
+    results, errors = concurrently(lambda: clients[0].all_reduce(views[0], "w", average=True, weight=3),
+                                   lambda: clients[1].all_reduce_async(views[1], "w", average=True,
+                                                                       weight=1).wait())
+    assert errors == [None, None]
+    for v in views:
+        np.testing.assert_array_equal(v, 2.0)  # (3 * 1 + 1 * 5) / 4
+    assert [(r.weight_sum, r.contributors) for r in results] == [(4.0, 2), (4.0, 2)]
+    # Not a sample count: refused by the client library, before the daemon is asked.
+    with pytest.raises(dynamiq.Error, match="INVALID_ARGUMENT.*finite and >= 0"):
+        clients[0].all_reduce(views[0], "w", weight=-1.0)
+    # Unweighted: the mean over the workers, reported as their number.
+    results, errors = concurrently(*[lambda cl=cl, v=v: cl.all_reduce(v, "w", average=True)
+                                     for cl, v in zip(clients, views)])
+    assert errors == [None, None]
+    assert results[0].weight_sum == 2.0 and results[0].contributors == 2
+    for cl in clients:
+        cl.close()
+
+
 def test_bfloat16_travels_as_bfloat16(node):
     c = node
     clients = [connect(c, "bf16", r) for r in range(2)]

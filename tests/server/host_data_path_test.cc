@@ -3,6 +3,7 @@
 // multi-node tests.)
 #include "server/host_data_path.h"
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -56,6 +57,41 @@ TEST(HostDataPathTest, ABf16FirstBufferSumsInScratch) {
   ASSERT_THAT(path.WriteBack(outputs, 2, 1.0f), IsOk());
   EXPECT_THAT(a, ElementsAre(1.5, 2.25));
   EXPECT_EQ(kernels::Bf16ToFloat(c[0]), 1.5);
+}
+
+TEST(HostDataPathTest, WeightsScaleEachRegionAndWeightsOfOneAddTheValuesAsTheyAre) {
+  HostDataPath path("j", absl::Seconds(1));
+  std::vector<float> a = {1, 2}, b = {10, 20}, c = {0.1f, 0.3f};
+  std::vector<uint16_t> h = {kernels::FloatToBf16(4), kernels::FloatToBf16(8)};
+  DataPath::Region ra = Fp32(a), rb = Fp32(b), rh = Bf16(h);
+  ra.weight = 2;
+  rb.weight = 0;
+  rh.weight = 0.5f;
+  const DataPath::Region weighted[] = {ra, rb, rh};
+  ASSERT_THAT(path.LocalReduce(weighted, 2), IsOk());
+  EXPECT_THAT(a, ElementsAre(4, 8));  // 2a + 0b + h/2
+  // A bf16 first region sums in scratch with its weight too.
+  std::vector<float> d = {1, 1};
+  DataPath::Region first = Bf16(h), rd = Fp32(d);
+  first.weight = 0.25f;
+  const DataPath::Region bf16_first[] = {first, rd};
+  ASSERT_THAT(path.LocalReduce(bf16_first, 2), IsOk());
+  const DataPath::Output out[] = {{Fp32(d), false}};
+  ASSERT_THAT(path.WriteBack(out, 2, 1.0f), IsOk());
+  EXPECT_THAT(d, ElementsAre(2, 3));
+  // Weights of 1: bit for bit the unweighted sum (not a multiply by 1.0 that could differ).
+  std::vector<float> x = {0.1f, 0.7f}, y = {0.2f, 1e-8f};
+  const DataPath::Region ones[] = {Fp32(x), Fp32(y)};
+  ASSERT_THAT(path.LocalReduce(ones, 2), IsOk());
+  EXPECT_EQ(x[0], 0.1f + 0.2f);
+  EXPECT_EQ(x[1], 0.7f + 1e-8f);
+  // Not a weight: refused.
+  for (float bad : {-1.0f, std::nanf(""), float{INFINITY}}) {
+    DataPath::Region r = Fp32(c);
+    r.weight = bad;
+    const DataPath::Region inputs[] = {r};
+    EXPECT_THAT(path.LocalReduce(inputs, 2), StatusIs(absl::StatusCode::kInvalidArgument)) << bad;
+  }
 }
 
 TEST(HostDataPathTest, RefusesDeviceRegionsAndStepsOutOfOrder) {

@@ -31,7 +31,7 @@ class FakeDataPath final : public DataPath {
     if (!fail_reduce_.ok()) return fail_reduce_;
     sum_.assign(n, 0.0f);
     for (const Region& r : inputs) {
-      for (size_t i = 0; i < n; ++i) sum_[i] += reinterpret_cast<const float*>(r.data)[i];
+      for (size_t i = 0; i < n; ++i) sum_[i] += r.weight * reinterpret_cast<const float*>(r.data)[i];
     }
     return absl::OkStatus();
   }
@@ -126,6 +126,111 @@ TEST_F(JobTest, AllLocalWorkersSubmittedRunsOneCollectiveThroughTheDataPath) {
   EXPECT_THAT(b, ElementsAre(5.5, 11, 16.5));  // averaged over 1 node x 2 workers
   EXPECT_THAT(path_->calls(), ElementsAre("reduce 2x3", "write 2 scale 0.5"));
   EXPECT_EQ(job.GetStatus().completed, 1u);
+}
+
+TEST_F(JobTest, AWeightedMeanDividesByTheWeightsAndReportsWhatWasSummed) {
+  Job job(Options(2));
+  ASSERT_THAT(job.AddWorker(1, 0, 2), IsOk());
+  ASSERT_THAT(job.AddWorker(2, 1, 2), IsOk());
+  std::vector<float> a = {1, 2, 3}, b = {5, 6, 7};
+  Job::Request ra = Request(1, a, "w", /*average=*/true), rb = Request(2, b, "w", /*average=*/true);
+  ra.weight = 3;
+  rb.weight = 1;
+  absl::StatusOr<Job::Result> first;
+  std::thread t([&] { first = job.Submit(ra); });
+  absl::StatusOr<Job::Result> second = job.Submit(rb);
+  t.join();
+  ASSERT_THAT(first, IsOk());
+  ASSERT_THAT(second, IsOk());
+  EXPECT_THAT(a, ElementsAre(2, 3, 4));  // (3a + b) / 4
+  EXPECT_EQ(first->weight_sum, 4.0);
+  EXPECT_EQ(first->contributors, 2u);
+  EXPECT_THAT(path_->calls(), ElementsAre("reduce 2x3", "write 2 scale 0.25"));
+  // Unweighted: the mean over the workers, which the result reports as their number.
+  std::thread u([&] { first = job.Submit(Request(1, a, "w", true)); });
+  second = job.Submit(Request(2, b, "w", true));
+  u.join();
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(second->weight_sum, 2.0);
+  EXPECT_EQ(second->contributors, 2u);
+  // A weight that is no sample count is refused for its worker, before it joins a collective.
+  Job::Request bad = Request(1, a, "w");
+  bad.weight = -2;
+  EXPECT_THAT(job.Submit(bad), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("finite and >= 0")));
+  EXPECT_EQ(job.NextSequence(), 2u);
+}
+
+// Asynchronous submission: Enqueue returns at once, one thread can keep many collectives
+// outstanding, and each completion runs exactly once, in sequence order per worker.
+TEST_F(JobTest, EnqueueReturnsAtOnceAndCompletesEveryRequestOnce) {
+  Job job(Options(2));
+  ASSERT_THAT(job.AddWorker(1, 0, 2), IsOk());
+  ASSERT_THAT(job.AddWorker(2, 1, 2), IsOk());
+  constexpr int kCollectives = 5;
+  std::vector<std::vector<float>> a(kCollectives, std::vector<float>{1, 2}), b(kCollectives, std::vector<float>{3, 4});
+  absl::Mutex mu;
+  std::vector<std::pair<uint64_t, uint64_t>> done;  // (worker, sequence)
+  auto record = [&](uint64_t worker) {
+    return [&, worker](absl::StatusOr<Job::Result> r) {
+      ASSERT_THAT(r, IsOk());
+      absl::MutexLock lock(&mu);
+      done.emplace_back(worker, r->sequence);
+    };
+  };
+  // One thread, every request of both workers: the old blocking Submit needed a thread each.
+  for (int k = 0; k < kCollectives; ++k) job.Enqueue(Request(1, a[k], "w"), record(1));
+  for (int k = 0; k < kCollectives; ++k) job.Enqueue(Request(2, b[k], "w"), record(2));
+  auto all_done = [&]() { return done.size() == 2 * kCollectives; };
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Seconds(10)));
+  }
+  for (int k = 0; k < kCollectives; ++k) EXPECT_THAT(a[k], ElementsAre(4, 6)) << k;
+  std::vector<uint64_t> worker1;
+  for (const auto& [worker, sequence] : done) {
+    if (worker == 1) worker1.push_back(sequence);
+  }
+  EXPECT_THAT(worker1, ElementsAre(0, 1, 2, 3, 4));
+  // A refused request completes at once, on the caller's thread.
+  std::vector<float> c = {1};
+  bool refused = false;
+  job.Enqueue(Request(9, c, "w"), [&](absl::StatusOr<Job::Result> r) {
+    EXPECT_THAT(r, StatusIs(absl::StatusCode::kFailedPrecondition));
+    refused = true;
+  });
+  EXPECT_TRUE(refused);
+}
+
+// The stall check is the reducer's: a collective still incomplete --timeout after its first
+// request fails for the workers that did submit, naming the one that did not, and the job goes on.
+TEST_F(JobTest, TheReducerFailsAStalledCollectiveNamingTheRankThatNeverSubmitted) {
+  Job::Options o = Options(2);
+  o.timeout = absl::Milliseconds(300);
+  Job job(o);
+  ASSERT_THAT(job.AddWorker(1, 0, 2, /*pid=*/4242), IsOk());
+  ASSERT_THAT(job.AddWorker(2, 1, 2), IsOk());
+  std::vector<float> a = {1}, b = {2};
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Job::Result> alone = job.Submit(Request(2, b, "w"));
+  const absl::Duration waited = absl::Now() - start;
+  EXPECT_THAT(alone, StatusIs(absl::StatusCode::kDeadlineExceeded,
+                              HasSubstr("local ranks that did not submit: 0 (worker 1, pid 4242)")));
+  EXPECT_GE(waited, absl::Milliseconds(290));
+  EXPECT_LT(waited, absl::Seconds(5));
+  EXPECT_EQ(job.GetStatus().failed, 1u);
+  ASSERT_EQ(job.FlightRecorder(0).size(), 1u);
+  EXPECT_EQ(job.FlightRecorder(0)[0].state, "failed");
+  // The late worker's own collective 0 meets nobody: it fails the same way (the job does not
+  // renumber a worker's requests), and then both run collective 1.
+  EXPECT_THAT(job.Submit(Request(1, a, "w")),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("local ranks that did not submit: 1")));
+  absl::StatusOr<Job::Result> first;
+  std::thread t([&] { first = job.Submit(Request(1, a, "w")); });
+  absl::StatusOr<Job::Result> second = job.Submit(Request(2, b, "w"));
+  t.join();
+  ASSERT_THAT(first, IsOk());
+  EXPECT_EQ(first->sequence, 1u);
+  EXPECT_THAT(a, ElementsAre(3));
 }
 
 TEST_F(JobTest, WorkersThatDisagreeFailTheCollectiveBeforeTheDataPath) {

@@ -51,12 +51,15 @@ struct DaemonTestWorker {
 
   float* data() { return reinterpret_cast<float*>(region->data()); }
 
-  // `submission`: the worker's own index of the request (unset: the daemon numbers it).
+  // `submission`: the worker's own index of the request (unset: the daemon numbers it); `weight`:
+  // its contribution's weight (unset: none).
   grpc::Status AllReduce(const std::string& name, uint64_t n, bool average = false,
                          dynamiq::v1::AllReduceResponse* response = nullptr,
-                         std::optional<uint64_t> submission = std::nullopt) {
+                         std::optional<uint64_t> submission = std::nullopt,
+                         std::optional<double> weight = std::nullopt) {
     dynamiq::v1::AllReduceRequest req;
     if (submission.has_value()) req.set_submission(*submission);
+    if (weight.has_value()) req.set_weight(*weight);
     req.set_worker_id(id);
     req.set_tensor_name(name);
     req.set_buffer_id(buffer_id);

@@ -98,6 +98,14 @@ class Client {
   Future AllReduceAsync(const Buffer& buffer, size_t offset_bytes, size_t num_elements, DType dtype,
                         absl::string_view tensor_name, bool average = false);
 
+  /// The same two with AllReduceOptions: a weight (contribution accounting) besides `average`.
+  /// A weight that is negative or not finite fails with INVALID_ARGUMENT without contacting the daemon.
+  absl::Status AllReduce(const Buffer& buffer, size_t offset_bytes, size_t num_elements, DType dtype,
+                         absl::string_view tensor_name, const AllReduceOptions& options,
+                         AllReduceResult* result = nullptr);
+  Future AllReduceAsync(const Buffer& buffer, size_t offset_bytes, size_t num_elements, DType dtype,
+                        absl::string_view tensor_name, const AllReduceOptions& options);
+
   // The accessors below must not be called on a moved-from Client.
 
   /// The daemon's id of this registration.
@@ -121,7 +129,7 @@ class Client {
   absl::StatusOr<Buffer> AllocateDevice(size_t bytes);
   // The client-side argument checks of AllReduce() and AllReduceAsync().
   absl::Status CheckAllReduce(const Buffer& buffer, size_t offset_bytes, size_t num_elements, DType dtype,
-                              absl::string_view tensor_name) const;
+                              absl::string_view tensor_name, const AllReduceOptions& options) const;
 
   std::shared_ptr<client::internal::Connection> connection_;
 };

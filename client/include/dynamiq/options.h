@@ -83,6 +83,17 @@ struct CompressionConfig {
   std::string allocator;
 };
 
+/// How an all-reduce combines the workers' values.
+struct AllReduceOptions {
+  /// Divide the sum by the number of workers, or with weights by the sum of the weights.
+  bool average = false;
+  /// Contribution accounting: this worker's weight (its sample count; finite, >= 0, 0 when it
+  /// contributes nothing). The result is sum(w_i g_i) over every worker of every node, with
+  /// `average` divided by sum(w_i) (0 when every weight is 0). Every worker of a collective gives a
+  /// weight or every one none (the daemon fails the collective otherwise). Unset: weight 1.
+  std::optional<double> weight;
+};
+
 /// What the daemon reported for a completed all-reduce (dynamiq.v1.AllReduceResponse). Every
 /// worker of a collective sees the same sequence, config epoch, codec and bits.
 struct AllReduceResult {
@@ -99,6 +110,10 @@ struct AllReduceResult {
   /// it (dynamiqd --error_sample_rate): vNMSE of the cross-node result against an exact fp32
   /// all-reduce done on the side. Unset otherwise (and for uncompressed collectives).
   std::optional<double> measured_vnmse;
+  /// What was summed: the workers of every node that contributed, and the sum of their weights
+  /// (without weights, the number of workers).
+  uint64_t contributors = 0;
+  double weight_sum = 0;
 };
 
 }  // namespace dynamiq

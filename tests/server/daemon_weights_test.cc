@@ -1,0 +1,147 @@
+// Weighted all-reduce (contribution accounting, server/job.h Request::weight) end to end: two
+// in-process daemons on loopback, two workers each, driven through the worker gRPC API. With codec
+// none the result is sum(w_i g_i) / sum(w_i) to fp32 rounding, identical on every worker, and every
+// worker reads what was summed (contributors, the sum of the weights).
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/daemon_harness.h"
+#include "tests/testing/status_matchers.h"
+
+namespace dynamiq::server {
+namespace {
+
+using ::dynamiq::testing::ConnectTestWorker;
+using ::dynamiq::testing::DaemonTestWorker;
+using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::StartTestCluster;
+using ::dynamiq::testing::TempDir;
+using ::testing::HasSubstr;
+
+constexpr size_t kElements = 3000;
+
+float Value(size_t worker, size_t k) { return std::sin(0.01f * k * (worker + 1)) + 0.25f * worker; }
+
+class DaemonWeightsTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    auto cluster = StartTestCluster(dir_.path(), 2, *MakeJobConfig(GetParam(), 0, "ring", 0, "measured"));
+    ASSERT_THAT(cluster, IsOk());
+    daemons_ = *std::move(cluster);
+    for (uint32_t node = 0; node < 2; ++node) {
+      for (uint32_t r = 0; r < 2; ++r) {
+        auto w = ConnectTestWorker(absl::StrCat(dir_.path(), "/node", node, ".sock"), "job", r, 2, kElements);
+        ASSERT_THAT(w, IsOk());
+        workers_.push_back(*std::move(w));
+      }
+    }
+  }
+
+  // Every worker submits tensor `name` with its weight (none where unset), at once.
+  std::vector<grpc::Status> Run(const std::string& name, const std::vector<std::optional<double>>& weights,
+                                bool average, std::vector<dynamiq::v1::AllReduceResponse>* responses) {
+    responses->assign(workers_.size(), {});
+    std::vector<grpc::Status> status(workers_.size());
+    std::vector<std::thread> threads;
+    for (size_t w = 0; w < workers_.size(); ++w) {
+      for (size_t k = 0; k < kElements; ++k) workers_[w].data()[k] = Value(w, k);
+      threads.emplace_back([&, w] {
+        status[w] = workers_[w].AllReduce(name, kElements, average, &(*responses)[w], std::nullopt, weights[w]);
+      });
+    }
+    for (auto& t : threads) t.join();
+    return status;
+  }
+
+  TempDir dir_;
+  std::vector<std::unique_ptr<Daemon>> daemons_;
+  std::vector<DaemonTestWorker> workers_;
+};
+
+TEST_P(DaemonWeightsTest, TheMeanIsWeightedByWhatEachWorkerSaysAndEveryWorkerReadsWhatWasSummed) {
+  const bool exact = GetParam() == "none";
+  const std::vector<std::optional<double>> weights = {3.0, 0.0, 1.5, 2.5};
+  std::vector<dynamiq::v1::AllReduceResponse> responses;
+  for (int round = 0; round < 2; ++round) {
+    const std::vector<grpc::Status> status = Run("g", weights, /*average=*/true, &responses);
+    double err = 0, norm = 0;
+    for (size_t k = 0; k < kElements; ++k) {
+      double expected = 0;
+      for (size_t w = 0; w < 4; ++w) expected += *weights[w] * Value(w, k);
+      expected /= 7.0;
+      err += (workers_[0].data()[k] - expected) * (workers_[0].data()[k] - expected);
+      norm += expected * expected;
+      if (exact) ASSERT_NEAR(workers_[0].data()[k], expected, 1e-5 * (1 + std::abs(expected))) << k;
+    }
+    EXPECT_LT(err / norm, exact ? 1e-12 : 5e-3);
+    for (size_t w = 0; w < 4; ++w) {
+      ASSERT_TRUE(status[w].ok()) << w << ": " << status[w].error_message();
+      EXPECT_EQ(responses[w].weight_sum(), 7.0) << w;
+      EXPECT_EQ(responses[w].contributors(), 4u) << w;
+      EXPECT_EQ(0, std::memcmp(workers_[w].data(), workers_[0].data(), kElements * 4)) << "worker " << w;
+    }
+  }
+  // Without `average`: the weighted sum; every weight 0: nothing to average, zeros.
+  std::vector<grpc::Status> status = Run("g", weights, /*average=*/false, &responses);
+  for (const grpc::Status& s : status) ASSERT_TRUE(s.ok()) << s.error_message();
+  double expected0 = 0;
+  for (size_t w = 0; w < 4; ++w) expected0 += *weights[w] * Value(w, 0);
+  EXPECT_NEAR(workers_[3].data()[0], expected0, exact ? 1e-5 : 0.05);
+  status = Run("g", {0.0, 0.0, 0.0, 0.0}, /*average=*/true, &responses);
+  for (size_t w = 0; w < 4; ++w) {
+    ASSERT_TRUE(status[w].ok()) << status[w].error_message();
+    EXPECT_EQ(responses[w].weight_sum(), 0.0);
+    EXPECT_EQ(workers_[w].data()[7], 0.0f);
+  }
+  // And an unweighted collective after them: the plain mean over 4 workers, which it reports.
+  status = Run("g", {std::nullopt, std::nullopt, std::nullopt, std::nullopt}, /*average=*/true, &responses);
+  for (size_t w = 0; w < 4; ++w) {
+    ASSERT_TRUE(status[w].ok()) << status[w].error_message();
+    EXPECT_EQ(responses[w].weight_sum(), 4.0);
+    EXPECT_EQ(responses[w].contributors(), 4u);
+  }
+  if (exact) {
+    double mean = 0;
+    for (size_t w = 0; w < 4; ++w) mean += Value(w, 11);
+    EXPECT_NEAR(workers_[1].data()[11], mean / 4, 1e-6);
+  }
+}
+
+TEST_P(DaemonWeightsTest, WorkersThatDisagreeOnWeightingFailClearlyAndTheJobGoesOn) {
+  std::vector<dynamiq::v1::AllReduceResponse> responses;
+  // Two workers of one node: named at once, on that node; the other node learns why.
+  std::vector<grpc::Status> status = Run("g", {1.0, std::nullopt, 1.0, 1.0}, true, &responses);
+  for (const grpc::Status& s : status) EXPECT_FALSE(s.ok());
+  EXPECT_THAT(status[0].error_message(), HasSubstr("with a weight"));
+  EXPECT_EQ(status[0].error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Two nodes: node 0 weighted, node 1 not. A different collective on the wire: both nodes fail it.
+  status = Run("g", {1.0, 1.0, std::nullopt, std::nullopt}, true, &responses);
+  for (const grpc::Status& s : status) EXPECT_FALSE(s.ok());
+  EXPECT_THAT(status[0].error_message(), HasSubstr("different tensors"));
+  // A weight that is not a sample count is refused for its worker alone, before any collective.
+  dynamiq::v1::AllReduceResponse response;
+  for (double bad : {-1.0, std::nan(""), double{INFINITY}}) {
+    const grpc::Status refused = workers_[0].AllReduce("g", kElements, true, &response, std::nullopt, bad);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad;
+    EXPECT_THAT(refused.error_message(), HasSubstr("finite and >= 0")) << bad;
+  }
+  // The job goes on.
+  status = Run("g", {2.0, 2.0, 2.0, 2.0}, true, &responses);
+  for (size_t w = 0; w < 4; ++w) {
+    ASSERT_TRUE(status[w].ok()) << status[w].error_message();
+    EXPECT_EQ(responses[w].weight_sum(), 8.0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, DaemonWeightsTest, ::testing::Values("none", "dynamiq"));
+
+}  // namespace
+}  // namespace dynamiq::server
