@@ -337,6 +337,18 @@ def overview():
                      [target(f"sum by (reason) (increase(dynamiq_rejected_requests_total{{{I}}}[{RI}]))",
                              "{{reason}}")], "none", bars=True, stack=True), 8, 8)
 
+    b.row("Stragglers")
+    b.add(timeseries("Waited for, by node", "Seconds per second the nodes' parts of collectives waited for each "
+                     "node (the node whose local part was ready last), summed over the nodes that waited: a node "
+                     "that stands out is the one every step waits for.",
+                     [target(f"sum by (job, node) (rate(dynamiq_node_wait_seconds_total{{{J}}}[{RI}]))",
+                             "{{job}} node {{node}}")], "s", stack=True), 12, 8)
+    b.add(timeseries("Waited for, by local worker", "Seconds per second a collective's first local worker waited "
+                     "for its last one to submit, by the node (instance) and local rank of the one that was last.",
+                     [target(f"sum by (instance, job, local_rank) "
+                             f"(rate(dynamiq_local_wait_seconds_total{{{J}}}[{RI}]))",
+                             "{{instance}} {{job}} rank {{local_rank}}")], "s", stack=True), 12, 8)
+
     b.row("Workers and resources")
     b.add(timeseries("Connected workers", "Registered workers per node and job.",
                      [target(f"sum by (instance, job) (dynamiq_connected_workers{{{J}}})", "{{instance}} {{job}}")],

@@ -54,6 +54,8 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context, const dynam
     j->set_duration_seconds_sum(s.duration_seconds);
     j->set_last_vnmse(s.last_vnmse);
     j->set_error_samples(s.error_samples);
+    for (const auto& [rank, seconds] : s.local_wait_seconds) (*j->mutable_local_wait_seconds())[rank] = seconds;
+    for (const auto& [node, seconds] : s.node_wait_seconds) (*j->mutable_node_wait_seconds())[node] = seconds;
     if (daemon_.error_budget() == nullptr) continue;
     if (auto state = daemon_.error_budget()->State(id)) {
       const CompressionController::Stats& st = state->stats;

@@ -180,6 +180,7 @@ class CudaDataPath final : public DataPath {
   }
 
   bool on_device() const override { return true; }
+  bool has_side_lane() const override { return false; }
 
   // No error probe on GPU nodes: error_sample_rate is not used.
   absl::StatusOr<CrossNodeResult> CrossNode(const kernels::Codec& codec, engine::Transport& transport,

@@ -314,6 +314,7 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id
   o.incarnation = incarnation;
   o.local_world_size = local_world_size;
   o.num_nodes = options_.num_nodes;
+  o.node_rank = options_.node_rank;
   o.config = options_.default_config;
   o.timeout = options_.timeout;
   o.observer = observers_.get();

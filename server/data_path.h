@@ -60,6 +60,9 @@ class DataPath {
   virtual ~DataPath() = default;
   // The sum lives in device memory (GPU nodes): Job's messages say so ("local reduce on the device").
   virtual bool on_device() const { return false; }
+  // CrossNode carries AllReduceOptions::side_sums (the straggler view then uses it for every
+  // collective; weighted collectives need it).
+  virtual bool has_side_lane() const { return true; }
   // The weighted sum of `inputs` (each region's values times its weight, in their order,
   // accumulated in fp32) becomes the collective's sum of `n` elements. Errors: RESOURCE_EXHAUSTED
   // (no memory for the sum), INTERNAL (device errors), UNIMPLEMENTED (weights other than 1 where

@@ -3,7 +3,6 @@
 #include <pthread.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -13,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "common/safe_text.h"
+#include "server/contributions.h"
 #include "server/host_data_path.h"
 
 namespace dynamiq::server {
@@ -233,7 +233,8 @@ void Job::Enqueue(const Request& request, Completion done) {
                                                    " twice (submission index reused)"));
     }
     next_submit_[request.worker_id] = std::max(next_submit_[request.worker_id], sequence + 1);
-    entry->stall_deadline = absl::Now() + options_.timeout;
+    entry->arrived = absl::Now();
+    entry->stall_deadline = entry->arrived + options_.timeout;
     entry->done = std::move(done);
     const uint32_t rank = entry->local_rank;
     slots_[sequence].entries[rank] = std::move(entry);
@@ -271,6 +272,8 @@ Job::Status Job::GetStatus() const {
   s.duration_seconds = totals_.duration_seconds;
   s.error_samples = totals_.error_samples;
   s.last_vnmse = totals_.last_vnmse;
+  s.local_wait_seconds = totals_.local_wait_seconds;
+  s.node_wait_seconds = totals_.node_wait_seconds;
   return s;
 }
 
@@ -398,17 +401,17 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   // The three steps of the data path: local reduce, across nodes, write-back.
   std::vector<DataPath::Region> inputs;
   std::vector<DataPath::Output> outputs;
-  // Contribution accounting: this node's sum of weights and workers, over every node after the
-  // cross-node step (its side lane, for a weighted collective).
+  // What is summed and whom it waited for, over every node after the cross-node step.
   const bool weighted = entries[0]->request.weight.has_value();
-  std::array<double, 2> side = {0, static_cast<double>(entries.size())};
+  Contributions contributions(weighted, options_.num_nodes, options_.node_rank, path_->has_side_lane());
   for (const Entry* e : entries) {
     const float weight = static_cast<float>(e->request.weight.value_or(1.0));
-    side[0] += e->request.weight.value_or(1.0);
+    contributions.AddWorker(e->local_rank, e->request.weight, e->arrived);
     const DataPath::Region region{e->request.region.data(), e->request.dtype, e->request.device_memory, weight};
     inputs.push_back(region);
     outputs.push_back(DataPath::Output{region, e->request.average});
   }
+  contributions.SetPreviousEnd(previous_end_);
   if (status.ok()) {
     status = path_->LocalReduce(inputs, n);
     if (!status.ok()) {
@@ -432,17 +435,17 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   if (status.ok() && options_.num_nodes > 1) {
     absl::StatusOr<DataPath::CrossNodeResult> r =
         CrossNode(sequence, config, epoch, entries[0]->request.tensor_name, entries[0]->request.dtype, n, bits,
-                  weighted ? absl::MakeSpan(side) : absl::Span<double>());
+                  weighted, contributions.SideLane());
     if (r.ok()) {
       cross = *std::move(r);
     } else {
       status = WithRemoteCause(sequence, r.status());
     }
   }
-  if (!weighted) side[0] = side[1] = static_cast<double>(options_.num_nodes) * options_.local_world_size;
-  if (status.ok() && !(side[0] >= 0 && std::isfinite(side[0]))) {
+  const double weight_sum = contributions.weight_sum();
+  if (status.ok() && !(weight_sum >= 0 && std::isfinite(weight_sum))) {
     // Every node checked its own workers' weights: only a broken peer gets here.
-    status = absl::DataLossError(absl::StrCat(name, ": the nodes' weights sum to ", side[0]));
+    status = absl::DataLossError(absl::StrCat(name, ": the nodes' weights sum to ", weight_sum));
   }
   if (plan && codec.id == kernels::CodecId::kDynamiq) {
     std::vector<double> energies;
@@ -457,9 +460,9 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   if (status.ok()) {
     // The mean divides by what was summed: the weights, or the workers (a collective whose every
     // weight is 0 has nothing to average: 0).
-    const float scale = !weighted     ? 1.0f / static_cast<float>(options_.num_nodes * options_.local_world_size)
-                        : side[0] > 0 ? static_cast<float>(1.0 / side[0])
-                                      : 0.0f;
+    const float scale = !weighted        ? 1.0f / static_cast<float>(options_.num_nodes * options_.local_world_size)
+                        : weight_sum > 0 ? static_cast<float>(1.0 / weight_sum)
+                                         : 0.0f;
     status = path_->WriteBack(outputs, n, scale);
     if (!status.ok()) {
       status = absl::Status(status.code(),
@@ -477,20 +480,23 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   }
   // Metrics count the collective, not the measurement on the side.
   const double seconds = std::max(0.0, record.seconds - cross.probe_seconds);
+  previous_end_ = absl::Now();
+  const StragglerWait waits = contributions.Waits();
   // Advance the job before any worker sees its result: NextSequence() (which SetCompression's
   // boundary is computed from) is then current.
   Completions completions;
   {
     absl::MutexLock lock(&mu_);
     Finish(sequence, status,
-           Result{sequence, epoch, config, wire_bytes, cross.vnmse, static_cast<uint64_t>(side[1]), side[0]},
-           std::move(record), cross, seconds, completions);
+           Result{sequence, epoch, config, wire_bytes, cross.vnmse, contributions.contributors(), weight_sum},
+           std::move(record), cross, seconds, waits, completions);
   }
   Complete(std::move(completions));
 }
 
 void Job::Finish(uint64_t sequence, const absl::Status& status, const Result& result, CollectiveRecord record,
-                 const DataPath::CrossNodeResult& cross, double seconds, Completions& completions) {
+                 const DataPath::CrossNodeResult& cross, double seconds, const StragglerWait& waits,
+                 Completions& completions) {
   if (status.ok()) {
     TakeSlot(slots_[sequence], result, completions);
   } else {
@@ -520,12 +526,15 @@ void Job::Finish(uint64_t sequence, const absl::Status& status, const Result& re
     ++totals_.error_samples;
     totals_.last_vnmse = *cross.vnmse;
   }
+  if (waits.local_rank.has_value()) totals_.local_wait_seconds[*waits.local_rank] += waits.local_seconds;
+  if (waits.node.has_value()) totals_.node_wait_seconds[*waits.node] += waits.node_seconds;
   if (options_.observer != nullptr) {
     options_.observer->OnCollective(options_.id, outcome);
     if (cross.vnmse.has_value()) {
       options_.observer->OnErrorSample(options_.id,
                                        SampledError{config, result.config_epoch, outcome.codec, *cross.vnmse});
     }
+    if (waits.local_rank.has_value() || waits.node.has_value()) options_.observer->OnStragglerWait(options_.id, waits);
   }
 }
 

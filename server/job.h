@@ -79,6 +79,7 @@ class Job {
     uint64_t incarnation = 1;
     uint32_t local_world_size = 1;
     uint32_t num_nodes = 1;
+    uint32_t node_rank = 0;  // this node's rank among the num_nodes
     JobConfig config;
     absl::Duration timeout = absl::Seconds(300);
     // Required when num_nodes > 1; on one node it only carries configuration changes (null: none).
@@ -192,6 +193,10 @@ class Job {
     double duration_seconds = 0;  // successful collectives' time, as dynamiq_collective_duration_seconds
     uint64_t error_samples = 0;   // collectives whose compression error was measured
     double last_vnmse = 0;        // the latest measured vNMSE (when error_samples > 0)
+    // The straggler view: seconds successful collectives waited for each local rank (its
+    // submission after the first one's) and for each node (its part after this node's).
+    std::map<uint32_t, double> local_wait_seconds;
+    std::map<uint32_t, double> node_wait_seconds;
   };
   Status GetStatus() const;
   std::vector<CollectiveRecord> FlightRecorder(size_t limit) const;
@@ -202,6 +207,7 @@ class Job {
   struct Entry {
     Request request;
     uint32_t local_rank = 0;
+    absl::Time arrived;
     absl::Time stall_deadline;  // its collective fails if it has not started by then
     Completion done;
   };
@@ -233,16 +239,16 @@ class Job {
   // The end of a collective: takes its entries' completions into `completions`, records it, drops
   // its slot, advances the job and counts it.
   void Finish(uint64_t sequence, const absl::Status& status, const Result& result, CollectiveRecord record,
-              const DataPath::CrossNodeResult& cross, double seconds, Completions& completions)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+              const DataPath::CrossNodeResult& cross, double seconds, const StragglerWait& waits,
+              Completions& completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The cross-node step of a collective whose local sum is ready: the job's transport and codec,
   // then the data path's all-reduce (and error probe). The tensor's name and the workers' dtype
   // identify the collective on the wire. A failure drops the group (re-formed at the next one).
-  // A weighted collective passes its side lane (the node's sum of weights and its workers; the
-  // sums over nodes on return), which also marks it in the collective's id.
+  // `weighted` marks the collective's id; `side_sums` is its side lane (server/contributions.h),
+  // summed over the nodes in place.
   absl::StatusOr<DataPath::CrossNodeResult> CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch,
                                                       absl::string_view tensor_name, kernels::DType dtype, size_t n,
-                                                      double bits, absl::Span<double> side_sums);
+                                                      double bits, bool weighted, absl::Span<double> side_sums);
   // The codec collectives of `num_elements` use across nodes (none below min_compress_elements).
   static kernels::CodecConfig EffectiveCodec(const JobConfig& config, uint64_t num_elements);
   // Counts a failed collective and reports it to the observer.
@@ -273,7 +279,9 @@ class Job {
   uint64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;     // requests accepted so far (wakes the stall check)
   // The cross-node transport and its generation: used by the reducer, aborted by Stop.
   CrossNodeGroup group_;
-  absl::Time deadline_;         // of the collective the reducer runs (reducer thread only)
+  absl::Time deadline_;  // of the collective the reducer runs (reducer thread only)
+  // When this node's previous collective ended (reducer thread only; unset before the first).
+  std::optional<absl::Time> previous_end_;
   kernels::CodecCache codecs_;  // reducer thread only
   // arc_topk's error feedback per tensor, dropped at every config epoch change (reducer thread only).
   ErrorFeedback error_feedback_;

@@ -40,12 +40,12 @@ uint64_t CollectiveId(absl::string_view job, uint64_t incarnation, absl::string_
 
 absl::StatusOr<DataPath::CrossNodeResult> Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch,
                                                          absl::string_view tensor_name, kernels::DType dtype, size_t n,
-                                                         double bits, absl::Span<double> side_sums) {
+                                                         double bits, bool weighted, absl::Span<double> side_sums) {
   DQ_ASSIGN_OR_RETURN(engine::Transport * transport, group_.Connected(sequence));
   DQ_ASSIGN_OR_RETURN(kernels::Codec * codec, codecs_.Get(EffectiveCodec(config, n)));
   engine::AllReduceOptions o;
   o.topology = config.topology;
-  o.job_id = CollectiveId(options_.id, options_.incarnation, tensor_name, n, dtype, !side_sums.empty());
+  o.job_id = CollectiveId(options_.id, options_.incarnation, tensor_name, n, dtype, weighted);
   o.side_sums = side_sums;
   o.config_epoch = epoch;
   o.sequence = sequence;

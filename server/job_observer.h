@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,6 +68,17 @@ struct SampledError {
   double vnmse = 0;
 };
 
+// Whom a successful collective waited for (the straggler view).
+struct StragglerWait {
+  // The local worker that submitted last, and how long after the first one (0 with one worker).
+  std::optional<uint32_t> local_rank;
+  double local_seconds = 0;
+  // The node whose local part was ready last, and how much later than this node's (0 when it is
+  // this node); unset on one node, in large clusters, and at a node's first collective.
+  std::optional<uint32_t> node;
+  double node_seconds = 0;
+};
+
 class JobObserver {
  public:
   virtual ~JobObserver() = default;
@@ -77,6 +89,8 @@ class JobObserver {
   virtual void OnErrorSample(const std::string& job, const SampledError& sample) = 0;
   // A worker request refused before it became part of a collective, with the code it got.
   virtual void OnRejected(absl::StatusCode code) = 0;
+  // Whom a successful collective waited for.
+  virtual void OnStragglerWait(const std::string& job, const StragglerWait& wait) {}
 };
 
 // Forwards every report to each of `observers` in order (e.g. the metrics and the error-budget
@@ -92,6 +106,9 @@ class JobObserverList final : public JobObserver {
   }
   void OnRejected(absl::StatusCode code) override {
     for (JobObserver* o : observers_) o->OnRejected(code);
+  }
+  void OnStragglerWait(const std::string& job, const StragglerWait& wait) override {
+    for (JobObserver* o : observers_) o->OnStragglerWait(job, wait);
   }
 
  private:

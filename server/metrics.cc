@@ -1,5 +1,6 @@
 #include "server/metrics.h"
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <utility>
@@ -113,6 +114,24 @@ Metrics::Metrics(uint32_t node_rank, uint32_t num_nodes, std::string transport)
                   .Name("dynamiq_faults_total")
                   .Help("Failed collectives by cause (timeout, abort, peer_failure, mismatch).")
                   .Register(*registry_)),
+      local_wait_(prometheus::BuildCounter()
+                      .Name("dynamiq_local_wait_seconds_total")
+                      .Help("Seconds each successful collective's first local worker waited for its last one to "
+                            "submit, by the local rank that submitted last.")
+                      .Register(*registry_)),
+      local_last_(prometheus::BuildCounter()
+                      .Name("dynamiq_local_last_submissions_total")
+                      .Help("Successful collectives whose last local submission was this local rank's.")
+                      .Register(*registry_)),
+      node_wait_(prometheus::BuildCounter()
+                     .Name("dynamiq_node_wait_seconds_total")
+                     .Help("Seconds this node's part of each successful collective waited for the node whose part was "
+                           "ready last, by that node (0 added when it was this node).")
+                     .Register(*registry_)),
+      node_last_(prometheus::BuildCounter()
+                     .Name("dynamiq_node_last_ready_total")
+                     .Help("Successful collectives whose cross-node part waited for this node last.")
+                     .Register(*registry_)),
       rejected_(prometheus::BuildCounter()
                     .Name("dynamiq_rejected_requests_total")
                     .Help("Worker and operator requests refused, by gRPC code.")
@@ -289,6 +308,20 @@ void Metrics::OnCollective(const std::string& job, const CollectiveOutcome& o) {
   wire_bytes_.Add(labels).Increment(static_cast<double>(o.wire_bytes));
 }
 
+void Metrics::OnStragglerWait(const std::string& job, const StragglerWait& wait) {
+  absl::MutexLock lock(&mu_);
+  if (wait.local_rank.has_value()) {
+    const prometheus::Labels labels{{"job", job}, {"local_rank", absl::StrCat(*wait.local_rank)}};
+    local_wait_.Add(labels).Increment(wait.local_seconds);
+    local_last_.Add(labels).Increment();
+  }
+  if (wait.node.has_value()) {
+    const prometheus::Labels labels{{"job", job}, {"node", absl::StrCat(*wait.node)}};
+    node_wait_.Add(labels).Increment(std::max(0.0, wait.node_seconds));
+    node_last_.Add(labels).Increment();
+  }
+}
+
 void Metrics::OnErrorSample(const std::string& job, const SampledError& sample) {
   absl::MutexLock lock(&mu_);
   vnmse_
@@ -342,8 +375,8 @@ void RemoveSeries(prometheus::Family<T>& family, const std::string& job, Args&&.
 }  // namespace
 
 void Metrics::RemoveJobSeries(const std::string& job) {
-  for (auto* family :
-       {&collectives_, &payload_bytes_, &bus_bytes_, &wire_bytes_, &error_samples_, &faults_, &budget_events_}) {
+  for (auto* family : {&collectives_, &payload_bytes_, &bus_bytes_, &wire_bytes_, &error_samples_, &faults_,
+                       &budget_events_, &local_wait_, &local_last_, &node_wait_, &node_last_}) {
     RemoveSeries(*family, job);
   }
   for (auto* family : {&duration_, &vnmse_}) RemoveSeries(*family, job, Histogram::BucketBoundaries{});

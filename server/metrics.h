@@ -106,6 +106,7 @@ class Metrics final : public JobObserver, public PeerBytesSink {
   void OnCollective(const std::string& job, const CollectiveOutcome& outcome) override;
   void OnErrorSample(const std::string& job, const SampledError& sample) override;
   void OnRejected(absl::StatusCode code) override;
+  void OnStragglerWait(const std::string& job, const StragglerWait& wait) override;
   // An error-budget controller event (server/error_budget_service.h): raise, lower, clamp, rejected, policy.
   void OnErrorBudgetEvent(const std::string& job, absl::string_view kind);
   // The job was retired on this node (its last local worker left). Its series, counters included,
@@ -148,6 +149,10 @@ class Metrics final : public JobObserver, public PeerBytesSink {
   prometheus::Family<prometheus::Counter>& error_samples_;
   prometheus::Family<prometheus::Counter>& peer_bytes_;
   prometheus::Family<prometheus::Counter>& faults_;
+  prometheus::Family<prometheus::Counter>& local_wait_;  // the straggler view, by local rank
+  prometheus::Family<prometheus::Counter>& local_last_;
+  prometheus::Family<prometheus::Counter>& node_wait_;  // ... and by node
+  prometheus::Family<prometheus::Counter>& node_last_;
   prometheus::Family<prometheus::Counter>& rejected_;
   prometheus::Family<prometheus::Gauge>& inflight_;
   prometheus::Family<prometheus::Gauge>& workers_;

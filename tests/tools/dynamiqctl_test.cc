@@ -770,9 +770,15 @@ TEST(DynamiqctlTopTest, RatesBetweenTwoAnswers) {
   a1->set_config_epoch(2);
   a1->set_workers(4);
   a1->set_inflight(1);
+  // The straggler view: node 1 was waited for 2.5 s in the interval, local rank 0 0.2 s.
+  (*before.mutable_jobs(0)->mutable_node_wait_seconds())[1] = 1.0;
+  (*a1->mutable_node_wait_seconds())[1] = 3.5;
+  (*a1->mutable_node_wait_seconds())[0] = 0.0;
+  (*a1->mutable_local_wait_seconds())[0] = 0.2;
   dynamiq::v1::JobStatus* b = after.add_jobs();  // new since the previous answer: counts from zero
   b->set_job_id("b");
   b->set_completed(4);
+  (*b->mutable_local_wait_seconds())[3] = 0.5;  // one node's view: a local rank
   std::vector<TopRow> rows = TopRows(before, after, 2.0);
   ASSERT_EQ(rows.size(), 2u);
   const TopRow& r = rows[0];
@@ -789,6 +795,9 @@ TEST(DynamiqctlTopTest, RatesBetweenTwoAnswers) {
   EXPECT_DOUBLE_EQ(*r.compression_ratio, 8);
   ASSERT_TRUE(r.last_vnmse.has_value());
   EXPECT_DOUBLE_EQ(*r.last_vnmse, 6.3e-4);
+  EXPECT_EQ(r.slowest, "node 1");
+  EXPECT_DOUBLE_EQ(r.slowest_wait_seconds, 2.5);
+  EXPECT_EQ(rows[1].slowest, "rank 3");
   EXPECT_EQ(rows[1].collectives, 4u);
   EXPECT_FALSE(rows[1].algbw.has_value()) << "no time spent in collectives: no bandwidth";
   EXPECT_FALSE(rows[1].compression_ratio.has_value());
@@ -810,9 +819,9 @@ TEST(DynamiqctlTopTest, RatesBetweenTwoAnswers) {
             "JOB  CODEC      EPOCH  WORKERS  INFL  COLL/S  FAIL\n"
             "a    dynamiq/5      2        4     1    10.0     1\n"
             "b    -              0        0     0     2.0     0\n"
-            "JOB  ALGBW  BUSBW  WIRE  RATIO     VNMSE\n"
-            "a     16.0   16.0   0.5  8.00x  6.30e-04\n"
-            "b        -      -   0.0      -         -\n");
+            "JOB  ALGBW  BUSBW  WIRE  RATIO     VNMSE  WAITED FOR\n"
+            "a     16.0   16.0   0.5  8.00x  6.30e-04  node 1 2.50s\n"
+            "b        -      -   0.0      -         -  rank 3 0.50s\n");
   // Issue 23.10: an 80-column terminal holds it, long job ids and big figures included.
   dynamiq::v1::GetStatusResponse wide = after;
   wide.mutable_jobs(0)->set_job_id("a-very-long-job-identifier-2026-11-25");

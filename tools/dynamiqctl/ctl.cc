@@ -328,6 +328,26 @@ std::vector<TopRow> TopRows(const dynamiq::v1::GetStatusResponse& previous,
     if (wire > 0) r.compression_ratio = static_cast<double>(bus) / wire;
     if (j.error_samples() > 0) r.last_vnmse = j.last_vnmse();
     r.error_samples = j.error_samples();
+    // Whom the interval's collectives waited for longest: a node, else a local rank.
+    auto longest = [](const google::protobuf::Map<uint32_t, double>& now,
+                      const google::protobuf::Map<uint32_t, double>& then) -> std::pair<int64_t, double> {
+      std::pair<int64_t, double> best{-1, 0.0};
+      for (const auto& [rank, seconds] : now) {
+        auto it = then.find(rank);
+        const double waited = seconds - (it != then.end() && it->second <= seconds ? it->second : 0.0);
+        if (waited > best.second) best = {rank, waited};
+      }
+      return best;
+    };
+    const auto node = longest(j.node_wait_seconds(), before.node_wait_seconds());
+    const auto local = longest(j.local_wait_seconds(), before.local_wait_seconds());
+    if (node.first >= 0) {
+      r.slowest = absl::StrCat("node ", node.first);
+      r.slowest_wait_seconds = node.second;
+    } else if (local.first >= 0) {
+      r.slowest = absl::StrCat("rank ", local.first);
+      r.slowest_wait_seconds = local.second;
+    }
     rows.push_back(std::move(r));
   }
   return rows;
@@ -348,7 +368,8 @@ std::string FormatTop(const dynamiq::v1::GetStatusResponse& status, const std::v
           ",\"algbw_bytes_per_second\":", JsonNumber(r.algbw), ",\"busbw_bytes_per_second\":", JsonNumber(r.busbw),
           ",\"wire_bytes_per_second\":", JsonNumber(r.wire_bytes_per_second),
           ",\"compression_ratio\":", JsonNumber(r.compression_ratio), ",\"last_vnmse\":", JsonNumber(r.last_vnmse),
-          ",\"error_samples\":\"", r.error_samples, "\"}\n");
+          ",\"error_samples\":\"", r.error_samples, "\",\"slowest\":", JsonString(r.slowest),
+          ",\"slowest_wait_seconds\":", JsonNumber(r.slowest_wait_seconds), "}\n");
     }
     return out;
   }
@@ -358,10 +379,12 @@ std::string FormatTop(const dynamiq::v1::GetStatusResponse& status, const std::v
   absl::StrAppend(&out, absl::StrFormat("  (%.1f s, MB/s)\n", rows[0].seconds));
   // Two tables, so that every figure fits an 80-column terminal: the job (codec/bits, config epoch,
   // workers, collectives in flight, collectives/s and failures in the interval), then its bandwidths
-  // (algbw, busbw, wire; MB/s), compression ratio and last measured vNMSE.
+  // (algbw, busbw, wire; MB/s), compression ratio, last measured vNMSE and the node or local rank
+  // its collectives waited for longest in the interval (seconds in all).
   Table job_table(
       {{"JOB"}, {"CODEC"}, {"EPOCH", true}, {"WORKERS", true}, {"INFL", true}, {"COLL/S", true}, {"FAIL", true}});
-  Table rate_table({{"JOB"}, {"ALGBW", true}, {"BUSBW", true}, {"WIRE", true}, {"RATIO", true}, {"VNMSE", true}});
+  Table rate_table(
+      {{"JOB"}, {"ALGBW", true}, {"BUSBW", true}, {"WIRE", true}, {"RATIO", true}, {"VNMSE", true}, {"WAITED FOR"}});
   for (const TopRow& r : rows) {
     std::string job = OneLine(r.job_id);
     if (job.size() > kTopJobWidth) job = absl::StrCat(job.substr(0, kTopJobWidth - 1), "~");
@@ -371,7 +394,8 @@ std::string FormatTop(const dynamiq::v1::GetStatusResponse& status, const std::v
     rate_table.AddRow({job, MegabytesPerSecond(r.algbw), MegabytesPerSecond(r.busbw),
                        MegabytesPerSecond(r.wire_bytes_per_second),
                        r.compression_ratio ? absl::StrFormat("%.2fx", *r.compression_ratio) : "-",
-                       r.last_vnmse ? absl::StrFormat("%.2e", *r.last_vnmse) : "-"});
+                       r.last_vnmse ? absl::StrFormat("%.2e", *r.last_vnmse) : "-",
+                       r.slowest.empty() ? "-" : absl::StrFormat("%s %.2fs", r.slowest, r.slowest_wait_seconds)});
   }
   return out + job_table.Render() + rate_table.Render();
 }
@@ -401,8 +425,9 @@ const std::vector<CommandInfo>& Commands() {
       {"top",
        "A live view of the node's jobs, refreshed every --interval seconds: collectives/s, algbw and busbw "
        "(bytes over time spent in collectives), wire MB/s, compression ratio (bus bytes / wire bytes), the last "
-       "measured vNMSE, codec/bits, config epoch, workers and in-flight collectives (two tables per refresh, to "
-       "fit 80 columns). --json prints one object per job per refresh. Runs until interrupted unless "
+       "measured vNMSE, whom the collectives waited for longest (the slowest node, else local rank), codec/bits, "
+       "config epoch, workers and in-flight collectives (two tables per refresh, to fit 80 columns). --json prints one "
+       "object per job per refresh. Runs until interrupted unless "
        "--iterations is given.",
        {"interval", "iterations"}},
   };

@@ -64,6 +64,10 @@ struct TopRow {
   std::optional<double> compression_ratio;  // unset without wire bytes in the interval
   std::optional<double> last_vnmse;         // unset until an error sample exists
   uint64_t error_samples = 0;               // cumulative
+  // The straggler view in the interval: the node (else, on one node or when no node waited, the
+  // local rank) this node's collectives waited for longest, and for how long in all.
+  std::string slowest;  // "node 1", "rank 3"; empty: nobody was waited for
+  double slowest_wait_seconds = 0;
 };
 std::vector<TopRow> TopRows(const dynamiq::v1::GetStatusResponse& previous,
                             const dynamiq::v1::GetStatusResponse& current, double seconds);

@@ -1,7 +1,8 @@
-// Weighted all-reduce (contribution accounting, server/job.h Request::weight) end to end: two
-// in-process daemons on loopback, two workers each, driven through the worker gRPC API. With codec
-// none the result is sum(w_i g_i) / sum(w_i) to fp32 rounding, identical on every worker, and every
-// worker reads what was summed (contributors, the sum of the weights).
+// Contribution accounting end to end (server/contributions.h): two in-process daemons on loopback,
+// two workers each, driven through the worker gRPC API. Weighted all-reduce (Request::weight): with
+// codec none the result is sum(w_i g_i) / sum(w_i) to fp32 rounding, identical on every worker, and
+// every worker reads what was summed (contributors, the sum of the weights). The straggler view:
+// a worker that submits late is named, on its node by its local rank and on the other by its node.
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -46,14 +47,18 @@ class DaemonWeightsTest : public ::testing::TestWithParam<std::string> {
   }
 
   // Every worker submits tensor `name` with its weight (none where unset), at once.
+  // `late` (if set) is the worker that submits `delay` after the others.
   std::vector<grpc::Status> Run(const std::string& name, const std::vector<std::optional<double>>& weights,
-                                bool average, std::vector<dynamiq::v1::AllReduceResponse>* responses) {
+                                bool average, std::vector<dynamiq::v1::AllReduceResponse>* responses,
+                                std::optional<size_t> late = std::nullopt,
+                                absl::Duration delay = absl::ZeroDuration()) {
     responses->assign(workers_.size(), {});
     std::vector<grpc::Status> status(workers_.size());
     std::vector<std::thread> threads;
     for (size_t w = 0; w < workers_.size(); ++w) {
       for (size_t k = 0; k < kElements; ++k) workers_[w].data()[k] = Value(w, k);
       threads.emplace_back([&, w] {
+        if (late == w) absl::SleepFor(delay);
         status[w] = workers_[w].AllReduce(name, kElements, average, &(*responses)[w], std::nullopt, weights[w]);
       });
     }
@@ -139,6 +144,39 @@ TEST_P(DaemonWeightsTest, WorkersThatDisagreeOnWeightingFailClearlyAndTheJobGoes
     ASSERT_TRUE(status[w].ok()) << status[w].error_message();
     EXPECT_EQ(responses[w].weight_sum(), 8.0);
   }
+}
+
+TEST_P(DaemonWeightsTest, TheStragglerViewNamesTheLateWorkerOnItsNodeAndItsNodeOnTheOther) {
+  std::vector<dynamiq::v1::AllReduceResponse> responses;
+  const std::vector<std::optional<double>> none(4);
+  constexpr int kCollectives = 4;
+  const absl::Duration delay = absl::Milliseconds(200);
+  for (int i = 0; i < kCollectives; ++i) {
+    for (const grpc::Status& s : Run("g", none, true, &responses, /*late=*/3, delay)) {
+      ASSERT_TRUE(s.ok()) << s.error_message();
+    }
+  }
+  const Job::Status node0 = daemons_[0]->JobStatuses().at("job");
+  const Job::Status node1 = daemons_[1]->JobStatuses().at("job");
+  // Node 1's local rank 1 came last every time, about 200 ms after its local peer.
+  ASSERT_TRUE(node1.local_wait_seconds.count(1)) << "node 1 names its late local rank";
+  EXPECT_GE(node1.local_wait_seconds.at(1), 0.8 * kCollectives * absl::ToDoubleSeconds(delay));
+  EXPECT_EQ(node1.local_wait_seconds.count(0), 0u) << "the prompt local rank is never last";
+  // Node 0 waited for node 1 (from the second collective on: the first has no previous one to
+  // measure from), and node 1 for itself only.
+  ASSERT_TRUE(node0.node_wait_seconds.count(1)) << "node 0 names node 1";
+  EXPECT_GE(node0.node_wait_seconds.at(1), 0.8 * (kCollectives - 1) * absl::ToDoubleSeconds(delay));
+  EXPECT_EQ(node0.node_wait_seconds.count(0), 0u);
+  EXPECT_LT(node1.node_wait_seconds.count(1) ? node1.node_wait_seconds.at(1) : 0.0, 0.05);
+  // On node 0, both local workers submit together: its local waits stay small.
+  double local0 = 0;
+  for (const auto& [rank, seconds] : node0.local_wait_seconds) local0 += seconds;
+  EXPECT_LT(local0, 0.5 * kCollectives * absl::ToDoubleSeconds(delay));
+  // The same figures are Prometheus series.
+  const std::string metrics0 = daemons_[0]->metrics().Render(), metrics1 = daemons_[1]->metrics().Render();
+  EXPECT_THAT(metrics0, HasSubstr("dynamiq_node_wait_seconds_total{job=\"job\",node=\"1\"}"));
+  EXPECT_THAT(metrics0, HasSubstr("dynamiq_node_last_ready_total{job=\"job\",node=\"1\"} 3"));
+  EXPECT_THAT(metrics1, HasSubstr("dynamiq_local_last_submissions_total{job=\"job\",local_rank=\"1\"} 4"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Codecs, DaemonWeightsTest, ::testing::Values("none", "dynamiq"));
