@@ -29,6 +29,17 @@ library sources under /usr/lib/python3*/). Fixed split: the first 90% of every f
 last 10% is the validation ("test") set, evaluated on 128 evenly spaced non-overlapping windows
 (8192 predictions); accuracy is next-byte top-1 accuracy; the JSON also has the validation perplexity.
 
+DropCompute (--micro-batches K, --drop-compute auto|SECONDS, --straggle SPEC): each worker's share
+of the batch runs as K micro-batches through dynamiq.torch.DropCompute (gradient accumulation
+under DDP's no_sync, then one all-reduce weighted by the micro-batches each worker completed),
+stopping at a compute deadline: fixed seconds, or `auto` (chosen from every worker's recorded
+micro-batch times by the paper's rule after --drop-window steps). --straggle injects stragglers by
+sleeping inside each micro-batch's forward: log-normal noise around a base time, and one worker
+FACTOR times slower on a share of the steps:
+
+    examples/train.py --task lm --nodes 2 --workers-per-node 2 --codec none --micro-batches 4 \
+        --drop-compute auto --straggle base=0.02,sigma=0.5,factor=3,prob=0.1
+
 JSON fields: the configuration, per-step `loss` and `train_accuracy` (averaged over all workers'
 shares of the global batch), `eval` (test loss/accuracy every --eval-every steps and at the end),
 `final_test_accuracy`, `final_test_loss` (lm: also `final_test_perplexity`), `parameters`,
@@ -36,7 +47,11 @@ shares of the global batch), `eval` (test loss/accuracy every --eval-every steps
 evaluation and the first --timing-skip steps), `wire_bytes_per_step` (bytes node 0 sent to other
 nodes, reported by the daemon), `bits_per_step` (what the daemon ran; under an error budget its
 controller's choice) and, with --record-error, per-step `vnmse` of the daemon's result against an
-exact all-reduce of the same gradients.
+exact all-reduce of the same gradients. With --micro-batches or --drop-compute also `weight_sum`
+(per step, the micro-batches completed by all workers), `computed` (per step, per rank),
+`dropped_fraction`, `thresholds` (per step, the deadline in force; null: none),
+`selection` (the automatic choice), `step_seconds` (rank 0's, per step),
+`steps_per_second_after_calibration` and `calibration_steps`.
 """
 
 import argparse
@@ -99,6 +114,22 @@ def parse_args(argv=None):
     p.add_argument("--timing-skip", type=int, default=5,
                    help="first steps left out of steps_per_second (DDP bucket rebuild, connections)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per worker (default 1)")
+    p.add_argument("--micro-batches", type=int, default=1,
+                   help="micro-batches per worker and step (gradient accumulation through dynamiq.torch.DropCompute; "
+                        "default 1: one forward/backward through DDP's hook)")
+    p.add_argument("--drop-compute", default=None, metavar="auto|SECONDS",
+                   help="DropCompute: stop a worker's micro-batches at this compute deadline per step (seconds), or "
+                        "auto: chosen from all workers' recorded micro-batch times (default off)")
+    p.add_argument("--drop-window", type=int, default=20,
+                   help="--drop-compute auto: steps recorded (without a deadline) before choosing (default 20)")
+    p.add_argument("--drop-max", type=float, default=None, metavar="FRACTION",
+                   help="--drop-compute auto: the most micro-batches the threshold may drop on the recorded times "
+                        "(default: the paper's rule alone)")
+    p.add_argument("--straggle", default=None, metavar="SPEC",
+                   help="inject stragglers by sleeping in each micro-batch's forward: comma-separated base=SECONDS "
+                        "(mean injected time per micro-batch), sigma=S (log-normal noise around it), factor=F and "
+                        "prob=P (one worker F times slower on a share P of the steps), rank=R (that worker; default "
+                        "the last)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the results on stdout")
     p.add_argument("--timeout", type=float, default=600, help="launcher: seconds before giving up (default 600)")
     p.add_argument("--dynamiqd", default=None,
@@ -131,7 +162,40 @@ def parse_args(argv=None):
         p.error("--record-error measures dynamiq's error: it needs --comm dynamiq")
     if args.comm == "backend" and (args.control or args.warmup_steps):
         p.error("--comm backend runs the daemons' own configuration: no --control, no --warmup-steps")
+    if args.micro_batches < 1:
+        p.error("--micro-batches must be at least 1")
+    if args.drop_compute is not None and args.drop_compute != "auto":
+        try:
+            if float(args.drop_compute) < 0:
+                raise ValueError
+        except ValueError:
+            p.error(f"--drop-compute takes auto or seconds >= 0, not {args.drop_compute!r}")
+    try:
+        args.straggle_config = parse_straggle(args.straggle)
+    except ValueError as e:
+        p.error(str(e))
     return args
+
+
+STRAGGLE_KEYS = {"base": 0.0, "sigma": 0.0, "factor": 1.0, "prob": 0.0, "rank": -1}
+
+
+def parse_straggle(spec):
+    """--straggle "base=0.02,sigma=0.5,factor=3,prob=0.1" as a dict (STRAGGLE_KEYS' defaults), or None."""
+    if not spec:
+        return None
+    config = dict(STRAGGLE_KEYS)
+    for item in spec.split(","):
+        key, _, value = item.partition("=")
+        if key not in STRAGGLE_KEYS or not value:
+            raise ValueError(f"--straggle: {item!r} is not KEY=VALUE with KEY one of {', '.join(STRAGGLE_KEYS)}")
+        try:
+            config[key] = int(value) if key == "rank" else float(value)
+        except ValueError:
+            raise ValueError(f"--straggle: {key} takes a number, not {value!r}") from None
+    if config["base"] < 0 or config["sigma"] < 0 or config["factor"] < 1 or not 0 <= config["prob"] <= 1:
+        raise ValueError("--straggle: base and sigma must be >= 0, factor >= 1, prob in [0, 1]")
+    return config
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,6 +392,36 @@ class LmTask:
 TASKS = {"digits": DigitsTask, "lm": LmTask}
 
 
+class Straggler:
+    """Injected compute time, slept (not burnt: the machine's cores stay with the real work) in each
+    micro-batch's forward: base * exp(sigma * Z - sigma^2 / 2) (log-normal with mean `base`, the
+    per-micro-batch noise of DropCompute's paper), times `factor` on the straggler rank in a share
+    `prob` of the steps (the same steps on every worker: seeded by --seed only). The straggler's
+    real compute is not slowed: its injected time is."""
+
+    def __init__(self, config, rank, world, seed):
+        import numpy as np
+        self.config = config
+        self.slow_rank = config["rank"] % world
+        self.is_slow_rank = rank == self.slow_rank
+        self.noise = np.random.default_rng([seed, rank, 38])
+        self.slow_steps = np.random.default_rng([seed, 38])
+
+    def step(self):
+        """Starts a step; returns whether the straggler is slow in it."""
+        self.slow = bool(self.slow_steps.random() < self.config["prob"])
+        return self.slow
+
+    def sleep(self):
+        import numpy as np
+        c = self.config
+        seconds = c["base"] * float(np.exp(c["sigma"] * self.noise.standard_normal() - c["sigma"] ** 2 / 2))
+        if self.slow and self.is_slow_rank:
+            seconds *= c["factor"]
+        if seconds > 0:
+            time.sleep(seconds)
+
+
 def log(message):
     print(message, file=sys.stderr, flush=True)
 
@@ -368,21 +462,62 @@ def run_worker(args):
             log(f"dynamiq job {state.client.job}: node {state.client.node_rank}/{state.client.num_nodes}, "
                 f"codec at registration {c.codec} bits {c.bits:g} min_compress {c.min_compress_elements}")
     optimizer = task.optimizer(ddp.parameters())
+    accumulate = args.micro_batches > 1 or args.drop_compute is not None or args.straggle_config is not None
+    if accumulate:
+        import dynamiq.torch
+        if share % args.micro_batches:
+            raise SystemExit(f"--micro-batches {args.micro_batches} does not divide the {share} samples per worker")
+        threshold = args.drop_compute if args.drop_compute in (None, "auto") else float(args.drop_compute)
+        drop = dynamiq.torch.DropCompute(ddp, args.micro_batches, threshold, state=state,
+                                         window=args.drop_window, max_dropped=args.drop_max)
+        straggler = Straggler(args.straggle_config or STRAGGLE_KEYS, rank, world, args.seed)
+    # Per step: this worker's completed micro-batches and the sums of their losses and accuracies
+    # (the step's loss is the mean over every worker's completed micro-batches); the global weights.
+    computed, weight_sums, thresholds, calibrating = [], [], [], []
 
     losses, accuracies, evals, step_seconds = [], [], [], []
     for step in range(args.steps):
         xb, yb = task.next_batch()
         started = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        loss, accuracy = task.loss_accuracy(ddp(xb), yb)
-        loss.backward()
+        if accumulate:
+            xs, ys = xb.chunk(args.micro_batches), yb.chunk(args.micro_batches)
+            outcomes = []
+            straggler.step()
+
+            def forward(m):
+                loss, accuracy = task.loss_accuracy(ddp(xs[m]), ys[m])
+                outcomes.append((loss.item(), accuracy))
+                straggler.sleep()
+                return loss
+
+            result = drop.step(forward)
+            done = outcomes[:result.computed]
+            losses.append(sum(o[0] for o in done))  # sums: averaged over all workers below
+            accuracies.append(sum(o[1] for o in done))
+            computed.append(result.computed)
+            weight_sums.append(result.weight_sum)
+            thresholds.append(result.threshold)
+            calibrating.append(result.calibrating)
+        else:
+            loss, accuracy = task.loss_accuracy(ddp(xb), yb)
+            loss.backward()
+            losses.append(loss.item())
+            accuracies.append(accuracy)
         optimizer.step()
         step_seconds.append(time.perf_counter() - started)
-        losses.append(loss.item())
-        accuracies.append(accuracy)
         if rank == 0 and (step + 1) % args.log_every == 0:
-            log(f"step {step + 1}/{args.steps} loss {losses[-1]:.4f} batch accuracy {accuracies[-1]:.3f} "
-                f"({1.0 / max(step_seconds[-1], 1e-9):.1f} steps/s)")
+            if accumulate:
+                total = result.weight_sum if result.weight_sum is not None else float("nan")
+                planned = world * args.micro_batches
+                deadline = "none" if result.threshold is None else f"{result.threshold:.3f} s"
+                log(f"step {step + 1}/{args.steps} loss {losses[-1] / max(result.computed, 1):.4f} weight "
+                    f"{result.computed}/{args.micro_batches}, all {total:g}/{planned} (dropped {planned - total:g}) "
+                    f"threshold {deadline}{' calibrating' if result.calibrating else ''} "
+                    f"({1.0 / max(step_seconds[-1], 1e-9):.1f} steps/s)")
+            else:
+                log(f"step {step + 1}/{args.steps} loss {losses[-1]:.4f} batch accuracy {accuracies[-1]:.3f} "
+                    f"({1.0 / max(step_seconds[-1], 1e-9):.1f} steps/s)")
         if rank == 0 and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
             test_loss, test_accuracy = task.evaluate(model)
             evals.append({"step": step + 1, "test_loss": test_loss, "test_accuracy": test_accuracy})
@@ -390,16 +525,26 @@ def run_worker(args):
 
     # Per-step values of every worker, averaged on rank 0 (one collective, after the timing).
     gathered = [None] * world
-    dist.all_gather_object(gathered, (losses, accuracies))
+    dist.all_gather_object(gathered, (losses, accuracies, computed))
     result = None
     if rank == 0:
         timed = step_seconds[args.timing_skip:] or step_seconds
+        if accumulate:
+            # Means over every worker's completed micro-batches (a step where none completed: nan).
+            counts = [sum(g[2][s] for g in gathered) for s in range(args.steps)]
+            mean_loss = [sum(g[0][s] for g in gathered) / counts[s] if counts[s] else math.nan
+                         for s in range(args.steps)]
+            mean_accuracy = [sum(g[1][s] for g in gathered) / counts[s] if counts[s] else math.nan
+                             for s in range(args.steps)]
+        else:
+            mean_loss = [sum(g[0][s] for g in gathered) / world for s in range(args.steps)]
+            mean_accuracy = [sum(g[1][s] for g in gathered) / world for s in range(args.steps)]
         result = {
             "task": args.task, "comm": args.comm, "world_size": world, "steps": args.steps, "seed": args.seed,
             "batch_size": args.batch_size, "lr": args.lr, "warmup_steps": args.warmup_steps,
             "parameters": sum(p.numel() for p in model.parameters()),
-            "loss": [sum(g[0][s] for g in gathered) / world for s in range(args.steps)],
-            "train_accuracy": [sum(g[1][s] for g in gathered) / world for s in range(args.steps)],
+            "loss": mean_loss,
+            "train_accuracy": mean_accuracy,
             "eval": evals,
             "final_test_loss": evals[-1]["test_loss"],
             "final_test_accuracy": evals[-1]["test_accuracy"],
@@ -407,6 +552,16 @@ def run_worker(args):
             "bucket_cap_mb": args.bucket_cap_mb,
             "train_seconds": sum(step_seconds),
         }
+        if accumulate:
+            planned = args.steps * world * args.micro_batches
+            last_calibration = max([s for s, c in enumerate(calibrating) if c], default=-1)
+            after = step_seconds[last_calibration + 1:] if last_calibration >= 0 else timed
+            result.update(micro_batches=args.micro_batches, drop_compute=args.drop_compute, straggle=args.straggle,
+                          computed=[[g[2][s] for g in gathered] for s in range(args.steps)],
+                          weight_sum=weight_sums, thresholds=thresholds, calibration_steps=sum(calibrating),
+                          dropped_fraction=1 - sum(counts) / planned, selection=drop.selection,
+                          step_seconds=step_seconds,
+                          steps_per_second_after_calibration=len(after) / sum(after) if after else None)
         if args.task == "digits":
             result.update(optimizer="sgd", momentum=args.momentum, hidden=args.hidden)
         else:
@@ -584,6 +739,12 @@ def summarize(result):
              f"  {result['steps_per_second']:.1f} steps/s"]
     if result["comm"] in ("dynamiq", "backend") and result.get("nodes") == 1:
         lines.append("  one node: workers are summed exactly in shared memory (the codec runs between nodes)")
+    if "micro_batches" in result:
+        selection = result.get("selection") or {}
+        chosen = selection.get("threshold", "none") if selection else result.get("drop_compute") or "none"
+        lines.append(f"  {result['micro_batches']} micro-batches per worker, threshold {chosen}, "
+                     f"{100 * result['dropped_fraction']:.1f}% dropped, "
+                     f"{result['steps_per_second_after_calibration'] or 0:.2f} steps/s after calibration")
     if "wire_bytes_per_step" in result:
         lines.append(f"  {result['wire_bytes_per_step']:.0f} bytes/step sent by node 0 to other nodes")
     if result.get("vnmse"):
@@ -596,11 +757,13 @@ def summarize(result):
 # The flags a worker takes from the launcher's command line.
 WORKER_FLAGS = ("task", "comm", "codec", "bits", "topology", "min_compress_elements", "warmup_steps", "steps", "seed",
                 "batch_size", "lr", "momentum", "hidden", "d_model", "layers", "context", "bucket_cap_mb", "eval_every",
-                "log_every", "timing_skip", "threads")
+                "log_every", "timing_skip", "threads", "micro_batches", "drop_compute", "drop_window", "drop_max",
+                "straggle")
 
 
 def worker_flags(args):
-    flags = [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in WORKER_FLAGS]
+    flags = [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in WORKER_FLAGS
+             if getattr(args, name) is not None]
     if args.record_error:
         flags.append("--record-error")
     return flags

@@ -14,12 +14,15 @@ into the bucket and completes the torch.futures.Future DDP waits on.
 The daemon compresses only between nodes (workers of one node are summed exactly in fp32 shared
 memory), with the job's configuration: dynamiqd's --codec/--bits/--min_compress_elements for new
 jobs, or what DynamiqState(codec=..., control=...) sets through the operator API before training.
-See docs/python.md.
+Weights (contribution accounting): state.set_weight(w) before a step's backward makes every bucket of
+that step a weighted all-reduce, sum(w_i g_i) / sum(w_i); DropCompute (dynamiq/_drop_compute.py)
+builds straggler-tolerant gradient accumulation on it. See docs/python.md.
 """
 
 import atexit
 import collections
 import itertools
+import math
 import queue
 import sys
 import threading
@@ -34,8 +37,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 import dynamiq
 from dynamiq._names import CallNames
 
-__all__ = ["BACKEND", "DynamiqState", "ProcessGroupDynamiq", "allreduce_hook", "all_reduce", "exact", "get_process_group",
-           "wire_dtype"]
+__all__ = ["BACKEND", "DropCompute", "DynamiqState", "ProcessGroupDynamiq", "StepResult", "allreduce_hook",
+           "all_reduce", "exact", "get_process_group", "select_threshold", "simulate_steps", "wire_dtype"]
 
 # Buffers grow in steps of this many bytes, so that slightly larger rebuilt buckets reuse them.
 _ALLOCATION_QUANTUM = 1 << 20
@@ -79,6 +82,15 @@ def aligned_layout(sizes, quantum=_SUPER_GROUP, min_aligned=_MIN_ALIGNED_ELEMENT
             offsets[i] = total
             total += n
     return offsets, total
+
+
+def _check_weight(weight):
+    """A worker's weight as a float: finite and >= 0 (a sample count), else ValueError. The daemon
+    checks too; this names the mistake before anything is submitted."""
+    w = float(weight)
+    if not math.isfinite(w) or w < 0:
+        raise ValueError(f"dynamiq: a weight must be finite and >= 0 (a sample count), got {weight!r}")
+    return w
 
 
 def _dtype_name(dtype):
@@ -185,6 +197,10 @@ class DynamiqState:
       name_prefix: prefix of the collective names ("<prefix>.bucket<i>"); every worker must use the
         same one.
       max_records: how many of the latest per-collective records to keep (see `records`).
+
+    Weights: set_weight(w) before a step's backward makes every bucket of that step a weighted
+    all-reduce (see set_weight); DropCompute all-reduces its accumulated gradients through submit()
+    with a weight.
     """
 
     def __init__(self, client=None, process_group=None, *, average=True, warmup_steps=0, codec=None,
@@ -202,6 +218,8 @@ class DynamiqState:
         # completion thread in completion order; the oldest are dropped past max_records.
         self.records = collections.deque(maxlen=max_records)
         self._slots = {}
+        # (step, weight) of set_weight(), consumed by that step's last bucket.
+        self._weight = None
         self._lock = threading.Lock()  # DDP may call hooks from one autograd thread per device
         self._queue = queue.Queue()
         self._thread = None
@@ -258,6 +276,34 @@ class DynamiqState:
             except BufferError:
                 pass  # a traceback still holds the view: the buffer goes with it
 
+    # -- weights -------------------------------------------------------------------------------
+
+    def set_weight(self, weight):
+        """Makes every bucket of the next backward pass (step `self.step`) a weighted all-reduce:
+        each worker's bucket g_i counts with its `weight` w_i (finite, >= 0: its sample count), and
+        the hook's result is sum(w_i g_i) / sum(w_i) (average=True; 0 when every weight is 0) or
+        sum(w_i g_i). With DDP's gradients (each worker's mean over its own batch) and w_i its batch
+        size, that is the mean over every sample of the step, whatever the split. A weight of 0
+        still takes part (the worker's bucket counts for nothing). The weight applies to that one
+        step; None makes it unweighted again. Every worker must give a weight for the same steps
+        (the daemon refuses a collective where some do and some do not: dynamiq.Error
+        INVALID_ARGUMENT); --device=cuda daemons refuse weights (UNIMPLEMENTED). Not during the
+        warm-up steps, which run torch's unweighted all-reduce."""
+        w = None if weight is None else _check_weight(weight)
+        if w is not None and self.step < self.warmup_steps:
+            raise ValueError(f"DynamiqState.set_weight: step {self.step} is a warm-up step (warmup_steps="
+                             f"{self.warmup_steps}), all-reduced by torch without weights")
+        with self._lock:
+            self._weight = None if w is None else (self.step, w)
+
+    def _take_weight(self, step, last):
+        """The weight set for `step` (or None); the step's last bucket clears it."""
+        with self._lock:
+            weight = self._weight[1] if self._weight is not None and self._weight[0] == step else None
+            if last:
+                self._weight = None
+            return weight
+
     # -- the hook ----------------------------------------------------------------------------
 
     def _slot(self, index, nbytes, device):
@@ -277,13 +323,18 @@ class DynamiqState:
             self._thread = threading.Thread(target=self._complete_loop, name="dynamiq-hook", daemon=True)
             self._thread.start()
 
-    def submit(self, tensor, index, step, sizes=None):
+    def submit(self, tensor, index, step, sizes=None, *, weight=None, name=None):
         """Starts the all-reduce of one flat gradient tensor and returns a torch.futures.Future that
         completes with `tensor` holding the (averaged) result. What allreduce_hook calls.
         sizes: element counts of the tensors `tensor` concatenates (DDP's bucket.parameters());
-        if given, they travel in aligned_layout() (super-group aligned; same result, lower error)."""
+        if given, they travel in aligned_layout() (super-group aligned; same result, lower error).
+        weight: this worker's weight (see set_weight); None: unweighted.
+        name: the collective's name; default "<name_prefix>.bucket<index>". `index` also keys the
+        reused buffer (any hashable)."""
         if self._closed:
             raise RuntimeError("DynamiqState is closed")
+        if weight is not None:
+            weight = _check_weight(weight)
         send_dtype = wire_dtype(tensor.dtype)
         flat = tensor.reshape(-1)
         n = count = flat.numel()
@@ -311,15 +362,18 @@ class DynamiqState:
             reference = work = None
             if self.record_error:
                 reference = tensor.detach().reshape(-1).to(torch.float32, copy=True)
+                if weight is not None:
+                    reference *= weight
                 work = dist.all_reduce(reference, group=self.process_group, async_op=True)
-            name = f"{self.name_prefix}.bucket{index}"
+            if name is None:
+                name = f"{self.name_prefix}.bucket{index}"
             started = time.perf_counter()
             pending = self.client.all_reduce_async(slot.buffer, name, count=n, dtype=_dq_dtype(send_dtype),
-                                                   average=self.average)
+                                                   average=self.average, weight=weight)
             future = torch.futures.Future()
             self._ensure_thread()
             self._queue.put((pending, slot, view, tensor, future, step, index, count, started, reference, work,
-                             segments))
+                             segments, weight))
         return future
 
     def _complete_loop(self):
@@ -329,7 +383,7 @@ class DynamiqState:
             item = self._queue.get()
             if item is None:
                 return
-            pending, slot, view, tensor, future, step, index, n, started, reference, work, segments = item
+            pending, slot, view, tensor, future, step, index, n, started, reference, work, segments, weight = item
             try:
                 result = pending.wait()
                 if segments is None:
@@ -342,13 +396,19 @@ class DynamiqState:
                 record = {"step": step, "bucket": index, "elements": n, "sequence": result.sequence,
                           "config_epoch": result.config_epoch, "codec": result.codec,
                           "bits": result.bits, "wire_bytes": result.wire_bytes,
-                          "seconds": time.perf_counter() - started}
+                          "seconds": time.perf_counter() - started, "weight": weight,
+                          "weight_sum": result.weight_sum, "contributors": result.contributors}
                 if result.measured_vnmse is not None:
                     record["measured_vnmse"] = result.measured_vnmse
                 if work is not None:
                     work.wait()
                     if self.average:
-                        reference /= dist.get_world_size(self.process_group)
+                        # What the daemon divides by: the sum of the weights, or the workers.
+                        total = result.weight_sum if weight is not None else dist.get_world_size(self.process_group)
+                        if total > 0:
+                            reference /= total
+                        else:
+                            reference.zero_()
                     got = view.to(torch.float32) if segments is None else torch.cat(
                         [view[dst:dst + k] for _, dst, k in segments]).to(torch.float32)
                     got = got.to(reference.device)
@@ -410,15 +470,17 @@ def allreduce_hook(state, bucket):
     """DDP communication hook: model.register_comm_hook(state, allreduce_hook) with a DynamiqState.
 
     Returns a torch.futures.Future at once; it completes (from the state's background thread) with
-    the bucket holding the average over all workers, or with the daemon's error (dynamiq.Error),
-    which DDP raises from backward()."""
+    the bucket holding the average over all workers (weighted, after state.set_weight()), or with
+    the daemon's error (dynamiq.Error), which DDP raises from backward()."""
     step = state.step
-    if bucket.is_last():
+    last = bucket.is_last()
+    if last:
         state.step += 1
     if step < state.warmup_steps:
         return default_hooks.allreduce_hook(state.process_group, bucket)
+    weight = state._take_weight(step, last)
     sizes = [p.numel() for p in bucket.parameters()]
-    return state.submit(bucket.buffer(), bucket.index(), step, sizes=sizes)
+    return state.submit(bucket.buffer(), bucket.index(), step, sizes=sizes, weight=weight)
 
 
 _default_client = None
@@ -441,11 +503,16 @@ def _close_at_exit():
 atexit.register(_close_at_exit)
 
 
-def all_reduce(tensor, average=False, *, client=None, name=None):
+def all_reduce(tensor, average=False, *, weight=None, client=None, name=None):
     """All-reduces `tensor` in place through dynamiqd (synchronously; the GIL is released while
     waiting) and returns it. float32 and bfloat16 travel as they are, float16 as float32. CUDA
     tensors go into device buffers when the daemon runs --device=cuda (device to device, CUDA IPC),
     else they are staged through host shared memory.
+
+    weight: this worker's weight (finite, >= 0; e.g. its sample count): the result is
+    sum(w_i t_i), with average divided by sum(w_i) (0 when every weight is 0); every worker of the
+    collective passes one or none does. The sum of the weights is exact (an fp64 side lane beside
+    the data, whatever the codec); CPU daemons only (--device=cuda: dynamiq.Error UNIMPLEMENTED).
 
     client: default, one dynamiq.Client per process from the DQ_* environment, created on first use.
     name: the collective's name (every worker must pass the same); default
@@ -456,6 +523,8 @@ def all_reduce(tensor, average=False, *, client=None, name=None):
     Raises dynamiq.Error with the daemon's message on failure (e.g. workers disagreeing on size)."""
     global _default_client, _default_slot
     send_dtype = wire_dtype(tensor.dtype)
+    if weight is not None:
+        weight = _check_weight(weight)
     if tensor.numel() == 0:
         return tensor
     nbytes = tensor.numel() * torch.tensor([], dtype=send_dtype).element_size()
@@ -470,25 +539,25 @@ def all_reduce(tensor, average=False, *, client=None, name=None):
                 if _default_slot is not None:
                     _default_slot.release()
                 _default_slot = _Slot(_default_client, nbytes, tensor.device)
-            _all_reduce_through(_default_client, _default_slot, tensor, send_dtype, name, average)
+            _all_reduce_through(_default_client, _default_slot, tensor, send_dtype, name, average, weight)
         return tensor
     if name is None:
         with _default_lock:
             name = _default_names.name("", _dtype_name(tensor.dtype), tensor.numel())
     slot = _Slot(client, nbytes, tensor.device)
     try:
-        _all_reduce_through(client, slot, tensor, send_dtype, name, average)
+        _all_reduce_through(client, slot, tensor, send_dtype, name, average, weight)
     finally:
         slot.release()
     return tensor
 
 
-def _all_reduce_through(client, slot, tensor, send_dtype, name, average):
+def _all_reduce_through(client, slot, tensor, send_dtype, name, average, weight=None):
     n = tensor.numel()
     view = slot.view(send_dtype, n)
     view.copy_(tensor.reshape(-1))
     slot.before_submit([tensor])
-    client.all_reduce(slot.buffer, name, count=n, dtype=_dq_dtype(send_dtype), average=average)
+    client.all_reduce(slot.buffer, name, count=n, dtype=_dq_dtype(send_dtype), average=average, weight=weight)
     tensor.copy_(view.reshape(tensor.shape))
     slot.after_copy_back([tensor])
 
@@ -500,4 +569,12 @@ from dynamiq._process_group import (  # noqa: E402,F401  (re-exported; needs the
     ProcessGroupDynamiq,
     exact,
     get_process_group,
+)
+
+# DropCompute: straggler-tolerant gradient accumulation on the weighted all-reduce (needs the above).
+from dynamiq._drop_compute import (  # noqa: E402,F401  (re-exported)
+    DropCompute,
+    StepResult,
+    select_threshold,
+    simulate_steps,
 )
