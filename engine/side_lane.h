@@ -25,7 +25,7 @@
 namespace dynamiq::engine {
 
 // At most this many side values per collective (a side lane is for a few scalars).
-inline constexpr size_t kMaxSideSums = 16;
+inline constexpr size_t kMaxSideSums = 32;
 
 // IEEE-754 binary64, little-endian, 8 bytes per value.
 std::vector<uint8_t> EncodeSideSums(absl::Span<const double> values);

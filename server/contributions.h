@@ -6,10 +6,14 @@
 // The side lane's layout, the same on every node of a cluster of n nodes:
 //   [0] the sum of the weights (the number of workers, unweighted)   [1] the workers
 //   [2 + r] node r's lateness: seconds from the end of its previous collective until its last
-//           local worker submitted this one (0 if that was earlier; its own slot, 0 in every other
-//           node's), so the sums name the node every other node waited for. Only with
-//           n <= kMaxLatenessNodes.
-// A collective carries a side lane when it is weighted, or n <= kMaxLatenessNodes and the data path
+//           local worker submitted this one (0 if that was earlier), so the sums name the node
+//           every other node waited for;
+//   [2 + n + r] the last collective node r knows a configuration change may apply at (Job's
+//           configuration boundary: every node asks the coordinator for changes up to it), so no
+//           node needs a round trip to node 0 per collective to find out.
+// Each node writes its own slots; the others' are 0 there, so the sums are every node's values.
+// The per-node slots only with n <= kMaxLaneNodes.
+// A collective carries a side lane when it is weighted, or n <= kMaxLaneNodes and the data path
 // has one (DataPath::has_side_lane; GPU nodes have none yet); every node decides alike
 // (weighted-ness is part of the collective's id, and a cluster's nodes have the same device).
 // Not thread-safe: one per collective, on the reducer thread.
@@ -30,8 +34,8 @@ namespace dynamiq::server {
 
 class Contributions {
  public:
-  // Clusters of up to this many nodes carry every node's lateness in the side lane.
-  static constexpr uint32_t kMaxLatenessNodes = engine::kMaxSideSums - 2;
+  // Clusters of up to this many nodes carry every node's slots in the side lane.
+  static constexpr uint32_t kMaxLaneNodes = (engine::kMaxSideSums - 2) / 2;
 
   // `lateness_lane`: the data path carries a side lane for every collective (the straggler view).
   Contributions(bool weighted, uint32_t num_nodes, uint32_t node_rank, bool lateness_lane = true);
@@ -41,6 +45,13 @@ class Contributions {
   // After the last AddWorker: when this node's previous collective ended (unset: this is its first
   // collective, whose lateness says nothing).
   void SetPreviousEnd(std::optional<absl::Time> previous_end);
+  // The last collective at which this node knows a configuration change may apply (0: none).
+  void SetConfigBoundary(uint64_t sequence);
+  // Whether the side lane carries every node's slots (then PollThrough is known after the step).
+  bool has_node_slots() const { return has_side_lane_ && side_.size() == 2 + 2 * size_t{num_nodes_}; }
+  // After the cross-node step: the last collective any node knows a configuration change may
+  // apply at.
+  uint64_t ConfigBoundary() const;
   // What the cross-node step carries and sums in place (empty: no side lane).
   absl::Span<double> SideLane();
   // After the cross-node step (or on one node): what was summed.

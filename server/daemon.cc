@@ -386,9 +386,10 @@ absl::StatusOr<PublishedChange> Daemon::SetCompression(const std::string& job_id
     return config;
   };
   // Nodes run collectives in lockstep: another node can be at most one collective ahead of this
-  // one, so none can have started (next + 2) before the configuration is visible.
+  // one, so none can have started (next + 2) before the configuration is visible; the job's side
+  // lane tells every node to ask for it there (Job::ReserveConfigBoundary).
   return cluster_->PublishConfig(
-      job_id, job->incarnation(), job->initial_config(), checked, [&job] { return job->NextSequence() + 2; },
+      job_id, job->incarnation(), job->initial_config(), checked, [&job] { return job->ReserveConfigBoundary(); },
       expected_epoch);
 }
 

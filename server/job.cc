@@ -272,6 +272,7 @@ Job::Status Job::GetStatus() const {
   s.duration_seconds = totals_.duration_seconds;
   s.error_samples = totals_.error_samples;
   s.last_vnmse = totals_.last_vnmse;
+  s.config_polls = totals_.config_polls;
   s.local_wait_seconds = totals_.local_wait_seconds;
   s.node_wait_seconds = totals_.node_wait_seconds;
   return s;
@@ -286,6 +287,14 @@ std::vector<CollectiveRecord> Job::FlightRecorder(size_t limit) const {
 uint64_t Job::NextSequence() const {
   absl::MutexLock lock(&mu_);
   return next_run_;
+}
+
+uint64_t Job::ReserveConfigBoundary() {
+  absl::MutexLock lock(&mu_);
+  // Under the lock that Finish advances next_run_ under: the collective after next_run_ has not
+  // started, so its side lane carries the boundary to every node before the boundary runs.
+  config_boundary_ = std::max(config_boundary_, next_run_ + 2);
+  return next_run_ + 2;
 }
 
 void Job::Record(CollectiveRecord record) {
@@ -352,12 +361,15 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   // the coordinator, so it runs without holding the lock).
   JobConfig config;
   uint64_t epoch;
+  bool poll;
   {
     absl::MutexLock lock(&mu_);
     config = config_;
     epoch = config_epoch_;
+    poll = poll_next_ || config_boundary_ >= sequence;
+    if (poll && options_.coordinator != nullptr) ++totals_.config_polls;
   }
-  if (options_.coordinator != nullptr) {
+  if (poll && options_.coordinator != nullptr) {
     uint64_t new_epoch = epoch;
     JobConfig new_config;
     absl::StatusOr<bool> changed = options_.coordinator->PollConfig(sequence, &new_epoch, &new_config);
@@ -412,6 +424,10 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
     outputs.push_back(DataPath::Output{region, e->request.average});
   }
   contributions.SetPreviousEnd(previous_end_);
+  {
+    absl::MutexLock lock(&mu_);
+    contributions.SetConfigBoundary(config_boundary_);
+  }
   if (status.ok()) {
     status = path_->LocalReduce(inputs, n);
     if (!status.ok()) {
@@ -482,6 +498,10 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   const double seconds = std::max(0.0, record.seconds - cross.probe_seconds);
   previous_end_ = absl::Now();
   const StragglerWait waits = contributions.Waits();
+  // The next collective skips the coordinator's round trip only when this one went through and
+  // no node knows of a change that may apply at it.
+  poll_next_ = !status.ok() || options_.num_nodes < 2 || !contributions.has_node_slots() ||
+               contributions.ConfigBoundary() >= sequence + 1;
   // Advance the job before any worker sees its result: NextSequence() (which SetCompression's
   // boundary is computed from) is then current.
   Completions completions;

@@ -192,6 +192,7 @@ class Job {
     uint64_t wire_bytes = 0;      // sent for the cross-node all-reduces, headers included
     double duration_seconds = 0;  // successful collectives' time, as dynamiq_collective_duration_seconds
     uint64_t error_samples = 0;   // collectives whose compression error was measured
+    uint64_t config_polls = 0;    // collectives that asked the coordinator for a configuration change
     double last_vnmse = 0;        // the latest measured vNMSE (when error_samples > 0)
     // The straggler view: seconds successful collectives waited for each local rank (its
     // submission after the first one's) and for each node (its part after this node's).
@@ -202,6 +203,11 @@ class Job {
   std::vector<CollectiveRecord> FlightRecorder(size_t limit) const;
   // The sequence the reducer will run next (SetCompression applies one after it).
   uint64_t NextSequence() const;
+  // The boundary a configuration change published now applies at: two collectives after the one
+  // the reducer runs next (another node can be at most one collective ahead). This node then asks
+  // the coordinator for changes at every collective up to it, and tells the other nodes to (the
+  // side lane, server/contributions.h), which otherwise skip that round trip.
+  uint64_t ReserveConfigBoundary();
 
  private:
   struct Entry {
@@ -282,7 +288,12 @@ class Job {
   absl::Time deadline_;  // of the collective the reducer runs (reducer thread only)
   // When this node's previous collective ended (reducer thread only; unset before the first).
   std::optional<absl::Time> previous_end_;
-  kernels::CodecCache codecs_;  // reducer thread only
+  // Ask the coordinator for a configuration change before the next collective (reducer thread
+  // only): the first one, after a failed one, where the side lane has no node slots, or when a
+  // node's boundary (ReserveConfigBoundary, its own or through the side lane) reaches it.
+  bool poll_next_ = true;
+  uint64_t config_boundary_ ABSL_GUARDED_BY(mu_) = 0;  // ReserveConfigBoundary's latest
+  kernels::CodecCache codecs_;                         // reducer thread only
   // arc_topk's error feedback per tensor, dropped at every config epoch change (reducer thread only).
   ErrorFeedback error_feedback_;
   uint64_t error_feedback_epoch_ = 0;

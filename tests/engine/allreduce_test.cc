@@ -354,7 +354,7 @@ TEST(AllReduceTest, ARankWithAnotherNumberOfSideSumsIsNamed) {
     o.side_sums = absl::MakeSpan(many);
     return o;
   });
-  EXPECT_THAT(one.results[0].status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 16")));
+  EXPECT_THAT(one.results[0].status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 32")));
 }
 
 TEST(AllReduceTest, AMissingPeerFailsTheOthersWithinTheTimeout) {

@@ -177,8 +177,9 @@ class RogueNode {
     o.sequence = sequence;
     o.timeout = absl::Seconds(kTimeoutSeconds);
     // The side lane a node of a 2-node cluster sends with every collective (server/contributions.h):
-    // its sum of weights and workers (1 and 1, unweighted), then each node's lateness (its own 0).
-    std::vector<double> side = {1, 1, 0, 0};
+    // its sum of weights and workers (1 and 1, unweighted), each node's lateness (its own 0) and the
+    // last collective it knows a configuration change may apply at (none: 0).
+    std::vector<double> side = {1, 1, 0, 0, 0, 0};
     o.side_sums = absl::MakeSpan(side);
     auto r = engine::AllReduce(**codec, **t, o, {data.data(), kernels::DType::kFloat32, 0, nullptr},
                                {data.data(), kernels::DType::kFloat32, 0, nullptr}, kElements);

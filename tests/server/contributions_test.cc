@@ -34,10 +34,12 @@ TEST(ContributionsTest, TheSideLaneHasASlotPerNodeAndTheSumsNameTheSlowestNode) 
   c.AddWorker(1, std::nullopt, kT0);
   c.SetPreviousEnd(kT0 - absl::Milliseconds(100));
   absl::Span<double> lane = c.SideLane();
-  ASSERT_EQ(lane.size(), 5u);
-  EXPECT_EQ(std::vector<double>(lane.begin(), lane.end()), (std::vector<double>{2, 2, 0, 0.1, 0}));
-  // What the side lane sums to over the three nodes (node 2 was ready 400 ms after its previous end).
-  const std::vector<double> summed = {6, 6, 0.05, 0.1, 0.4};
+  c.SetConfigBoundary(7);
+  ASSERT_EQ(lane.size(), 8u);
+  EXPECT_EQ(std::vector<double>(lane.begin(), lane.end()), (std::vector<double>{2, 2, 0, 0.1, 0, 0, 7, 0}));
+  // What the side lane sums to over the three nodes (node 2 was ready 400 ms after its previous end;
+  // node 0 knows a configuration change may apply at collective 9).
+  const std::vector<double> summed = {6, 6, 0.05, 0.1, 0.4, 9, 7, 0};
   std::copy(summed.begin(), summed.end(), lane.begin());
   EXPECT_EQ(c.contributors(), 6u);
   EXPECT_EQ(c.weight_sum(), 6.0);
@@ -45,6 +47,7 @@ TEST(ContributionsTest, TheSideLaneHasASlotPerNodeAndTheSumsNameTheSlowestNode) 
   ASSERT_TRUE(w.node.has_value());
   EXPECT_EQ(*w.node, 2u);
   EXPECT_NEAR(w.node_seconds, 0.3, 1e-12);
+  EXPECT_EQ(c.ConfigBoundary(), 9u);
   // A tie of local arrivals still names one rank, with no wait.
   EXPECT_TRUE(w.local_rank.has_value());
   EXPECT_EQ(w.local_seconds, 0.0);
@@ -62,7 +65,7 @@ TEST(ContributionsTest, ANodesFirstCollectiveNamesNoNode) {
   c.AddWorker(0, std::nullopt, kT0);
   c.SetPreviousEnd(std::nullopt);  // no previous collective here
   absl::Span<double> lane = c.SideLane();
-  ASSERT_EQ(lane.size(), 4u);
+  ASSERT_EQ(lane.size(), 6u);
   EXPECT_EQ(lane[2], -1.0);
   lane[3] = 0.2;  // the other node had one
   EXPECT_FALSE(c.Waits().node.has_value());
@@ -76,6 +79,7 @@ TEST(ContributionsTest, LargeClustersAndPathsWithoutASideLaneKeepOnlyWhatTheyCan
   big.AddWorker(0, std::nullopt, kT0);
   big.AddWorker(1, std::nullopt, kT0);
   EXPECT_TRUE(big.SideLane().empty());
+  EXPECT_FALSE(big.has_node_slots());
   EXPECT_EQ(big.contributors(), 40u);
   EXPECT_EQ(big.weight_sum(), 40.0);
   // Weighted: the lane carries the sums only.

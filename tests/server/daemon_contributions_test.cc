@@ -179,6 +179,43 @@ TEST_P(DaemonWeightsTest, TheStragglerViewNamesTheLateWorkerOnItsNodeAndItsNodeO
   EXPECT_THAT(metrics1, HasSubstr("dynamiq_local_last_submissions_total{job=\"job\",local_rank=\"1\"} 4"));
 }
 
+// Configuration changes travel without a round trip to node 0 per collective: a node asks the
+// coordinator only at its first collective, after a failed one, and up to a change's boundary,
+// which the side lane announces; the change still applies at the same collective on every node.
+TEST_P(DaemonWeightsTest, ConfigurationChangesApplyTogetherWithoutAskingNodeZeroAtEveryCollective) {
+  std::vector<dynamiq::v1::AllReduceResponse> responses;
+  const std::vector<std::optional<double>> none(4);
+  auto run = [&](int collectives) {
+    for (int i = 0; i < collectives; ++i) {
+      for (const grpc::Status& s : Run("g", none, true, &responses)) ASSERT_TRUE(s.ok()) << s.error_message();
+    }
+  };
+  run(10);
+  for (int node = 0; node < 2; ++node) {
+    EXPECT_LE(daemons_[node]->JobStatuses().at("job").config_polls, 1u) << "node " << node;
+  }
+  // A change through node 1 (as dynamiqctl set-compression does).
+  const std::string codec = GetParam() == "none" ? "bf16" : "none";
+  absl::StatusOr<PublishedChange> published = daemons_[1]->SetCompression(
+      "job", [&](const JobConfig&) { return MakeJobConfig(codec, 0, "ring", 0, "measured"); }, std::nullopt);
+  ASSERT_THAT(published, IsOk());
+  run(4);
+  const Job::Status s0 = daemons_[0]->JobStatuses().at("job"), s1 = daemons_[1]->JobStatuses().at("job");
+  EXPECT_EQ(s0.config_epoch, published->epoch);
+  EXPECT_EQ(s1.config_epoch, published->epoch);
+  EXPECT_LE(s0.config_polls, 4u);
+  EXPECT_LE(s1.config_polls, 4u);
+  EXPECT_EQ(s0.failed + s1.failed, 0u);
+  // Every node ran every collective under the same epoch.
+  auto r0 = daemons_[0]->FlightRecorder("job", 0), r1 = daemons_[1]->FlightRecorder("job", 0);
+  ASSERT_THAT(r0, IsOk());
+  ASSERT_THAT(r1, IsOk());
+  ASSERT_EQ(r0->size(), r1->size());
+  for (size_t i = 0; i < r0->size(); ++i) {
+    EXPECT_EQ((*r0)[i].config_epoch, (*r1)[i].config_epoch) << "collective " << (*r0)[i].sequence;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Codecs, DaemonWeightsTest, ::testing::Values("none", "dynamiq"));
 
 }  // namespace
