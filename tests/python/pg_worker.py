@@ -26,6 +26,13 @@ Modes:
                waiting for the first only); the test checks the exit code.
   init_env     only init_process_group, env:// (MASTER_ADDR, MASTER_PORT) with timeout PG_TIMEOUT
                seconds; records the error and how long init took.
+  groups       dist.new_group for each entry of PG_GROUPS ("all" or ranks like "0,3", separated by
+               ";"; the rows and columns of a device mesh, say): each group's job and path, an
+               async SUM and an AVG on every group of the rank and on the default group, waited in
+               reverse order, a broadcast and an all_gather on each group, then the daemon's jobs on
+               this rank's node (PG_CONTROL) before and after dist.destroy_process_group of the
+               first group, and a SUM on the last group after it.
+  group_on_gloo  new_group(backend="dynamiq") under a gloo default group: records the error.
 """
 
 import _thread
@@ -133,7 +140,7 @@ def collectives(rank, world, pg):
     # Errors: unsupported dtype and device.
     errors = {}
     for key, tensor in (("bool", torch.zeros(4, dtype=torch.bool)), ("meta", torch.zeros(4, device="meta")),
-                        ("sparse", torch.zeros(4).to_sparse())):
+                        ("sparse_csr", torch.eye(4).to_sparse_csr())):
         try:
             dist.all_reduce(tensor)
             errors[key] = None
@@ -145,6 +152,10 @@ def collectives(rank, world, pg):
     except ValueError as e:
         errors["band"] = f"{type(e).__name__}: {e}"
     out["errors"] = errors
+    # A sparse COO tensor: Gloo's sparse all-reduce, as on the gloo backend.
+    sparse = torch.sparse_coo_tensor([[rank, world]], [float(rank + 1), 1.0], (world + 1,))
+    dist.all_reduce(sparse)
+    out["sparse"] = sparse.to_dense()
     out["records"] = list(pg.records)
     return out
 
@@ -245,6 +256,72 @@ def empty(rank, world, pg):
     return out
 
 
+def node_jobs(control):
+    """{job id: workers} of the jobs this rank's node's dynamiqd runs."""
+    return {j["job_id"]: j["workers"] for j in dynamiq.Control(control).status()["jobs"]}
+
+
+def groups(rank, world, pg):
+    out = {}
+    n = 50_000
+    made = {}
+    for i, spec in enumerate(os.environ["PG_GROUPS"].split(";")):
+        made[f"{i}:{spec}"] = dist.new_group() if spec == "all" else dist.new_group([int(r) for r in spec.split(",")])
+    mine = {key: g for key, g in made.items() if g is not dist.GroupMember.NON_GROUP_MEMBER}
+    out["info"] = {key: None for key in made}
+    for key, g in mine.items():
+        p = dynamiq.torch.get_process_group(g)
+        out["info"][key] = {"job": p.job, "uses_daemon": p.uses_daemon, "global_ranks": p.global_ranks,
+                            "rank": dist.get_rank(g), "size": dist.get_world_size(g)}
+    # Interleaved: every group of this rank and the default group (None) in flight at once; the
+    # seeds go by the place in the list of all groups (the same on every rank).
+    sums, avgs, works = {}, {}, []
+    for i, key in enumerate(list(made) + ["world"]):
+        if key != "world" and key not in mine:
+            continue
+        g = mine.get(key)
+        sums[key], avgs[key] = values(rank, n, 10 + i), values(rank, n, 40 + i)
+        works.append(dist.all_reduce(sums[key], group=g, async_op=True))
+        works.append(dist.all_reduce(avgs[key], op=dist.ReduceOp.AVG, group=g, async_op=True))
+    for w in reversed(works):
+        w.wait()
+    out["sum"], out["avg"] = sums, avgs
+    out["records"] = {key: list(dynamiq.torch.get_process_group(g).records) for key, g in mine.items()}
+    out["exact_collectives"] = {key: dynamiq.torch.get_process_group(g).exact_collectives for key, g in mine.items()}
+    out["broadcast"], out["all_gather"] = {}, {}
+    for key, g in mine.items():
+        b = torch.full((3,), float(rank))
+        dist.broadcast(b, src=out["info"][key]["global_ranks"][-1], group=g)
+        out["broadcast"][key] = b
+        gathered = [torch.zeros(2) for _ in range(dist.get_world_size(g))]
+        dist.all_gather(gathered, torch.full((2,), float(rank)), group=g)
+        out["all_gather"][key] = torch.stack(gathered)
+    # destroy_process_group(first group) unregisters its members from the daemon.
+    first = next(iter(made))
+    out["jobs_before"] = node_jobs(os.environ["PG_CONTROL"])
+    dist.destroy_process_group(made[first])
+    dist.barrier()
+    job = (out["info"][first] or {}).get("job")
+    deadline = time.monotonic() + 30
+    while job in node_jobs(os.environ["PG_CONTROL"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    out["jobs_after"] = node_jobs(os.environ["PG_CONTROL"])
+    last = list(made)[-1]
+    if last in mine and last != first:
+        t = values(rank, n, 60)
+        dist.all_reduce(t, group=mine[last])
+        out["after_destroy"] = t
+    return out
+
+
+def group_on_gloo():
+    try:
+        dist.new_group(backend="dynamiq")
+        return {"group_error": None}
+    except ValueError as e:
+        return {"group_error": str(e)}
+
+
 def cuda(rank, world, pg):
     out = {}
     n = 50_000
@@ -286,8 +363,9 @@ def main():
             torch.save({"error": str(e), "seconds": time.monotonic() - started}, path)
         return
     try:
-        dist.init_process_group("dynamiq", init_method=f"file://{out_dir}/pg-store", rank=rank, world_size=world)
-        pg = dynamiq.torch.get_process_group()
+        backend = "gloo" if mode == "group_on_gloo" else "dynamiq"
+        dist.init_process_group(backend, init_method=f"file://{out_dir}/pg-store", rank=rank, world_size=world)
+        pg = dynamiq.torch.get_process_group() if backend == "dynamiq" else dist.group.WORLD
         result = {"backend": dist.get_backend()}
         if mode == "collectives":
             result.update(collectives(rank, world, pg))
@@ -303,6 +381,10 @@ def main():
             result.update(train(rank, world, pg))
         elif mode == "empty":
             result.update(empty(rank, world, pg))
+        elif mode == "groups":
+            result.update(groups(rank, world, pg))
+        elif mode == "group_on_gloo":
+            result.update(group_on_gloo())
         elif mode in ("exit", "exit_destroy", "exit_async"):
             # Three DDP steps, then the end of the script: nothing closes the group but the
             # backend itself (at destroy_process_group, or at the interpreter's exit).
@@ -320,7 +402,8 @@ def main():
         torch.save({"error": f"{type(e).__name__}: {e}"}, path)
         return
     torch.save(result, path)
-    pg.close()
+    if backend == "dynamiq":
+        pg.close()
 
 
 if __name__ == "__main__":

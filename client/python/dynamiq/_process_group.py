@@ -19,6 +19,11 @@ What goes where (docs/python.md has the table):
 Every rank must take the same path for the same collective: the choice depends only on the op,
 the dtype, the element count, exact() and exact_below, which init checks to be the same everywhere.
 
+Groups of dist.new_group: a group whose ranks run on every node of the daemons' cluster registers
+as a sub-job of the job (its own collective context in dynamiqd) and works like the default group;
+a group missing a node (a job's cross-node all-reduce involves every node) runs every collective
+on its inner Gloo group, exact. destroy_process_group(group) unregisters it.
+
 Work objects. torch 1.13's Python bindings cannot override Work's C++ virtuals, and the Work that
 wraps a torch Future (_create_work_from_future) does not raise from wait(). So a collective called
 from torch.distributed's own Python functions (dist.all_reduce and friends, whose result user code
@@ -39,6 +44,7 @@ import sys
 import threading
 import time
 import weakref
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -274,18 +280,24 @@ def _check_device(tensor, what):
 
 class ProcessGroupDynamiq(ProcessGroup):
     """A torch.distributed ProcessGroup over the node's dynamiqd. Created by
-    dist.init_process_group("dynamiq", ...) (the registered creator passes store, rank, world_size
-    and timeout); connects a dynamiq.Client from the DQ_* environment (DQ_LOCAL_RANK and
+    dist.init_process_group("dynamiq", ...) and dist.new_group (the registered creator passes the
+    store, the rank and size in the group, the timeout and, for new_group, the group's global ranks
+    and name); connects a dynamiq.Client from the DQ_* environment (DQ_LOCAL_RANK and
     DQ_LOCAL_WORLD_SIZE default to torchrun's LOCAL_RANK and LOCAL_WORLD_SIZE), checks through the
     store that the job's workers are exactly the group's ranks, and connects an inner
     ProcessGroupGloo on the same store for the exact collectives.
 
     Args:
       exact_below: all-reduces of fewer elements run exactly on the inner Gloo group (default
-        DQ_TORCH_EXACT_BELOW, else DEFAULT_EXACT_BELOW = 1024). Must be the same on every rank.
+        DQ_TORCH_EXACT_BELOW, else DEFAULT_EXACT_BELOW = 1024; a group of new_group: the default
+        group's). Must be the same on every rank.
       client: a dynamiq.Client to use (default: one from the DQ_* environment, with the group's
-        timeout as its deadline unless DQ_TIMEOUT_SECONDS is set).
+        timeout as its deadline unless DQ_TIMEOUT_SECONDS is set). Default group only.
       max_records: how many per-collective records to keep in `records`.
+      global_ranks: a group of new_group: its ranks in the default group, ascending. It then
+        registers as a sub-job of the default group's job (_subjob_id), or, where its ranks do not
+        run on every node, uses no daemon (`uses_daemon` False, `client` and `job` None).
+      group_name: torch's name of the group (the same on every rank), part of the sub-job's id.
 
     After collectives, `records` holds one dict per daemon all-reduce (the latest max_records):
     name, elements, dtype, sequence, config_epoch, codec, bits, wire_bytes (bytes this node sent),
@@ -293,7 +305,8 @@ class ProcessGroupDynamiq(ProcessGroup):
     those that took the Gloo path.
     """
 
-    def __init__(self, store, rank, world_size, timeout, *, exact_below=None, client=None, max_records=100_000):
+    def __init__(self, store, rank, world_size, timeout, *, exact_below=None, client=None, max_records=100_000,
+                 global_ranks=None, group_name=None):
         super().__init__(rank, world_size)
         self._started = time.monotonic() if _init_started is None else _init_started
         self._timeout = timeout
@@ -307,15 +320,29 @@ class ProcessGroupDynamiq(ProcessGroup):
         self._thread = None
         self._closed = False
         self._owns_client = client is None
+        self.client = None
+        self._pool = None
+        # Every rank's membership record (index: rank in this group), once checked.
+        self._members = None
+        # Whether AVG goes to the daemon with weight 1 per worker: its unweighted mean divides by
+        # nodes x this node's workers, wrong where nodes run different numbers of the group's ranks.
+        self._weighted_avg = False
+        self.global_ranks = list(global_ranks) if global_ranks else list(range(world_size))
+        self.uses_daemon = True
         try:
-            self.exact_below = _exact_below(exact_below)
-            self.client = client if client is not None else self._connect(timeout)
+            if global_ranks:
+                self.client = self._join_subgroup(group_name, timeout, exact_below, client)
+            else:
+                self.exact_below = _exact_below(exact_below)
+                self.client = client if client is not None else self._connect(timeout)
         except Exception as e:
             self._publish_member({"error": str(e)})
             raise
-        self._pool = _SlotPool(self.client)
+        self.job = None if self.client is None else self.client.job
         try:
-            self._check_membership()
+            if self.client is not None:
+                self._pool = _SlotPool(self.client)
+                self._check_membership()
             # The exact collectives: a Gloo group over the same store, under its own prefix.
             self._gloo = ProcessGroupGloo(PrefixStore("dynamiq.gloo", store), rank, world_size, timeout)
         except BaseException:
@@ -358,6 +385,48 @@ class ProcessGroupDynamiq(ProcessGroup):
                                    f"(DQ_SOCKET; is dynamiqd running on this node?): {e}") from e
             # The daemon (or the client's own checks) answered: its message says what was wrong.
             raise RuntimeError(f"{me} cannot register with dynamiqd at {where}: {e}") from e
+
+    def _join_subgroup(self, group_name, timeout, exact_below, client):
+        """Registers a group of dist.new_group in dynamiqd: a sub-job of the default group's job, its
+        own collective context (sequence, names, compression state), with this process's index among
+        the group's ranks on its node as local rank. Returns its Client, or None where the group's
+        ranks do not run on every node of the daemons' cluster: a job's cross-node all-reduce
+        involves every node, so such a group runs every collective on its inner Gloo group."""
+        if client is not None:
+            raise ValueError("dynamiq backend: client= is for the default group; a group of new_group registers "
+                             "its own")
+        parent = dist.distributed_c10d._get_default_group()
+        if not isinstance(parent, ProcessGroupDynamiq) or parent._members is None or parent.client is None:
+            raise ValueError(f"dynamiq backend: new_group(backend=\"{BACKEND}\") needs the default group on the "
+                             f"dynamiq backend too (init_process_group(\"{BACKEND}\")), whose ranks say which node "
+                             f"each rank runs on; the default group is {type(parent).__name__}: use "
+                             f"new_group(..., backend=\"gloo\")")
+        # The default group checked it is the same on every rank.
+        self.exact_below = parent.exact_below if exact_below is None else _exact_below(exact_below)
+        by_node = collections.defaultdict(list)  # node -> the group's global ranks on it, ascending
+        for g in self.global_ranks:
+            by_node[parent._members[g]["node"]].append(g)
+        if len(by_node) < parent.client.num_nodes:
+            self.uses_daemon = False
+            return None
+        me = parent.rank()
+        mine = by_node[parent._members[me]["node"]]
+        job = _subjob_id(parent.client.job, group_name, self.global_ranks)
+        seconds = None
+        if "DQ_TIMEOUT_SECONDS" not in os.environ and timeout is not None:
+            seconds = max(1.0, timeout.total_seconds())
+        try:
+            return dynamiq.Client(socket=parent.client.socket, job=job, local_rank=mine.index(me),
+                                  local_world_size=len(mine), timeout=seconds)
+        except dynamiq.Error as e:
+            # --max_jobs reached, or a multi-node NCCL cluster (one job at a time): the daemon cannot
+            # give the group a job of its own, Gloo can run it.
+            hint = ""
+            if getattr(e, "code", "") in ("FAILED_PRECONDITION", "RESOURCE_EXHAUSTED"):
+                hint = " (a group can run on Gloo instead: new_group(..., backend=\"gloo\"))"
+            raise RuntimeError(f"dynamiq backend: rank {me} cannot register group {group_name} (ranks "
+                               f"{_ranks_text(self.global_ranks)}) with dynamiqd at {parent.client.socket} as job "
+                               f"'{job}': {e}{hint}") from e
 
     def _publish_member(self, record):
         try:
@@ -429,6 +498,8 @@ class ProcessGroupDynamiq(ProcessGroup):
             summary = (f"dynamiq backend: world size {self.size()} (rank {self.rank()}) does not match job "
                        f"'{mine['job']}' on {mine['nodes']} node(s) with {expected} worker(s)")
             raise ValueError("; ".join([summary] + problems))
+        self._members = members
+        self._weighted_avg = len({len(ms) for ms in per_node.values()}) > 1
 
     # -- the daemon path ---------------------------------------------------------------------------
 
@@ -460,7 +531,7 @@ class ProcessGroupDynamiq(ProcessGroup):
             started = time.perf_counter()
             try:
                 pending = self.client.all_reduce_async(slot.buffer, name, count=n, dtype=_dqtorch._dq_dtype(send_dtype),
-                                                       average=average)
+                                                       average=average, weight=1.0 if self._weighted_avg else None)
             except dynamiq.Error as e:
                 _release_quietly(slot)
                 raise RuntimeError(f"dynamiq backend: all-reduce '{name}' ({n} x {dtype}) failed: {e}") from e
@@ -517,7 +588,7 @@ class ProcessGroupDynamiq(ProcessGroup):
         if dtype in _DAEMON_DTYPES:
             daemon_op = any(op == o for o in _DAEMON_OPS)
             big = sum(t.numel() for t in tensors) >= self.exact_below
-            if daemon_op and big and not _in_exact():
+            if daemon_op and big and not _in_exact() and self.uses_daemon:
                 return "daemon"
             return "exact"
         if dtype in _GLOO_DTYPES:
@@ -549,6 +620,10 @@ class ProcessGroupDynamiq(ProcessGroup):
         op = dist.ReduceOp.SUM if opts is None else opts.reduceOp
         if len(tensors) != 1:
             raise ValueError(f"dynamiq backend: allreduce takes one tensor per process, got {len(tensors)}")
+        if tensors[0].is_sparse:
+            # Sparse COO: Gloo's sparse all-reduce, exact, as on torch's gloo backend.
+            self.exact_collectives += 1
+            return self._gloo.allreduce(list(tensors), AllreduceOptions() if opts is None else opts)
         return _work_for(self._all_reduce(list(tensors), op, "allreduce"), _caller())
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -622,8 +697,13 @@ class ProcessGroupDynamiq(ProcessGroup):
         return self._gloo.recv_anysource(tensors, tag)
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """Waits for this rank's daemon all-reduces in flight, then Gloo's monitored barrier, which
+        names the ranks that did not arrive within `timeout` (default: the group's)."""
         self._drain()
-        return self._gloo.monitored_barrier(timeout, wait_all_ranks)
+        timeout = self._timeout if timeout is None else timeout
+        if timeout is None:
+            return self._gloo.monitored_barrier(wait_all_ranks=wait_all_ranks)
+        return self._gloo.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
     # -- lifetime -----------------------------------------------------------------------------------
 
@@ -652,13 +732,23 @@ class ProcessGroupDynamiq(ProcessGroup):
             if self._thread is not threading.current_thread():  # closed from a future's callback
                 self._thread.join()
             self._thread = None
-        if hasattr(self, "_pool"):
+        if self._pool is not None:
             self._pool.clear()
         if self._owns_client and getattr(self, "client", None) is not None:
             try:
                 self.client.close()
             except dynamiq.Error:
                 pass  # the daemon is gone: nothing left to unregister from
+
+
+def _subjob_id(job, group_name, ranks):
+    """The dynamiqd job a group of new_group registers under: the same on every rank (torch names
+    groups by a counter that every rank advances alike), different for two groups of the same ranks."""
+    return f"{job}/g{group_name}.{zlib.crc32(','.join(map(str, ranks)).encode()):08x}"
+
+
+def _ranks_text(ranks):
+    return str(ranks) if len(ranks) <= 16 else f"[{ranks[0]}, {ranks[1]}, ..., {ranks[-1]}] ({len(ranks)})"
 
 
 def _release_quietly(slot):
@@ -761,17 +851,42 @@ def _closing_destroy(destroy):
     return destroy_process_group
 
 
-def _create(store, rank, world_size, timeout):
-    return ProcessGroupDynamiq(store, rank, world_size, timeout)
+def _dynamiq_monitored_barrier(barrier):
+    """torch.distributed.monitored_barrier that runs on a ProcessGroupDynamiq too (torch 1.13 refuses
+    every backend but "gloo" by name; the group's inner Gloo group runs it)."""
+    if getattr(barrier, "_dynamiq_monitored", False):
+        return barrier
+
+    @functools.wraps(barrier)
+    def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+        c10d = dist.distributed_c10d
+        pg = c10d.GroupMember.WORLD if group is None else group
+        if isinstance(pg, ProcessGroupDynamiq):
+            return pg.monitored_barrier(c10d.default_pg_timeout if timeout is None else timeout, wait_all_ranks)
+        return barrier(group, timeout, wait_all_ranks)
+
+    monitored_barrier._dynamiq_monitored = True
+    return monitored_barrier
+
+
+def _create(options, pg_options=None):
+    """torch's extended creator API: besides the store, rank, size and timeout, a group of new_group
+    gets its global ranks (empty for the default group) and its name."""
+    if pg_options is not None:
+        raise ValueError(f"dynamiq backend: takes no pg_options, got {type(pg_options).__name__}")
+    return ProcessGroupDynamiq(options.store, options.group_rank, options.group_size, options.timeout,
+                               global_ranks=list(options.global_ranks_in_group), group_name=options.group_id)
 
 
 def _register():
     if BACKEND.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND, _create)
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True)
     # torch.distributed re-exports distributed_c10d's functions: wrap both names.
     c10d = dist.distributed_c10d
     c10d.destroy_process_group = _closing_destroy(c10d.destroy_process_group)
     dist.destroy_process_group = _closing_destroy(dist.destroy_process_group)
+    c10d.monitored_barrier = _dynamiq_monitored_barrier(c10d.monitored_barrier)
+    dist.monitored_barrier = _dynamiq_monitored_barrier(dist.monitored_barrier)
     c10d.init_process_group = _timed_init(c10d.init_process_group)
     dist.init_process_group = _timed_init(dist.init_process_group)
     atexit.register(_close_at_exit)
