@@ -15,7 +15,6 @@ Contributions::Contributions(bool weighted, uint32_t num_nodes, uint32_t node_ra
 void Contributions::AddWorker(uint32_t local_rank, std::optional<double> weight, absl::Time arrived) {
   side_[0] += weight.value_or(1.0);
   side_[1] += 1;
-  ++local_workers_;
   first_arrival_ = std::min(first_arrival_, arrived);
   if (arrived >= last_arrival_) {
     last_arrival_ = arrived;
@@ -53,7 +52,7 @@ double Contributions::weight_sum() const { return weighted_ ? side_[0] : static_
 
 StragglerWait Contributions::Waits() const {
   StragglerWait wait;
-  if (local_workers_ >= 1) {
+  if (last_rank_.has_value()) {
     wait.local_rank = last_rank_;
     wait.local_seconds = absl::ToDoubleSeconds(last_arrival_ - first_arrival_);
   }

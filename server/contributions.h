@@ -65,8 +65,7 @@ class Contributions {
   const uint32_t num_nodes_, node_rank_;
   std::vector<double> side_;  // the layout above; [0] and [1] also without a side lane
   bool has_side_lane_;
-  uint32_t local_workers_ = 0;
-  std::optional<uint32_t> last_rank_;
+  std::optional<uint32_t> last_rank_;  // the local worker that arrived last (unset: none added)
   absl::Time first_arrival_ = absl::InfiniteFuture(), last_arrival_ = absl::InfinitePast();
 };
 

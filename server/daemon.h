@@ -144,9 +144,8 @@ class Daemon {
     std::optional<uint64_t> submission;
     std::optional<double> weight;  // Job::Request::weight
   };
-  absl::StatusOr<Job::Result> AllReduce(const AllReduceCall& call);
-  // Like AllReduce, but returns at once: `done` runs exactly once with what AllReduce would have
-  // returned (Job::Enqueue), here for a refused request. The worker service's handler.
+  // Queues a worker's all-reduce and returns at once: `done` runs exactly once with the result or
+  // the error (Job::Enqueue), here for a refused request. The worker service's handler.
   void AllReduceAsync(const AllReduceCall& call, Job::Completion done);
 
   // Operator API. A compression change maps the job's newest configuration (the newest published

@@ -181,16 +181,6 @@ std::optional<ipc::PeerCredentials> Daemon::WorkerPeer(const std::string& grpc_p
   return worker_listener_ ? worker_listener_->CredentialsOf(grpc_peer) : std::nullopt;
 }
 
-absl::StatusOr<Job::Result> Daemon::AllReduce(const AllReduceCall& call) {
-  std::shared_ptr<Job> job;
-  absl::StatusOr<Job::Request> request = CheckAllReduce(call, &job);
-  if (!request.ok()) {
-    RecordRejected(request.status(), absl::StrCat("worker ", call.worker_id));
-    return request.status();
-  }
-  return job->Submit(*request);
-}
-
 void Daemon::AllReduceAsync(const AllReduceCall& call, Job::Completion done) {
   std::shared_ptr<Job> job;
   absl::StatusOr<Job::Request> request = CheckAllReduce(call, &job);

@@ -317,7 +317,7 @@ void Metrics::OnStragglerWait(const std::string& job, const StragglerWait& wait)
   }
   if (wait.node.has_value()) {
     const prometheus::Labels labels{{"job", job}, {"node", absl::StrCat(*wait.node)}};
-    node_wait_.Add(labels).Increment(std::max(0.0, wait.node_seconds));
+    node_wait_.Add(labels).Increment(wait.node_seconds);
     node_last_.Add(labels).Increment();
   }
 }

@@ -22,17 +22,6 @@ import drop_compute_worker as dcw
 WORKER = os.path.join(HERE, "drop_compute_worker.py")
 
 
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-    def advance(self, seconds):
-        self.now += seconds
-
-
 def net():
     torch.manual_seed(1)
     return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
@@ -75,7 +64,7 @@ def micro_batch_grads(model, m):
 def test_step_stops_at_the_deadline_with_a_fake_clock(threshold, min_micro_batches, computed, compute_seconds,
                                                       discarded):
     model = net()
-    clock = FakeClock()
+    clock = dcw.FakeClock()
     dc = dynamiq.torch.DropCompute(model, 4, threshold, min_micro_batches=min_micro_batches, clock=clock)
     result = dc.step(fake_forward(model, clock, [1.0] * 4, [2.0] * 4))
     assert (result.computed, result.dropped, result.weight, result.weight_sum) == (computed, 4 - computed,
@@ -92,7 +81,7 @@ def test_step_stops_at_the_deadline_with_a_fake_clock(threshold, min_micro_batch
 
 def test_step_weights_by_samples_and_planned_divides_by_the_planned_count():
     model = net()
-    clock = FakeClock()
+    clock = dcw.FakeClock()
     samples = [4, 1, 3, 2]
     dc = dynamiq.torch.DropCompute(model, 4, 5.0, clock=clock)
     result = dc.step(fake_forward(model, clock, [1.0] * 4, [2.0] * 4, samples))
@@ -115,7 +104,7 @@ def test_simulate_steps_predicts_what_step_does():
     model = net()
     for i, (f, b) in enumerate(zip(forward, backward)):
         tau = thresholds[i % len(thresholds)]
-        clock = FakeClock()
+        clock = dcw.FakeClock()
         dc = dynamiq.torch.DropCompute(model, 4, None if math.isinf(tau) else tau, min_micro_batches=i % 2,
                                        clock=clock)
         result = dc.step(fake_forward(model, clock, f, b))
