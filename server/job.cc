@@ -474,9 +474,10 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
     }
   }
   if (status.ok()) {
-    // The mean divides by what was summed: the weights, or the workers (a collective whose every
-    // weight is 0 has nothing to average: 0).
-    const float scale = !weighted        ? 1.0f / static_cast<float>(options_.num_nodes * options_.local_world_size)
+    // The mean divides by what was summed: the weights, or the workers of every node (counted in
+    // the side lane, so nodes with different numbers of workers divide alike; a collective whose
+    // every weight is 0 has nothing to average: 0).
+    const float scale = !weighted        ? 1.0f / static_cast<float>(contributions.contributors())
                         : weight_sum > 0 ? static_cast<float>(1.0 / weight_sum)
                                          : 0.0f;
     status = path_->WriteBack(outputs, n, scale);

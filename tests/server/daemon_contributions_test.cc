@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -213,6 +214,33 @@ TEST_P(DaemonWeightsTest, ConfigurationChangesApplyTogetherWithoutAskingNodeZero
   ASSERT_EQ(r0->size(), r1->size());
   for (size_t i = 0; i < r0->size(); ++i) {
     EXPECT_EQ((*r0)[i].config_epoch, (*r1)[i].config_epoch) << "collective " << (*r0)[i].sequence;
+  }
+}
+
+// Nodes with different numbers of workers: the unweighted mean divides by the workers of every node
+// (3 here), which the side lane counts, not by nodes x this node's workers.
+TEST(DaemonContributionsTest, TheMeanOfNodesWithDifferentNumbersOfWorkersDividesByAllOfThem) {
+  TempDir dir;
+  auto cluster = StartTestCluster(dir.path(), 2, *MakeJobConfig("none", 0, "ring", 0, "measured"));
+  ASSERT_THAT(cluster, IsOk());
+  std::vector<DaemonTestWorker> workers;
+  for (auto [node, rank, size] : {std::tuple{0u, 0u, 1u}, {1u, 0u, 2u}, {1u, 1u, 2u}}) {
+    auto w = ConnectTestWorker(absl::StrCat(dir.path(), "/node", node, ".sock"), "job", rank, size, kElements);
+    ASSERT_THAT(w, IsOk());
+    workers.push_back(*std::move(w));
+  }
+  std::vector<grpc::Status> status(3);
+  std::vector<dynamiq::v1::AllReduceResponse> responses(3);
+  std::vector<std::thread> threads;
+  for (size_t w = 0; w < 3; ++w) {
+    for (size_t k = 0; k < kElements; ++k) workers[w].data()[k] = static_cast<float>(w + 1);  // 1, 2, 3
+    threads.emplace_back([&, w] { status[w] = workers[w].AllReduce("g", kElements, true, &responses[w]); });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t w = 0; w < 3; ++w) {
+    ASSERT_TRUE(status[w].ok()) << status[w].error_message();
+    EXPECT_EQ(workers[w].data()[0], 2.0f) << "worker " << w;  // (1 + 2 + 3) / 3
+    EXPECT_EQ(responses[w].contributors(), 3u);
   }
 }
 

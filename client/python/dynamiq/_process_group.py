@@ -325,7 +325,8 @@ class ProcessGroupDynamiq(ProcessGroup):
         # Every rank's membership record (index: rank in this group), once checked.
         self._members = None
         # Whether AVG goes to the daemon with weight 1 per worker: its unweighted mean divides by
-        # nodes x this node's workers, wrong where nodes run different numbers of the group's ranks.
+        # nodes x this node's workers where the side lane has no per-node slots (GPU nodes, more
+        # than 15 nodes), wrong where nodes run different numbers of the group's ranks.
         self._weighted_avg = False
         self.global_ranks = list(global_ranks) if global_ranks else list(range(world_size))
         self.uses_daemon = True
