@@ -297,8 +297,11 @@ def groups(rank, world, pg):
         dist.all_gather(gathered, torch.full((2,), float(rank)), group=g)
         out["all_gather"][key] = torch.stack(gathered)
     # destroy_process_group(first group) unregisters its members from the daemon.
+    # Every rank looks before any rank destroys (a rank that destroyed first would be missing).
     first = next(iter(made))
+    dist.barrier()
     out["jobs_before"] = node_jobs(os.environ["PG_CONTROL"])
+    dist.barrier()
     dist.destroy_process_group(made[first])
     dist.barrier()
     job = (out["info"][first] or {}).get("job")
