@@ -79,12 +79,17 @@ std::string BaseKey(const std::string& job_id) { return absl::StrCat(JobPrefix(j
 // are created afresh numbers its incarnations above it.
 constexpr char kIncarnationFloorKey[] = "cluster/incarnation_floor";
 
-// "job/<id>/inc<k>" and g of a key under "job/<id>/inc<k>/gen<g>/" (RendezvousPrefix); false for
-// any other key.
-bool ParseRendezvousKey(absl::string_view key, absl::string_view* job_key, uint64_t* generation) {
+// "job/<id>/inc<k>" and (E, s) of a key under "job/<id>/inc<k>/view<E>-from<s>/" (RendezvousPrefix);
+// false for any other key.
+bool ParseRendezvousKey(absl::string_view key, absl::string_view* job_key, std::pair<uint64_t, uint64_t>* connection) {
   std::vector<absl::string_view> parts = absl::StrSplit(key, absl::MaxSplits('/', 4));
   if (parts.size() != 5 || parts[0] != "job" || !absl::StartsWith(parts[2], "inc") ||
-      !absl::ConsumePrefix(&parts[3], "gen") || !absl::SimpleAtoi(parts[3], generation)) {
+      !absl::ConsumePrefix(&parts[3], "view")) {
+    return false;
+  }
+  std::vector<absl::string_view> ids = absl::StrSplit(parts[3], absl::MaxSplits("-from", 1));
+  if (ids.size() != 2 || !absl::SimpleAtoi(ids[0], &connection->first) ||
+      !absl::SimpleAtoi(ids[1], &connection->second)) {
     return false;
   }
   *job_key = key.substr(0, parts[0].size() + parts[1].size() + parts[2].size() + 2);
@@ -405,24 +410,24 @@ void Cluster::DeleteKeys(const engine::Store::Deletion& deletion, absl::string_v
 
 void Cluster::NoteWrite(absl::string_view key) {
   absl::string_view job_key;
-  uint64_t generation = 0;
-  if (!ParseRendezvousKey(key, &job_key, &generation)) return;
-  std::optional<uint64_t> done;
+  std::pair<uint64_t, uint64_t> connection;
+  if (!ParseRendezvousKey(key, &job_key, &connection)) return;
+  std::optional<std::pair<uint64_t, uint64_t>> done;
   {
     absl::MutexLock lock(&keys_mu_);
     auto it = incarnations_.find(job_key);
     if (it == incarnations_.end()) return;  // not an incarnation running here
     LiveIncarnation& live = it->second;
-    if (live.generation.has_value() && generation <= *live.generation) return;
-    // Every node has left the generation before the previous one: a node joins generation g only
-    // after failing g - 1, and a group forms only with all of them.
-    done = live.older_generation;
-    live.older_generation = live.generation;
-    live.generation = generation;
+    if (live.connection.has_value() && connection <= *live.connection) return;
+    // Every node has left the connection before the previous one: a node connects again only after
+    // its connection failed (or its view changed), and a group forms only with all its members.
+    done = live.older_connection;
+    live.older_connection = live.connection;
+    live.connection = connection;
   }
   if (!done.has_value()) return;
   engine::Store::Deletion deletion;
-  deletion.prefix = absl::StrCat(job_key, "/gen", *done, "/");
+  deletion.prefix = absl::StrCat(job_key, "/view", done->first, "-from", done->second, "/");
   DeleteKeys(deletion, deletion.prefix);
 }
 
@@ -467,8 +472,17 @@ std::string Cluster::IncarnationHint(const std::string& job_id, uint64_t incarna
                       "restart all of them again)");
 }
 
-std::string Cluster::RendezvousPrefix(const std::string& job_id, uint64_t incarnation, uint64_t generation) {
-  return absl::StrCat(JobKey(job_id, incarnation), "/gen", generation);
+std::string Cluster::RendezvousPrefix(const std::string& job_id, uint64_t incarnation, uint64_t view_epoch,
+                                      uint64_t first_sequence) {
+  return absl::StrCat(JobKey(job_id, incarnation), "/view", view_epoch, "-from", first_sequence);
+}
+
+std::string Cluster::LatestViewKey(const std::string& job_id, uint64_t incarnation) {
+  return absl::StrCat(JobKey(job_id, incarnation), "/latest_view");
+}
+
+std::string Cluster::ViewKey(const std::string& job_id, uint64_t incarnation, uint64_t epoch) {
+  return absl::StrCat(JobKey(job_id, incarnation), "/view/", epoch);
 }
 
 absl::StatusOr<PublishedChange> Cluster::PublishConfig(

@@ -9,7 +9,10 @@
 //   job/<id>/live/<r>                   node r runs the job (some incarnation of it)
 //   job/<id>/base                       the floor when the job's keys were created
 //   job/<id>/node<r>/incarnations       how many times node r has created job <id> since then
-//   job/<id>/inc<k>/gen<g>/...          incarnation k's transport rendezvous, generation g
+//   job/<id>/inc<k>/view<E>-from<s>/... incarnation k's transport rendezvous: view E's connection
+//                                       made for collective s (server/group_view.h)
+//   job/<id>/inc<k>/latest_view         its newest group view's epoch (claimed by compare-and-set)
+//   job/<id>/inc<k>/view/<E>            view E: GroupView::Encode (epoch 0, every node, is not stored)
 //   job/<id>/inc<k>/latest_epoch        its newest compression change (claimed by compare-and-set)
 //   job/<id>/inc<k>/config/<E>          epoch E: a serialized dynamiq.v1.PublishedConfig
 //   job/<id>/inc<k>/failed/<seq>        why a node failed collective seq: "<code>|<node>|<message>"
@@ -22,11 +25,11 @@
 // the store (engine::Store::Deletion). A later run of the id starts a new base from the floor, so
 // its incarnations stay above every earlier one (stale messages never fit) and every node that
 // creates it agrees on them, as before. While a job runs, its other keys are bounded: a node
-// deletes a generation's rendezvous keys once it has written keys at two later generations, its own
-// failure reports past the newest 64, and the publisher of config epoch E deletes epoch E - 16
-// (PollConfig looks no further back). A job's keys stay while some node holds its live key: a node
-// killed with the job running keeps it until that node runs the id again and retires it (or the
-// coordinator restarts, with an empty store).
+// deletes a connection's rendezvous keys once it has written keys of two later connections, its own
+// failure reports past the newest 64, the publisher of config epoch E deletes epoch E - 16
+// (PollConfig looks no further back), and the claimant of view E deletes view E - 16. A job's keys stay while some node
+// holds its live key: a node killed with the job running keeps it until that node runs the id again and retires it (or
+// the coordinator restarts, with an empty store).
 //
 // The settings every node must share (--device, --transport, --step_budget, the codec defaults, ...)
 // are not keys: the coordinator compares them when a node joins and refuses a node whose settings
@@ -46,6 +49,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -109,8 +113,12 @@ class Cluster {
   // " (node 1 is at incarnation 3 of job j, this node at 2: ...)" when the nodes' counts differ, or
   // the nodes that never created the job; "" when nothing is known to be wrong.
   std::string IncarnationHint(const std::string& job_id, uint64_t incarnation);
-  // Where generation `generation` of the job's transport rendezvouses.
-  static std::string RendezvousPrefix(const std::string& job_id, uint64_t incarnation, uint64_t generation);
+  // Where view `view_epoch`'s connection for collective `first_sequence` rendezvouses.
+  static std::string RendezvousPrefix(const std::string& job_id, uint64_t incarnation, uint64_t view_epoch,
+                                      uint64_t first_sequence);
+  // The keys of the job's group views (key layout above).
+  static std::string LatestViewKey(const std::string& job_id, uint64_t incarnation);
+  static std::string ViewKey(const std::string& job_id, uint64_t incarnation, uint64_t epoch);
 
   // Publishes a compression change of the job's incarnation: claims the next epoch by
   // compare-and-set, `change` maps the newest configuration (the newest epoch's, or `initial`) to
@@ -157,8 +165,8 @@ class Cluster {
   // newest incarnation it ran, then deletes the live key (and, if no node runs the job any more, all
   // the job's keys).
   void ReleaseJob(const std::string& job_id) ABSL_LOCKS_EXCLUDED(live_mu_);
-  // A key written through store(): notes the generations of a job's rendezvous this node writes at,
-  // and deletes the ones it no longer needs.
+  // A key written through store(): notes the connections of a job's rendezvous this node writes
+  // keys of, and deletes the ones it no longer needs.
   void NoteWrite(absl::string_view key) ABSL_LOCKS_EXCLUDED(keys_mu_);
   // After writing a key of an incarnation that this node has retired meanwhile (a compression
   // change or a failure report racing the job's end): delete the job's keys again if no node runs it.
@@ -166,9 +174,11 @@ class Cluster {
 
   // What this node tracks of an incarnation it runs, to delete its keys as they fall out of use.
   struct LiveIncarnation {
-    std::optional<uint64_t> generation;        // the newest generation this node wrote keys at
-    std::optional<uint64_t> older_generation;  // the one it wrote before (kept for a lagging node)
-    std::deque<uint64_t> failures;             // collectives whose failure this node reported
+    // The newest connection this node wrote keys of (view epoch, first collective), and the one
+    // before it (kept for a lagging node).
+    std::optional<std::pair<uint64_t, uint64_t>> connection;
+    std::optional<std::pair<uint64_t, uint64_t>> older_connection;
+    std::deque<uint64_t> failures;  // collectives whose failure this node reported
   };
 
   const Options options_;

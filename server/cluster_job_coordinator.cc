@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/host_transport.h"
@@ -15,6 +17,8 @@
 namespace dynamiq::server {
 namespace {
 
+// How many group views' records the store keeps (a node that looks for the newest needs only that).
+constexpr uint64_t kKeptViews = 16;
 // How often a node waiting in a job's rendezvous checks whether another node failed the collective.
 constexpr absl::Duration kRendezvousPoll = absl::Milliseconds(250);
 
@@ -24,9 +28,14 @@ ClusterJobCoordinator::ClusterJobCoordinator(Cluster& cluster, std::string job_i
                                              JobTransportSettings settings)
     : cluster_(cluster), job_id_(std::move(job_id)), incarnation_(incarnation), settings_(std::move(settings)) {}
 
-absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connect(uint64_t generation,
+absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connect(const GroupView& view,
                                                                                   uint64_t sequence) {
-  engine::PrefixStore prefixed(Cluster::RendezvousPrefix(job_id_, incarnation_, generation), cluster_.store());
+  if (!view.is_member()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", view.node_rank(), " is not a member of ", view.ToString()));
+  }
+  engine::PrefixStore prefixed(Cluster::RendezvousPrefix(job_id_, incarnation_, view.epoch(), sequence),
+                               cluster_.store());
   // A node that fails this collective instead of joining publishes why: stop waiting for it then.
   engine::InterruptibleStore scoped(
       prefixed,
@@ -38,8 +47,8 @@ absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connec
         return absl::OkStatus();
       },
       kRendezvousPoll);
-  const int rank = static_cast<int>(settings_.node_rank);
-  const int size = static_cast<int>(settings_.num_nodes);
+  const int rank = view.my_index();
+  const int size = static_cast<int>(view.size());
 #ifdef DQ_HAVE_NCCL
   if (settings_.device == DeviceKind::kCuda && settings_.nccl) {
     // The device all-reduce drives the NCCL transport itself (no per-peer byte counting).
@@ -60,7 +69,7 @@ absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connec
                         absl::StrCat(host.status().message(), cluster_.IncarnationHint(job_id_, incarnation_)));
   }
   // Counts bytes per peer node (dynamiq_peer_bytes_total).
-  auto counted = std::make_unique<CountingTransport>(*std::move(host), settings_.metrics);
+  auto counted = std::make_unique<CountingTransport>(*std::move(host), settings_.metrics, view.members());
 #ifdef DQ_HAVE_NCCL
   if (settings_.device == DeviceKind::kCuda) {
     // The hybrid path: the device all-reduce's chunks staged through pinned host memory.
@@ -70,6 +79,53 @@ absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connec
   }
 #endif
   return std::unique_ptr<engine::Transport>(std::move(counted));
+}
+
+absl::StatusOr<GroupView> ClusterJobCoordinator::ClaimView(const GroupView& current, std::vector<uint32_t> members,
+                                                           uint64_t first_sequence) {
+  const uint64_t epoch = current.epoch() + 1;
+  DQ_ASSIGN_OR_RETURN(GroupView view, GroupView::Make(epoch, std::move(members), first_sequence, settings_.num_nodes,
+                                                      settings_.node_rank));
+  // The epoch's record is decided by compare-and-set (the first claimant's stays); then the newest
+  // epoch moves on to it (whichever claimant gets there first), so a node that reads the newest
+  // epoch finds its record.
+  const std::string latest_key = Cluster::LatestViewKey(job_id_, incarnation_);
+  const std::string key = Cluster::ViewKey(job_id_, incarnation_, epoch);
+  DQ_ASSIGN_OR_RETURN(bool written, cluster_.store().CompareAndSet(key, std::nullopt, view.Encode()));
+  (void)written;
+  DQ_ASSIGN_OR_RETURN(std::string record, cluster_.store().Get(key, absl::ZeroDuration()));
+  std::optional<std::string> expected;
+  if (current.epoch() > 0) expected = absl::StrCat(current.epoch());
+  DQ_ASSIGN_OR_RETURN(bool claimed, cluster_.store().CompareAndSet(latest_key, expected, absl::StrCat(epoch)));
+  if (!claimed) {
+    DQ_ASSIGN_OR_RETURN(std::string latest, cluster_.store().Get(latest_key, absl::ZeroDuration()));
+    if (latest != absl::StrCat(epoch)) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot claim view ", epoch, " of job ", job_id_,
+                                                        " after view ", current.epoch(), ": view ",
+                                                        absl::CHexEscape(latest), " is the newest"));
+    }
+  }
+  if (claimed && epoch > kKeptViews) {
+    engine::Store::Deletion deletion;
+    deletion.keys.push_back(Cluster::ViewKey(job_id_, incarnation_, epoch - kKeptViews));
+    (void)cluster_.store().Delete(deletion);  // best effort: an old record only takes room
+  }
+  return GroupView::Decode(record, settings_.num_nodes, settings_.node_rank);
+}
+
+absl::StatusOr<GroupView> ClusterJobCoordinator::NewestView(const GroupView& current) {
+  absl::StatusOr<std::string> latest =
+      cluster_.store().Get(Cluster::LatestViewKey(job_id_, incarnation_), absl::ZeroDuration());
+  if (engine::IsKeyNotSet(latest.status())) return current;  // never changed: every node, as started
+  if (!latest.ok()) return latest.status();
+  uint64_t newest = 0;
+  if (!absl::SimpleAtoi(*latest, &newest)) {
+    return absl::DataLossError(absl::StrCat("job ", job_id_, "'s newest view is '", absl::CHexEscape(*latest), "'"));
+  }
+  if (newest <= current.epoch()) return current;
+  DQ_ASSIGN_OR_RETURN(std::string record,
+                      cluster_.store().Get(Cluster::ViewKey(job_id_, incarnation_, newest), absl::ZeroDuration()));
+  return GroupView::Decode(record, settings_.num_nodes, settings_.node_rank);
 }
 
 absl::StatusOr<bool> ClusterJobCoordinator::PollConfig(uint64_t sequence, uint64_t* epoch, JobConfig* config) {

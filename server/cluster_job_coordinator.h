@@ -1,5 +1,6 @@
 // ClusterJobCoordinator: a job's JobCoordinator (server/job_coordinator.h) on a daemon of a
-// cluster: its incarnation's keys in the Cluster (configuration changes, failure causes), and the
+// cluster: its incarnation's keys in the Cluster (group views, configuration changes, failure
+// causes), and the
 // transport of the node's device kind (tcp or gloo on CPU nodes, counted per peer node; NCCL or
 // staged gloo on GPU nodes), connected
 // through the Cluster's store under the incarnation's rendezvous prefix. Thread-safe (the Cluster
@@ -12,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -44,7 +46,10 @@ class ClusterJobCoordinator final : public JobCoordinator {
  public:
   ClusterJobCoordinator(Cluster& cluster, std::string job_id, uint64_t incarnation, JobTransportSettings settings);
 
-  absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(uint64_t generation, uint64_t sequence) override;
+  absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(const GroupView& view, uint64_t sequence) override;
+  absl::StatusOr<GroupView> ClaimView(const GroupView& current, std::vector<uint32_t> members,
+                                      uint64_t first_sequence) override;
+  absl::StatusOr<GroupView> NewestView(const GroupView& current) override;
   absl::StatusOr<bool> PollConfig(uint64_t sequence, uint64_t* epoch, JobConfig* config) override;
   absl::Status ReportFailure(uint64_t sequence, const absl::Status& cause, absl::Time deadline) override;
   std::optional<FailureCause> LookupFailure(uint64_t sequence, absl::Time deadline) override;

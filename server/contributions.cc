@@ -1,13 +1,16 @@
 #include "server/contributions.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace dynamiq::server {
 
-Contributions::Contributions(bool weighted, uint32_t num_nodes, uint32_t node_rank, bool lateness_lane)
+Contributions::Contributions(bool weighted, uint32_t num_nodes, uint32_t node_rank, bool lateness_lane,
+                             std::vector<uint32_t> members)
     : weighted_(weighted),
       num_nodes_(num_nodes),
       node_rank_(node_rank),
+      members_(std::move(members)),
       has_side_lane_(num_nodes > 1 && (weighted || (lateness_lane && num_nodes <= kMaxLaneNodes))) {
   side_.assign(lateness_lane && num_nodes <= kMaxLaneNodes ? 2 + 2 * size_t{num_nodes} : 2, 0.0);
 }
@@ -62,7 +65,7 @@ StragglerWait Contributions::Waits() const {
     if (side_[2 + r] < 0) return wait;  // a node's first collective: nothing to compare
     if (side_[2 + r] > side_[2 + slowest]) slowest = r;
   }
-  wait.node = slowest;
+  wait.node = slowest < members_.size() ? members_[slowest] : slowest;
   wait.node_seconds = side_[2 + slowest] - side_[2 + node_rank_];
   return wait;
 }

@@ -3,7 +3,8 @@
 // workers' weights and how many contributed) and the straggler view (the local worker that
 // submitted last, the node whose part was ready last).
 //
-// The side lane's layout, the same on every node of a cluster of n nodes:
+// The side lane's layout, the same on every member of a group view of n nodes (server/group_view.h;
+// r below is a member's place in the view, its engine rank):
 //   [0] the sum of the weights (the number of workers, unweighted)   [1] the workers
 //   [2 + r] node r's lateness: seconds from the end of its previous collective until its last
 //           local worker submitted this one (0 if that was earlier), so the sums name the node
@@ -37,8 +38,11 @@ class Contributions {
   // Clusters of up to this many nodes carry every node's slots in the side lane.
   static constexpr uint32_t kMaxLaneNodes = (engine::kMaxSideSums - 2) / 2;
 
-  // `lateness_lane`: the data path carries a side lane for every collective (the straggler view).
-  Contributions(bool weighted, uint32_t num_nodes, uint32_t node_rank, bool lateness_lane = true);
+  // `num_nodes` members, this node at place `node_rank` among them. `lateness_lane`: the data path
+  // carries a side lane for every collective (the straggler view). `members[r]`: the node rank of
+  // place r, which Waits names (empty: the same numbers).
+  Contributions(bool weighted, uint32_t num_nodes, uint32_t node_rank, bool lateness_lane = true,
+                std::vector<uint32_t> members = {});
 
   // One local worker's request: its weight (unset: 1) and when it arrived.
   void AddWorker(uint32_t local_rank, std::optional<double> weight, absl::Time arrived);
@@ -63,6 +67,7 @@ class Contributions {
  private:
   const bool weighted_;
   const uint32_t num_nodes_, node_rank_;
+  const std::vector<uint32_t> members_;
   std::vector<double> side_;  // the layout above; [0] and [1] also without a side lane
   bool has_side_lane_;
   std::optional<uint32_t> last_rank_;  // the local worker that arrived last (unset: none added)

@@ -4,8 +4,9 @@
 
 namespace dynamiq::server {
 
-CountingTransport::CountingTransport(std::unique_ptr<engine::Transport> inner, PeerBytesSink* sink)
-    : inner_(std::move(inner)), sink_(sink) {}
+CountingTransport::CountingTransport(std::unique_ptr<engine::Transport> inner, PeerBytesSink* sink,
+                                     std::vector<uint32_t> peer_nodes)
+    : inner_(std::move(inner)), sink_(sink), peer_nodes_(std::move(peer_nodes)) {}
 
 absl::StatusOr<engine::Transport::Handle> CountingTransport::PostSend(int peer, uint64_t tag,
                                                                       absl::Span<const uint8_t> data) {
@@ -36,7 +37,7 @@ absl::StatusOr<engine::Transport::Handle> CountingTransport::PostRecvParts(
 }
 
 void CountingTransport::MessageReceived(int peer, size_t bytes) {
-  if (sink_ != nullptr) sink_->AddPeerBytes(peer, false, bytes);
+  if (sink_ != nullptr) sink_->AddPeerBytes(NodeOf(peer), false, bytes);
   inner_->MessageReceived(peer, bytes);
 }
 
@@ -50,7 +51,7 @@ absl::Status CountingTransport::Wait(Handle handle, absl::Time deadline) {
     p = it->second;
     pending_.erase(it);
   }
-  if (status.ok() && sink_ != nullptr) sink_->AddPeerBytes(p.peer, p.sent, p.bytes);
+  if (status.ok() && sink_ != nullptr) sink_->AddPeerBytes(NodeOf(p.peer), p.sent, p.bytes);
   return status;
 }
 

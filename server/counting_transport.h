@@ -1,6 +1,7 @@
 // CountingTransport: an engine::Transport decorator that counts the bytes moved to and from each
 // peer (dynamiq_peer_bytes_total) and otherwise forwards every call unchanged. The daemon wraps it
-// around each job's cross-node transport (tcp, gloo, ...), so peer ranks are node ranks.
+// around each job's cross-node transport (tcp, gloo, ...) and names each peer by its node rank (the
+// transport's ranks are places in the job's group view: server/group_view.h).
 //
 // A send counts its size when Wait succeeds for it (a failed or never-waited send moved nothing we
 // can vouch for). Received bytes are what the engine reports with MessageReceived once it has
@@ -16,6 +17,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -33,7 +35,9 @@ class PeerBytesSink {
 
 class CountingTransport final : public engine::Transport {
  public:
-  CountingTransport(std::unique_ptr<engine::Transport> inner, PeerBytesSink* sink);
+  // `peer_nodes[r]`: the node rank of transport rank r (empty: the same numbers).
+  CountingTransport(std::unique_ptr<engine::Transport> inner, PeerBytesSink* sink,
+                    std::vector<uint32_t> peer_nodes = {});
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -58,6 +62,11 @@ class CountingTransport final : public engine::Transport {
 
   const std::unique_ptr<engine::Transport> inner_;
   PeerBytesSink* const sink_;
+  const std::vector<uint32_t> peer_nodes_;
+  // The node rank of transport rank `peer`.
+  int NodeOf(int peer) const {
+    return peer >= 0 && static_cast<size_t>(peer) < peer_nodes_.size() ? static_cast<int>(peer_nodes_[peer]) : peer;
+  }
   absl::Mutex mu_;
   absl::flat_hash_map<Handle, Pending> pending_ ABSL_GUARDED_BY(mu_);
 };

@@ -31,21 +31,69 @@ absl::string_view WithoutCollectivePrefix(absl::string_view message, absl::strin
 
 }  // namespace
 
-CrossNodeGroup::CrossNodeGroup(std::string job_id, uint32_t num_nodes, std::shared_ptr<JobCoordinator> coordinator)
-    : job_id_(std::move(job_id)), num_nodes_(num_nodes), coordinator_(std::move(coordinator)) {}
+CrossNodeGroup::CrossNodeGroup(std::string job_id, GroupView view, std::shared_ptr<JobCoordinator> coordinator)
+    : job_id_(std::move(job_id)),
+      single_node_(view.size() <= 1 && view.epoch() == 0),
+      coordinator_(std::move(coordinator)),
+      view_(std::move(view)) {}
+
+GroupView CrossNodeGroup::view() const {
+  absl::MutexLock lock(&view_mu_);
+  return view_;
+}
+
+void CrossNodeGroup::AdoptNextView() {
+  absl::MutexLock lock(&view_mu_);
+  view_ = *std::move(next_view_);
+  next_view_.reset();
+}
+
+bool CrossNodeGroup::HasPeers() const {
+  absl::MutexLock lock(&view_mu_);
+  return !single_node_ && coordinator_ != nullptr && view_.is_member();
+}
+
+absl::Status CrossNodeGroup::Refresh(uint64_t sequence) {
+  if (single_node_ || coordinator_ == nullptr) return absl::OkStatus();
+  GroupView known;
+  {
+    absl::MutexLock lock(&mu_);
+    known = next_view_.value_or(view_);
+  }
+  DQ_ASSIGN_OR_RETURN(GroupView newest, coordinator_->NewestView(known));
+  absl::MutexLock lock(&mu_);
+  if (newest.epoch() > view_.epoch() && (!next_view_.has_value() || newest.epoch() >= next_view_->epoch())) {
+    next_view_ = std::move(newest);
+  }
+  if (next_view_.has_value() && next_view_->first_sequence() <= sequence) {
+    // The boundary: every member drops the old connection here and connects in the new view.
+    AdoptNextView();
+    transport_.reset();
+    reconnect_ = false;
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<engine::Transport*> CrossNodeGroup::Connected(uint64_t sequence) {
   absl::MutexLock lock(&mu_);
-  if (pending_generations_ > 0) {
+  if (next_view_.has_value() && next_view_->first_sequence() <= sequence) {
+    AdoptNextView();
     transport_.reset();
-    generation_ += pending_generations_;
-    pending_generations_ = 0;
+  }
+  if (reconnect_) {
+    transport_.reset();
+    reconnect_ = false;
+  }
+  if (!view_.is_member()) {
+    return absl::FailedPreconditionError(absl::StrCat("collective ", sequence, " of job ", job_id_, ": node ",
+                                                      view_.node_rank(), " is not a member of the job's ",
+                                                      view_.ToString()));
   }
   if (!transport_) {
     if (coordinator_ == nullptr) return absl::FailedPreconditionError("a job of one node has no transport");
-    auto connected = coordinator_->Connect(generation_, sequence);
+    // A failed connect is a failed collective: the next one connects again, under its own keys.
+    absl::StatusOr<std::unique_ptr<engine::Transport>> connected = coordinator_->Connect(view_, sequence);
     if (!connected.ok()) {
-      ++generation_;  // this collective failed: the next one meets the others at the next generation
       return common::Annotate(connected.status(), absl::StrCat("collective ", sequence, " of job ", job_id_));
     }
     transport_ = *std::move(connected);
@@ -58,14 +106,13 @@ void CrossNodeGroup::Drop(bool abort) {
   absl::MutexLock lock(&mu_);
   if (abort && transport_) transport_->Abort();
   transport_.reset();
-  ++generation_;
 }
 
 CrossNodeGroup::Break CrossNodeGroup::Decide(Failures failures) {
   Break broken;
-  if (num_nodes_ <= 1) return broken;
   absl::MutexLock lock(&mu_);
-  pending_generations_ += failures.size();
+  if (!HasPeers() || failures.empty()) return broken;
+  reconnect_ = true;
   broken.failures = std::move(failures);
   broken.transport = transport_serial_;
   return broken;
@@ -79,7 +126,7 @@ void CrossNodeGroup::Announce(const Break& broken) {
 }
 
 void CrossNodeGroup::Report(const Failures& failures) {
-  if (num_nodes_ <= 1 || coordinator_ == nullptr) return;
+  if (!HasPeers()) return;  // a node outside the view must not stop the members' connects
   const absl::Time deadline = absl::Now() + kReportTimeout;  // for all of them together
   for (const auto& [sequence, cause] : failures) {
     // Give up once the coordinator is out of reach.
@@ -95,14 +142,14 @@ void CrossNodeGroup::Abort() {
 void CrossNodeGroup::Close() {
   absl::MutexLock lock(&mu_);
   transport_.reset();
-  pending_generations_ = 0;
+  reconnect_ = false;
 }
 
 absl::Status CrossNodeGroup::WithRemoteCause(uint64_t sequence, absl::Status error) {
   // A peer that breaks the group resets the connections (UNAVAILABLE), or this node's step runs into
   // its deadline first (a peer's watchdog fires at about the same time). ABORTED is this node's own
   // abort (Stop, its own break): nothing to look up.
-  if (num_nodes_ <= 1 || coordinator_ == nullptr || absl::IsAborted(error)) return error;
+  if (single_node_ || coordinator_ == nullptr || absl::IsAborted(error)) return error;
   if (!absl::IsUnavailable(error) && !absl::IsDeadlineExceeded(error)) {
     Report({{sequence, error}});
     return error;

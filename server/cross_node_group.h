@@ -1,23 +1,28 @@
-// CrossNodeGroup: one job's group of nodes as this node sees it: the transport connected through
-// the job's coordinator, the generation it was connected at, and the failure causes the nodes
-// exchange when the group breaks.
+// CrossNodeGroup: one job's group of nodes as this node sees it: its group view (server/group_view.h),
+// the transport connected among the view's members, and the failure causes the nodes exchange when
+// the group breaks.
 //
-// Generations keep the nodes in one group without any extra coordination. Rule: every node advances
-// one generation per collective it fails, whether it failed it on its own (its workers disagreed,
-// its watchdog fired, a worker left: Decide) or across nodes (a failed exchange: Drop), and connects
-// the next collective's transport at the new generation, under fresh rendezvous keys. A node that
-// fails a collective on its own publishes why, then aborts the transport (Announce), in that order,
-// so a node whose exchange the abort cuts short finds the cause (WithRemoteCause) instead of a bare
-// connection reset.
+// Connections are named, not counted: a connection is made for a collective (the first one it
+// carries) in a view, and lives until it breaks or the view changes. Rule: a node drops its
+// connection when it fails a collective, on its own (its workers disagreed, its stall check fired, a
+// worker left: Decide) or across nodes (a failed exchange: Drop), and connects again for its next
+// collective, under that collective's rendezvous keys, so nodes re-form the group at the first
+// collective they both run after a break, whatever each failed in between, and a connection never
+// pairs two different collectives. A node that fails a collective on its own publishes why, then
+// aborts the transport (Announce), in that order, so a node whose exchange the abort cuts short
+// finds the cause (WithRemoteCause) instead of a bare connection reset, and a node waiting to
+// connect for that collective stops waiting. A node that is not a member of the current view runs
+// no cross-node part and publishes nothing (the members' collectives go on without it).
 //
-// Thread-safe. Connected, Drop and WithRemoteCause are for the job's reducer thread; the others may
-// be called from any thread (handlers, the watchdog, Stop).
+// Thread-safe. Connected, Refresh, Drop and WithRemoteCause are for the job's reducer thread; the
+// others may be called from any thread (handlers, the stall check, Stop).
 #ifndef DQ_SERVER_CROSS_NODE_GROUP_H_
 #define DQ_SERVER_CROSS_NODE_GROUP_H_
 
 #include <stdint.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/transport.h"
+#include "server/group_view.h"
 #include "server/job_coordinator.h"
 
 namespace dynamiq::server {
@@ -41,19 +47,26 @@ class CrossNodeGroup {
     uint64_t transport = 0;  // which connection (a serial number) was current when it was decided
   };
 
-  // `coordinator` may be null on one node (there is no group then: Connected fails, and breaks are
-  // neither counted nor announced).
-  CrossNodeGroup(std::string job_id, uint32_t num_nodes, std::shared_ptr<JobCoordinator> coordinator);
+  // `view` is the job's view as it starts (GroupView::Everyone). `coordinator` may be null on one
+  // node (there is no group then: Connected fails, and breaks are neither counted nor announced).
+  CrossNodeGroup(std::string job_id, GroupView view, std::shared_ptr<JobCoordinator> coordinator);
 
-  // The transport for collective `sequence`, connected at the current generation if there is none.
-  // A failed connect advances the generation (the collective has failed).
+  // The view the next collective runs in, as far as this node knows.
+  GroupView view() const;
+  // Asks the coordinator for a newer view (one read of its store) and adopts the newest whose first
+  // collective `sequence` has reached (dropping the transport: the members connect again in it); a
+  // newer one that applies later waits for its collective. Call it where every member looks, at the
+  // same collective boundary (Job: where configuration changes are polled).
+  absl::Status Refresh(uint64_t sequence);
+  // The transport for collective `sequence`, connected in the current view if there is none.
+  // FAILED_PRECONDITION when this node is not a member of the view.
   absl::StatusOr<engine::Transport*> Connected(uint64_t sequence);
   // The group broke during an exchange: drops the transport (aborting it first if `abort`: the peers
-  // are still inside the exchange), so the next collective connects at the next generation.
+  // are still inside the exchange), so the next collective connects again.
   void Drop(bool abort);
-  // Counts `failures` towards the next connection's generation. Call it in the critical section that
-  // decides the failures, so that the reducer never runs the next collective in the old group; then
-  // Announce, outside any lock.
+  // Drops the transport for the next collective (the failed ones are not run here). Call it in the
+  // critical section that decides the failures, so that the reducer never runs the next collective
+  // in the old group; then Announce, outside any lock.
   Break Decide(Failures failures);
   // Publishes the causes (Report), then aborts the transport if it is still the one the break was
   // decided on (one connected since, for the next collective, is left alone).
@@ -75,14 +88,24 @@ class CrossNodeGroup {
   absl::Status WithRemoteCause(uint64_t sequence, absl::Status error);
 
  private:
+  // Whether there are other nodes to tell (a cluster, and this node a member of the view).
+  bool HasPeers() const ABSL_LOCKS_EXCLUDED(view_mu_);
+
   const std::string job_id_;
-  const uint32_t num_nodes_;
+  const bool single_node_;
   const std::shared_ptr<JobCoordinator> coordinator_;
+  // Replaces view_ with next_view_.
+  void AdoptNextView() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // mu_ is held across a connect (which waits for the other members); view() must not wait for
+  // that, so view_ is written under both mu_ and view_mu_ and read under either.
   absl::Mutex mu_;
+  mutable absl::Mutex view_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  GroupView view_;
+  std::optional<GroupView> next_view_ ABSL_GUARDED_BY(mu_);  // claimed, from a later collective on
   std::unique_ptr<engine::Transport> transport_ ABSL_GUARDED_BY(mu_);
-  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t pending_generations_ ABSL_GUARDED_BY(mu_) = 0;  // decided breaks, applied at the next connect
-  uint64_t transport_serial_ ABSL_GUARDED_BY(mu_) = 0;     // counts the transports connected
+  bool reconnect_ ABSL_GUARDED_BY(mu_) = false;         // decided breaks: connect again for the next collective
+  uint64_t transport_serial_ ABSL_GUARDED_BY(mu_) = 0;  // counts the transports connected
 };
 
 }  // namespace dynamiq::server

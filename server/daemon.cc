@@ -364,6 +364,13 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::FindJob(const std::string& job_id) 
   return it->second;
 }
 
+absl::StatusOr<GroupView> Daemon::ChangeView(const std::string& job_id, std::vector<uint32_t> members) {
+  DQ_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
+  DQ_ASSIGN_OR_RETURN(GroupView view, job->ChangeView(std::move(members)));
+  common::Log("job %s: %s claimed", job_id, view.ToString());
+  return view;
+}
+
 absl::StatusOr<PublishedChange> Daemon::SetCompression(const std::string& job_id, const CompressionChange& change,
                                                        std::optional<uint64_t> expected_epoch) {
   absl::StatusOr<std::shared_ptr<Job>> found = FindJob(job_id);

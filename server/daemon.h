@@ -158,6 +158,9 @@ class Daemon {
   // An unknown job is NOT_FOUND, after `change` was checked against the daemon's defaults.
   absl::StatusOr<PublishedChange> SetCompression(const std::string& job_id, const CompressionChange& change,
                                                  std::optional<uint64_t> expected_epoch);
+  // Claims the job's next group view, of the nodes `members` (Job::ChangeView): it applies on every
+  // node at a collective boundary a few collectives on. NOT_FOUND when the job does not run here.
+  absl::StatusOr<GroupView> ChangeView(const std::string& job_id, std::vector<uint32_t> members);
   // The coordinator's error-budget controllers (server/error_budget_service.h); null on other nodes.
   ErrorBudgetService* error_budget() { return error_budget_.get(); }
   // The live jobs (a retired job is not listed).

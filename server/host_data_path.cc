@@ -107,7 +107,7 @@ absl::StatusOr<DataPath::CrossNodeResult> HostDataPath::CrossNode(const kernels:
   if (!sampled) return out;
   if (no_memory_for_probe) {
     // The peers are about to run the side all-reduce: make it fail now rather than at their
-    // deadline, and re-form the group as they will (one generation per failed exchange).
+    // deadline, and re-form the group as they will (every node connects again for its next collective).
     transport.Abort();
     out.regroup = true;
     out.probe_status = absl::ResourceExhaustedError(absl::StrCat("no memory for a ", n, "-element exact sum"));

@@ -11,7 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
+#include "common/log.h"
 #include "common/safe_text.h"
+#include "common/status_macros.h"
 #include "server/contributions.h"
 #include "server/host_data_path.h"
 
@@ -30,7 +32,7 @@ Job::Job(Options options)
       path_(options_.data_path != nullptr
                 ? options_.data_path
                 : std::make_shared<HostDataPath>(options_.id, options_.timeout, options_.codec_pool)),
-      group_(options_.id, options_.num_nodes, options_.coordinator),
+      group_(options_.id, GroupView::Everyone(options_.num_nodes, options_.node_rank), options_.coordinator),
       error_feedback_(options_.error_feedback_bytes, options_.arc_topk_momentum) {
   {
     absl::MutexLock lock(&mu_);
@@ -275,6 +277,9 @@ Job::Status Job::GetStatus() const {
   s.config_polls = totals_.config_polls;
   s.local_wait_seconds = totals_.local_wait_seconds;
   s.node_wait_seconds = totals_.node_wait_seconds;
+  const GroupView view = group_.view();
+  s.view_epoch = view.epoch();
+  s.view_members = view.members();
   return s;
 }
 
@@ -295,6 +300,14 @@ uint64_t Job::ReserveConfigBoundary() {
   // started, so its side lane carries the boundary to every node before the boundary runs.
   config_boundary_ = std::max(config_boundary_, next_run_ + 2);
   return next_run_ + 2;
+}
+
+absl::StatusOr<GroupView> Job::ChangeView(std::vector<uint32_t> members) {
+  if (options_.num_nodes <= 1 || options_.coordinator == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", options_.id, " runs on one node: it has no group view"));
+  }
+  DQ_ASSIGN_OR_RETURN(GroupView newest, options_.coordinator->NewestView(group_.view()));
+  return options_.coordinator->ClaimView(newest, std::move(members), ReserveConfigBoundary());
 }
 
 void Job::Record(CollectiveRecord record) {
@@ -378,6 +391,11 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
       config_epoch_ = epoch = new_epoch;
       config_ = config = new_config;
     }
+    // A new group view applies at the same boundaries as configuration changes.
+    if (absl::Status refreshed = group_.Refresh(sequence); !refreshed.ok()) {
+      common::Log("job %s: cannot look up its group view at collective %d (keeping %s): %s", options_.id, sequence,
+                  group_.view().ToString(), refreshed.message());
+    }
   }
   CollectiveRecord record;
   record.sequence = sequence;
@@ -413,9 +431,18 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   // The three steps of the data path: local reduce, across nodes, write-back.
   std::vector<DataPath::Region> inputs;
   std::vector<DataPath::Output> outputs;
-  // What is summed and whom it waited for, over every node after the cross-node step.
+  // What is summed and whom it waited for, over every member of the view after the cross-node step.
   const bool weighted = entries[0]->request.weight.has_value();
-  Contributions contributions(weighted, options_.num_nodes, options_.node_rank, path_->has_side_lane());
+  const GroupView view = group_.view();
+  if (status.ok() && !view.is_member()) {
+    // Its workers learn it at once; the members run on without this node (it publishes nothing).
+    status = absl::FailedPreconditionError(absl::StrCat(name, ": node ", options_.node_rank,
+                                                        " is not a member of the job's ", view.ToString(),
+                                                        ", so its workers' collectives fail from there on"));
+  }
+  const uint32_t nodes = view.is_member() ? view.size() : 1;
+  Contributions contributions(weighted, nodes, view.is_member() ? view.my_index() : 0, path_->has_side_lane(),
+                              view.members());
   for (const Entry* e : entries) {
     const float weight = static_cast<float>(e->request.weight.value_or(1.0));
     contributions.AddWorker(e->local_rank, e->request.weight, e->arrived);
@@ -442,13 +469,13 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   // One budget per step: this bucket's share of the job's b̄ (0: the job's own).
   const kernels::CodecConfig codec = EffectiveCodec(config, n);
   const std::string bucket = absl::StrCat(entries[0]->request.tensor_name, "/", n);
-  const bool plan = options_.step_budget && options_.num_nodes > 1;
+  const bool plan = options_.step_budget && nodes > 1;
   if (plan && epoch != planner_epoch_) {
     planner_.Reset();
     planner_epoch_ = epoch;
   }
   const double bits = plan ? planner_.BitsFor(bucket, codec) : 0;
-  if (status.ok() && options_.num_nodes > 1) {
+  if (status.ok() && nodes > 1) {
     absl::StatusOr<DataPath::CrossNodeResult> r =
         CrossNode(sequence, config, epoch, entries[0]->request.tensor_name, entries[0]->request.dtype, n, bits,
                   weighted, contributions.SideLane());
@@ -501,8 +528,8 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   const StragglerWait waits = contributions.Waits();
   // The next collective skips the coordinator's round trip only when this one went through and
   // no node knows of a change that may apply at it.
-  poll_next_ = !status.ok() || options_.num_nodes < 2 || !contributions.has_node_slots() ||
-               contributions.ConfigBoundary() >= sequence + 1;
+  poll_next_ =
+      !status.ok() || nodes < 2 || !contributions.has_node_slots() || contributions.ConfigBoundary() >= sequence + 1;
   // Advance the job before any worker sees its result: NextSequence() (which SetCompression's
   // boundary is computed from) is then current.
   Completions completions;
@@ -510,13 +537,13 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
     absl::MutexLock lock(&mu_);
     Finish(sequence, status,
            Result{sequence, epoch, config, wire_bytes, cross.vnmse, contributions.contributors(), weight_sum},
-           std::move(record), cross, seconds, waits, completions);
+           std::move(record), cross, seconds, waits, nodes, completions);
   }
   Complete(std::move(completions));
 }
 
 void Job::Finish(uint64_t sequence, const absl::Status& status, const Result& result, CollectiveRecord record,
-                 const DataPath::CrossNodeResult& cross, double seconds, const StragglerWait& waits,
+                 const DataPath::CrossNodeResult& cross, double seconds, const StragglerWait& waits, uint32_t nodes,
                  Completions& completions) {
   if (status.ok()) {
     TakeSlot(slots_[sequence], result, completions);
@@ -539,8 +566,9 @@ void Job::Finish(uint64_t sequence, const absl::Status& status, const Result& re
   outcome.num_elements = n;
   outcome.seconds = seconds;
   outcome.wire_bytes = wire_bytes;
+  outcome.nodes = nodes;
   totals_.payload_bytes += n * sizeof(float);
-  totals_.bus_bytes += BusBytes(n * sizeof(float), options_.num_nodes);
+  totals_.bus_bytes += BusBytes(n * sizeof(float), nodes);
   totals_.wire_bytes += wire_bytes;
   totals_.duration_seconds += seconds;
   if (cross.vnmse.has_value()) {

@@ -198,6 +198,9 @@ class Job {
     // submission after the first one's) and for each node (its part after this node's).
     std::map<uint32_t, double> local_wait_seconds;
     std::map<uint32_t, double> node_wait_seconds;
+    // The group view the next collective runs in (server/group_view.h), as far as this node knows.
+    uint64_t view_epoch = 0;
+    std::vector<uint32_t> view_members;
   };
   Status GetStatus() const;
   std::vector<CollectiveRecord> FlightRecorder(size_t limit) const;
@@ -208,6 +211,11 @@ class Job {
   // the coordinator for changes at every collective up to it, and tells the other nodes to (the
   // side lane, server/contributions.h), which otherwise skip that round trip.
   uint64_t ReserveConfigBoundary();
+  // Claims the job's next group view, of `members` (node ranks), from this node's configuration
+  // boundary on (ReserveConfigBoundary: the side lane tells every node to look for it there, and
+  // every member switches at that collective). The view claimed (another node's, if one claimed the
+  // same epoch first); FAILED_PRECONDITION on one node or when a newer view exists already.
+  absl::StatusOr<GroupView> ChangeView(std::vector<uint32_t> members);
 
  private:
   struct Entry {
@@ -245,7 +253,7 @@ class Job {
   // The end of a collective: takes its entries' completions into `completions`, records it, drops
   // its slot, advances the job and counts it.
   void Finish(uint64_t sequence, const absl::Status& status, const Result& result, CollectiveRecord record,
-              const DataPath::CrossNodeResult& cross, double seconds, const StragglerWait& waits,
+              const DataPath::CrossNodeResult& cross, double seconds, const StragglerWait& waits, uint32_t nodes,
               Completions& completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The cross-node step of a collective whose local sum is ready: the job's transport and codec,
   // then the data path's all-reduce (and error probe). The tensor's name and the workers' dtype

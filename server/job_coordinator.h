@@ -1,5 +1,5 @@
 // JobCoordinator: what a job of a cluster needs from the other nodes, for one incarnation of the
-// job: its cross-node transport, its configuration changes, and the causes of collectives a node
+// job: its group views and cross-node transport, its configuration changes, and the causes of collectives a node
 // failed on its own. The daemon implements it over Cluster (server/cluster_job_coordinator.h);
 // tests with fakes. Implementations are thread-safe.
 #ifndef DQ_SERVER_JOB_COORDINATOR_H_
@@ -9,11 +9,13 @@
 
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "engine/transport.h"
+#include "server/group_view.h"
 #include "server/job_config.h"
 
 namespace dynamiq::server {
@@ -28,11 +30,23 @@ struct FailureCause {
 class JobCoordinator {
  public:
   virtual ~JobCoordinator() = default;
-  // Connects the job's transport across nodes for collective `sequence`; `generation` changes
-  // after a failure so every node re-forms the group under fresh rendezvous keys. A node that
+  // Connects the job's transport among `view`'s members (this node at view.my_index()) for its
+  // first collective `sequence`, under rendezvous keys named by both, so a group re-formed after a
+  // failure (at the next collective) never meets a connection of another collective. A node that
   // fails `sequence` instead of joining publishes why (ReportFailure): the connect should stop
   // waiting then (UNAVAILABLE), rather than at the timeout.
-  virtual absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(uint64_t generation, uint64_t sequence) = 0;
+  virtual absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(const GroupView& view, uint64_t sequence) = 0;
+  // Claims view current.epoch() + 1 of `members` from collective `first_sequence` on, by
+  // compare-and-set: the view claimed (this node's, or another node's that claimed that epoch
+  // first; compare them to know which). FAILED_PRECONDITION when a later view than `current` exists
+  // already (NewestView first).
+  // By default views never change (a coordinator of a fixed group): UNIMPLEMENTED.
+  virtual absl::StatusOr<GroupView> ClaimView(const GroupView& /*current*/, std::vector<uint32_t> /*members*/,
+                                              uint64_t /*first_sequence*/) {
+    return absl::UnimplementedError("this job's group of nodes is fixed");
+  }
+  // The newest view claimed, or `current` when none is newer (by default: none ever is).
+  virtual absl::StatusOr<GroupView> NewestView(const GroupView& current) { return current; }
   // Looks for a configuration change that applies at or before `sequence`: true with `*epoch`
   // and `*config` set.
   virtual absl::StatusOr<bool> PollConfig(uint64_t sequence, uint64_t* epoch, JobConfig* config) = 0;

@@ -58,6 +58,7 @@ struct CollectiveOutcome {
   // being in their buffers, without the error probe's side all-reduce.
   double seconds = 0;
   uint64_t wire_bytes = 0;  // bytes this node sent for the cross-node all-reduce, headers included
+  uint32_t nodes = 1;       // the nodes it ran over (its group view's members)
 };
 
 // One sampled collective's measured compression error (server/error_probe.h).

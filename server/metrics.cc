@@ -304,7 +304,7 @@ void Metrics::OnCollective(const std::string& job, const CollectiveOutcome& o) {
   duration_.Add(labels, DurationBuckets()).Observe(o.seconds);
   const uint64_t payload = o.num_elements * sizeof(float);
   payload_bytes_.Add(labels).Increment(static_cast<double>(payload));
-  bus_bytes_.Add(labels).Increment(static_cast<double>(BusBytes(payload, num_nodes_)));
+  bus_bytes_.Add(labels).Increment(static_cast<double>(BusBytes(payload, o.nodes)));
   wire_bytes_.Add(labels).Increment(static_cast<double>(o.wire_bytes));
 }
 

@@ -28,6 +28,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/codec_registry.h"
+#include "server/cluster.h"
 #include "server/daemon_options.h"
 #include "server/grpc_store.h"
 #include "server/job_config.h"
@@ -91,28 +92,28 @@ class RogueNode {
     return members.status();
   }
 
-  // The transport of the group's current generation (connects when there is none).
-  absl::StatusOr<engine::Transport*> Transport() {
+  // The group's current transport, connected for collective `sequence` when there is none (as a
+  // node does after a failure: server/cross_node_group.h).
+  absl::StatusOr<engine::Transport*> Transport(uint64_t sequence) {
     if (!transport_) {
-      // Job j's first incarnation on the daemon (server/daemon.h: "job/<id>/inc<k>/gen<g>").
-      engine::PrefixStore scoped(absl::StrCat("job/j/inc1/gen", generation_), store_);
+      // Job j's first incarnation on the daemon, view 0 (server/cluster.h: "job/<id>/inc<k>/view<E>-from<s>").
+      engine::PrefixStore scoped(server::Cluster::RendezvousPrefix("j", 1, 0, sequence), store_);
       auto t = engine::ConnectHostTransport(transport_name_, scoped, 1, 2, "127.0.0.1", absl::Seconds(kTimeoutSeconds));
       if (!t.ok()) return t.status();
       transport_ = *std::move(t);
     }
     return transport_.get();
   }
-  // The daemon failed the collective: it moves to the next generation, so do we.
+  // The daemon failed the collective: it connects again for the next one, so do we.
   void Broken() {
     if (transport_) transport_->Abort();
     transport_.reset();
-    ++generation_;
   }
 
   // Plays rank 1 of collective `sequence` sending the malformed message of `v` at the first
   // reduce-scatter step (ring of 2, codec none).
   void SendMalformed(uint64_t sequence, const Variant& v) {
-    auto t = Transport();
+    auto t = Transport(sequence);
     ASSERT_TRUE(t.ok()) << t.status();
     engine::Transport& tr = **t;
     const absl::Time deadline = absl::Now() + absl::Seconds(kTimeoutSeconds);
@@ -164,7 +165,7 @@ class RogueNode {
 
   // A well-formed collective: rank 1's share of the fault worker's data (global rank 1 of 2).
   absl::Status AllReduce(uint64_t sequence) {
-    auto t = Transport();
+    auto t = Transport(sequence);
     if (!t.ok()) return t.status();
     std::vector<float> data(kElements);
     for (size_t i = 0; i < kElements; ++i) data[i] = 2.0f * static_cast<float>(1 + i % 7);
@@ -194,7 +195,6 @@ class RogueNode {
   server::GrpcStore store_;
   const std::string transport_name_;
   std::unique_ptr<engine::Transport> transport_;
-  uint64_t generation_ = 0;
 };
 
 // The daemon (node 0) with one worker of job j, and the rogue as node 1.
@@ -419,7 +419,7 @@ TEST(WireFaultTcpTest, APeersGaveUpTextReachesErrorsLogsAndTheFlightRecorderAsSa
   ASSERT_NO_FATAL_FAILURE(setup.Start());
   setup.worker->Submit();
   server::GrpcStore store(setup.daemon->spec().listen);
-  engine::PrefixStore group("job/j/inc1/gen0", store);  // as RogueNode::Transport
+  engine::PrefixStore group(server::Cluster::RendezvousPrefix("j", 1, 0, 0), store);  // as RogueNode::Transport
   const int fd = testing::ConnectToRank(group, 0);
   ASSERT_TRUE(testing::SendRaw(fd, testing::Cat(testing::kPlainHelloMagic, testing::LittleEndian(1, 4))));
   const std::string forged = "bye\r\nE1127 dynamiqd: forged\x1b[31m\0\xff\xfe"s;
@@ -440,7 +440,7 @@ TEST(WireFaultTcpTest, APeersGaveUpTextReachesErrorsLogsAndTheFlightRecorderAsSa
   const std::string log = setup.daemon->log();
   EXPECT_EQ(log.find("forged\x1b"), std::string::npos);
   EXPECT_EQ(log.find("\r\nE1127"), std::string::npos);
-  // The group re-forms at the next generation; a real peer there is served as before.
+  // The group re-forms for the next collective; a real peer there is served as before.
   setup.rogue->Broken();
   setup.sequence = 1;  // collective 0 was the one that failed
   ASSERT_NO_FATAL_FAILURE(setup.Good());

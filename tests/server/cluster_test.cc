@@ -14,6 +14,7 @@
 #include "engine/store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/cluster_job_coordinator.h"
 #include "server/rendezvous_service.h"
 #include "tests/testing/status_matchers.h"
 
@@ -233,11 +234,11 @@ TEST_F(ClusterTest, AFailureReportedByOneNodeIsFoundByTheOther) {
   EXPECT_FALSE(nodes_[0]->LookupFailure("j", 1, 8, absl::Now() + absl::Milliseconds(200)).has_value());
 }
 
-// Writes the keys a transport writes at generation `generation` of the job's rendezvous, as node
-// `rank` (through its Cluster's store, as server/cluster_job_coordinator.cc does).
+// Writes the keys a transport writes for the connection of view 0 made for collective `sequence`,
+// as node `rank` (through its Cluster's store, as server/cluster_job_coordinator.cc does).
 void WriteRendezvousKeys(Cluster& node, uint32_t rank, const std::string& job_id, uint64_t incarnation,
-                         uint64_t generation) {
-  engine::PrefixStore scoped(Cluster::RendezvousPrefix(job_id, incarnation, generation), node.store());
+                         uint64_t sequence) {
+  engine::PrefixStore scoped(Cluster::RendezvousPrefix(job_id, incarnation, 0, sequence), node.store());
   ASSERT_THAT(scoped.Set(absl::StrCat("tcp/", rank), "127.0.0.1:40000"), IsOk());
 }
 
@@ -297,10 +298,10 @@ TEST_F(ClusterTest, AJobsKeysAreDeletedWhenTheLastNodeRetiresIt) {
   EXPECT_EQ(nodes_[0]->IncarnationHint("soak/0", *again), "");
 }
 
-// While a job runs, what its failures add is bounded too: the rendezvous keys of old generations
+// While a job runs, what its failures add is bounded too: the rendezvous keys of old connections
 // (one per failed collective), this node's failure reports past the newest 64, and configuration
 // epochs past the newest 16. The newest of each still work.
-TEST_F(ClusterTest, ARunningJobsGenerationsFailureReportsAndEpochsAreBounded) {
+TEST_F(ClusterTest, ARunningJobsConnectionsFailureReportsAndEpochsAreBounded) {
   JoinTwo();
   const size_t baseline = service_.KeyCount();
   for (uint32_t r = 0; r < 2; ++r) ASSERT_THAT(nodes_[r]->ClaimIncarnation("j"), IsOkAndHolds(1u));
@@ -316,12 +317,12 @@ TEST_F(ClusterTest, ARunningJobsGenerationsFailureReportsAndEpochsAreBounded) {
     ASSERT_THAT(change, IsOk());
     ASSERT_EQ(change->epoch, e);
   }
-  // Two generations x 2 ranks, 64 reports per node, 16 epochs and the latest epoch.
+  // Two connections x 2 ranks, 64 reports per node, 16 epochs and the latest epoch.
   EXPECT_LE(service_.KeyCount() - started, 4u + 2 * 64 + 16 + 1);
-  // The newest generation is there to connect through, and so is the one before it.
+  // The newest connection is there to connect through, and so is the one before it.
   for (uint64_t g : {298, 299}) {
-    engine::PrefixStore scoped(Cluster::RendezvousPrefix("j", 1, g), nodes_[0]->store());
-    EXPECT_THAT(scoped.Get("tcp/1", absl::ZeroDuration()), IsOk()) << "generation " << g;
+    engine::PrefixStore scoped(Cluster::RendezvousPrefix("j", 1, 0, g), nodes_[0]->store());
+    EXPECT_THAT(scoped.Get("tcp/1", absl::ZeroDuration()), IsOk()) << "connection for collective " << g;
   }
   std::optional<Cluster::Failure> newest = nodes_[0]->LookupFailure("j", 1, 299, absl::Now() + absl::Seconds(2));
   ASSERT_TRUE(newest.has_value());
@@ -340,6 +341,57 @@ TEST_F(ClusterTest, ARunningJobsGenerationsFailureReportsAndEpochsAreBounded) {
   EXPECT_EQ(service_.KeyCount(), baseline + 1);  // and the incarnation floor
 }
 
+// Group views (server/group_view.h) through the job's coordinator: two nodes that claim the same
+// epoch at once both end with the one claimed first; a claim from a view older than the one before
+// the newest is refused; the newest is what every node reads; old records go.
+TEST_F(ClusterTest, GroupViewsAreClaimedOncePerEpochAndReadAlikeByEveryNode) {
+  JoinTwo();
+  for (uint32_t r = 0; r < 2; ++r) ASSERT_THAT(nodes_[r]->ClaimIncarnation("j"), IsOkAndHolds(1u));
+  std::vector<std::unique_ptr<ClusterJobCoordinator>> coordinators;
+  for (uint32_t r = 0; r < 2; ++r) {
+    JobTransportSettings settings;
+    settings.node_rank = r;
+    settings.num_nodes = 2;
+    coordinators.push_back(std::make_unique<ClusterJobCoordinator>(*nodes_[r], "j", 1, settings));
+  }
+  const GroupView start = GroupView::Everyone(2, 0);
+  EXPECT_THAT(coordinators[1]->NewestView(GroupView::Everyone(2, 1)), IsOkAndHolds(GroupView::Everyone(2, 1)));
+  std::vector<absl::StatusOr<GroupView>> claimed(2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] { claimed[r] = coordinators[r]->ClaimView(GroupView::Everyone(2, r), {r}, 10 + r); });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_THAT(claimed[0], IsOk());
+  ASSERT_THAT(claimed[1], IsOk());
+  EXPECT_EQ(claimed[0]->Encode(), claimed[1]->Encode()) << "one claim per epoch";
+  EXPECT_EQ(claimed[0]->epoch(), 1u);
+  absl::StatusOr<GroupView> newest = coordinators[1]->NewestView(GroupView::Everyone(2, 1));
+  ASSERT_THAT(newest, IsOk());
+  EXPECT_EQ(newest->Encode(), claimed[0]->Encode());
+  EXPECT_EQ(newest->node_rank(), 1u);
+  // A late claimant of epoch 1 gets the view claimed first, not its own.
+  absl::StatusOr<GroupView> late = coordinators[0]->ClaimView(start, {0, 1}, 20);
+  ASSERT_THAT(late, IsOk());
+  EXPECT_EQ(late->Encode(), claimed[0]->Encode());
+  // Epochs go on from the newest; the store keeps the newest 16 records.
+  GroupView current = *claimed[0];
+  const size_t before = service_.KeyCount();
+  for (uint64_t e = 2; e <= 40; ++e) {
+    absl::StatusOr<GroupView> next = coordinators[e % 2]->ClaimView(current, {0, 1}, 20 + e);
+    ASSERT_THAT(next, IsOk());
+    ASSERT_EQ(next->epoch(), e);
+    current = *next;
+  }
+  EXPECT_LE(service_.KeyCount() - before, 16u);
+  newest = coordinators[0]->NewestView(start);
+  ASSERT_THAT(newest, IsOk());
+  EXPECT_EQ(newest->Encode(), "40|60|0,1");
+  EXPECT_THAT(coordinators[0]->ClaimView(*claimed[0], {0}, 70).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("view 40 is the newest")));
+  for (uint32_t r = 0; r < 2; ++r) nodes_[r]->RetireJob("j", 1);
+}
+
 // A job id may hold '/': no job's keys lie under another's prefix, so retiring "a" keeps "a/inc1".
 TEST_F(ClusterTest, RetiringAJobKeepsTheKeysOfAJobWhoseIdExtendsIt) {
   JoinTwo();
@@ -355,7 +407,7 @@ TEST_F(ClusterTest, RetiringAJobKeepsTheKeysOfAJobWhoseIdExtendsIt) {
   EXPECT_EQ(service_.KeyCount(), baseline + 2 * per_job + 1);  // and the incarnation floor
   EXPECT_EQ(nodes_[0]->IncarnationHint("a/inc1", 1), "") << "node 1's count of a/inc1 is still there";
   for (uint32_t r = 0; r < 2; ++r) {
-    engine::PrefixStore scoped(Cluster::RendezvousPrefix("a/inc1", 1, 0), nodes_[r]->store());
+    engine::PrefixStore scoped(Cluster::RendezvousPrefix("a/inc1", 1, 0, 0), nodes_[r]->store());
     EXPECT_THAT(scoped.Get("tcp/0", absl::ZeroDuration()), IsOk());
   }
   for (const char* job : {"a/inc1", "a%2Finc1"}) {

@@ -1,5 +1,6 @@
-// CrossNodeGroup (server/cross_node_group.h) with a fake coordinator: which generation each
-// connection is made at, which transport a break aborts, and how a peer's cause reaches this node.
+// CrossNodeGroup (server/cross_node_group.h) with a fake coordinator: which view and collective each
+// connection is made for, which transport a break aborts, how a peer's cause reaches this node, and
+// how a new group view is adopted at its boundary.
 #include "server/cross_node_group.h"
 
 #include <deque>
@@ -18,6 +19,7 @@ namespace dynamiq::server {
 namespace {
 
 using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::IsOkAndHolds;
 using ::dynamiq::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -43,12 +45,14 @@ class FakeTransport final : public engine::Transport {
   int* aborts_;
 };
 
-// Records the generations connected at and the causes reported; serves causes set by the test.
+// Records the connections made (view epoch, collective) and the causes reported; serves causes and
+// a newest view set by the test.
 class FakeCoordinator final : public JobCoordinator {
  public:
-  absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(uint64_t generation, uint64_t sequence) override {
+  absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(const GroupView& view, uint64_t sequence) override {
     absl::MutexLock lock(&mu_);
-    connects.emplace_back(generation, sequence);
+    connects.emplace_back(view.epoch(), sequence);
+    members.push_back(view.members());
     if (!connect_error.ok()) return connect_error;
     aborts.push_back(0);
     return std::make_unique<FakeTransport>(&aborts.back());
@@ -59,6 +63,12 @@ class FakeCoordinator final : public JobCoordinator {
     reported.emplace_back(sequence, std::string(cause.message()));
     return absl::OkStatus();
   }
+  absl::StatusOr<GroupView> NewestView(const GroupView& current) override {
+    absl::MutexLock lock(&mu_);
+    ++view_reads;
+    if (!newest.has_value() || newest->epoch() <= current.epoch()) return current;
+    return *newest;
+  }
   std::optional<FailureCause> LookupFailure(uint64_t sequence, absl::Time) override {
     absl::MutexLock lock(&mu_);
     auto it = causes.find(sequence);
@@ -67,16 +77,19 @@ class FakeCoordinator final : public JobCoordinator {
   }
 
   absl::Mutex mu_;
-  std::vector<std::pair<uint64_t, uint64_t>> connects;  // generation, sequence
+  std::vector<std::pair<uint64_t, uint64_t>> connects;  // view epoch, sequence
+  std::vector<std::vector<uint32_t>> members;           // of each connection's view
+  std::optional<GroupView> newest;
+  int view_reads = 0;
   std::vector<std::pair<uint64_t, std::string>> reported;
   std::map<uint64_t, FailureCause> causes;
   absl::Status connect_error;
   std::deque<int> aborts;  // per transport connected (stable addresses)
 };
 
-TEST(CrossNodeGroupTest, EveryFailedCollectiveMovesTheNextConnectionOneGenerationOn) {
+TEST(CrossNodeGroupTest, AfterAFailureTheNextCollectiveConnectsAgainUnderItsOwnKeys) {
   auto coordinator = std::make_shared<FakeCoordinator>();
-  CrossNodeGroup group("j", 2, coordinator);
+  CrossNodeGroup group("j", GroupView::Everyone(2, 0), coordinator);
   ASSERT_THAT(group.Connected(0).status(), IsOk());
   ASSERT_THAT(group.Connected(1).status(), IsOk());  // reused
   // Two collectives failed here (a worker left with two queued), one across nodes.
@@ -92,12 +105,12 @@ TEST(CrossNodeGroupTest, EveryFailedCollectiveMovesTheNextConnectionOneGeneratio
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("collective 6 of job j: peer gone")));
   coordinator->connect_error = absl::OkStatus();
   ASSERT_THAT(group.Connected(7).status(), IsOk());
-  EXPECT_THAT(coordinator->connects, ElementsAre(Pair(0, 0), Pair(2, 4), Pair(3, 5), Pair(4, 6), Pair(5, 7)));
+  EXPECT_THAT(coordinator->connects, ElementsAre(Pair(0, 0), Pair(0, 4), Pair(0, 5), Pair(0, 6), Pair(0, 7)));
 }
 
 TEST(CrossNodeGroupTest, ABreakReportsItsCausesThenAbortsOnlyTheTransportItWasDecidedOn) {
   auto coordinator = std::make_shared<FakeCoordinator>();
-  CrossNodeGroup group("j", 2, coordinator);
+  CrossNodeGroup group("j", GroupView::Everyone(2, 0), coordinator);
   ASSERT_THAT(group.Connected(0).status(), IsOk());
   const CrossNodeGroup::Break current = group.Decide({{1, absl::InvalidArgumentError("ranks disagree")}});
   group.Announce(current);
@@ -114,7 +127,7 @@ TEST(CrossNodeGroupTest, ABreakReportsItsCausesThenAbortsOnlyTheTransportItWasDe
 
 TEST(CrossNodeGroupTest, OneNodeHasNoGroup) {
   auto coordinator = std::make_shared<FakeCoordinator>();
-  CrossNodeGroup group("j", 1, coordinator);
+  CrossNodeGroup group("j", GroupView::Everyone(1, 0), coordinator);
   const CrossNodeGroup::Break broken = group.Decide({{0, absl::AbortedError("left")}});
   EXPECT_TRUE(broken.failures.empty());
   group.Announce(broken);
@@ -127,7 +140,7 @@ TEST(CrossNodeGroupTest, AResetOrDeadlineIsLedByThePeersPublishedCause) {
   auto coordinator = std::make_shared<FakeCoordinator>();
   coordinator->causes[5] = FailureCause{
       1, absl::InvalidArgumentError("collective 5 of job j: local rank 0 submitted 'a', local rank 1 submitted 'b'")};
-  CrossNodeGroup group("j", 2, coordinator);
+  CrossNodeGroup group("j", GroupView::Everyone(2, 0), coordinator);
   EXPECT_THAT(group.WithRemoteCause(5, absl::UnavailableError("collective 5 of job j: from rank 1: connection reset")),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "collective 5 of job j failed on node 1: local rank 0 submitted 'a', local rank 1 submitted "
@@ -139,6 +152,49 @@ TEST(CrossNodeGroupTest, AResetOrDeadlineIsLedByThePeersPublishedCause) {
   // Nobody published a cause (a daemon was killed): unchanged.
   EXPECT_THAT(group.WithRemoteCause(6, absl::UnavailableError("reset")),
               StatusIs(absl::StatusCode::kUnavailable, "reset"));
+}
+
+// A view claimed for collective 5 (of nodes 0 and 2 of three): the members keep their connection
+// until then, look it up where every member looks (Refresh), and connect again in it at 5, ranked
+// by their place in it; a node left out fails its collectives there and publishes nothing.
+TEST(CrossNodeGroupTest, ANewViewAppliesAtItsFirstCollectiveAndALeftOutNodeStaysQuiet) {
+  for (uint32_t node : {2u, 1u}) {
+    auto coordinator = std::make_shared<FakeCoordinator>();
+    CrossNodeGroup group("j", GroupView::Everyone(3, node), coordinator);
+    ASSERT_THAT(group.Connected(3).status(), IsOk());
+    absl::StatusOr<GroupView> next = GroupView::Make(1, {2, 0}, 5, 3, node);
+    ASSERT_THAT(next, IsOk());
+    coordinator->newest = *next;
+    ASSERT_THAT(group.Refresh(4), IsOk());  // known, not yet in force
+    EXPECT_EQ(group.view().epoch(), 0u);
+    ASSERT_THAT(group.Connected(4).status(), IsOk());
+    ASSERT_THAT(group.Refresh(5), IsOk());
+    EXPECT_EQ(group.view(), *next);
+    if (node == 2) {
+      EXPECT_EQ(group.view().my_index(), 1);
+      ASSERT_THAT(group.Connected(5).status(), IsOk());
+      EXPECT_THAT(coordinator->connects, ElementsAre(Pair(0, 3), Pair(1, 5)));
+      EXPECT_THAT(coordinator->members.back(), ElementsAre(0, 2));
+      continue;
+    }
+    EXPECT_FALSE(group.view().is_member());
+    EXPECT_THAT(group.Connected(5).status(),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         "collective 5 of job j: node 1 is not a member of the job's view 1 (nodes 0, 2 from "
+                         "collective 5)"));
+    // Its own failures stay its own: announcing them would stop the members' connects.
+    group.Announce(group.Decide({{6, absl::AbortedError("a worker left")}}));
+    group.Report({{7, absl::AbortedError("a worker left")}});
+    EXPECT_TRUE(coordinator->reported.empty());
+    EXPECT_THAT(coordinator->connects, ElementsAre(Pair(0, 3)));
+  }
+}
+
+TEST(CrossNodeGroupTest, OneNodeNeverLooksForViews) {
+  auto coordinator = std::make_shared<FakeCoordinator>();
+  CrossNodeGroup group("j", GroupView::Everyone(1, 0), coordinator);
+  ASSERT_THAT(group.Refresh(0), IsOk());
+  EXPECT_EQ(coordinator->view_reads, 0);
 }
 
 }  // namespace

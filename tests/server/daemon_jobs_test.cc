@@ -360,7 +360,7 @@ TEST(DaemonJobsTest, TheCoordinatorForgetsAJobOnceEveryNodeRetiredIt) {
     std::vector<DaemonTestWorker> workers = ConnectAll(sockets, job, 1, n);
     ASSERT_EQ(workers.size(), 2u);
     const uint64_t incarnation = (*daemons)[0]->JobStatuses()[job].incarnation;
-    const std::string rendezvous = absl::StrCat("job/", job, "/inc", incarnation, "/gen0/tcp/0");
+    const std::string rendezvous = absl::StrCat("job/", job, "/inc", incarnation, "/view0-from0/tcp/0");
     if (i % 50 == 0) ASSERT_EQ(AllReduceExactly(workers, n, 0), "");  // the transport's keys too
     const bool rendezvous_set = is_set(rendezvous);
     for (int r = 0; r < 2; ++r) EXPECT_TRUE(is_set(absl::StrCat("job/", job, "/node", r, "/incarnations")));

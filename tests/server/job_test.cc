@@ -68,7 +68,7 @@ class FakeDataPath final : public DataPath {
 // One node's coordinator: publishes a change to bf16 (epoch 1) that applies at collective 2.
 class ChangeAtTwo final : public JobCoordinator {
  public:
-  absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(uint64_t, uint64_t) override {
+  absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(const GroupView&, uint64_t) override {
     return absl::InternalError("a single-node job has no transport");
   }
   absl::StatusOr<bool> PollConfig(uint64_t sequence, uint64_t* epoch, JobConfig* config) override {

@@ -200,6 +200,7 @@ TEST(MetricsTest, CollectivesCountIntoTheirLabelSets) {
   ok.num_elements = 1000;
   ok.seconds = 0.002;
   ok.wire_bytes = 700;
+  ok.nodes = 4;  // the group view it ran over
   m.OnCollective("j", ok);
   m.OnCollective("j", ok);
   CollectiveOutcome failed = ok;

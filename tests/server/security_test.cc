@@ -498,7 +498,7 @@ TEST(ClusterSecretTest, AStrangerOnTheTransportPortCannotTakeANodesPlace) {
   std::thread node0([&] { results[0] = workers[0].AllReduce("g", n); });
   // Node 0's group now listens for rank 1.
   GrpcStore store(daemons[0]->listen_address(), nullptr, RendezvousToken(kSecret));
-  engine::PrefixStore group(Cluster::RendezvousPrefix("job", 1, 0), store);
+  engine::PrefixStore group(Cluster::RendezvousPrefix("job", 1, 0, 0), store);
   for (const bool keyed : {false, true}) {
     const int fd = testing::ConnectToRank(group, 0);
     std::vector<uint8_t> hello =
@@ -520,7 +520,7 @@ TEST(ClusterSecretTest, AStrangerOnTheTransportPortCannotTakeANodesPlace) {
 class OneTransport final : public JobCoordinator {
  public:
   explicit OneTransport(std::unique_ptr<engine::Transport> transport) : transport_(std::move(transport)) {}
-  absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(uint64_t, uint64_t) override {
+  absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(const GroupView&, uint64_t) override {
     if (!transport_) return absl::UnavailableError("already connected once");
     return std::move(transport_);
   }

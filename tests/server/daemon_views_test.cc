@@ -1,0 +1,115 @@
+// Group views end to end (server/group_view.h): three in-process daemons on loopback, one worker
+// each, codec none. A view of nodes 0 and 2, claimed on node 0 while the job runs, applies at its
+// first collective on every node: until then all three nodes sum; from then on the members'
+// collectives connect among themselves and average over their two workers (and report it), while
+// node 1's worker learns at once that its node is out. Every node's status shows the view.
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/daemon_harness.h"
+#include "tests/testing/status_matchers.h"
+
+namespace dynamiq::server {
+namespace {
+
+using ::dynamiq::testing::ConnectTestWorker;
+using ::dynamiq::testing::DaemonTestWorker;
+using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::StartTestCluster;
+using ::dynamiq::testing::StatusIs;
+using ::dynamiq::testing::TempDir;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr size_t kElements = 2048;
+
+float Value(size_t node, size_t k) { return static_cast<float>((k % 7) + 10 * node); }
+
+class DaemonViewsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto cluster = StartTestCluster(dir_.path(), 3, *MakeJobConfig("none", 0, "ring", 0, "measured"));
+    ASSERT_THAT(cluster, IsOk());
+    daemons_ = *std::move(cluster);
+    for (uint32_t node = 0; node < 3; ++node) {
+      auto w = ConnectTestWorker(absl::StrCat(dir_.path(), "/node", node, ".sock"), "job", 0, 1, kElements);
+      ASSERT_THAT(w, IsOk());
+      workers_.push_back(*std::move(w));
+    }
+  }
+
+  // The workers of `nodes` average tensor "g" at once.
+  std::vector<grpc::Status> Run(const std::vector<uint32_t>& nodes,
+                                std::vector<dynamiq::v1::AllReduceResponse>* responses) {
+    responses->assign(3, {});
+    std::vector<grpc::Status> status(3);
+    std::vector<std::thread> threads;
+    for (uint32_t node : nodes) {
+      for (size_t k = 0; k < kElements; ++k) workers_[node].data()[k] = Value(node, k);
+      threads.emplace_back(
+          [&, node] { status[node] = workers_[node].AllReduce("g", kElements, true, &(*responses)[node]); });
+    }
+    for (auto& t : threads) t.join();
+    return status;
+  }
+
+  TempDir dir_;
+  std::vector<std::unique_ptr<Daemon>> daemons_;
+  std::vector<DaemonTestWorker> workers_;
+};
+
+TEST_F(DaemonViewsTest, AViewClaimedWhileTheJobRunsAppliesOnEveryNodeAtItsFirstCollective) {
+  std::vector<dynamiq::v1::AllReduceResponse> responses;
+  std::vector<grpc::Status> status = Run({0, 1, 2}, &responses);
+  for (const grpc::Status& s : status) ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(responses[1].contributors(), 3u);
+
+  EXPECT_THAT(daemons_[0]->ChangeView("nope", {0}).status(), StatusIs(absl::StatusCode::kNotFound));
+  absl::StatusOr<GroupView> view = daemons_[0]->ChangeView("job", {2, 0});
+  ASSERT_THAT(view, IsOk());
+  EXPECT_EQ(view->epoch(), 1u);
+  EXPECT_THAT(view->members(), ElementsAre(0, 2));
+  EXPECT_EQ(view->first_sequence(), 3u);  // two collectives after the next one to run (1)
+  EXPECT_EQ(daemons_[0]->JobStatuses().at("job").view_epoch, 0u) << "not before its first collective";
+
+  // Collectives 1 and 2: still every node.
+  for (int i = 0; i < 2; ++i) {
+    status = Run({0, 1, 2}, &responses);
+    for (uint32_t node = 0; node < 3; ++node) {
+      ASSERT_TRUE(status[node].ok()) << node << ": " << status[node].error_message();
+      EXPECT_EQ(responses[node].contributors(), 3u);
+      EXPECT_FLOAT_EQ(workers_[node].data()[5], (Value(0, 5) + Value(1, 5) + Value(2, 5)) / 3);
+    }
+  }
+  // Collective 3: view 1, nodes 0 and 2; node 1 is out.
+  status = Run({0, 1, 2}, &responses);
+  EXPECT_EQ(status[1].error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status[1].error_message();
+  EXPECT_THAT(status[1].error_message(), HasSubstr("node 1 is not a member of the job's view 1 (nodes 0, 2"));
+  for (uint32_t node : {0u, 2u}) {
+    ASSERT_TRUE(status[node].ok()) << node << ": " << status[node].error_message();
+    EXPECT_EQ(responses[node].contributors(), 2u);
+    for (size_t k : {0, 5, 2047}) {
+      EXPECT_EQ(workers_[node].data()[k], (Value(0, k) + Value(2, k)) / 2) << node << " " << k;
+    }
+  }
+  for (uint32_t node = 0; node < 3; ++node) {
+    const Job::Status s = daemons_[node]->JobStatuses().at("job");
+    EXPECT_EQ(s.view_epoch, 1u) << node;
+    EXPECT_THAT(s.view_members, ElementsAre(0, 2)) << node;
+  }
+  // Collective 4 runs on without node 1's worker.
+  status = Run({0, 2}, &responses);
+  for (uint32_t node : {0u, 2u}) {
+    ASSERT_TRUE(status[node].ok()) << node << ": " << status[node].error_message();
+    EXPECT_EQ(responses[node].contributors(), 2u);
+  }
+}
+
+}  // namespace
+}  // namespace dynamiq::server
