@@ -27,6 +27,12 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectHostTransport(absl::string_vie
   absl::StatusOr<TransportKind> kind = FindTransportKind(name);
   if (!kind.ok())
     return absl::InvalidArgumentError(absl::StrCat("transport must be ", HostTransportNames(), ", got '", name, "'"));
+  if (kind->datagram) {
+    return absl::InvalidArgumentError(absl::StrCat("transport ", name,
+                                                   " carries datagrams, neither reliable nor ordered as the "
+                                                   "collective engines need; --transport takes ",
+                                                   HostTransportNames()));
+  }
   return absl::InvalidArgumentError(absl::StrCat("transport ", name, " does not move host memory between CPU nodes (",
                                                  kind->summary, "); --transport takes ", HostTransportNames()));
 }

@@ -36,7 +36,8 @@ struct TransportCapabilities {
   // The registry's name: "tcp", "gloo", "nccl", "memory", "host_staged".
   std::string kind;
   // Every message arrives whole and intact, or the transport fails (the contract above). The
-  // collective engines need it; a datagram transport would not give it and has its own interface.
+  // collective engines need it; a datagram transport does not give it and has its own interface
+  // (engine/datagram_transport.h).
   bool reliable = true;
   // Messages of one tag between a pair match in posting order.
   bool ordered = true;

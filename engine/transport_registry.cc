@@ -19,12 +19,21 @@ TransportKind Kind(absl::string_view name, bool device_memory, bool scatter_gath
   return k;
 }
 
+TransportKind DatagramKind(absl::string_view name, absl::string_view summary) {
+  TransportKind k = Kind(name, false, false, false, summary);
+  k.capabilities.reliable = false;
+  k.capabilities.ordered = false;
+  k.datagram = true;
+  return k;
+}
+
 const std::vector<TransportKind>& Registry() {
   static const auto* kinds = new std::vector<TransportKind>{
       Kind("tcp", false, true, true, "dynamiq's own TCP transport: one connection per peer, scatter/gather"),
       Kind("gloo", false, false, true, "Gloo's TCP pairs"),
       Kind("nccl", true, false, false, "NCCL point-to-point between GPUs (--device=cuda)"),
       Kind("memory", false, true, false, "ranks as threads of one process (tests, the simulator's oracle)"),
+      DatagramKind("udp", "authenticated UDP datagrams, sent once (engine/udp_transport.h)"),
   };
   return *kinds;
 }

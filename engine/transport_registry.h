@@ -2,7 +2,8 @@
 // (TransportCapabilities), like the codec registry (kernels/codec_info.h) for codecs. Flags,
 // configuration checks, metrics labels and the algorithm selector read it instead of comparing
 // transport names in several places. A new transport adds its row here and passes the conformance
-// suite (tests/engine/transport_conformance_test.cc) before any engine may use it.
+// suite (tests/engine/transport_conformance_test.cc) before any engine may use it; a datagram
+// kind passes the datagram suite (tests/engine/udp_transport_test.cc) instead.
 #ifndef DQ_ENGINE_TRANSPORT_REGISTRY_H_
 #define DQ_ENGINE_TRANSPORT_REGISTRY_H_
 
@@ -21,6 +22,10 @@ struct TransportKind {
   // (engine/host_transport.h connects it); the others are chosen by the device (nccl) or exist
   // for tests and wrappers (memory).
   bool host_selectable = false;
+  // Made as an engine::DatagramTransport (engine/datagram_transport.h), not an engine::Transport:
+  // neither reliable nor ordered, so no engine that needs those may run on it, and
+  // ConnectHostTransport does not make it.
+  bool datagram = false;
   // One line for --help and docs.
   absl::string_view summary;
 };

@@ -1,11 +1,8 @@
 #include "server/error_feedback.h"
 
-#include <algorithm>
 #include <new>
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
-#include "kernels/codec_registry.h"
 
 namespace dynamiq::server {
 
@@ -74,66 +71,6 @@ void ErrorFeedback::Clear() {
   states_.clear();
   lru_.clear();
   bytes_ = 0;
-}
-
-namespace {
-
-absl::StatusOr<engine::AllReduceResult> Step(const kernels::Codec& codec, engine::Transport& transport,
-                                             const engine::AllReduceOptions& options, float* x, size_t n,
-                                             ErrorFeedbackState& s, double eta) {
-  const bool momentum = eta < 1.0;
-  if (momentum && s.momentum.size() != n) {
-    return absl::InternalError(absl::StrCat("arc_topk error feedback: momentum ", eta, " without its state"));
-  }
-  const kernels::Dest out{x, kernels::DType::kFloat32, 0, nullptr};
-  if (!s.initialized) {
-    // g_i = x, G = the exact sum (the authors' first step: a dense all-reduce).
-    std::copy(x, x + n, s.local.begin());
-    if (momentum) std::copy(x, x + n, s.momentum.begin());
-    DQ_ASSIGN_OR_RETURN(auto none, kernels::CreateCodec(kernels::CodecConfig{kernels::CodecId::kNone}));
-    DQ_ASSIGN_OR_RETURN(
-        engine::AllReduceResult r,
-        engine::AllReduce(*none, transport, options, {x, kernels::DType::kFloat32, 0, nullptr}, out, n));
-    std::copy(x, x + n, s.global.begin());
-    s.initialized = true;
-    return r;
-  }
-  std::vector<float> u(n);
-  if (momentum) {
-    const float keep = static_cast<float>(1.0 - eta), take = static_cast<float>(eta);
-    for (size_t i = 0; i < n; ++i) {
-      s.momentum[i] = keep * s.momentum[i] + take * x[i];
-      u[i] = s.momentum[i] - s.local[i];
-    }
-  } else {
-    for (size_t i = 0; i < n; ++i) u[i] = x[i] - s.local[i];
-  }
-  engine::AllReduceOptions o = options;
-  o.keep_plan_widths = true;
-  DQ_ASSIGN_OR_RETURN(engine::AllReduceResult r,
-                      engine::AllReduce(codec, transport, o, {u.data(), kernels::DType::kFloat32, 0, nullptr}, out, n));
-  const size_t rows = (n + 255) / 256;
-  if (r.plan_widths.size() != rows) {
-    return absl::InternalError(absl::StrCat("arc_topk error feedback: the all-reduce reported ", r.plan_widths.size(),
-                                            " selected-row flags for ", rows, " rows"));
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (r.plan_widths[i / 256] != 0) s.local[i] += u[i];  // g_i += C(u_i)
-    s.global[i] += x[i];                                  // G += sum_i C(u_i)
-    x[i] = s.global[i];
-  }
-  return r;
-}
-
-}  // namespace
-
-absl::StatusOr<engine::AllReduceResult> ErrorFeedbackAllReduce(const kernels::Codec& codec,
-                                                               engine::Transport& transport,
-                                                               const engine::AllReduceOptions& options, float* x,
-                                                               size_t n, ErrorFeedbackState& state, double eta) {
-  absl::StatusOr<engine::AllReduceResult> r = Step(codec, transport, options, x, n, state, eta);
-  if (!r.ok()) state.initialized = false;
-  return r;
 }
 
 }  // namespace dynamiq::server

@@ -8,7 +8,8 @@
 // the state is per node: `local` is this node's g_i, `global` the estimate G = sum_i g_i that
 // every node holds bit-identically.
 //
-// One step of tensor t with this node's sum x (HostDataPath::CrossNode), momentum eta in (0, 1]
+// One step of tensor t with this node's sum x (ErrorFeedbackAllReduce, server/error_feedback_all_reduce.h:
+// a decorator of the cross-node all-reduce), momentum eta in (0, 1]
 // (EF21M, Fatkhullin et al.; eta = 1 is plain EF21):
 //   first step (or after a reset): v_i = g_i = x; G = all-reduce_none(x) (dense, exact); result G.
 //   later:  v_i = (1 - eta) v_i + eta x; u = v_i - g_i;
@@ -42,9 +43,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "engine/allreduce.h"
-#include "engine/transport.h"
-#include "kernels/codec.h"
 
 namespace dynamiq::server {
 
@@ -105,14 +103,6 @@ class ErrorFeedback {
   Map states_;
   std::list<std::string> lru_;  // names, least recently used first
 };
-
-// One EF21(M) step (above, momentum `eta`) of this node's sum `x` (n floats), replaced by the result G, with `codec`
-// (arc_topk) over `transport`. On failure the state is reset (every node fails the collective
-// too, so the next step is the dense first step everywhere) and `x` is unspecified.
-absl::StatusOr<engine::AllReduceResult> ErrorFeedbackAllReduce(const kernels::Codec& codec,
-                                                               engine::Transport& transport,
-                                                               const engine::AllReduceOptions& options, float* x,
-                                                               size_t n, ErrorFeedbackState& state, double eta = 1.0);
 
 }  // namespace dynamiq::server
 

@@ -2,15 +2,17 @@
 
 #include <cmath>
 #include <new>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/bf16_math.h"
-#include "kernels/codec_registry.h"
 #include "kernels/dynamiq_math.h"
 #include "kernels/parallel_codec.h"
-#include "server/error_probe.h"
+#include "server/cross_node_all_reduce.h"
+#include "server/error_feedback_all_reduce.h"
+#include "server/error_probe_all_reduce.h"
 
 namespace dynamiq::server {
 
@@ -78,60 +80,24 @@ absl::StatusOr<DataPath::CrossNodeResult> HostDataPath::CrossNode(const kernels:
   // The engine's codec calls split their work across the pool (bit-identical to one thread).
   const kernels::ParallelCodec codec(job_codec, codec_pool_.get());
   if (sum_ == nullptr) return absl::FailedPreconditionError("CrossNode before LocalReduce");
-  // Error probe: keep this node's exact local sum of a sampled compressed collective. Every node
-  // decides the same way (SampleForError is a function of job, sequence and the shared rate).
-  const bool sampled =
-      codec.id() != kernels::CodecId::kNone && SampleForError(job_id_, options.sequence, error_sample_rate);
-  std::vector<float> exact;
-  bool no_memory_for_probe = false;
-  if (sampled) {
-    try {
-      exact.assign(sum_, sum_ + n);
-    } catch (const std::bad_alloc&) {
-      no_memory_for_probe = true;  // the collective itself is unaffected; its probe is skipped below
-    }
-  }
   engine::AllReduceOptions o = options;
   o.buffers = &buffers_;
   ErrorFeedbackState* error_feedback = error_feedback_;
   error_feedback_ = nullptr;
-  absl::StatusOr<engine::AllReduceResult> reduced =
-      error_feedback != nullptr && codec.id() == kernels::CodecId::kArcTopK
-          ? ErrorFeedbackAllReduce(codec, transport, o, sum_, n, *error_feedback, momentum_)
-          : engine::AllReduce(codec, transport, o, {sum_, kernels::DType::kFloat32, 0, nullptr},
-                              {sum_, kernels::DType::kFloat32, 0, nullptr}, n);
-  DQ_ASSIGN_OR_RETURN(engine::AllReduceResult result, std::move(reduced));
+  // probe(feedback(engine)): the probe measures what the job gets, error feedback included.
+  EngineCrossNodeAllReduce engine;
+  std::optional<ErrorFeedbackAllReduce> feedback;
+  CrossNodeAllReduce* algorithm = &engine;
+  if (error_feedback != nullptr) algorithm = &feedback.emplace(engine, *error_feedback, momentum_);
+  ErrorProbeAllReduce probe(*algorithm, job_id_, error_sample_rate, probe_timeout_);
+  DQ_ASSIGN_OR_RETURN(CrossNodeAllReduce::Outcome reduced, probe.Run(codec, transport, o, sum_, n));
   CrossNodeResult out;
-  out.bytes_sent = result.bytes_sent;
-  out.topology = result.topology;
-  if (!sampled) return out;
-  if (no_memory_for_probe) {
-    // The peers are about to run the side all-reduce: make it fail now rather than at their
-    // deadline, and re-form the group as they will (every node connects again for its next collective).
-    transport.Abort();
-    out.regroup = true;
-    out.probe_status = absl::ResourceExhaustedError(absl::StrCat("no memory for a ", n, "-element exact sum"));
-    return out;
-  }
-  // The exact side all-reduce (codec none) of the copy, over the same transport and step-header
-  // validation, under a sequence number no real collective uses.
-  const absl::Time start = absl::Now();
-  DQ_ASSIGN_OR_RETURN(auto none, kernels::CreateCodec(kernels::CodecConfig{kernels::CodecId::kNone}));
-  engine::AllReduceOptions exact_options = o;
-  exact_options.side_sums = {};  // summed once, by the collective itself
-  exact_options.sequence = ErrorProbeSequence(options.sequence);
-  exact_options.timeout = probe_timeout_;  // a measurement on the side, with its own deadline
-  auto exact_result =
-      engine::AllReduce(*none, transport, exact_options, {exact.data(), kernels::DType::kFloat32, 0, nullptr},
-                        {exact.data(), kernels::DType::kFloat32, 0, nullptr}, n);
-  out.probe_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  if (!exact_result.ok()) {
-    // The result is fine but the group is broken: re-form it, as after a failed collective.
-    out.regroup = true;
-    out.probe_status = exact_result.status();
-    return out;
-  }
-  out.vnmse = Vnmse(sum_, exact.data(), n);
+  out.bytes_sent = reduced.bytes_sent;
+  out.topology = reduced.topology;
+  out.vnmse = reduced.vnmse;
+  out.probe_seconds = reduced.probe_seconds;
+  out.probe_status = std::move(reduced.probe_status);
+  out.regroup = reduced.regroup;
   return out;
 }
 

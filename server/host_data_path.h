@@ -1,8 +1,9 @@
 // HostDataPath: the DataPath of CPU nodes (server/data_path.h). The sum lives in local rank 0's own
 // buffer when that is fp32 host memory (no copy: the cross-node all-reduce runs in place in shared
-// memory), else in scratch memory; the cross-node step is engine::AllReduce over the job's
-// transport (tcp or gloo), and a collective sampled for its error (server/error_probe.h) is also all-reduced
-// exactly on the side, from a copy of this node's sum, under a sequence no real collective uses.
+// memory), else in scratch memory. The cross-node step over the job's transport (tcp or gloo) is
+// composed per collective from server/cross_node_all_reduce.h: engine::AllReduce, inside EF21 error
+// feedback where the job set a state (ErrorFeedbackAllReduce, arc_topk only), inside the sampled
+// error probe (ErrorProbeAllReduce: an exact side all-reduce of a copy of this node's sum).
 //
 // Thread-safety: one collective at a time, as DataPath says.
 #ifndef DQ_SERVER_HOST_DATA_PATH_H_

@@ -195,18 +195,31 @@ TEST_P(TransportConformanceTest, AbortFromAnotherThreadFailsAPendingWaitPromptly
 INSTANTIATE_TEST_SUITE_P(Transports, TransportConformanceTest, ::testing::Values("memory", "tcp", "gloo"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
-// Every kind the daemon can select on a CPU node is in the suite above.
+// Every kind the daemon can select on a CPU node is in the suite above. Datagram kinds are neither
+// reliable nor ordered and never made as an engine::Transport (their suite:
+// tests/engine/udp_transport_test.cc).
 TEST(TransportRegistryTest, EveryHostSelectableKindIsCoveredAndUnknownNamesAreNamed) {
   for (const TransportKind& k : TransportKinds()) {
     if (k.host_selectable) EXPECT_THAT(k.capabilities.kind, AnyOf("tcp", "gloo")) << "add it to the suite";
-    EXPECT_TRUE(k.capabilities.reliable) << k.capabilities.kind << ": the engines need reliable transports";
+    if (k.datagram) {
+      EXPECT_FALSE(k.host_selectable) << k.capabilities.kind;
+      EXPECT_FALSE(k.capabilities.reliable) << k.capabilities.kind;
+      EXPECT_FALSE(k.capabilities.ordered) << k.capabilities.kind;
+    } else {
+      EXPECT_TRUE(k.capabilities.reliable) << k.capabilities.kind << ": the engines need reliable transports";
+    }
   }
   EXPECT_EQ(HostTransportNames(), "tcp or gloo");
-  EXPECT_THAT(FindTransportKind("udp"),
-              testing::StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tcp, gloo, nccl, memory")));
+  absl::StatusOr<TransportKind> udp = FindTransportKind("udp");
+  ASSERT_THAT(udp, IsOk());
+  EXPECT_TRUE(udp->datagram);
+  EXPECT_THAT(FindTransportKind("quic"),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tcp, gloo, nccl, memory, udp")));
   InMemoryStore store;
   EXPECT_THAT(ConnectHostTransport("nccl", store, 0, 2, "127.0.0.1", absl::Seconds(1)),
               testing::StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--transport takes tcp or gloo")));
+  EXPECT_THAT(ConnectHostTransport("udp", store, 0, 2, "127.0.0.1", absl::Seconds(1)),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("carries datagrams")));
 }
 
 }  // namespace

@@ -38,6 +38,11 @@ inline constexpr size_t kCaseParamBytes = 16;
 inline constexpr char kFuzzClusterSecret[] = "fuzz cluster secret";
 inline constexpr char kFuzzJob[] = "job";
 inline constexpr uint32_t kFuzzReceiver = 1;
+// fuzz_udp_datagram receives as kFuzzReceiver of a group of 4 on this connection, with the job's
+// key or the checksum; dq_fuzz_seeds seals its seeds for it.
+inline constexpr uint64_t kFuzzUdpConnection = 0x5eed5eed5eed5eed;
+inline constexpr uint32_t kFuzzUdpGroupSize = 4;
+inline constexpr size_t kFuzzUdpMaxPayload = 1412;
 // Up to 17 super-groups, the last one partial: enough for every layout, small enough for speed.
 inline constexpr size_t kMaxFuzzElements = 16 * 256 + 100;
 

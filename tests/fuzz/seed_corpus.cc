@@ -5,6 +5,8 @@
 //   fuzz_chunk_header    the chunks above, and headers of every codec
 //   fuzz_step_header     encoded step headers of every phase, plain and sealed, with a payload
 //   fuzz_config          every codec name with its usual bits, topology and allocator
+//   fuzz_udp_datagram    datagrams of several payload sizes to the fuzzer's receiver, keyed and
+//                        checksummed
 // Deterministic: the same build writes the same files.
 #include <stdio.h>
 #include <string.h>
@@ -18,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/step_auth.h"
 #include "engine/step_header.h"
+#include "engine/udp_datagram.h"
 #include "kernels/codec.h"
 #include "kernels/wire_format.h"
 #include "tests/fuzz/codec_fuzz_case.h"
@@ -203,6 +206,26 @@ bool WriteConfigSeeds(SeedWriter& out) {
   return true;
 }
 
+bool WriteUdpDatagramSeeds(SeedWriter& out) {
+  const engine::DatagramKey keyed(kFuzzUdpConnection,
+                                  engine::StepAuthenticator::KeyForJob(kFuzzClusterSecret, kFuzzJob));
+  const engine::DatagramKey checksum(kFuzzUdpConnection, std::nullopt);
+  uint64_t sequence = 1;
+  for (const engine::DatagramKey* key : {&keyed, &checksum}) {
+    for (size_t bytes : {size_t{0}, size_t{1}, size_t{64}, kFuzzUdpMaxPayload}) {
+      Bytes payload(bytes);
+      for (size_t i = 0; i < bytes; ++i) payload[i] = static_cast<uint8_t>(i * 7 + 3);
+      const uint32_t source =
+          static_cast<uint32_t>(sequence % kFuzzUdpGroupSize == kFuzzReceiver ? 0 : sequence % kFuzzUdpGroupSize);
+      if (!out.Add("fuzz_udp_datagram",
+                   engine::SealDatagram(*key, source, kFuzzReceiver, 1000 + bytes, sequence++, payload))) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 }  // namespace
 }  // namespace dynamiq::fuzz
 
@@ -215,7 +238,10 @@ int main(int argc, char** argv) {
   mkdir(argv[1], 0755);
   SeedWriter out(argv[1]);
   std::vector<Bytes> chunks;
-  if (!WriteCodecSeeds(out, &chunks) || !WriteHeaderSeeds(out, chunks) || !WriteConfigSeeds(out)) return 1;
+  if (!WriteCodecSeeds(out, &chunks) || !WriteHeaderSeeds(out, chunks) || !WriteConfigSeeds(out) ||
+      !WriteUdpDatagramSeeds(out)) {
+    return 1;
+  }
   printf("dq_fuzz_seeds: wrote %d seeds under %s\n", out.total(), argv[1]);
   return 0;
 }

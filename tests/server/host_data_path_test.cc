@@ -1,11 +1,13 @@
-// HostDataPath (server/host_data_path.h): the local reduce and write-back of CPU nodes, and its
-// codec thread pool. (Its cross-node step is the engine's all-reduce, covered by the daemon's
-// multi-node tests.)
+// HostDataPath (server/host_data_path.h): the local reduce and write-back of CPU nodes, its codec
+// thread pool, and how its cross-node step composes error feedback and the error probe. (The
+// decorators have their own tests; the daemon's multi-node tests cover the rest.)
 #include "server/host_data_path.h"
 
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -16,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "kernels/bf16_math.h"
 #include "kernels/codec_registry.h"
+#include "server/error_feedback.h"
 #include "tests/testing/status_matchers.h"
 
 namespace dynamiq::server {
@@ -142,6 +145,55 @@ TEST(HostDataPathTest, CodecThreadsGiveTheSumOfOneThread) {
     for (size_t r = 0; r < one.size(); ++r) {
       EXPECT_EQ(0, std::memcmp(split[r].data(), one[r].data(), d * sizeof(float))) << threads << " threads, node " << r;
     }
+  }
+}
+
+TEST(HostDataPathTest, TheProbeMeasuresWhatErrorFeedbackDelivers) {
+  // probe(feedback(engine)): the dense first step of error feedback is exact, so its probe reads 0
+  // (a probe inside the feedback would see codec none and sample nothing); a later compressed step
+  // reads the same error > 0 on every node.
+  constexpr int kNodes = 2;
+  const size_t d = 8 * 256;
+  kernels::CodecConfig config;
+  config.id = kernels::CodecId::kArcTopK;
+  config.bits = 0.25;
+  auto codec = kernels::CreateCodec(config);
+  ASSERT_THAT(codec, IsOk());
+  auto transports = engine::MakeMemoryTransports(kNodes);
+  std::vector<std::vector<std::optional<double>>> vnmse(kNodes);
+  std::vector<std::thread> nodes;
+  for (int r = 0; r < kNodes; ++r) {
+    nodes.emplace_back([&, r] {
+      HostDataPath path("j", absl::Seconds(20));
+      ErrorFeedback feedback(size_t{1} << 20);
+      std::mt19937 rng(11 + r);
+      std::normal_distribution<float> dist;
+      for (uint64_t seq = 1; seq <= 2; ++seq) {
+        std::vector<float> sum(d);
+        for (float& x : sum) x = dist(rng);
+        const DataPath::Region inputs[] = {Fp32(sum)};
+        ASSERT_THAT(path.LocalReduce(inputs, d), IsOk());
+        auto state = feedback.Get("t", d, 1, seq);
+        ASSERT_THAT(state, IsOk());
+        path.SetErrorFeedback(*state, 1.0);
+        engine::AllReduceOptions options;
+        options.sequence = seq;
+        options.timeout = absl::Seconds(20);
+        auto result = path.CrossNode(**codec, *transports[r], options, d, /*error_sample_rate=*/1.0);
+        ASSERT_THAT(result, IsOk());
+        EXPECT_THAT(result->probe_status, IsOk());
+        EXPECT_FALSE(result->regroup);
+        vnmse[r].push_back(result->vnmse);
+      }
+    });
+  }
+  for (std::thread& t : nodes) t.join();
+  for (int r = 0; r < kNodes; ++r) {
+    ASSERT_EQ(vnmse[r].size(), 2u) << r;
+    ASSERT_TRUE(vnmse[r][0].has_value() && vnmse[r][1].has_value()) << r;
+    EXPECT_EQ(*vnmse[r][0], 0.0) << "node " << r << ": the dense first step";
+    EXPECT_GT(*vnmse[r][1], 0.0) << r;
+    EXPECT_EQ(*vnmse[r][1], *vnmse[0][1]) << "every node holds the same result and the same exact sum";
   }
 }
 
