@@ -291,7 +291,7 @@ class Job {
   std::deque<CollectiveRecord> records_ ABSL_GUARDED_BY(mu_);
   uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // accepted requests not yet completed
   uint64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;     // requests accepted so far (wakes the stall check)
-  // The cross-node transport and its generation: used by the reducer, aborted by Stop.
+  // The job's group view and cross-node transport: used by the reducer, aborted by Stop.
   CrossNodeGroup group_;
   absl::Time deadline_;  // of the collective the reducer runs (reducer thread only)
   // When this node's previous collective ended (reducer thread only; unset before the first).

@@ -492,7 +492,7 @@ TEST(DaemonTest, DeadWorkerProcessIsRemovedAtOnceAndItsRankCanRejoin) {
 
 // A node whose local workers disagree skips the cross-node step: it breaks the group so the other
 // node fails that collective at once (not at its timeout) with the disagreement as the cause, and
-// both re-form the group at the same generation, so the next collective works.
+// both re-form the group for the next collective (server/cross_node_group.h), which works.
 TEST(DaemonTest, LocalFailureOnOneNodeFailsThePeerPromptlyAndTheGroupRecovers) {
   TempDir temp;
   const std::string dir = temp;
