@@ -119,13 +119,16 @@ DQ_HOST_DEVICE float RoundingUnit(uint32_t key, uint32_t index, bool correlated,
   return correlated ? CorrelatedUnit(stratum, n, uniform) : uniform;
 }
 
-// Stochastically rounds v (|v| * inv_scale <= 1 up to rounding) to a code of `t`.
-DQ_HOST_DEVICE uint32_t QuantizeElement(const LevelTable& t, float v, float inv_scale, float u) {
-  const int L = t.max_level;
+// QuantizeElement with the level kind fixed at compile time and the table's per-width constants
+// passed in (L = t.max_level, top = t.level[L]), so a kernel reads them once per super-group and
+// its per-element code has no branch on the kind. Any v gives an in-range table index (|v| * inv
+// is clamped to [0, 1]; NaN becomes 1), so callers may quantize padding and discard the code.
+template <bool kUniform>
+DQ_HOST_DEVICE uint32_t QuantizeElementOf(const LevelTable& t, int L, float top, float v, float inv_scale, float u) {
   float x = fminf(fabsf(v) * inv_scale, 1.0f);
   int r;
   float p;
-  if (t.uniform) {
+  if (kUniform) {
     // level[r] = r * (1/L); the estimate from x * L may be one off after rounding, so check it
     // against the levels themselves (on-grid inputs then round to themselves exactly).
     const float inv_L = t.level[1];
@@ -145,8 +148,16 @@ DQ_HOST_DEVICE uint32_t QuantizeElement(const LevelTable& t, float v, float inv_
     p = (x - t.level[r]) * t.inv_gap[r];
   }
   // x at the top level must round to it for every u (p may come out a rounding error below 1).
-  int q = r + ((u < p || x >= t.level[L]) ? 1 : 0);
+  // Both comparisons are evaluated (no short circuit): the result is the same, without a branch.
+  const int q = r + static_cast<int>((u < p) | (x >= top));
   return static_cast<uint32_t>(v < 0.0f ? L - q : L + q);
+}
+
+// Stochastically rounds v (|v| * inv_scale <= 1 up to rounding) to a code of `t`.
+DQ_HOST_DEVICE uint32_t QuantizeElement(const LevelTable& t, float v, float inv_scale, float u) {
+  const int L = t.max_level;
+  return t.uniform ? QuantizeElementOf<true>(t, L, t.level[L], v, inv_scale, u)
+                   : QuantizeElementOf<false>(t, L, t.level[L], v, inv_scale, u);
 }
 
 DQ_HOST_DEVICE uint32_t UnpackCode(const uint8_t* codes, int k, int bits) {

@@ -2,11 +2,14 @@
 //
 // The kernel bodies live in kernels/cuda/dynamiq_cuda_kernels.cuh (shared with the CPU emulation
 // in the tests); this file binds them to CUDA built-ins and launches them. Encode, decode and DAR
-// use one 256-thread block per super-group, validation one thread per super-group. The target is
-// compiled with --fmad=false, IEEE division and square root and without flush-to-zero, so every
-// float operation rounds exactly as on the CPU and GPU bytes equal CPU bytes.
+// run one warp per super-group at a time in a grid-stride loop, on as many 256-thread blocks as
+// the GPU holds at once; validation runs one thread per super-group. The target is compiled with
+// --fmad=false, IEEE division and square root and without flush-to-zero, so every float operation
+// rounds exactly as on the CPU and GPU bytes equal CPU bytes.
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include <atomic>
 
 #include "kernels/cuda/dynamiq_cuda_kernels.cuh"
 #include "kernels/cuda/launch.h"
@@ -14,44 +17,49 @@
 namespace dynamiq::kernels {
 namespace {
 
-using internal::DynamiqBlockShared;
 using internal::kDynamiqBlockThreads;
 using internal::kValidateBlockThreads;
+using internal::kWarpLanes;
 
-// The Block interface of dynamiq_cuda_kernels.cuh on real hardware. Every thread of the block
-// reaches every Sync and ShflXor (block-uniform control flow), as __syncthreads and a full-mask
-// __shfl_xor_sync require.
-struct CudaBlock {
-  __device__ __forceinline__ int thread() const { return static_cast<int>(threadIdx.x); }
-  __device__ __forceinline__ uint32_t block() const { return blockIdx.x; }
-  __device__ __forceinline__ void Sync() { __syncthreads(); }
-  __device__ __forceinline__ float ShflXor(float v, int lane_mask) {
+// The Warp interface of dynamiq_cuda_kernels.cuh on real hardware. Every lane of the warp reaches
+// every shuffle (warp-uniform control flow), as a full-mask __shfl_sync requires.
+struct CudaWarp {
+  __device__ __forceinline__ int lane() const { return static_cast<int>(threadIdx.x % kWarpLanes); }
+  __device__ __forceinline__ uint32_t ShflXor(uint32_t v, int lane_mask) {
     return __shfl_xor_sync(0xffffffffu, v, lane_mask);
   }
-  __device__ __forceinline__ int ShflXor(int v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, v, lane_mask); }
+  __device__ __forceinline__ uint32_t Shfl(uint32_t v, int src_lane) { return __shfl_sync(0xffffffffu, v, src_lane); }
 };
+
+// This warp's index in the grid and the number of warps: the grid-stride loop's start and stride.
+__device__ __forceinline__ uint64_t WarpIndex() {
+  return (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpLanes;
+}
+__device__ __forceinline__ uint64_t WarpCount() { return static_cast<uint64_t>(gridDim.x) * blockDim.x / kWarpLanes; }
 
 __global__ void __launch_bounds__(kDynamiqBlockThreads)
     DynamiqEncodeKernel(const DynamiqDeviceArgs args, const float* __restrict__ values,
                         uint8_t* __restrict__ payload_sgs) {
-  __shared__ DynamiqBlockShared shared;
-  CudaBlock block;
-  internal::EncodeBlock(block, args, values, payload_sgs, shared);
+  CudaWarp warp;
+  internal::EncodeWarp(warp, args, values, payload_sgs, WarpIndex(), WarpCount());
 }
 
 // No __restrict__ on in/out: DAR may run in place.
 __global__ void __launch_bounds__(kDynamiqBlockThreads)
     DynamiqDarKernel(const DynamiqDeviceArgs args, const uint8_t* in_sgs, const float* __restrict__ local,
                      uint8_t* out_sgs) {
-  __shared__ DynamiqBlockShared shared;
-  CudaBlock block;
-  internal::DarBlock(block, args, in_sgs, local, out_sgs, shared);
+  CudaWarp warp;
+  internal::DarWarp(warp, args, in_sgs, local, out_sgs, WarpIndex(), WarpCount());
 }
 
 __global__ void __launch_bounds__(kDynamiqBlockThreads)
     DynamiqDecodeKernel(const DynamiqDeviceArgs args, const uint8_t* __restrict__ payload_sgs, float* __restrict__ out,
                         bool accumulate) {
-  internal::DecodeThread(args, blockIdx.x, static_cast<int>(threadIdx.x), payload_sgs, out, accumulate);
+  const int lane = static_cast<int>(threadIdx.x % kWarpLanes);
+  const uint64_t num_sg = DynamiqNumSuperGroups(args.count);
+  for (uint64_t j = WarpIndex(); j < num_sg; j += WarpCount()) {
+    internal::DecodeLaneTask(args, j, lane, payload_sgs, out, accumulate);
+  }
 }
 
 __global__ void __launch_bounds__(kValidateBlockThreads)
@@ -72,6 +80,30 @@ int64_t GridFor(uint64_t n, int per_block) {
   const uint64_t blocks = (n + per_block - 1) / per_block;
   return blocks > static_cast<uint64_t>(INT32_MAX) ? -1 : static_cast<int64_t>(blocks);
 }
+
+// Blocks of a grid-stride kernel over `num_sg` super-groups (one per warp per pass): one per SG's
+// warp up to as many as the current GPU holds at once, measured once per kernel (correctness never
+// depends on the grid; only the balance does).
+int64_t GridStrideBlocks(const void* kernel, std::atomic<int>& resident, uint64_t num_sg) {
+  const int64_t wanted = GridFor(num_sg, kDynamiqBlockThreads / kWarpLanes);
+  if (wanted <= 0) return wanted;
+  int blocks = resident.load(std::memory_order_relaxed);
+  if (blocks == 0) {
+    int device = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kDynamiqBlockThreads, 0) != cudaSuccess ||
+        sms <= 0 || per_sm <= 0) {
+      (void)cudaGetLastError();
+      return wanted;  // one warp per SG: always correct
+    }
+    blocks = sms * per_sm;
+    resident.store(blocks, std::memory_order_relaxed);
+  }
+  return wanted < blocks ? wanted : blocks;
+}
+
+std::atomic<int> encode_blocks{0}, decode_blocks{0}, dar_blocks{0};
 
 }  // namespace
 
@@ -102,7 +134,8 @@ int CudaCopyToHost(void* host_dst, const void* src, size_t bytes, void* stream) 
 int CudaStreamSynchronize(void* stream) { return static_cast<int>(cudaStreamSynchronize(AsStream(stream))); }
 
 int DynamiqEncodeCuda(const DynamiqDeviceArgs& args, const float* values, uint8_t* payload_sgs, void* stream) {
-  const int64_t grid = GridFor(DynamiqNumSuperGroups(args.count), 1);
+  const int64_t grid = GridStrideBlocks(reinterpret_cast<const void*>(&DynamiqEncodeKernel), encode_blocks,
+                                        DynamiqNumSuperGroups(args.count));
   if (grid <= 0) return grid == 0 ? kCudaSuccess : static_cast<int>(cudaErrorInvalidValue);
   DynamiqEncodeKernel<<<static_cast<unsigned int>(grid), kDynamiqBlockThreads, 0, AsStream(stream)>>>(args, values,
                                                                                                       payload_sgs);
@@ -111,7 +144,8 @@ int DynamiqEncodeCuda(const DynamiqDeviceArgs& args, const float* values, uint8_
 
 int DynamiqDecodeCuda(const DynamiqDeviceArgs& args, const uint8_t* payload_sgs, float* out, bool accumulate,
                       void* stream) {
-  const int64_t grid = GridFor(DynamiqNumSuperGroups(args.count), 1);
+  const int64_t grid = GridStrideBlocks(reinterpret_cast<const void*>(&DynamiqDecodeKernel), decode_blocks,
+                                        DynamiqNumSuperGroups(args.count));
   if (grid <= 0) return grid == 0 ? kCudaSuccess : static_cast<int>(cudaErrorInvalidValue);
   DynamiqDecodeKernel<<<static_cast<unsigned int>(grid), kDynamiqBlockThreads, 0, AsStream(stream)>>>(args, payload_sgs,
                                                                                                       out, accumulate);
@@ -120,7 +154,8 @@ int DynamiqDecodeCuda(const DynamiqDeviceArgs& args, const uint8_t* payload_sgs,
 
 int DynamiqDarCuda(const DynamiqDeviceArgs& args, const uint8_t* in_sgs, const float* local, uint8_t* out_sgs,
                    void* stream) {
-  const int64_t grid = GridFor(DynamiqNumSuperGroups(args.count), 1);
+  const int64_t grid =
+      GridStrideBlocks(reinterpret_cast<const void*>(&DynamiqDarKernel), dar_blocks, DynamiqNumSuperGroups(args.count));
   if (grid <= 0) return grid == 0 ? kCudaSuccess : static_cast<int>(cudaErrorInvalidValue);
   DynamiqDarKernel<<<static_cast<unsigned int>(grid), kDynamiqBlockThreads, 0, AsStream(stream)>>>(args, in_sgs, local,
                                                                                                    out_sgs);

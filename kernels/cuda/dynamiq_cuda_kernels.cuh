@@ -1,38 +1,39 @@
-// Bodies of the DynamiQ CUDA kernels as block-level device functions.
+// Bodies of the DynamiQ CUDA kernels as warp-level device functions.
 //
-// They are written against a small `Block` interface instead of CUDA built-ins:
-//   int thread() const;          threadIdx.x
-//   uint32_t block() const;      blockIdx.x
-//   void Sync();                 __syncthreads()
-//   float ShflXor(float, int);   __shfl_xor_sync(0xffffffff, v, lane_mask), likewise for int
-// so the same source is compiled by nvcc into the kernels (kernels/cuda/dynamiq_cuda.cu, CudaBlock)
-// and by g++ into a CPU emulation of a thread block (tests/kernels/cuda_block_emulator.h) that
-// checks indexing, barriers and bit-exact parity with the CPU codec on machines without a GPU.
+// They are written against a small `Warp` interface instead of CUDA built-ins:
+//   int lane() const;                   threadIdx.x % 32
+//   uint32_t ShflXor(uint32_t, int);    __shfl_xor_sync(0xffffffff, v, lane_mask)
+//   uint32_t Shfl(uint32_t, int);       __shfl_sync(0xffffffff, v, src_lane)
+// so the same source is compiled by nvcc into the kernels (kernels/cuda/dynamiq_cuda.cu, CudaWarp)
+// and by g++ into a CPU emulation of a warp (tests/kernels/cuda_block_emulator.h) that checks
+// indexing, lane exchanges and bit-exact parity with the CPU codec on machines without a GPU.
 // Headers included here must stay free of CUDA headers.
 //
-// Mapping: one block of kDynamiqBlockThreads = 256 threads per super-group (SG); thread t owns
-// element t of the SG, i.e. position t % 16 of group t / 16. The two halves of a warp are two
-// groups, so a group's max is a 4-step __shfl_xor_sync butterfly inside a 16-lane half warp.
-// Shared memory: one DynamiqBlockShared (~132 bytes) per block. One barrier per SG.
+// Mapping: one warp per super-group (SG) at a time, in a grid-stride loop over the run's SGs (warp
+// w of W takes SGs w, w + W, ...). Lane l owns the 8 consecutive elements [8 l, 8 l + 8) of the SG,
+// i.e. half l % 2 of group l / 2: it loads them with two 16-byte loads, and its 8 codes fill exactly
+// b bytes (8 b bits), the group's bytes [b (l % 2), b (l % 2) + b). So no shared memory and no
+// barrier: per-group values (maximum, scale code, reciprocal) are computed once per lane instead of
+// once per element, a group's maximum is one shuffle, the SG's maximum a 5-step butterfly, and the
+// codes are packed in a register. Why: the one-block-per-SG form (one element per thread, every
+// thread recomputing its group's scale with IEEE divisions, a 4-word OR butterfly to pack) was
+// issue-bound at ~350 instructions per element (Nsight Compute on an H200, docs/results.md).
 //
-// Encoding one SG (EncodeSgInBlock; also the second half of the fused DAR), per block:
-//   1. every thread: |v| and finiteness, butterfly max / AND over its group; lane 0 of each group
-//      stores them; thread 0 computes the SG's stratum (StratumOf).                     Sync
-//   2. every half warp: butterfly max / AND over the groups' values -> super unit
-//      (SuperUnitFor), computed by every thread (no barrier).
-//   3. every thread: its group's scale code (GroupScaleCode) and its element's code
-//      (QuantizeElement); each group's half warp packs its 16 codes with an OR butterfly of
-//      shuffles (PackCode's layout) and writes the group's bytes and scale byte to global
-//      memory; thread 0 writes the super unit. No staging copy: one barrier per SG.
-// Every float operation is the one EncodeSuperGroup performs, through the same functions of
-// kernels/dynamiq_math.h. The max of non-negative, non-NaN floats is exact and independent of
-// order, so the butterfly and the sequential loop agree bit for bit (NaN counts as 0 in both; a
-// SG holding NaN or Inf is sent as the NaN marker whatever its maxima).
+// Correlated rounding: each SG's stratum (StratumOf, a loop over the rounding group's size) is
+// computed by one lane for the warp's next 32 SGs at once and fetched with a shuffle, so the warp
+// pays for one loop per 32 SGs instead of one per SG.
+//
+// Every float operation is the one EncodeSuperGroup / DecodeSuperGroup performs, through the same
+// functions of kernels/dynamiq_math.h. Maxima are taken over the magnitudes' bit patterns: for
+// finite non-negative floats the integer order is the float order, so the result is the float
+// maximum exactly; any Inf or NaN makes the SG's maximum pattern exceed the largest finite float's,
+// which marks the SG non-finite (sent as the NaN marker whatever its maxima, as on the CPU).
 #ifndef DQ_KERNELS_CUDA_DYNAMIQ_CUDA_KERNELS_CUH_
 #define DQ_KERNELS_CUDA_DYNAMIQ_CUDA_KERNELS_CUH_
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/cuda/launch.h"
 #include "kernels/dynamiq_math.h"
@@ -46,17 +47,14 @@
 
 namespace dynamiq::kernels::internal {
 
-inline constexpr int kDynamiqBlockThreads = kSuperGroupSize;  // one thread per element of a SG
-inline constexpr int kValidateBlockThreads = 256;             // one thread per SG
+inline constexpr int kWarpLanes = 32;
+inline constexpr int kLaneElements = kSuperGroupSize / kWarpLanes;  // 8: half a group
+inline constexpr int kDynamiqBlockThreads = 256;                    // 8 warps per block
+inline constexpr int kValidateBlockThreads = 256;                   // one thread per SG
+inline constexpr int kStrataBatch = kWarpLanes;                     // SGs whose strata a warp computes at once
+static_assert(2 * kLaneElements == kGroupSize, "two lanes per group");
 
-// Largest finite float: |v| <= this is false for Inf and NaN (as in EncodeSuperGroup).
-inline constexpr float kMaxFiniteFloat = 3.40282347e38f;
-
-struct DynamiqBlockShared {
-  float group_max[kGroupsPerSuperGroup];
-  int group_finite[kGroupsPerSuperGroup];
-  uint32_t stratum;
-};
+inline constexpr uint32_t kMaxFiniteBits = 0x7f7fffffu;  // the largest finite float's bit pattern
 
 // Elements in SG j of a run of `count` elements (1..256).
 DQ_DEVICE int SgElementCount(uint64_t count, uint64_t j) {
@@ -66,150 +64,227 @@ DQ_DEVICE int SgElementCount(uint64_t count, uint64_t j) {
 
 DQ_DEVICE bool IsCodeWidth(int w) { return w >= kMinWidth && w <= kMaxWidth; }
 
-// Element k < count of a validated SG, computed exactly as DecodeSuperGroup does.
-DQ_DEVICE float DecodeSgElement(const LevelTable& t, const uint8_t* sg, int count, int k) {
-  const int bits = t.bits;
-  const float unit = Bf16ToFloat(LoadSuperUnit(sg, bits, count));
-  const uint8_t* group = sg + (k / kGroupSize) * (2 * bits + 1);
-  const float scale = static_cast<float>(group[2 * bits]) * unit;
-  return t.decode[UnpackCode(group, k % kGroupSize, bits)] * scale;
+// Elements lane `lane` owns in an SG of `count` elements (0..8).
+DQ_DEVICE int LaneCount(int count, int lane) {
+  const int n = count - lane * kLaneElements;
+  return n < 0 ? 0 : (n > kLaneElements ? kLaneElements : n);
 }
 
-// Encodes the block's SG into `out` (SuperGroupBytes(t.bits, count) bytes of global memory).
-// Every thread of the block must call it; `v` is the thread's element (ignored for padding
-// threads, thread() >= count, which must pass 0).
-template <typename Block>
-DQ_DEVICE void EncodeSgInBlock(Block& b, const DynamiqDeviceArgs& a, uint64_t global_sg, const LevelTable& t, int count,
-                               float v, uint8_t* out, DynamiqBlockShared& s) {
-  const int tid = b.thread();
-  const int g = tid / kGroupSize;
+DQ_DEVICE bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// v[k] = p[k] for k < n, 0 beyond. `full`: the SG is whole and the run's base 16-byte aligned, so
+// every lane holds 8 elements at a multiple of 32 bytes; the lane then uses two 16-byte loads. The
+// choice is made per SG (warp-uniform), not per lane: with a per-lane test (n == 8) ptxas issued
+// the 16-byte loads for partial lanes too (compute-sanitizer saw reads past the end of a buffer in
+// the last SG; the results were right, the padding being discarded). A partial lane reads
+// p[min(k, n - 1)], so every address it reads is in bounds.
+DQ_DEVICE void LoadLane(const float* p, int n, bool full, float* v) {
+#if defined(__CUDA_ARCH__)
+  if (full) {
+    const float4 lo = reinterpret_cast<const float4*>(p)[0];
+    const float4 hi = reinterpret_cast<const float4*>(p)[1];
+    v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+    return;
+  }
+#endif
+  (void)full;
+  for (int k = 0; k < kLaneElements; ++k) v[k] = 0.0f;
+  if (n <= 0) return;
+  for (int k = 0; k < kLaneElements; ++k) {
+    const float x = p[k < n ? k : n - 1];
+    v[k] = k < n ? x : 0.0f;
+  }
+}
+
+// p[k] = v[k] for k < n (`full` as for LoadLane).
+DQ_DEVICE void StoreLane(float* p, int n, bool full, const float* v) {
+#if defined(__CUDA_ARCH__)
+  if (full) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    return;
+  }
+#endif
+  (void)full;
+  for (int k = 0; k < kLaneElements; ++k) {
+    if (k < n) p[k] = v[k];
+  }
+}
+
+// The lane's 8 decoded elements of a validated SG of `count` elements at width t.bits, exactly as
+// DecodeSuperGroup computes them (elements k >= LaneCount decode the group's padding codes: read
+// but meaningless). Returns false, leaving d alone, for a lane with no elements.
+DQ_DEVICE bool DecodeLane(const LevelTable& t, const uint8_t* sg, int count, int lane, float* d) {
+  if (LaneCount(count, lane) == 0) return false;
   const int bits = t.bits;
-  const int group_bytes = 2 * bits + 1;
-  const int groups = NumGroups(count);
+  const uint8_t* group = sg + (lane / 2) * (2 * bits + 1);
+  const uint8_t* codes = group + (lane % 2) * bits;
+  uint64_t field = 0;
+  for (int i = 0; i < bits; ++i) field |= static_cast<uint64_t>(codes[i]) << (8 * i);
+  const float scale = static_cast<float>(group[2 * bits]) * Bf16ToFloat(LoadSuperUnit(sg, bits, count));
+  const uint32_t mask = (1u << bits) - 1u;
+  for (int k = 0; k < kLaneElements; ++k) d[k] = t.decode[static_cast<uint32_t>(field >> (k * bits)) & mask] * scale;
+  return true;
+}
 
-  // 1. Group max and finiteness (padding threads hold 0: finite, no effect on the max).
-  const float mag = fabsf(v);
-  float m = mag > 0.0f ? mag : 0.0f;  // the sequential loop's first step from 0: NaN -> 0
-  int finite = mag <= kMaxFiniteFloat ? 1 : 0;
-  for (int lanes = kGroupSize / 2; lanes >= 1; lanes /= 2) {
-    const float other = b.ShflXor(m, lanes);
-    m = other > m ? other : m;
-    finite &= b.ShflXor(finite, lanes);
-  }
-  if (tid % kGroupSize == 0) {
-    s.group_max[g] = m;
-    s.group_finite[g] = finite;
-  }
-  if (tid == 0) {
-    s.stratum = a.correlated
-                    ? StratumOf(a.shared_key, static_cast<uint32_t>(global_sg), a.rounding_index, a.rounding_size)
-                    : 0u;
-  }
-  b.Sync();
+// Encodes the warp's SG (global index global_sg, `count` elements, lane values v[0, 8), zero where
+// k >= LaneCount) into `out` (SuperGroupBytes(t.bits, count) bytes of global memory). Every lane
+// must call it; kUniform must be t.uniform.
+template <bool kUniform, typename Warp>
+DQ_DEVICE void EncodeSgInWarp(Warp& w, const DynamiqDeviceArgs& a, uint64_t global_sg, const LevelTable& t, int count,
+                              uint32_t stratum, const float* v, uint8_t* out) {
+  const int lane = w.lane();
+  const int n = LaneCount(count, lane);
+  const int bits = t.bits;
 
-  // 2. Super unit from the SG's max: every half warp reduces the groups' maxima with a butterfly
-  // (the same result in each: the max is exact and order-free), so every thread derives the unit
-  // itself and no second barrier is needed.
-  const int k = tid % kGroupSize;
-  float sg_max = k < groups ? s.group_max[k] : 0.0f;
-  int all_finite = k < groups ? s.group_finite[k] : 1;
-  for (int lanes = kGroupSize / 2; lanes >= 1; lanes /= 2) {
-    const float other = b.ShflXor(sg_max, lanes);
-    sg_max = other > sg_max ? other : sg_max;
-    all_finite &= b.ShflXor(all_finite, lanes);
+  // 1. Maxima over magnitude bit patterns: the lane's, its group's (the neighbouring lane), the SG's.
+  uint32_t m = 0;
+  for (int k = 0; k < kLaneElements; ++k) {
+    const uint32_t mag = FloatBits(v[k]) & 0x7fffffffu;
+    if (k < n && mag > m) m = mag;
   }
-  const bool sg_finite = all_finite != 0;
-  const uint16_t unit_bits = static_cast<uint16_t>(SuperUnitFor(sg_max, sg_finite));
+  const uint32_t other = w.ShflXor(m, 1);
+  const uint32_t group_m = other > m ? other : m;
+  uint32_t sg_m = group_m;
+  for (int lanes = 2; lanes < kWarpLanes; lanes *= 2) {
+    const uint32_t o = w.ShflXor(sg_m, lanes);
+    sg_m = o > sg_m ? o : sg_m;
+  }
+  const bool finite = sg_m <= kMaxFiniteBits;
 
-  // 3. Codes (padding and non-finite SGs: code L, the zero level), packed by each group's half warp:
-  // lane k's code takes bits [k b, (k + 1) b) of the group's 16 b-bit field (PackCode's LSB-first
-  // layout; at most 128 bits, words w0..w3); an OR butterfly over the 16 lanes gives every lane the
-  // whole field, and lane k < 2 b writes byte k straight to global memory (no staging, no barrier).
-  const float unit = sg_finite ? Bf16ToFloat(unit_bits) : 0.0f;
-  uint32_t code = static_cast<uint32_t>(t.max_level);
-  uint32_t scale_code = 0;
-  if (g < groups) scale_code = GroupScaleCode(s.group_max[g], unit);
-  if (tid < count && sg_finite) {
-    const float inv = InverseScale(static_cast<float>(scale_code) * unit);
-    const uint32_t index = static_cast<uint32_t>(global_sg * kSuperGroupSize) + static_cast<uint32_t>(tid);
-    code = QuantizeElement(t, v, inv, RoundingUnit(a.key, index, a.correlated, s.stratum, a.rounding_size));
-  }
-  const int bit = k * bits;
-  const int word = bit >> 5;
-  const int shift = bit & 31;
-  const uint32_t low = code << shift;                                   // into `word`
-  const uint32_t high = shift + bits > 32 ? code >> (32 - shift) : 0u;  // into word + 1
-  uint32_t w0 = word == 0 ? low : 0u;
-  uint32_t w1 = word == 1 ? low : word == 0 ? high : 0u;
-  uint32_t w2 = word == 2 ? low : word == 1 ? high : 0u;
-  uint32_t w3 = word == 3 ? low : word == 2 ? high : 0u;
-  for (int lanes = kGroupSize / 2; lanes >= 1; lanes /= 2) {
-    w0 |= static_cast<uint32_t>(b.ShflXor(static_cast<int>(w0), lanes));
-    w1 |= static_cast<uint32_t>(b.ShflXor(static_cast<int>(w1), lanes));
-    w2 |= static_cast<uint32_t>(b.ShflXor(static_cast<int>(w2), lanes));
-    w3 |= static_cast<uint32_t>(b.ShflXor(static_cast<int>(w3), lanes));
-  }
-  if (g < groups) {
-    uint8_t* group = out + g * group_bytes;
-    if (k < 2 * bits) {
-      const int q = k >> 2;
-      const uint32_t field = q == 0 ? w0 : q == 1 ? w1 : q == 2 ? w2 : w3;
-      group[k] = static_cast<uint8_t>(field >> ((k & 3) * 8));
+  // 2. Super unit, the group's scale code and its reciprocal (once per lane).
+  const uint16_t unit_bits = SuperUnitFor(BitsToFloat(sg_m), finite);
+  const float unit = finite ? Bf16ToFloat(unit_bits) : 0.0f;
+  const uint32_t scale_code = GroupScaleCode(BitsToFloat(group_m), unit);
+  const float inv = InverseScale(static_cast<float>(scale_code) * unit);
+
+  // 3. Codes (padding and non-finite SGs: code L, the zero level), packed LSB-first in a register.
+  const uint32_t first_index = static_cast<uint32_t>(global_sg * kSuperGroupSize) + lane * kLaneElements;
+  uint64_t field = 0;
+  for (int k = 0; k < kLaneElements; ++k) {
+    uint32_t code = static_cast<uint32_t>(t.max_level);
+    if (k < n && finite) {
+      code =
+          QuantizeElement(t, v[k], inv, RoundingUnit(a.key, first_index + k, a.correlated, stratum, a.rounding_size));
     }
-    if (k == 0) group[2 * bits] = static_cast<uint8_t>(scale_code);
+    field |= static_cast<uint64_t>(code) << (k * bits);
   }
-  if (tid == 0) {
-    uint8_t* tail = out + groups * group_bytes;
+
+  // 4. The lane's b code bytes, its group's scale byte (even lane) and the super unit (lane 0).
+  if (lane / 2 < NumGroups(count)) {
+    uint8_t* group = out + (lane / 2) * (2 * bits + 1);
+    uint8_t* codes = group + (lane % 2) * bits;
+    for (int i = 0; i < bits; ++i) codes[i] = static_cast<uint8_t>(field >> (8 * i));
+    if (lane % 2 == 0) group[2 * bits] = static_cast<uint8_t>(scale_code);
+  }
+  if (lane == 0) {
+    uint8_t* tail = out + SuperGroupBytes(bits, count) - 2;
     tail[0] = static_cast<uint8_t>(unit_bits);
     tail[1] = static_cast<uint8_t>(unit_bits >> 8);
   }
 }
 
-// Compress: block b.block() encodes SG j = b.block() of the run.
-template <typename Block>
-DQ_DEVICE void EncodeBlock(Block& b, const DynamiqDeviceArgs& a, const float* values, uint8_t* payload_sgs,
-                           DynamiqBlockShared& s) {
-  const uint64_t j = b.block();
-  const int w = a.widths[j];
-  if (!IsCodeWidth(w)) return;  // width 0 takes no bytes (the host rejects other widths); block-uniform
-  const int count = SgElementCount(a.count, j);
-  const int tid = b.thread();
-  const float v = tid < count ? values[j * kSuperGroupSize + tid] : 0.0f;
-  EncodeSgInBlock(b, a, a.first_sg + j, a.tables[w], count, v, payload_sgs + a.offsets[j], s);
+// EncodeSgInWarp for the table's level kind (warp-uniform).
+template <typename Warp>
+DQ_DEVICE void EncodeSg(Warp& w, const DynamiqDeviceArgs& a, uint64_t global_sg, const LevelTable& t, int count,
+                        uint32_t stratum, const float* v, uint8_t* out) {
+  if (t.uniform) {
+    EncodeSgInWarp<true>(w, a, global_sg, t, count, stratum, v, out);
+  } else {
+    EncodeSgInWarp<false>(w, a, global_sg, t, count, stratum, v, out);
+  }
 }
 
-// Fused DAR: decode + local, re-encoded at the same width. All reads of in_sgs happen before the
-// (only) Sync and all writes after it, so in place (in_sgs == out_sgs) is safe.
-template <typename Block>
-DQ_DEVICE void DarBlock(Block& b, const DynamiqDeviceArgs& a, const uint8_t* in_sgs, const float* local,
-                        uint8_t* out_sgs, DynamiqBlockShared& s) {
-  const uint64_t j = b.block();
-  const int w = a.widths[j];
-  if (!IsCodeWidth(w)) return;
-  const LevelTable& t = a.tables[w];
-  const int count = SgElementCount(a.count, j);
-  const int tid = b.thread();
-  float v = 0.0f;
-  if (tid < count) {
+// Strata of correlated rounding for the warp's SGs: lane l returns the stratum of the SG the warp
+// takes at iteration `iteration + l` of its grid-stride loop (0 past the run's end or when rounding
+// is independent). Called by every lane at iterations 0, 32, 64, ...
+DQ_DEVICE uint32_t LaneStratum(const DynamiqDeviceArgs& a, uint64_t first_task, uint64_t stride, uint64_t iteration,
+                               int lane) {
+  if (!a.correlated) return 0;
+  const uint64_t j = first_task + (iteration + static_cast<uint64_t>(lane)) * stride;
+  if (j >= DynamiqNumSuperGroups(a.count)) return 0;
+  return StratumOf(a.shared_key, static_cast<uint32_t>(a.first_sg + j), a.rounding_index, a.rounding_size);
+}
+
+// The stratum of the SG at `iteration`, from the lanes' batch (every lane must call it).
+template <typename Warp>
+DQ_DEVICE uint32_t StratumAt(Warp& w, const DynamiqDeviceArgs& a, uint32_t batch, uint64_t iteration) {
+  return a.correlated ? w.Shfl(batch, static_cast<int>(iteration % kStrataBatch)) : 0u;
+}
+
+// Compress: the warp encodes SGs first_task, first_task + stride, ... of the run.
+template <typename Warp>
+DQ_DEVICE void EncodeWarp(Warp& w, const DynamiqDeviceArgs& a, const float* values, uint8_t* payload_sgs,
+                          uint64_t first_task, uint64_t stride) {
+  const int lane = w.lane();
+  const uint64_t num_sg = DynamiqNumSuperGroups(a.count);
+  const bool vector = Aligned16(values);
+  uint32_t batch = 0;
+  uint64_t i = 0;
+  for (uint64_t j = first_task; j < num_sg; j += stride, ++i) {
+    if (i % kStrataBatch == 0) batch = LaneStratum(a, first_task, stride, i, lane);
+    const uint32_t stratum = StratumAt(w, a, batch, i);
+    const int width = a.widths[j];
+    if (!IsCodeWidth(width)) continue;  // width 0 takes no bytes (the host rejects other widths); warp-uniform
+    const int count = SgElementCount(a.count, j);
+    float v[kLaneElements];
+    LoadLane(values + j * kSuperGroupSize + lane * kLaneElements, LaneCount(count, lane),
+             vector && count == kSuperGroupSize, v);
+    EncodeSg(w, a, a.first_sg + j, a.tables[width], count, stratum, v, payload_sgs + a.offsets[j]);
+  }
+}
+
+// Fused DAR: decode + local, re-encoded at the same width. Each lane reads all it needs of its SG
+// (its code bytes, its group's scale, the super unit) before the first shuffle of the encoding,
+// and every byte is written after the last, so in place (in_sgs == out_sgs) is safe.
+template <typename Warp>
+DQ_DEVICE void DarWarp(Warp& w, const DynamiqDeviceArgs& a, const uint8_t* in_sgs, const float* local, uint8_t* out_sgs,
+                       uint64_t first_task, uint64_t stride) {
+  const int lane = w.lane();
+  const uint64_t num_sg = DynamiqNumSuperGroups(a.count);
+  const bool vector = Aligned16(local);
+  uint32_t batch = 0;
+  uint64_t i = 0;
+  for (uint64_t j = first_task; j < num_sg; j += stride, ++i) {
+    if (i % kStrataBatch == 0) batch = LaneStratum(a, first_task, stride, i, lane);
+    const uint32_t stratum = StratumAt(w, a, batch, i);
+    const int width = a.widths[j];
+    if (!IsCodeWidth(width)) continue;
+    const LevelTable& t = a.tables[width];
+    const int count = SgElementCount(a.count, j);
+    const int n = LaneCount(count, lane);
+    float v[kLaneElements];
+    float d[kLaneElements] = {0, 0, 0, 0, 0, 0, 0, 0};
+    LoadLane(local + j * kSuperGroupSize + lane * kLaneElements, n, vector && count == kSuperGroupSize, v);
+    DecodeLane(t, in_sgs + a.offsets[j], count, lane, d);
     // DecompressAccumulateRecompress: tile = local, then tile += decoded.
-    v = local[j * kSuperGroupSize + tid] + DecodeSgElement(t, in_sgs + a.offsets[j], count, tid);
+    for (int k = 0; k < kLaneElements; ++k) v[k] = k < n ? v[k] + d[k] : 0.0f;
+    EncodeSg(w, a, a.first_sg + j, t, count, stratum, v, out_sgs + a.offsets[j]);
   }
-  EncodeSgInBlock(b, a, a.first_sg + j, t, count, v, out_sgs + a.offsets[j], s);
 }
 
-// Decompress (one element per thread, no barriers): SG j, element tid.
-DQ_DEVICE void DecodeThread(const DynamiqDeviceArgs& a, uint64_t j, int tid, const uint8_t* payload_sgs, float* out,
-                            bool accumulate) {
+// Decompress: out[i] = decoded element i, or out[i] += it (accumulate); width-0 SGs are zeros.
+// No lane exchanges: any lane may run alone.
+DQ_DEVICE void DecodeLaneTask(const DynamiqDeviceArgs& a, uint64_t j, int lane, const uint8_t* payload_sgs, float* out,
+                              bool accumulate) {
   const int count = SgElementCount(a.count, j);
-  if (tid >= count) return;
-  const int w = a.widths[j];
-  float* dst = out + j * kSuperGroupSize + tid;
-  if (!IsCodeWidth(w)) {  // width 0: every element is exactly zero
-    if (!accumulate) *dst = 0.0f;
-    return;
+  const int n = LaneCount(count, lane);
+  if (n == 0) return;
+  float* dst = out + j * kSuperGroupSize + lane * kLaneElements;
+  const bool full = Aligned16(out) && count == kSuperGroupSize;
+  const int width = a.widths[j];
+  float d[kLaneElements] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (IsCodeWidth(width)) {
+    (void)DecodeLane(a.tables[width], payload_sgs + a.offsets[j], count, lane, d);
+  } else if (accumulate) {
+    return;  // width 0 adds nothing
   }
-  const float d = DecodeSgElement(a.tables[w], payload_sgs + a.offsets[j], count, tid);
-  *dst = accumulate ? *dst + d : d;
+  if (accumulate) {
+    float v[kLaneElements];
+    LoadLane(dst, n, full, v);
+    for (int k = 0; k < kLaneElements; ++k) d[k] = v[k] + d[k];
+  }
+  StoreLane(dst, n, full, d);
 }
 
 // True if SG j may be decoded: width 0, or a legal width whose SG passes ValidateSuperGroup.

@@ -1,16 +1,17 @@
-// CudaBlockEmulator: runs the block-level kernel bodies of kernels/cuda/*_kernels.cuh on the CPU,
-// one fiber (ucontext) per CUDA thread, so their indexing, barriers and results can be tested on
-// machines without a GPU.
+// CudaBlockEmulator: runs the block- and warp-level kernel bodies of kernels/cuda/*_kernels.cuh on
+// the CPU, one fiber (ucontext) per CUDA thread, so their indexing, barriers, lane exchanges and
+// results can be tested on machines without a GPU. A warp is a block of 32 threads.
 //
 // Threads run one at a time until they reach a barrier (Block::Sync) or finish; a round resumes
 // every live thread once, so a round is one barrier phase. The order in which threads run within
 // a phase is ascending, descending or a fresh random permutation per phase: code that reads
 // shared memory written by another thread in the same phase (a missing __syncthreads) then gives
 // order-dependent results, which the tests catch by comparing against the CPU codec.
-// __shfl_xor_sync is emulated through a block-wide exchange between two barriers; that is stronger
-// than the warp-level hardware operation, so kernels must not rely on shuffles to order shared
-// memory (ours do not). RunBlock reports divergence: threads that did not all pass the same number
-// of barriers and shuffles (a __syncthreads or full-mask shuffle not reached by every thread).
+// __shfl_xor_sync and __shfl_sync are emulated through a block-wide exchange between two barriers;
+// that is stronger than the warp-level hardware operation, so kernels must not rely on shuffles to
+// order shared memory (ours do not). RunBlock reports divergence: threads that did not all pass the
+// same number of barriers and shuffles (a __syncthreads or full-mask shuffle not reached by every
+// thread).
 //
 // Not thread-safe: one RunBlock at a time per emulator (fibers switch through member state).
 #ifndef DQ_TESTS_KERNELS_CUDA_BLOCK_EMULATOR_H_
@@ -33,10 +34,12 @@ class CudaBlockEmulator {
  public:
   enum class Order { kAscending, kDescending, kRandom };
 
-  // The Block interface of kernels/cuda/dynamiq_cuda_kernels.cuh.
+  // The Block (thread, block, Sync, ShflXor) and Warp (lane, ShflXor, Shfl) interfaces of the
+  // kernel bodies.
   class Block {
    public:
     int thread() const { return tid_; }
+    int lane() const { return tid_ % 32; }
     uint32_t block() const { return emu_->block_; }
     void Sync() { emu_->Yield(tid_); }
     float ShflXor(float v, int lane_mask) {
@@ -49,6 +52,9 @@ class CudaBlockEmulator {
     int ShflXor(int v, int lane_mask) {
       return static_cast<int>(emu_->Exchange(tid_, static_cast<uint32_t>(v), lane_mask));
     }
+    uint32_t ShflXor(uint32_t v, int lane_mask) { return emu_->Exchange(tid_, v, lane_mask); }
+    // __shfl_sync(full mask, v, src_lane): lane src_lane of this thread's warp.
+    uint32_t Shfl(uint32_t v, int src_lane) { return emu_->Read(tid_, v, (tid_ & ~31) | src_lane); }
 
    private:
     friend class CudaBlockEmulator;
@@ -124,9 +130,15 @@ class CudaBlockEmulator {
 
   uint32_t Exchange(int t, uint32_t v, int lane_mask) {
     if (lane_mask <= 0 || lane_mask >= 32) abort();  // shuffles stay inside a warp
+    return Read(t, v, t ^ lane_mask);
+  }
+
+  // Publishes thread t's v and returns thread `source`'s.
+  uint32_t Read(int t, uint32_t v, int source) {
+    if (source < 0 || source >= threads_ || (source & ~31) != (t & ~31)) abort();  // inside the warp
     slots_[t] = v;
     Yield(t);
-    const uint32_t result = slots_[t ^ lane_mask];
+    const uint32_t result = slots_[source];
     Yield(t);  // nobody overwrites a slot before every thread has read it
     return result;
   }
