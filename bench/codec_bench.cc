@@ -168,8 +168,8 @@ absl::StatusOr<std::vector<CodecBenchRow>> RunCodecBench(const CodecBenchOptions
     row.config = config;
     row.description = codec->Describe();
     row.elements = d;
-    if (topology == engine::Topology::kButterfly && !codec->SupportsButterfly()) {
-      row.skipped = "codec does not support butterfly";
+    if (topology != engine::Topology::kRing && !codec->SupportsButterfly()) {
+      row.skipped = absl::StrCat("codec does not support ", engine::TopologyName(topology));
       rows.push_back(row);
       continue;
     }

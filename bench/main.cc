@@ -44,7 +44,9 @@ ABSL_FLAG(std::string, levels, "auto",
           "mee (the paper's non-uniform levels at every width) or uniform.");
 ABSL_FLAG(bool, correlated, true, "Correlated (stratified) rounding across ranks for dynamiq and uniform.");
 ABSL_FLAG(int, workers, 8, "Simulated ranks.");
-ABSL_FLAG(std::string, topology, "ring", "ring, or butterfly (power-of-two --workers).");
+ABSL_FLAG(std::string, topology, "ring",
+          "ring, butterfly (power-of-two --workers) or two_shot (all-to-all reduce-scatter and all-gather, one step "
+          "each).");
 ABSL_FLAG(int64_t, size, 1 << 22, "Elements per worker (synthetic data).");
 ABSL_FLAG(std::string, input, "",
           "Comma-separated raw little-endian float32 files, one per worker (codec) or rank (allreduce: every rank "

@@ -1,6 +1,7 @@
 #include "engine/allreduce.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -31,21 +32,25 @@ using kernels::Codec;
 absl::Status Annotate(const absl::Status& s, int rank) { return common::Annotate(s, absl::StrCat("rank ", rank)); }
 
 // Runs reduce-scatter and all-gather for every block's executor, pipelined across blocks and steps
-// as a wavefront: block k's message of step g is decoded at index g + k + 1, where block k's next
-// message leaves; block k's first message is compressed and sent at index k. Each index mixes one
-// block's first compression with the re-quantizations of older blocks and the decoding of
-// finished ones, so the CPU work is spread evenly over the collective; doing every block's first
-// step first made the CPU (shared by ranks and by the kernel's network stack) the bottleneck of
-// the first step, and left the link idle (scripts/bench-network, dynamiq-ring-5: 0.141-0.146 s
-// instead of 0.145-0.152 s; butterfly 0.143 s instead of 0.158 s).
+// as a wavefront: block k's messages of step g are decoded at index g + k + 1, where block k's
+// messages of step g + 1 leave; block k's first messages are compressed and sent at index k. Each
+// index mixes one block's first compression with the re-quantizations of older blocks and the
+// decoding of finished ones, so the CPU work is spread evenly over the collective; doing every
+// block's first step first made the CPU (shared by ranks and by the kernel's network stack) the
+// bottleneck of the first step, and left the link idle (scripts/bench-network, dynamiq-ring-5:
+// 0.141-0.146 s instead of 0.145-0.152 s; butterfly 0.143 s instead of 0.158 s).
+// Within an index a message leaves as soon as its chunk is ready (RankExecutor::*SendReady): step
+// g + 1's sends that need nothing of step g (leaves, chunks complete earlier) before step g's
+// receives, each other one right after the receive that completed its chunk. Receives are decoded
+// in the schedule's order, so a chunk's children are added in the same order on every run.
 // Deadlock-free: the messages decoded at index i leave their senders at index i - 1. At the start
-// of index i a rank announces (StepMessenger::Announce) the messages it decodes at index i; during it, it
-// waits only for those and for its own messages sent at index i - 1 to leave, which their
+// of index i a rank announces (StepMessenger::Announce) the messages it decodes at index i; during
+// it, it waits only for those and for its own messages sent at index i - 1 to leave, which their
 // receivers take once they have started index i. Planning a block (make) may wait for statistics
 // sums, which every rank sent before the blocks started. So every rank completes index i once
 // every rank has completed index i - 1. Receives are posted two indices ahead (a block's first two
-// when it is planned, an index before its first message is sent), so the payloads of trusted peers
-// flow without waiting for this rank.
+// when it is planned, an index before its first messages are sent), so the payloads of trusted
+// peers flow without waiting for this rank.
 absl::Status RunExecutors(StepMessenger& messenger, const Codec& codec, const Schedule& schedule, size_t num_blocks,
                           const std::function<absl::StatusOr<std::unique_ptr<RankExecutor>>(size_t)>& make,
                           Timeline* timeline) {
@@ -58,19 +63,24 @@ absl::Status RunExecutors(StepMessenger& messenger, const Codec& codec, const Sc
   };
   std::vector<std::unique_ptr<RankExecutor>> blocks(num_blocks);
   const auto local_step = [&](size_t g) { return static_cast<int>(g < rs_steps ? g : g - rs_steps); };
-  // Peers depend on the step only.
-  const auto recv_peer = [&](size_t g) {
-    return g < rs_steps ? blocks[0]->ReduceScatterRecvPeer(local_step(g)) : blocks[0]->AllGatherRecvPeer(local_step(g));
+  // This rank's transfers of step g, the same for every block.
+  const auto sends = [&](size_t g) -> const std::vector<Transfer>& {
+    return g < rs_steps ? blocks[0]->ReduceScatterSends(local_step(g)) : blocks[0]->AllGatherSends(local_step(g));
+  };
+  const auto receives = [&](size_t g) -> const std::vector<Transfer>& {
+    return g < rs_steps ? blocks[0]->ReduceScatterReceives(local_step(g)) : blocks[0]->AllGatherReceives(local_step(g));
   };
   const auto post = [&](size_t g, size_t k) -> absl::Status {
     RankExecutor& x = *blocks[k];
-    const int peer = recv_peer(g);
-    if (peer < 0) return absl::OkStatus();
-    const int chunk = g < rs_steps ? x.ReduceScatterRecvChunk(local_step(g)) : x.AllGatherRecvChunk(local_step(g));
-    return messenger.PostReceive(phase(g), wire_step(g), static_cast<uint32_t>(k), peer, x.MaxMessageBytes(chunk),
-                                 g < rs_steps ? absl::Span<uint8_t>() : x.AllGatherRecvBody(local_step(g)));
+    const std::vector<Transfer>& in = receives(g);
+    for (size_t i = 0; i < in.size(); ++i) {
+      DQ_RETURN_IF_ERROR(messenger.PostReceive(
+          phase(g), wire_step(g), static_cast<uint32_t>(k), in[i].from, x.MaxMessageBytes(in[i].chunk),
+          g < rs_steps ? absl::Span<uint8_t>() : x.AllGatherRecvBody(local_step(g), static_cast<int>(i))));
+    }
+    return absl::OkStatus();
   };
-  // Calls fn(g, k) for every message of step g of block k decoded at index i.
+  // Calls fn(g, k) for every step g of block k whose messages are decoded at index i.
   const auto for_index = [&](size_t i, auto&& fn) -> absl::Status {
     for (size_t g = 0; g < steps && g < i; ++g) {
       if (i - 1 - g < num_blocks) DQ_RETURN_IF_ERROR(fn(g, i - 1 - g));
@@ -81,53 +91,96 @@ absl::Status RunExecutors(StepMessenger& messenger, const Codec& codec, const Sc
   // header checks out (a trusted peer's are posted with their headers).
   const auto announce = [&](size_t i) {
     return for_index(i, [&](size_t g, size_t k) -> absl::Status {
-      if (recv_peer(g) < 0 || messenger.Trusts(recv_peer(g))) return absl::OkStatus();
-      return messenger.Announce(phase(g), wire_step(g), static_cast<uint32_t>(k), codec);
+      for (const Transfer& t : receives(g)) {
+        if (!messenger.Trusts(t.from)) {
+          DQ_RETURN_IF_ERROR(messenger.Announce(phase(g), wire_step(g), static_cast<uint32_t>(k), t.from, codec));
+        }
+      }
+      return absl::OkStatus();
     });
   };
   std::vector<bool> finished(blocks.size(), false);
-  // Block k's message of step g, if it sends one (after its reduce-scatter, once, the owned chunk
-  // is final and decoded).
-  const auto send = [&](size_t g, size_t k) -> absl::Status {
+  // Per block, the step whose sends are under way and which of them have left.
+  struct Sending {
+    size_t step = SIZE_MAX;
+    std::vector<bool> sent;
+  };
+  std::vector<Sending> sending(num_blocks);
+  // Sends block k's messages of step g that are ready and not sent yet, in the schedule's order.
+  // With `all` (step g - 1's receives are in), every one must be ready, and after the all-gather's
+  // first sends (they need only the owned chunk's final bytes) the owner decodes its chunk.
+  const auto send = [&](size_t g, size_t k, bool all) -> absl::Status {
     RankExecutor& x = *blocks[k];
     const uint32_t block = static_cast<uint32_t>(k);
-    if (g >= rs_steps && !finished[k]) {
+    const bool rs = g < rs_steps;
+    const int s = local_step(g);
+    const std::vector<Transfer>& out = sends(g);
+    Sending& state = sending[k];
+    if (state.step != g) {
+      state.step = g;
+      state.sent.assign(out.size(), false);
+    }
+    for (size_t j = 0; j < out.size(); ++j) {
+      const int i = static_cast<int>(j);
+      if (state.sent[j]) continue;
+      if (!(rs ? x.ReduceScatterSendReady(s, i) : x.AllGatherSendReady(s, i))) {
+        if (!all) continue;
+        return absl::InternalError(absl::StrCat("block ", k, ": the message of step ", wire_step(g), " to rank ",
+                                                out[j].to, " is not ready after the step before"));
+      }
+      std::optional<TimelineSpan> span;
+      if (rs && x.ReduceScatterSendCompresses(s, i)) span.emplace(timeline, Timeline::Kind::kCompress, block);
+      DQ_ASSIGN_OR_RETURN(absl::Span<const uint8_t> bytes, rs ? x.ReduceScatterSend(s, i) : x.AllGatherSend(s, i));
+      span.reset();
+      DQ_RETURN_IF_ERROR(
+          messenger.Send(phase(g), wire_step(g), block, out[j].to, codec, bytes, x.SentChecksum(), x.SentBody()));
+      state.sent[j] = true;
+    }
+    if (all && g == rs_steps && !finished[k]) {
       TimelineSpan span(timeline, Timeline::Kind::kDecompress, block);
       DQ_RETURN_IF_ERROR(x.FinishReduceScatter());
       finished[k] = true;
     }
-    const int s = local_step(g);
-    const int peer = g < rs_steps ? x.ReduceScatterSendPeer(s) : x.AllGatherSendPeer(s);
-    if (peer < 0) return absl::OkStatus();
-    std::optional<TimelineSpan> span;
-    if (g < rs_steps && x.ReduceScatterSendCompresses(s)) span.emplace(timeline, Timeline::Kind::kCompress, block);
-    DQ_ASSIGN_OR_RETURN(absl::Span<const uint8_t> bytes, g < rs_steps ? x.ReduceScatterSend(s) : x.AllGatherSend(s));
-    span.reset();
-    return messenger.Send(phase(g), wire_step(g), static_cast<uint32_t>(k), peer, codec, bytes, x.SentChecksum(),
-                          x.SentBody());
+    return absl::OkStatus();
   };
-  // Decodes block k's message of step g (if it receives one) and sends its next.
+  // Decodes block k's messages of step g and sends its next ones as they become ready.
   const auto advance = [&](size_t g, size_t k) -> absl::Status {
     RankExecutor& x = *blocks[k];
     const uint32_t block = static_cast<uint32_t>(k);
-    if (recv_peer(g) >= 0) {
+    const int s = local_step(g);
+    const bool next = g + 1 < steps;
+    if (next) DQ_RETURN_IF_ERROR(send(g + 1, k, false));
+    const std::vector<Transfer>& in = receives(g);
+    for (size_t i = 0; i < in.size(); ++i) {
+      const int peer = in[i].from;
       // Without an authenticator the executor verifies each payload's checksum as it decodes it.
       std::optional<uint64_t> unverified;
       DQ_ASSIGN_OR_RETURN(absl::Span<const uint8_t> payload,
-                          messenger.Receive(phase(g), wire_step(g), block, codec, &unverified));
-      const int s = local_step(g);
-      TimelineSpan span(timeline, g < rs_steps ? Timeline::Kind::kDar : Timeline::Kind::kDecompress, block);
+                          messenger.Receive(phase(g), wire_step(g), block, peer, codec, &unverified));
+      {
+        TimelineSpan span(timeline, g < rs_steps ? Timeline::Kind::kDar : Timeline::Kind::kDecompress, block);
+        if (g < rs_steps) {
+          DQ_RETURN_IF_ERROR(x.ReduceScatterReceive(s, static_cast<int>(i), payload, unverified));
+          messenger.Release(phase(g), wire_step(g), block, peer);
+        } else {  // the payload's buffer is forwarded as it is, with its checksum
+          StepMessenger::TakenPayload taken = messenger.TakePayload(phase(g), wire_step(g), block, peer);
+          DQ_RETURN_IF_ERROR(x.AllGatherReceive(s, static_cast<int>(i), std::move(taken.bytes), taken.checksum,
+                                                unverified.has_value()));
+        }
+      }
+      if (next) DQ_RETURN_IF_ERROR(send(g + 1, k, false));
+    }
+    // This step's messages have left: the executor reuses their buffers.
+    const std::vector<Transfer>& out = sends(g);
+    for (size_t j = 0; j < out.size(); ++j) {
+      DQ_RETURN_IF_ERROR(messenger.WaitSent(phase(g), wire_step(g), block, out[j].to));
       if (g < rs_steps) {
-        DQ_RETURN_IF_ERROR(x.ReduceScatterReceive(s, payload, unverified));
-        messenger.Release(phase(g), wire_step(g), block);
-      } else {  // the payload's buffer is forwarded as it is, with its checksum
-        StepMessenger::TakenPayload taken = messenger.TakePayload(phase(g), wire_step(g), block);
-        DQ_RETURN_IF_ERROR(x.AllGatherReceive(s, std::move(taken.bytes), taken.checksum, unverified.has_value()));
+        x.ReduceScatterSent(s, static_cast<int>(j));
+      } else {
+        x.AllGatherSent(s, static_cast<int>(j));
       }
     }
-    // The executor reuses the buffer of this step's message for the next one.
-    DQ_RETURN_IF_ERROR(messenger.WaitSent(phase(g), wire_step(g), block));
-    return g + 1 < steps ? send(g + 1, k) : absl::OkStatus();
+    return next ? send(g + 1, k, true) : absl::OkStatus();
   };
   if (steps == 0) {  // one rank: nothing moves
     for (size_t k = 0; k < num_blocks; ++k) {
@@ -137,23 +190,23 @@ absl::Status RunExecutors(StepMessenger& messenger, const Codec& codec, const Sc
     return absl::OkStatus();
   }
   // Block k is planned (and its first two steps' receives posted) one index before its first
-  // message is sent, so a peer's first message of it never waits for this rank to catch up.
+  // messages are sent, so a peer's first message of it never waits for this rank to catch up.
   const auto plan = [&](size_t k) -> absl::Status {
     if (k >= num_blocks) return absl::OkStatus();
     DQ_ASSIGN_OR_RETURN(blocks[k], make(k));
     for (size_t g = 0; g < std::min<size_t>(steps, 2); ++g) DQ_RETURN_IF_ERROR(post(g, k));
     return absl::OkStatus();
   };
-  // Index 0: block 0 leaves first. Then the first header is checked: until a peer's first header
+  // Index 0: block 0 leaves first. Then the first headers are checked: until a peer's first header
   // checks out, its payloads wait for Announce (and Gloo moves nothing before the receive is
   // posted), so its link would idle.
   DQ_RETURN_IF_ERROR(plan(0));
-  DQ_RETURN_IF_ERROR(send(0, 0));
+  DQ_RETURN_IF_ERROR(send(0, 0, true));
   DQ_RETURN_IF_ERROR(announce(1));
   DQ_RETURN_IF_ERROR(plan(1));
   for (size_t i = 1; i < steps + num_blocks; ++i) {
     DQ_RETURN_IF_ERROR(announce(i));
-    if (i < num_blocks) DQ_RETURN_IF_ERROR(send(0, i));
+    if (i < num_blocks) DQ_RETURN_IF_ERROR(send(0, i, true));
     DQ_RETURN_IF_ERROR(plan(i + 1));
     // Receives of index i + 2.
     DQ_RETURN_IF_ERROR(for_index(i + 2, [&](size_t g, size_t k) { return g >= 2 ? post(g, k) : absl::OkStatus(); }));
@@ -175,13 +228,13 @@ absl::Status AllGatherMaxima(StepMessenger& messenger, const Codec& codec, int r
   for (uint32_t s = 0; s + 1 < static_cast<uint32_t>(n); ++s) {
     DQ_RETURN_IF_ERROR(messenger.PostReceive(Phase::kStats, s, 0, left, forward.size()));
     DQ_RETURN_IF_ERROR(messenger.Send(Phase::kStats, s, 0, right, codec, forward));
-    DQ_ASSIGN_OR_RETURN(absl::Span<const uint8_t> bytes, messenger.Receive(Phase::kStats, s, 0, codec));
+    DQ_ASSIGN_OR_RETURN(absl::Span<const uint8_t> bytes, messenger.Receive(Phase::kStats, s, 0, left, codec));
     if (bytes.size() != forward.size()) {
       return absl::InvalidArgumentError(absl::StrCat("statistics size mismatch from rank ", left));
     }
     std::vector<uint8_t> next(bytes.begin(), bytes.end());
-    messenger.Release(Phase::kStats, s, 0);
-    DQ_RETURN_IF_ERROR(messenger.WaitSent(Phase::kStats, s, 0));
+    messenger.Release(Phase::kStats, s, 0, left);
+    DQ_RETURN_IF_ERROR(messenger.WaitSent(Phase::kStats, s, 0, right));
     std::vector<float> values(local.size());
     std::memcpy(values.data(), next.data(), next.size());
     for (size_t i = 0; i < local.size(); ++i) {
@@ -247,7 +300,7 @@ class SumStatsExchange {
     // Every peer's payload receive is posted once its header checks out (StepMessenger::Announce), before
     // this rank waits for any payload: the contributions then arrive in parallel.
     for (int q = 0; q < n_; ++q) {
-      if (q != rank_) DQ_RETURN_IF_ERROR(messenger.Announce(Phase::kStats, Step(0, q), Block(rank_), header_codec_));
+      if (q != rank_) DQ_RETURN_IF_ERROR(messenger.Announce(Phase::kStats, Step(0, q), Block(rank_), q, header_codec_));
     }
     std::vector<absl::Span<const uint8_t>> contributions(n_);
     for (int q = 0; q < n_; ++q) {
@@ -255,12 +308,12 @@ class SumStatsExchange {
         contributions[q] = parts_[q];
       } else {
         DQ_ASSIGN_OR_RETURN(contributions[q],
-                            messenger.Receive(Phase::kStats, Step(0, q), Block(rank_), header_codec_));
+                            messenger.Receive(Phase::kStats, Step(0, q), Block(rank_), q, header_codec_));
       }
     }
     DQ_ASSIGN_OR_RETURN(sum_, SumStatsBf16(contributions, 2 * mine));
     for (int q = 0; q < n_; ++q) {
-      if (q != rank_) messenger.Release(Phase::kStats, Step(0, q), Block(rank_));
+      if (q != rank_) messenger.Release(Phase::kStats, Step(0, q), Block(rank_), q);
     }
     // 2. This rank's sum to every rank.
     for (int p = 0; p < n_; ++p) {
@@ -286,8 +339,8 @@ class SumStatsExchange {
     for (int p = 0; p < n_; ++p) DQ_RETURN_IF_ERROR(Take(messenger, p));
     for (int p = 0; p < n_; ++p) {
       if (p == rank_) continue;
-      DQ_RETURN_IF_ERROR(messenger.WaitSent(Phase::kStats, Step(0, rank_), Block(p)));
-      DQ_RETURN_IF_ERROR(messenger.WaitSent(Phase::kStats, Step(1, rank_), Block(p)));
+      DQ_RETURN_IF_ERROR(messenger.WaitSent(Phase::kStats, Step(0, rank_), Block(p), p));
+      DQ_RETURN_IF_ERROR(messenger.WaitSent(Phase::kStats, Step(1, rank_), Block(p), p));
     }
     return absl::OkStatus();
   }
@@ -302,9 +355,9 @@ class SumStatsExchange {
     if (have_[p]) return absl::OkStatus();
     const kernels::ChunkRef c = Chunk(p);
     DQ_ASSIGN_OR_RETURN(absl::Span<const uint8_t> bytes,
-                        messenger.Receive(Phase::kStats, Step(1, p), Block(rank_), header_codec_));
+                        messenger.Receive(Phase::kStats, Step(1, p), Block(rank_), p, header_codec_));
     absl::Status decoded = DecodeStatsBf16(bytes, absl::MakeSpan(reduced_).subspan(c.begin, c.count));
-    messenger.Release(Phase::kStats, Step(1, p), Block(rank_));
+    messenger.Release(Phase::kStats, Step(1, p), Block(rank_), p);
     if (!decoded.ok()) return absl::InvalidArgumentError(absl::StrCat("from rank ", p, ": ", decoded.message()));
     have_[p] = true;
     return absl::OkStatus();
@@ -329,9 +382,10 @@ absl::StatusOr<AllReduceResult> AllReduceImpl(const Codec& codec, Transport& tra
   AllReduceOptions options = configured;
   options.topology = SelectTopology(configured.topology, d, n, codec, transport.capabilities());
   DQ_ASSIGN_OR_RETURN(Schedule schedule, MakeSchedule(options.topology, n));
-  if (options.topology == Topology::kButterfly && !codec.SupportsButterfly()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("codec ", kernels::CodecName(codec.id()), " does not support the butterfly topology"));
+  // Butterfly and two-shot chunks have several children, summed in an fp32 accumulator.
+  if (options.topology != Topology::kRing && !codec.SupportsButterfly()) {
+    return absl::InvalidArgumentError(absl::StrCat("codec ", kernels::CodecName(codec.id()), " does not support the ",
+                                                   TopologyName(options.topology), " topology"));
   }
   if (d > (size_t{1} << 40)) return absl::InvalidArgumentError(absl::StrCat("bucket of ", d, " elements is too large"));
   const size_t block = BlockElements(d, options.block_elements);

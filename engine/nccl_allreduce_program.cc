@@ -39,6 +39,17 @@ absl::Status Unsupported(const Codec& codec) {
 
 absl::Status Annotate(const absl::Status& s, int rank) { return common::Annotate(s, absl::StrCat("rank ", rank)); }
 
+// The protocol posts one send and one receive per rank, step and block (one NCCL group): a schedule
+// with more (the two-shot) is refused before anything moves, naming it (engine/schedule.h).
+absl::Status CheckNcclSchedule(const Schedule& schedule) {
+  const absl::Status valid = ValidateSchedule(schedule, kNcclStepLimits);
+  if (valid.ok()) return valid;
+  if (valid.code() != absl::StatusCode::kInvalidArgument) return valid;
+  return absl::UnimplementedError(absl::StrCat("the NCCL all-reduce runs one send and one receive per rank and step, ",
+                                               "so not the ", TopologyName(schedule.topology), " schedule (",
+                                               valid.message(), "); use ring or butterfly"));
+}
+
 // Transport tags only label NCCL's error messages (NCCL matches by order): phase 0 handshake and
 // statistics, 1 reduce-scatter, 2 all-gather.
 uint64_t Tag(uint64_t sequence, uint32_t phase, uint32_t step, uint32_t block) {
@@ -190,6 +201,7 @@ absl::StatusOr<AllReduceResult> Run(const Codec& codec, Transport& transport, co
         "a per-collective bit budget (AllReduceOptions::bits) is not supported by the device all-reduce");
   }
   DQ_ASSIGN_OR_RETURN(Schedule schedule, MakeSchedule(options.topology, n));
+  DQ_RETURN_IF_ERROR(CheckNcclSchedule(schedule));
   if (options.topology == Topology::kButterfly && !codec.SupportsButterfly()) {
     return absl::InvalidArgumentError(
         absl::StrCat("codec ", kernels::CodecName(codec.id()), " does not support the butterfly topology"));
@@ -292,6 +304,7 @@ absl::StatusOr<NcclRankProgram> MakeNcclRankProgram(const Schedule& schedule, in
   if (rank < 0 || rank >= n || static_cast<int>(schedule.owner.size()) != n) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of a schedule for ", n, " ranks"));
   }
+  DQ_RETURN_IF_ERROR(CheckNcclSchedule(schedule));
   NcclRankProgram p;
   p.rank = rank;
   p.world_size = n;

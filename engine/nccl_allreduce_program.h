@@ -109,8 +109,9 @@ struct NcclRankProgram {
   std::vector<NcclStep> reduce_scatter, all_gather;
 };
 
-// INTERNAL if the schedule breaks an assumption of the protocol (more than one send or receive
-// per rank and step, a chunk sent before all its children arrived, ...).
+// UNIMPLEMENTED naming the schedule if it has more than one send or receive per rank and step
+// (ValidateSchedule with kNcclStepLimits: the two-shot); INTERNAL if it breaks another assumption
+// of the protocol (a chunk sent before all its children arrived, ...).
 absl::StatusOr<NcclRankProgram> MakeNcclRankProgram(const Schedule& schedule, int rank);
 
 // Chunk `chunk` of a block of `block_count` elements as this rank compresses it.
@@ -180,10 +181,11 @@ class NcclAllReduceBackend {
   virtual absl::Status Ready(int block) = 0;
 };
 
-// Runs the protocol above for `num_elements` elements. Codecs: none, bf16, dynamiq
-// (UNIMPLEMENTED otherwise). On any failure the transport is aborted, as engine::AllReduce does
-// (the group is broken for this collective, and an NCCL operation still in flight must not
-// outlive the backend's buffers); the caller re-forms the group. Errors are prefixed "rank r: ".
+// Runs the protocol above for `num_elements` elements. Codecs: none, bf16, dynamiq; schedules:
+// ring and butterfly (UNIMPLEMENTED otherwise, two-shot included). On any failure the transport
+// is aborted, as engine::AllReduce does (the group is broken for this collective, and an NCCL
+// operation still in flight must not outlive the backend's buffers); the caller re-forms the
+// group. Errors are prefixed "rank r: ".
 absl::StatusOr<AllReduceResult> RunNcclAllReduce(const kernels::Codec& codec, Transport& transport,
                                                  const AllReduceOptions& options, size_t num_elements,
                                                  NcclAllReduceBackend& backend);

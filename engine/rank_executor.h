@@ -6,11 +6,18 @@
 //   receive, last child                   -> DecompressAccumulateRecompress(local or accumulator)
 //                                            into the bytes to send next (or, at the owner, the
 //                                            final bytes, which the owner decodes like everyone else)
-//   all-gather receive                    -> Decompress into the output, forward the same bytes
+//   all-gather receive                    -> Decompress into the output, keep the bytes to forward
+//
+// A step may hold several transfers of this rank (the two-shot's n - 1 sends and receives): they
+// are named by their index in the step's list (ReduceScatterSends(step) ...), in the schedule's
+// order. A receive's children are added in that order, so every run adds them alike. A send may
+// be made as soon as it is ready (SendReady: its chunk's children have all arrived, or it forwards
+// bytes this rank holds), before the step's other receives.
 //
 // Transport-agnostic: the in-process simulator and the network engines move the bytes.
-// Memory: one chunk of compressed bytes per pending send plus one fp32 accumulator per chunk with
-// several children (O(log n) chunks for butterfly, none for ring); never O(n * d).
+// Memory: one chunk of compressed bytes per send in flight (until Sent) or waiting to be sent,
+// and per all-gather chunk still to be forwarded, plus one fp32 accumulator per chunk with
+// several children (O(log n) chunks for butterfly, one for two-shot, none for ring); never O(n * d).
 // Not thread-safe; one executor per rank per collective.
 #ifndef DQ_ENGINE_RANK_EXECUTOR_H_
 #define DQ_ENGINE_RANK_EXECUTOR_H_
@@ -46,14 +53,20 @@ class RankExecutor {
 
   int rank() const { return rank_; }
 
-  // Peers of reduce-scatter / all-gather step `step`; -1 when this rank sits the step out.
-  int ReduceScatterSendPeer(int step) const { return rs_send_[step].peer; }
-  int ReduceScatterRecvPeer(int step) const { return rs_recv_[step].peer; }
-  int AllGatherSendPeer(int step) const { return ag_send_[step].peer; }
-  int AllGatherRecvPeer(int step) const { return ag_recv_[step].peer; }
-  // Chunks received at a step (-1 when none).
-  int ReduceScatterRecvChunk(int step) const { return rs_recv_[step].chunk; }
-  int AllGatherRecvChunk(int step) const { return ag_recv_[step].chunk; }
+  // This rank's transfers at reduce-scatter / all-gather step `step`: those it sends, those it
+  // receives, in the schedule's order (empty when it sits the step out). The calls below name a
+  // transfer by the step and its index `i` in these lists.
+  const std::vector<Transfer>& ReduceScatterSends(int step) const { return rs_send_[step]; }
+  const std::vector<Transfer>& ReduceScatterReceives(int step) const { return rs_recv_[step]; }
+  const std::vector<Transfer>& AllGatherSends(int step) const { return ag_send_[step]; }
+  const std::vector<Transfer>& AllGatherReceives(int step) const { return ag_recv_[step]; }
+
+  // Whether send `i` of the step has all it needs: a leaf always; a partial sum once its chunk's
+  // last child arrived; in the all-gather, the owned chunk once its last child arrived, another
+  // chunk once this rank received its final bytes. A validated schedule makes every send of a
+  // step ready once the earlier steps' receives are in.
+  bool ReduceScatterSendReady(int step, int i) const;
+  bool AllGatherSendReady(int step, int i) const;
 
   // Have the codec checksum the messages it encodes as it writes them (Codec::CompressChecksummed),
   // for the step headers: one pass over a message instead of two where the codec can.
@@ -71,41 +84,39 @@ class RankExecutor {
   void UseFloat32Bodies();
   // The body that follows the last ReduceScatterSend or AllGatherSend's bytes (empty: none).
   absl::Span<const uint8_t> SentBody() const { return sent_body_; }
-  // Where the body of all-gather step `step`'s message goes (its chunk in the output), with
+  // Where the body of all-gather receive `i` of step `step` goes (its chunk in the output), with
   // UseFloat32Bodies; empty otherwise. The message's other bytes go to AllGatherReceive.
-  absl::Span<uint8_t> AllGatherRecvBody(int step) const;
+  absl::Span<uint8_t> AllGatherRecvBody(int step, int i) const;
 
-  // The bytes to send at the step (valid until the next call on this executor).
-  absl::StatusOr<absl::Span<const uint8_t>> ReduceScatterSend(int step);
-  // Whether ReduceScatterSend(step) compresses local values (else it sends a partial sum that a
-  // receive already re-encoded, or nothing).
-  bool ReduceScatterSendCompresses(int step) const {
-    return rs_send_[step].chunk >= 0 && pending_.count(rs_send_[step].chunk) == 0;
-  }
+  // The bytes of send `i` of the step (it must be ready). They stay valid until
+  // ReduceScatterSent / AllGatherSent(step, i) (the message has left) or the executor's end.
+  absl::StatusOr<absl::Span<const uint8_t>> ReduceScatterSend(int step, int i);
+  void ReduceScatterSent(int step, int i);
+  // Whether ReduceScatterSend(step, i) compresses local values (else it sends a partial sum that a
+  // receive already re-encoded).
+  bool ReduceScatterSendCompresses(int step, int i) const { return pending_.count(rs_send_[step][i].chunk) == 0; }
   // `verify`: the message's checksum from its header, still to be verified (StepMessenger::Receive
   // deferred it): DATA_LOSS if it does not match, checked while decoding where the codec can.
-  absl::Status ReduceScatterReceive(int step, absl::Span<const uint8_t> message,
+  absl::Status ReduceScatterReceive(int step, int i, absl::Span<const uint8_t> message,
                                     std::optional<uint64_t> verify = std::nullopt);
-  // After the last reduce-scatter step: decodes the owned chunk into the output.
+  // After the owned chunk's last child arrived: decodes the owned chunk into the output (its
+  // all-gather sends may leave before).
   absl::Status FinishReduceScatter();
-  absl::StatusOr<absl::Span<const uint8_t>> AllGatherSend(int step);
-  absl::Status AllGatherReceive(int step, absl::Span<const uint8_t> message);
+  absl::StatusOr<absl::Span<const uint8_t>> AllGatherSend(int step, int i);
+  void AllGatherSent(int step, int i);
+  absl::Status AllGatherReceive(int step, int i, absl::Span<const uint8_t> message);
   // The same, taking the received message's buffer (sized to the message) and its header's checksum
   // if any (verified here when `verify`, as it is decoded): it is forwarded as it is, with no copy.
-  absl::Status AllGatherReceive(int step, Bytes message, std::optional<uint64_t> checksum = std::nullopt,
+  absl::Status AllGatherReceive(int step, int i, Bytes message, std::optional<uint64_t> checksum = std::nullopt,
                                 bool verify = false);
 
   // Bytes of the owned chunk's final compressed form (after FinishReduceScatter).
-  size_t owned_bytes() const { return owned_.size(); }
+  size_t owned_bytes() const { return owned_.bytes.size(); }
 
   // Upper bound of any message this rank receives at a step (for sizing receive buffers).
   size_t MaxMessageBytes(int chunk) const;
 
  private:
-  struct Move {
-    int chunk = -1;
-    int peer = -1;
-  };
   kernels::Source AccumulatorSource(int chunk) const;
   // Chunk c as this rank compresses it for its parent, with its sibling group for correlated
   // rounding (see kernels::ChunkRef); the owner's final compression has no siblings.
@@ -115,6 +126,13 @@ class RankExecutor {
   // Chunk c's values in the output, as bytes (UseFloat32Bodies with a plain fp32 output).
   absl::Span<uint8_t> OutputBody(int chunk) const;
 
+  // A message buffer and its PayloadChecksum, where known (ChecksumMessages, or received with it).
+  struct Message {
+    Bytes bytes;
+    std::optional<uint64_t> sum;
+  };
+  void Give(std::map<int, Message>& messages, int chunk);
+
   const kernels::Codec& codec_;
   std::vector<kernels::ChunkRef> chunks_;  // chunk c's elements
   const Schedule& schedule_;
@@ -123,25 +141,25 @@ class RankExecutor {
   kernels::Dest out_;
   int rank_;
   int n_;
-  std::vector<Move> rs_send_, rs_recv_, ag_send_, ag_recv_;
+  // Per step, this rank's transfers (see ReduceScatterSends).
+  std::vector<std::vector<Transfer>> rs_send_, rs_recv_, ag_send_, ag_recv_;
   std::vector<int> children_left_;                  // per chunk: receives still to come
+  std::vector<int> forwards_left_;                  // per chunk: all-gather sends still in flight or to come
   std::vector<kernels::ChunkRef> compress_ref_;     // per chunk, see CompressRef
   std::map<int, std::vector<float>> accumulators_;  // chunks with several children
-  std::map<int, Bytes> pending_;                    // compressed partial sums waiting to be sent
   BufferPool own_pool_;                             // when the caller gives none
   BufferPool* pool_;
-  Bytes scratch_;  // leaf compression output
+  std::map<int, Message> pending_;  // reduce-scatter: partial sums re-encoded, waiting to be sent
+  std::map<int, Message> sending_;  // reduce-scatter: sent, until Sent (each chunk leaves a rank once)
+  std::map<int, Message> final_;    // all-gather: received final bytes, until forwarded
   int owned_chunk_;
-  Bytes owned_;
-  Bytes forward_;  // all-gather bytes received last step
-  // With ChecksumMessages: the PayloadChecksum of each message buffer above, where known.
+  Message owned_;
   bool checksum_messages_ = false;
-  std::map<int, std::optional<uint64_t>> pending_sums_;
-  std::optional<uint64_t> scratch_sum_, owned_sum_, forward_sum_, sent_sum_;
+  std::optional<uint64_t> sent_sum_;
   // UseFloat32Bodies: first sends' bodies from the input; bodies in the output (the owned chunk
   // once its sum is there, all-gather receives).
   bool bodies_from_local_ = false, bodies_in_out_ = false, owned_in_out_ = false;
-  absl::Span<const uint8_t> forward_body_, sent_body_;
+  absl::Span<const uint8_t> sent_body_;
 };
 
 }  // namespace dynamiq::engine

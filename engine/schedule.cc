@@ -1,6 +1,8 @@
 #include "engine/schedule.h"
 
 #include <algorithm>
+#include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -19,6 +21,8 @@ absl::string_view TopologyName(Topology t) {
       return "ring";
     case Topology::kButterfly:
       return "butterfly";
+    case Topology::kTwoShot:
+      return "two_shot";
     case Topology::kAuto:
       return "auto";
   }
@@ -28,11 +32,24 @@ absl::string_view TopologyName(Topology t) {
 absl::StatusOr<Topology> ParseTopology(absl::string_view name) {
   if (name == "ring") return Topology::kRing;
   if (name == "butterfly") return Topology::kButterfly;
+  if (name == "two_shot") return Topology::kTwoShot;
   if (name == "auto") return Topology::kAuto;
-  return absl::InvalidArgumentError(absl::StrCat("unknown topology '", name, "' (expected ring, butterfly or auto)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown topology '", name, "' (expected ring, butterfly, two_shot or auto)"));
 }
 
-uint8_t ScheduleId(Topology t) { return t == Topology::kButterfly ? 1 : 0; }
+uint8_t ScheduleId(Topology t) {
+  switch (t) {
+    case Topology::kButterfly:
+      return 1;
+    case Topology::kTwoShot:
+      return 2;
+    case Topology::kRing:
+    case Topology::kAuto:  // resolved before anything is sent
+      break;
+  }
+  return 0;
+}
 
 absl::StatusOr<Schedule> MakeSchedule(Topology topology, int n) {
   if (n < 1 || n > 65535) return absl::InvalidArgumentError(absl::StrCat("world size must be 1..65535, got ", n));
@@ -45,29 +62,46 @@ absl::StatusOr<Schedule> MakeSchedule(Topology topology, int n) {
   Schedule s;
   s.topology = topology;
   s.world_size = n;
-  if (topology == Topology::kRing) {
-    for (int step = 0; step + 1 < n; ++step) {
-      std::vector<Transfer> t;
-      for (int r = 0; r < n; ++r) t.push_back({r, Mod(r + 1, n), Mod(r - step, n)});
-      s.reduce_scatter.push_back(std::move(t));
-    }
-  } else {
-    for (int span = 2; span <= n; span *= 2) {
-      for (int base = 0; base < n; base += span) {
-        const int a = base + span / 2 - 1, b = base + span - 1;
-        std::vector<Transfer> t;
-        for (int r = 0; r < n; ++r) t.push_back({r, Mod(r - a + b, n), Mod(r - a, n)});
-        s.reduce_scatter.push_back(std::move(t));
-      }
-    }
-  }
-  for (int step = 0; step + 1 < n; ++step) {
-    std::vector<Transfer> t;
-    for (int r = 0; r < n; ++r) t.push_back({r, Mod(r + 1, n), Mod(r + 1 - step, n)});
-    s.all_gather.push_back(std::move(t));
-  }
   s.owner.resize(n);
   for (int c = 0; c < n; ++c) s.owner[c] = Mod(c - 1, n);
+  if (topology == Topology::kTwoShot) {
+    // Round i of each step: every rank to the rank i after it (that rank's chunk, then its own
+    // final bytes), so each rank's receives are listed in the order their senders send them.
+    std::vector<Transfer> rs, ag;
+    for (int i = 1; i < n; ++i) {
+      for (int r = 0; r < n; ++r) {
+        const int to = Mod(r + i, n);
+        rs.push_back({r, to, Mod(to + 1, n)});
+        ag.push_back({r, to, Mod(r + 1, n)});
+      }
+    }
+    if (n > 1) {
+      s.reduce_scatter.push_back(std::move(rs));
+      s.all_gather.push_back(std::move(ag));
+    }
+  } else {
+    if (topology == Topology::kRing) {
+      for (int step = 0; step + 1 < n; ++step) {
+        std::vector<Transfer> t;
+        for (int r = 0; r < n; ++r) t.push_back({r, Mod(r + 1, n), Mod(r - step, n)});
+        s.reduce_scatter.push_back(std::move(t));
+      }
+    } else {
+      for (int span = 2; span <= n; span *= 2) {
+        for (int base = 0; base < n; base += span) {
+          const int a = base + span / 2 - 1, b = base + span - 1;
+          std::vector<Transfer> t;
+          for (int r = 0; r < n; ++r) t.push_back({r, Mod(r - a + b, n), Mod(r - a, n)});
+          s.reduce_scatter.push_back(std::move(t));
+        }
+      }
+    }
+    for (int step = 0; step + 1 < n; ++step) {
+      std::vector<Transfer> t;
+      for (int r = 0; r < n; ++r) t.push_back({r, Mod(r + 1, n), Mod(r + 1 - step, n)});
+      s.all_gather.push_back(std::move(t));
+    }
+  }
   // Every schedule an engine runs comes from here, checked once where it is made.
   DQ_RETURN_IF_ERROR(ValidateSchedule(s));
   return s;
@@ -90,12 +124,16 @@ absl::Status ValidateSchedule(const Schedule& s, StepLimits limits) {
   // reduce-scatter, the final bytes in the all-gather); -1 never.
   auto check_step = [&](absl::string_view phase, size_t index, const std::vector<Transfer>& step) -> absl::Status {
     std::vector<int> sends(n, 0), receives(n, 0);
+    std::set<std::pair<int, int>> links;
     for (const Transfer& t : step) {
       if (t.from < 0 || t.from >= n || t.to < 0 || t.to >= n || t.chunk < 0 || t.chunk >= n) {
         return invalid(phase, " step ", index, ": transfer ", t.from, " -> ", t.to, " of chunk ", t.chunk,
                        " is out of range");
       }
       if (t.from == t.to) return invalid(phase, " step ", index, ": rank ", t.from, " sends to itself");
+      if (!links.emplace(t.from, t.to).second) {
+        return invalid(phase, " step ", index, ": rank ", t.from, " sends to rank ", t.to, " twice");
+      }
       if (++sends[t.from] > limits.sends) {
         return invalid(phase, " step ", index, ": rank ", t.from, " sends more than ", limits.sends, " message(s)");
       }

@@ -62,21 +62,22 @@ absl::Status SideLane::Finish(StepMessenger& messenger, absl::Span<double> sums)
       continue;
     }
     DQ_ASSIGN_OR_RETURN(absl::Span<const uint8_t> bytes,
-                        messenger.Receive(Phase::kSideLane, static_cast<uint32_t>(q), Me(), codec_));
+                        messenger.Receive(Phase::kSideLane, static_cast<uint32_t>(q), Me(), q, codec_));
     if (bytes.size() != mine_.size()) {
       const size_t count = bytes.size() / 8;
-      messenger.Release(Phase::kSideLane, static_cast<uint32_t>(q), Me());
+      messenger.Release(Phase::kSideLane, static_cast<uint32_t>(q), Me(), q);
       return absl::InvalidArgumentError(absl::StrCat("rank ", q, " sent ", count, " side-lane values (", bytes.size(),
                                                      " bytes), this rank ", values_.size()));
     }
     const absl::Status decoded = DecodeSideSums(bytes, absl::MakeSpan(theirs));
-    messenger.Release(Phase::kSideLane, static_cast<uint32_t>(q), Me());
+    messenger.Release(Phase::kSideLane, static_cast<uint32_t>(q), Me(), q);
     DQ_RETURN_IF_ERROR(decoded);
     for (size_t i = 0; i < total.size(); ++i) total[i] += theirs[i];
   }
   for (int q = 0; q < n_; ++q) {
     if (q != rank_) {
-      DQ_RETURN_IF_ERROR(messenger.WaitSent(Phase::kSideLane, static_cast<uint32_t>(rank_), static_cast<uint32_t>(q)));
+      DQ_RETURN_IF_ERROR(
+          messenger.WaitSent(Phase::kSideLane, static_cast<uint32_t>(rank_), static_cast<uint32_t>(q), q));
     }
   }
   std::copy(total.begin(), total.end(), sums.begin());

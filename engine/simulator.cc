@@ -28,23 +28,37 @@ absl::Status RunSchedule(const Codec& codec, const Schedule& schedule, absl::Spa
   std::vector<std::unique_ptr<RankExecutor>> ranks;
   for (int r = 0; r < n; ++r)
     ranks.push_back(std::make_unique<RankExecutor>(codec, schedule, plans[r], inputs[r], outputs[r]));
-  std::vector<std::vector<uint8_t>> inbox(n);
+  // (from, to): a step's message on that link (one at most); the buffers are reused step after step.
+  std::map<std::pair<int, int>, std::vector<uint8_t>> inbox;
   auto exchange = [&](bool reduce_scatter, int step) -> absl::Status {
     // Sends first, as on a network: a rank's outgoing bytes never depend on what arrives this step.
     for (int r = 0; r < n; ++r) {
       RankExecutor& x = *ranks[r];
-      const int to = reduce_scatter ? x.ReduceScatterSendPeer(step) : x.AllGatherSendPeer(step);
-      if (to < 0) continue;
-      DQ_ASSIGN_OR_RETURN(auto bytes, reduce_scatter ? x.ReduceScatterSend(step) : x.AllGatherSend(step));
-      inbox[to].assign(bytes.begin(), bytes.end());
-      result.bytes_sent[r] += bytes.size();
+      const std::vector<Transfer>& sends = reduce_scatter ? x.ReduceScatterSends(step) : x.AllGatherSends(step);
+      for (size_t i = 0; i < sends.size(); ++i) {
+        const int j = static_cast<int>(i);
+        DQ_ASSIGN_OR_RETURN(auto bytes, reduce_scatter ? x.ReduceScatterSend(step, j) : x.AllGatherSend(step, j));
+        inbox[{r, sends[i].to}].assign(bytes.begin(), bytes.end());
+        result.bytes_sent[r] += bytes.size();
+        if (reduce_scatter) {
+          x.ReduceScatterSent(step, j);
+        } else {
+          x.AllGatherSent(step, j);
+        }
+      }
     }
+    // Then every rank's receives, in the schedule's order.
     for (int r = 0; r < n; ++r) {
       RankExecutor& x = *ranks[r];
-      const int from = reduce_scatter ? x.ReduceScatterRecvPeer(step) : x.AllGatherRecvPeer(step);
-      if (from < 0) continue;
-      absl::Status s = reduce_scatter ? x.ReduceScatterReceive(step, inbox[r]) : x.AllGatherReceive(step, inbox[r]);
-      if (!s.ok()) return common::Annotate(s, absl::StrCat("rank ", r));
+      const std::vector<Transfer>& receives =
+          reduce_scatter ? x.ReduceScatterReceives(step) : x.AllGatherReceives(step);
+      for (size_t i = 0; i < receives.size(); ++i) {
+        const int j = static_cast<int>(i);
+        const std::vector<uint8_t>& message = inbox[{receives[i].from, r}];
+        absl::Status s =
+            reduce_scatter ? x.ReduceScatterReceive(step, j, message) : x.AllGatherReceive(step, j, message);
+        if (!s.ok()) return common::Annotate(s, absl::StrCat("rank ", r));
+      }
     }
     return absl::OkStatus();
   };
@@ -103,9 +117,10 @@ absl::Status CheckArguments(const Codec& codec, const Schedule& schedule, absl::
     return absl::InvalidArgumentError(
         absl::StrCat("need ", n, " inputs and outputs, got ", inputs.size(), " and ", outputs.size()));
   }
-  if (schedule.topology == Topology::kButterfly && !codec.SupportsButterfly()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("codec ", kernels::CodecName(codec.id()), " does not support the butterfly topology"));
+  // Butterfly and two-shot chunks have several children, summed in an fp32 accumulator.
+  if (schedule.topology != Topology::kRing && !codec.SupportsButterfly()) {
+    return absl::InvalidArgumentError(absl::StrCat("codec ", kernels::CodecName(codec.id()), " does not support the ",
+                                                   TopologyName(schedule.topology), " topology"));
   }
   return absl::OkStatus();
 }

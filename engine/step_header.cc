@@ -123,8 +123,9 @@ absl::Status MatchStepHeader(const StepHeader& r, const StepHeader& e) {
         std::string(kernels::CodecName(static_cast<kernels::CodecId>(e.codec))));
   check("bits", absl::StrCat(r.bits_x1000 / 1000.0), absl::StrCat(e.bits_x1000 / 1000.0));
   auto schedule = [](uint8_t id) -> std::string {
-    if (id == ScheduleId(Topology::kRing)) return "ring";
-    if (id == ScheduleId(Topology::kButterfly)) return "butterfly";
+    for (Topology t : {Topology::kRing, Topology::kButterfly, Topology::kTwoShot}) {
+      if (id == ScheduleId(t)) return std::string(TopologyName(t));
+    }
     return absl::StrCat("schedule ", id);
   };
   check("schedule", schedule(r.schedule), schedule(e.schedule));

@@ -10,7 +10,7 @@
 //        5    1 phase            0 statistics, 1 reduce-scatter, 2 all-gather, 3 side lane
 //        6    1 codec            CodecId
 //        7    1 flags            bit 0: authenticated; bits 1-3: the schedule (ScheduleId:
-//                                0 ring, 1 butterfly); the other bits must be 0
+//                                0 ring, 1 butterfly, 2 two-shot); the other bits must be 0
 //        8    4 bits_x1000       the codec's bits setting x 1000 (e.g. 5000)
 //       12    4 sender           rank of the sender
 //       16    8 job_id

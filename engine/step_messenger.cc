@@ -29,7 +29,7 @@ StepMessenger::~StepMessenger() {
 
 absl::Status StepMessenger::PostReceive(Phase phase, uint32_t step, uint32_t block, int peer, size_t max_bytes,
                                         absl::Span<uint8_t> body) {
-  auto [it, fresh] = incoming_.try_emplace(Key(phase, step, block));
+  auto [it, fresh] = incoming_.try_emplace(KeyOf(phase, step, block, peer));
   if (!fresh) return absl::OkStatus();
   Incoming& in = it->second;
   in.peer = peer;
@@ -46,12 +46,13 @@ absl::Status StepMessenger::PostReceive(Phase phase, uint32_t step, uint32_t blo
   return absl::OkStatus();
 }
 
-absl::Status StepMessenger::Announce(Phase phase, uint32_t step, uint32_t block, const Codec& codec) {
-  auto it = incoming_.find(Key(phase, step, block));
-  if (it == incoming_.end()) return absl::InternalError(absl::StrCat("no receive posted for step ", step));
+absl::Status StepMessenger::Announce(Phase phase, uint32_t step, uint32_t block, int peer, const Codec& codec) {
+  auto it = incoming_.find(KeyOf(phase, step, block, peer));
+  if (it == incoming_.end()) {
+    return absl::InternalError(absl::StrCat("no receive posted for step ", step, " from rank ", peer));
+  }
   Incoming& in = it->second;
   if (in.announced) return absl::OkStatus();
-  const int peer = in.peer;
   {
     TimelineSpan span(o_.timeline, Timeline::Kind::kWaitHeader, block);
     DQ_RETURN_IF_ERROR(Peer(t_.Wait(in.header, deadline_), peer));
@@ -89,8 +90,11 @@ absl::Status StepMessenger::Send(Phase phase, uint32_t step, uint32_t block, int
         absl::StrCat("message of ", bytes, " bytes exceeds 4 GiB; use smaller pipelining blocks"));
   }
   if (!body.empty() && o_.authenticator != nullptr) return absl::InternalError("split messages are not authenticated");
-  auto [it, fresh] = outgoing_.try_emplace(Key(phase, step, block));
-  if (!fresh) return absl::InternalError(absl::StrCat("message of step ", step, " block ", block, " sent twice"));
+  auto [it, fresh] = outgoing_.try_emplace(KeyOf(phase, step, block, peer));
+  if (!fresh) {
+    return absl::InternalError(
+        absl::StrCat("message of step ", step, " block ", block, " to rank ", peer, " sent twice"));
+  }
   Outgoing& out = it->second;
   StepHeader h = Expected(phase, step, block, codec, t_.rank());
   h.payload_bytes = static_cast<uint32_t>(bytes);
@@ -120,8 +124,8 @@ absl::Status StepMessenger::Send(Phase phase, uint32_t step, uint32_t block, int
   return absl::OkStatus();
 }
 
-absl::Status StepMessenger::WaitSent(Phase phase, uint32_t step, uint32_t block) {
-  auto it = outgoing_.find(Key(phase, step, block));
+absl::Status StepMessenger::WaitSent(Phase phase, uint32_t step, uint32_t block, int peer) {
+  auto it = outgoing_.find(KeyOf(phase, step, block, peer));
   if (it == outgoing_.end()) return absl::OkStatus();
   TimelineSpan span(o_.timeline, Timeline::Kind::kWaitSent, block);
   DQ_RETURN_IF_ERROR(Peer(t_.Wait(it->second.header, deadline_), it->second.peer));
@@ -130,12 +134,11 @@ absl::Status StepMessenger::WaitSent(Phase phase, uint32_t step, uint32_t block)
   return absl::OkStatus();
 }
 
-absl::StatusOr<absl::Span<const uint8_t>> StepMessenger::Receive(Phase phase, uint32_t step, uint32_t block,
+absl::StatusOr<absl::Span<const uint8_t>> StepMessenger::Receive(Phase phase, uint32_t step, uint32_t block, int peer,
                                                                  const Codec& codec,
                                                                  std::optional<uint64_t>* deferred) {
-  DQ_RETURN_IF_ERROR(Announce(phase, step, block, codec));
-  Incoming& in = incoming_.at(Key(phase, step, block));
-  const int peer = in.peer;
+  DQ_RETURN_IF_ERROR(Announce(phase, step, block, peer, codec));
+  Incoming& in = incoming_.at(KeyOf(phase, step, block, peer));
   {
     TimelineSpan span(o_.timeline, Timeline::Kind::kWaitPayload, block);
     DQ_RETURN_IF_ERROR(Peer(t_.Wait(in.body_handle, deadline_), peer));
@@ -166,15 +169,15 @@ absl::StatusOr<absl::Span<const uint8_t>> StepMessenger::Receive(Phase phase, ui
   return payload;
 }
 
-void StepMessenger::Release(Phase phase, uint32_t step, uint32_t block) {
-  auto it = incoming_.find(Key(phase, step, block));
+void StepMessenger::Release(Phase phase, uint32_t step, uint32_t block, int peer) {
+  auto it = incoming_.find(KeyOf(phase, step, block, peer));
   if (it == incoming_.end() || !it->second.received) return;
   pool_.Give(std::move(it->second.payload));
   incoming_.erase(it);
 }
 
-StepMessenger::TakenPayload StepMessenger::TakePayload(Phase phase, uint32_t step, uint32_t block) {
-  auto it = incoming_.find(Key(phase, step, block));
+StepMessenger::TakenPayload StepMessenger::TakePayload(Phase phase, uint32_t step, uint32_t block, int peer) {
+  auto it = incoming_.find(KeyOf(phase, step, block, peer));
   if (it == incoming_.end() || !it->second.received) return {};
   TakenPayload taken{std::move(it->second.payload), std::nullopt};
   taken.bytes.resize(it->second.decoded.payload_bytes - it->second.body.size());
@@ -225,10 +228,6 @@ absl::Status StepMessenger::PostPayload(Incoming& in, size_t bytes) {
   }
   in.payload_posted = true;
   return absl::OkStatus();
-}
-
-uint64_t StepMessenger::Key(Phase phase, uint32_t step, size_t block) {
-  return (static_cast<uint64_t>(phase) << 60) | (static_cast<uint64_t>(step) << 32) | block;
 }
 
 }  // namespace dynamiq::engine

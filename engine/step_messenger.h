@@ -25,6 +25,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <type_traits>
 
 #include "absl/status/status.h"
@@ -50,6 +51,10 @@ class StepMessenger {
   // are reused or freed, so nothing can write into them afterwards.
   ~StepMessenger();
 
+  // A message is named by (phase, step, block, peer): the peer is the sender of a receive and the
+  // receiver of a send, so a step may carry one message per link (a schedule step with several
+  // transfers per rank, engine/schedule.h).
+
   // Posts the header receive of the message (phase, step, block) from `peer`, whose payload may
   // have at most `max_bytes`. With a `body` (the transport must SupportsParts): the payload has
   // exactly `max_bytes`, its last body.size() bytes land in `body` (e.g. the output: no copy),
@@ -62,7 +67,7 @@ class StepMessenger {
 
   // Waits for the header of a posted message, checks it and posts the receive of exactly the
   // payload it announces. Idempotent.
-  absl::Status Announce(Phase phase, uint32_t step, uint32_t block, const kernels::Codec& codec);
+  absl::Status Announce(Phase phase, uint32_t step, uint32_t block, int peer, const kernels::Codec& codec);
 
   // Sends `payload` as message (phase, step, block) to `peer`; it must stay valid until WaitSent.
   // `checksum`: its PayloadChecksum when the caller knows it (computed while encoding, or received
@@ -72,21 +77,21 @@ class StepMessenger {
                     absl::Span<const uint8_t> payload, std::optional<uint64_t> checksum = std::nullopt,
                     absl::Span<const uint8_t> body = {});
 
-  // Waits until the message (phase, step, block) has left (its payload may then be reused); no-op
-  // when none was sent.
-  absl::Status WaitSent(Phase phase, uint32_t step, uint32_t block);
+  // Waits until the message (phase, step, block) to `peer` has left (its payload may then be
+  // reused); no-op when none was sent.
+  absl::Status WaitSent(Phase phase, uint32_t step, uint32_t block, int peer);
 
-  // Waits for the posted message (phase, step, block) and checks it (see the class comment). The
+  // Waits for the posted message (phase, step, block) from `peer` and checks it (see the class comment). The
   // payload stays valid until Release. With `deferred` and no authenticator, the payload's checksum
   // is not verified here but returned there, for the caller to verify as it decodes
   // (Codec::DecompressVerified): one pass over the payload instead of two. A MAC is always
   // verified here, before anything decodes the payload.
-  absl::StatusOr<absl::Span<const uint8_t>> Receive(Phase phase, uint32_t step, uint32_t block,
+  absl::StatusOr<absl::Span<const uint8_t>> Receive(Phase phase, uint32_t step, uint32_t block, int peer,
                                                     const kernels::Codec& codec,
                                                     std::optional<uint64_t>* deferred = nullptr);
 
   // Hands a received payload's buffer back.
-  void Release(Phase phase, uint32_t step, uint32_t block);
+  void Release(Phase phase, uint32_t step, uint32_t block, int peer);
   // Instead of Release: the received payload's buffer, sized to the payload, for the caller to keep
   // (e.g. to forward it) and give back to the pool, with its header's checksum (none with a MAC;
   // verified by Receive unless deferred).
@@ -94,7 +99,7 @@ class StepMessenger {
     Bytes bytes;
     std::optional<uint64_t> checksum;
   };
-  TakenPayload TakePayload(Phase phase, uint32_t step, uint32_t block);
+  TakenPayload TakePayload(Phase phase, uint32_t step, uint32_t block, int peer);
 
  private:
   StepHeader Expected(Phase phase, uint32_t step, size_t block, const kernels::Codec& codec, int sender) const;
@@ -130,14 +135,18 @@ class StepMessenger {
     Transport::Handle header = 0, body = 0;
   };
   absl::Status PostPayload(Incoming& in, size_t bytes);
-  static uint64_t Key(Phase phase, uint32_t step, size_t block);
+  // (phase, step, block, peer).
+  using Key = std::tuple<uint8_t, uint32_t, uint32_t, int>;
+  static Key KeyOf(Phase phase, uint32_t step, uint32_t block, int peer) {
+    return {static_cast<uint8_t>(phase), step, block, peer};
+  }
 
   Transport& t_;
   const AllReduceOptions& o_;
   BufferPool& pool_;
   // Node-based maps: posted buffers never move.
-  std::map<uint64_t, Incoming> incoming_;
-  std::map<uint64_t, Outgoing> outgoing_;
+  std::map<Key, Incoming> incoming_;
+  std::map<Key, Outgoing> outgoing_;
   std::set<int> trusted_;  // peers whose header matched
   absl::Time deadline_;
   AllReduceResult& result_;

@@ -16,6 +16,8 @@
 //     (3 against 2) and the ring measured faster (4 ranks, 64 MiB, emulated 1 Gbit/s
 //     cross-continent links: 1.415 s against 1.510 s);
 //   - buckets too small to chunk (fewer elements than one super-group per rank): ring.
+// Two-shot (engine/schedule.h) runs only where configured: auto does not pick it yet (its place,
+// small buckets where two steps beat 2 (n - 1), waits for a measured table, issue #39).
 // Transport capabilities do not change the pick today (every registered transport carries both
 // schedules); they are part of the question so that a transport that cannot (a datagram one
 // without per-step ordering) is answered here and nowhere else.
@@ -32,7 +34,8 @@ namespace dynamiq::engine {
 
 inline constexpr int kButterflyMinRanks = 8;
 
-// `topology` as configured: kRing and kButterfly are returned as they are; kAuto is resolved.
+// `topology` as configured: kRing, kButterfly and kTwoShot are returned as they are; kAuto is
+// resolved (to the ring or the butterfly).
 Topology SelectTopology(Topology topology, size_t num_elements, int world_size, const kernels::Codec& codec,
                         const TransportCapabilities& transport);
 

@@ -5,6 +5,7 @@
 #include <deque>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -17,6 +18,7 @@
 #include "engine/simulator.h"
 #include "engine/step_header.h"
 #include "engine/store.h"
+#include "engine/tcp_transport.h"
 #include "gtest/gtest.h"
 #include "kernels/bf16_math.h"
 #include "kernels/codec_registry.h"
@@ -762,6 +764,163 @@ TEST(AllReduceTest, GlooLoopbackMatchesTheInMemoryTransportBitForBit) {
         ASSERT_EQ(out[r], memory.outputs[r]) << kernels::CodecName(id) << " " << TopologyName(topology);
       }
     }
+  }
+}
+
+// Two-shot (engine/schedule.h): n - 1 sends and n - 1 receives per rank in each of its two steps.
+// Every rank ends with the same bits, the simulator's; with none, the exact sum in the owner's
+// order: its own values, then its children's in the order they are listed (ranks o - 1, o - 2, ...).
+// 300 elements: a chunk of one super-group, a short one and empty ones.
+TEST(AllReduceTest, TwoShotIsBitIdenticalOnEveryRankAndTheSimulators) {
+  for (CodecId id : {CodecId::kNone, CodecId::kBf16, CodecId::kInt8, CodecId::kDynamiq}) {
+    auto codec = Make(id, 5);
+    for (auto [n, d] : {std::pair{2, size_t{20000}}, std::pair{3, size_t{20000}}, std::pair{4, size_t{20000}},
+                        std::pair{4, size_t{300}}}) {
+      auto inputs = Inputs(n, d, 13 + n);
+      for (size_t block : {size_t{0}, size_t{4096}}) {
+        SCOPED_TRACE(absl::StrCat(kernels::CodecName(id), " n=", n, " d=", d, " block=", block));
+        RankRun run = RunThreads(*codec, inputs, [&](int) { return Options(Topology::kTwoShot, block); });
+        for (int r = 0; r < n; ++r) {
+          ASSERT_THAT(run.results[r], IsOk());
+          EXPECT_EQ(run.results[r]->topology, Topology::kTwoShot);
+          ASSERT_EQ(0, std::memcmp(run.outputs[r].data(), run.outputs[0].data(), d * sizeof(float))) << "rank " << r;
+        }
+        if (id == CodecId::kNone) {
+          const size_t b = block == 0 ? d : block;
+          for (size_t begin = 0; begin < d; begin += b) {
+            const size_t count = std::min(b, d - begin);
+            for (int c = 0; c < n; ++c) {
+              const int owner = (c + n - 1) % n;
+              const kernels::ChunkRef ch = ChunkOf(count, n, c);
+              for (size_t k = begin + ch.begin; k < begin + ch.begin + ch.count; ++k) {
+                float acc = inputs[owner][k];
+                for (int i = 1; i < n; ++i) acc = acc + inputs[(owner - i + n) % n][k];
+                ASSERT_EQ(run.outputs[0][k], acc) << "element " << k;
+              }
+            }
+          }
+        }
+        if (block == 0) {  // one block: the simulator's collective, statistics exchange included
+          auto schedule = MakeSchedule(Topology::kTwoShot, n);
+          ASSERT_THAT(schedule, IsOk());
+          std::vector<std::vector<float>> sim(n, std::vector<float>(d));
+          std::vector<kernels::Source> in;
+          std::vector<kernels::Dest> out;
+          for (int r = 0; r < n; ++r) {
+            in.push_back({inputs[r].data(), kernels::DType::kFloat32, 0, nullptr});
+            out.push_back({sim[r].data(), kernels::DType::kFloat32, 0, nullptr});
+          }
+          ASSERT_THAT(SimulateAllReduce(*codec, *schedule, d, 3 * 1048576, in, out), IsOk());
+          EXPECT_EQ(0, std::memcmp(run.outputs[0].data(), sim[0].data(), d * sizeof(float)));
+        }
+        // The sum, compressed (int8 clips the heavy tail at +-6 sigma: 1-3e-2 here, as on the ring).
+        if (id != CodecId::kNone && d > 300) {
+          EXPECT_LT(bench::Vnmse(run.outputs[0].data(), bench::ExactSum(inputs)), id == CodecId::kInt8 ? 0.1 : 1e-2);
+        }
+      }
+    }
+  }
+}
+
+// Over real loopback TCP (engine/tcp_transport.h), where the n - 1 messages of a step arrive in
+// any order and interleave with the next blocks': the in-memory transport's bits, on every rank.
+TEST(AllReduceTest, TwoShotOverTcpLoopbackMatchesTheInMemoryTransportBitForBit) {
+  const size_t d = 50000;
+  for (int n : {2, 3, 4}) {
+    auto inputs = Inputs(n, d, 17);
+    InMemoryStore store;
+    std::vector<std::unique_ptr<Transport>> tcp(n);
+    {
+      std::vector<std::thread> threads;
+      std::vector<absl::Status> status(n);
+      for (int r = 0; r < n; ++r) {
+        threads.emplace_back([&, r] {
+          TcpTransportOptions o;
+          o.hostname = "127.0.0.1";
+          o.timeout = absl::Seconds(20);
+          auto t = ConnectTcpTransport(store, r, n, o);
+          status[r] = t.status();
+          if (t.ok()) tcp[r] = std::move(t).value();
+        });
+      }
+      for (auto& t : threads) t.join();
+      for (int r = 0; r < n; ++r) ASSERT_THAT(status[r], IsOk());
+    }
+    for (CodecId id : {CodecId::kNone, CodecId::kBf16, CodecId::kInt8, CodecId::kDynamiq}) {
+      SCOPED_TRACE(absl::StrCat(kernels::CodecName(id), " n=", n));
+      auto codec = Make(id, 5);
+      RankRun memory = RunThreads(*codec, inputs, [&](int) { return Options(Topology::kTwoShot, 8192); });
+      std::vector<std::vector<float>> out(n, std::vector<float>(d, NAN));
+      std::vector<absl::Status> status(n);
+      std::vector<std::thread> threads;
+      for (int r = 0; r < n; ++r) {
+        threads.emplace_back([&, r] {
+          status[r] = AllReduce(*codec, *tcp[r], Options(Topology::kTwoShot, 8192),
+                                {inputs[r].data(), kernels::DType::kFloat32, 0, nullptr},
+                                {out[r].data(), kernels::DType::kFloat32, 0, nullptr}, d)
+                          .status();
+        });
+      }
+      for (auto& t : threads) t.join();
+      for (int r = 0; r < n; ++r) {
+        ASSERT_THAT(memory.results[r], IsOk());
+        ASSERT_THAT(status[r], IsOk()) << "rank " << r;
+        ASSERT_EQ(0, std::memcmp(out[r].data(), memory.outputs[r].data(), d * sizeof(float))) << "rank " << r;
+        ASSERT_EQ(0, std::memcmp(out[r].data(), out[0].data(), d * sizeof(float))) << "rank " << r;
+      }
+    }
+  }
+}
+
+// none's bodies where the values are (the input's, sent n - 1 times at once; the sums and the
+// received chunks in the output), in place or not: the copying path's results and bytes.
+TEST(AllReduceTest, TwoShotNoneBodiesInPlaceGiveTheCopyingPathsResults) {
+  const int n = 4;
+  const size_t d = 50000;
+  auto inputs = Inputs(n, d, 9);
+  auto none = Make(CodecId::kNone);
+  for (bool in_place : {false, true}) {
+    SCOPED_TRACE(in_place ? "in place" : "");
+    std::vector<std::vector<std::vector<float>>> outputs(2);  // [parts?][rank]
+    std::vector<std::vector<uint64_t>> sent(2, std::vector<uint64_t>(n));
+    for (int parts = 0; parts < 2; ++parts) {
+      auto transports = MakeMemoryTransports(n);
+      outputs[parts] = inputs;
+      std::vector<std::thread> threads;
+      std::vector<absl::Status> status(n);
+      for (int r = 0; r < n; ++r) {
+        if (parts == 0) transports[r] = std::make_unique<Forwarding>(std::move(transports[r]), false);
+        threads.emplace_back([&, r] {
+          kernels::Source src{in_place ? outputs[parts][r].data() : inputs[r].data(), kernels::DType::kFloat32, 0,
+                              nullptr};
+          kernels::Dest dst{outputs[parts][r].data(), kernels::DType::kFloat32, 0, nullptr};
+          auto result = AllReduce(*none, *transports[r], Options(Topology::kTwoShot, 4096), src, dst, d);
+          status[r] = result.status();
+          if (result.ok()) sent[parts][r] = result->bytes_sent;
+        });
+      }
+      for (auto& t : threads) t.join();
+      for (int r = 0; r < n; ++r) ASSERT_THAT(status[r], IsOk());
+    }
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(std::memcmp(outputs[1][r].data(), outputs[0][r].data(), 4 * d), 0) << r;
+      EXPECT_EQ(sent[1][r], sent[0][r]) << r;
+    }
+    for (size_t k = 0; k < d; k += 997) {
+      double exact = 0;
+      for (int r = 0; r < n; ++r) exact += inputs[r][k];
+      EXPECT_NEAR(outputs[1][0][k], exact, 1e-4 * (1 + std::abs(exact))) << k;
+    }
+  }
+}
+
+TEST(AllReduceTest, TwoShotNeedsACodecThatSumsSeveralChildren) {
+  auto thc = Make(CodecId::kThc);
+  auto inputs = Inputs(3, 4096);
+  RankRun run = RunThreads(*thc, inputs, [&](int) { return Options(Topology::kTwoShot); });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_THAT(run.results[r],
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("does not support the two_shot topology")));
   }
 }
 

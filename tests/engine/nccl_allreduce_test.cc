@@ -565,6 +565,27 @@ TEST(NcclAllReduceProtocolTest, RejectsUnsupportedCodecs) {
   EXPECT_THAT(run.results[0], StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("mxfp8")));
 }
 
+// The protocol posts one send and one receive per rank and step: the two-shot's n - 1 of each are
+// refused before anything moves, naming the schedule (engine/schedule.h kNcclStepLimits); with two
+// ranks the two-shot is the ring's one transfer per step, and runs.
+TEST(NcclAllReduceProtocolTest, RefusesTheTwoShotNamingIt) {
+  for (int n : {3, 4}) {
+    absl::StatusOr<Schedule> two_shot = MakeSchedule(Topology::kTwoShot, n);
+    ASSERT_THAT(two_shot, IsOk());
+    EXPECT_THAT(MakeNcclRankProgram(*two_shot, 0),
+                StatusIs(absl::StatusCode::kUnimplemented, AllOf(HasSubstr("two_shot"), HasSubstr("one send"))));
+    const auto codec = Make(CodecId::kDynamiq);
+    const auto inputs = Inputs(n, 4096);
+    ProtocolRun run = RunProtocol([&](int) -> const Codec& { return *codec; }, inputs, Options(Topology::kTwoShot, 0));
+    for (int r = 0; r < n; ++r) {
+      EXPECT_THAT(run.results[r], StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("two_shot"))) << r;
+    }
+  }
+  absl::StatusOr<Schedule> pair = MakeSchedule(Topology::kTwoShot, 2);
+  ASSERT_THAT(pair, IsOk());
+  EXPECT_THAT(MakeNcclRankProgram(*pair, 1), IsOk());
+}
+
 // ---- GPU.
 
 int VisibleDevices() {

@@ -1,9 +1,12 @@
 #include "engine/simulator.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/synthetic_gradients.h"
@@ -325,6 +328,87 @@ TEST(SimulatorTest, BudgetsPerHopNeedOnePerSummandCount) {
   const std::vector<double> one = {5};
   EXPECT_THAT(SimulateAllReduceHopBits(*codec, *schedule, 512, 0, one, in, out),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("need 2 hop budgets")));
+}
+
+// Two-shot: the owner adds its children in the order they are listed (ranks o - 1, o - 2, ...) to
+// its own values; the ranks send what they send on the ring: each chunk n - 1 times either way.
+TEST(SimulatorTest, TwoShotIsTheExactSumInTheOwnersOrderOnTheRingsBytes) {
+  auto codec = Make(CodecId::kNone);
+  for (int n : {1, 2, 3, 5, 8}) {
+    auto inputs = Synthetic(n, 3000);
+    SimRun run = Simulate(*codec, Topology::kTwoShot, inputs);
+    for (int c = 0; c < n; ++c) {
+      const int owner = (c + n - 1) % n;
+      kernels::ChunkRef ch = ChunkOf(3000, n, c);
+      for (size_t k = ch.begin; k < ch.begin + ch.count; ++k) {
+        float acc = inputs[owner][k];
+        for (int i = 1; i < n; ++i) acc = acc + inputs[(owner - i + n) % n][k];
+        for (int r = 0; r < n; ++r) ASSERT_EQ(run.outputs[r][k], acc) << "n " << n << " rank " << r << " " << k;
+      }
+    }
+    // In all (per rank they differ where chunks do: the last ones are shorter).
+    SimRun ring = Simulate(*codec, Topology::kRing, inputs);
+    EXPECT_EQ(run.result.total_bytes_sent, ring.result.total_bytes_sent) << n;
+  }
+}
+
+TEST(SimulatorTest, TwoShotGivesAllRanksBitIdenticalResults) {
+  for (CodecId id : {CodecId::kDynamiq, CodecId::kBf16, CodecId::kInt8, CodecId::kMxfp8}) {
+    for (int n : {2, 3, 8}) {
+      auto codec = Make(id);
+      auto inputs = Synthetic(n, 20000);
+      SimRun run = Simulate(*codec, Topology::kTwoShot, inputs);
+      for (int r = 1; r < n; ++r) {
+        ASSERT_EQ(0, std::memcmp(run.outputs[r].data(), run.outputs[0].data(), 20000 * sizeof(float)))
+            << kernels::CodecName(id) << " n " << n << " rank " << r;
+      }
+    }
+  }
+}
+
+TEST(SimulatorTest, TwoShotWithOneBudgetPerHopIsTheFusedAllReduceBitForBit) {
+  for (int n : {1, 2, 3, 8}) {
+    auto codec = Make(CodecId::kDynamiq, 4.5);
+    auto inputs = Synthetic(n, 20000 + 37);
+    SimRun fused = Simulate(*codec, Topology::kTwoShot, inputs);
+    SimRun hops = Simulate(*codec, Topology::kTwoShot, inputs, 1, std::vector<double>(n, 4.5));
+    EXPECT_EQ(hops.result.bytes_sent, fused.result.bytes_sent) << n;
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(0, std::memcmp(hops.outputs[r].data(), fused.outputs[r].data(), inputs[0].size() * sizeof(float)))
+          << "n " << n << " rank " << r;
+    }
+  }
+}
+
+// Two-shot quantizes a chunk twice (each leaf, then its owner once for the sum of all n), the
+// ring n times (every hop re-quantizes a growing partial sum): for the same codec and wire bytes,
+// two-shot's error is below the ring's, by more as n grows. Measured here (synthetic gradients,
+// 2^17 elements, mean of 3 rounds), two-shot / ring: dynamiq 4 bits 0.654, 5 bits 0.621, int8 0.918
+// at n = 4; 0.393, 0.358, 0.830 at n = 8. int8's error is mostly its clipping of the heavy tail at
+// +-6 sigma, which the schedule does not change. Asserted with room for other data or rounding
+// streams: dynamiq at most 0.8 of the ring's at n = 4 and 0.5 at n = 8; int8 below the ring.
+TEST(SimulatorTest, TwoShotErrorIsBelowTheRingsForTheSameCodec) {
+  for (int n : {4, 8}) {
+    auto inputs = Synthetic(n, 1 << 17);
+    auto exact = bench::ExactSum(inputs);
+    for (auto [id, bits] :
+         {std::pair{CodecId::kDynamiq, 4.0}, std::pair{CodecId::kDynamiq, 5.0}, std::pair{CodecId::kInt8, 8.0}}) {
+      auto codec = Make(id, bits);
+      double ring = 0, two_shot = 0;
+      for (uint64_t round = 0; round < 3; ++round) {
+        SimRun r = Simulate(*codec, Topology::kRing, inputs, round);
+        SimRun t = Simulate(*codec, Topology::kTwoShot, inputs, round);
+        ring += bench::Vnmse(r.outputs[0].data(), exact) / 3;
+        two_shot += bench::Vnmse(t.outputs[0].data(), exact) / 3;
+        EXPECT_EQ(t.result.total_bytes_sent, r.result.total_bytes_sent);
+      }
+      std::printf("n=%d %s bits %g: vNMSE ring %.4g, two_shot %.4g (ratio %.3f)\n", n,
+                  std::string(kernels::CodecName(id)).c_str(), bits, ring, two_shot, two_shot / ring);
+      const double bound = id == CodecId::kInt8 ? 1.0 : (n == 4 ? 0.8 : 0.5);
+      EXPECT_LT(two_shot, bound * ring) << kernels::CodecName(id) << " " << bits << " n " << n;
+      EXPECT_GT(two_shot, 0) << "is the codec quantizing at all?";
+    }
+  }
 }
 
 TEST(SimulatorTest, RejectsWrongNumberOfRanks) {

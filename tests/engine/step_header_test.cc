@@ -112,6 +112,24 @@ TEST(StepHeaderTest, CarriesTheScheduleAndRefusesARankThatRunsAnother) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("schedule butterfly (expected ring)")));
 }
 
+// Two-shot is schedule 2 in the flags' bits 1-3, named in a mismatch either way.
+TEST(StepHeaderTest, CarriesTheTwoShotScheduleAndNamesIt) {
+  StepHeader two_shot = Sample();
+  two_shot.schedule = ScheduleId(Topology::kTwoShot);
+  EXPECT_EQ(two_shot.schedule, 2);
+  const auto bytes = EncodeStepHeader(two_shot);
+  EXPECT_EQ(bytes[7], 2 << 1);
+  auto decoded = DecodeStepHeader(bytes);
+  ASSERT_THAT(decoded, IsOk());
+  EXPECT_EQ(decoded->schedule, ScheduleId(Topology::kTwoShot));
+  StepHeader butterfly = Sample();
+  butterfly.schedule = ScheduleId(Topology::kButterfly);
+  EXPECT_THAT(MatchStepHeader(*decoded, butterfly),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("schedule two_shot (expected butterfly)")));
+  EXPECT_THAT(MatchStepHeader(Sample(), *decoded),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("schedule ring (expected two_shot)")));
+}
+
 TEST(StepHeaderTest, AnotherCollectiveIdIsTypedThroughAnnotations) {
   StepHeader got = Sample(), want = Sample();
   got.job_id = want.job_id + 1;  // another tensor, size or dtype hashes to another id

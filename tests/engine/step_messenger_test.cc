@@ -60,19 +60,19 @@ class StepMessengerTest : public ::testing::Test {
     StepMessenger recv(*transports_[1], options_[1], pools_[1], Deadline(), results_[1]);
     DQ_RETURN_IF_ERROR(recv.PostReceive(Phase::kReduceScatter, 0, 0, 0, max_bytes));
     DQ_RETURN_IF_ERROR(send.Send(Phase::kReduceScatter, 0, 0, 1, *codec_, payload));
-    absl::Status announced = recv.Announce(Phase::kReduceScatter, 0, 0, *codec_);
+    absl::Status announced = recv.Announce(Phase::kReduceScatter, 0, 0, 0, *codec_);
     if (!announced.ok()) {
       transports_[1]->Abort();  // the payload's receive may be posted; nothing may write into it later
       return announced;
     }
-    absl::StatusOr<absl::Span<const uint8_t>> got = recv.Receive(Phase::kReduceScatter, 0, 0, *codec_, deferred);
+    absl::StatusOr<absl::Span<const uint8_t>> got = recv.Receive(Phase::kReduceScatter, 0, 0, 0, *codec_, deferred);
     if (!got.ok()) {
       transports_[1]->Abort();
       return got.status();
     }
     std::vector<uint8_t> bytes(got->begin(), got->end());
-    recv.Release(Phase::kReduceScatter, 0, 0);
-    DQ_RETURN_IF_ERROR(send.WaitSent(Phase::kReduceScatter, 0, 0));
+    recv.Release(Phase::kReduceScatter, 0, 0, 0);
+    DQ_RETURN_IF_ERROR(send.WaitSent(Phase::kReduceScatter, 0, 0, 1));
     return bytes;
   }
 
@@ -120,6 +120,62 @@ TEST_F(StepMessengerTest, ACorruptedPayloadIsDataLossOrItsChecksumIsHandedToTheD
   ASSERT_THAT(got, IsOk());
   ASSERT_TRUE(deferred.has_value());
   EXPECT_EQ(*deferred, kernels::PayloadChecksum(payload));
+}
+
+// A step with several transfers per rank (the two-shot's): the messages of one (phase, step, block)
+// to and from different peers are told apart by the peer, each with its own payload and checksum.
+TEST(StepMessengerPeersTest, OneStepCarriesAMessageOnEveryLink) {
+  constexpr int kRanks = 3;
+  auto codec = std::move(*kernels::CreateCodec(kernels::CodecConfig{kernels::CodecId::kNone}));
+  auto transports = MakeMemoryTransports(kRanks);
+  AllReduceOptions options;
+  options.job_id = 11;
+  options.sequence = 5;
+  BufferPool pools[kRanks];
+  AllReduceResult results[kRanks];
+  std::vector<absl::Status> status(kRanks);
+  std::vector<std::vector<std::vector<uint8_t>>> got(kRanks, std::vector<std::vector<uint8_t>>(kRanks));
+  // Rank r's message to q: 100 * (r + 1) + q bytes of a pattern of its own.
+  auto payload = [](int r, int q) { return Pattern(r, q, 100 * (r + 1) + q); };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      status[r] = [&]() -> absl::Status {
+        StepMessenger m(*transports[r], options, pools[r], absl::Now() + absl::Seconds(10), results[r]);
+        std::vector<std::vector<uint8_t>> mine(kRanks);
+        for (int q = 0; q < kRanks; ++q) {
+          if (q != r) DQ_RETURN_IF_ERROR(m.PostReceive(Phase::kReduceScatter, 0, 0, q, 4096));
+        }
+        for (int q = 0; q < kRanks; ++q) {
+          if (q == r) continue;
+          mine[q] = payload(r, q);
+          DQ_RETURN_IF_ERROR(m.Send(Phase::kReduceScatter, 0, 0, q, *codec, mine[q]));
+        }
+        // A second message on one link at the same step is a caller's bug, named.
+        const int other = (r + 1) % kRanks;
+        const absl::Status twice = m.Send(Phase::kReduceScatter, 0, 0, other, *codec, mine[other]);
+        if (twice.code() != absl::StatusCode::kInternal) return absl::UnknownError("a second message was accepted");
+        for (int q = kRanks - 1; q >= 0; --q) {  // in another order than they were sent
+          if (q == r) continue;
+          DQ_ASSIGN_OR_RETURN(absl::Span<const uint8_t> bytes, m.Receive(Phase::kReduceScatter, 0, 0, q, *codec));
+          got[r][q].assign(bytes.begin(), bytes.end());
+          m.Release(Phase::kReduceScatter, 0, 0, q);
+        }
+        for (int q = 0; q < kRanks; ++q) {
+          if (q != r) DQ_RETURN_IF_ERROR(m.WaitSent(Phase::kReduceScatter, 0, 0, q));
+        }
+        return absl::OkStatus();
+      }();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_THAT(status[r], IsOk()) << r;
+    for (int q = 0; q < kRanks; ++q) {
+      if (q == r) continue;
+      EXPECT_EQ(got[r][q], payload(q, r)) << "rank " << r << " from " << q;
+    }
+  }
 }
 
 }  // namespace
