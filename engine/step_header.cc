@@ -7,6 +7,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/little_endian.h"
 #include "engine/schedule.h"
 #include "kernels/codec.h"
 
@@ -20,17 +21,6 @@ constexpr uint8_t kScheduleShift = 1;
 constexpr uint8_t kScheduleMask = 0x7 << kScheduleShift;
 // Marks a MatchStepHeader error whose collective ids differ (IsDifferentCollective).
 constexpr char kDifferentCollectivePayload[] = "type.dynamiq.dev/engine.DifferentCollective";
-
-template <typename T>
-void Put(uint8_t* p, T v) {
-  for (size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i));
-}
-template <typename T>
-T Get(const uint8_t* p) {
-  uint64_t v = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return static_cast<T>(v);
-}
 
 absl::string_view PhaseName(Phase p) {
   switch (p) {
@@ -50,24 +40,24 @@ absl::string_view PhaseName(Phase p) {
 
 std::array<uint8_t, kStepHeaderBytes> EncodeStepHeader(const StepHeader& h) {
   std::array<uint8_t, kStepHeaderBytes> b{};
-  Put<uint32_t>(&b[0], kMagic);
+  common::PutLe<uint32_t>(&b[0], kMagic);
   b[4] = kVersion;
   b[5] = static_cast<uint8_t>(h.phase);
   b[6] = h.codec;
   b[7] = static_cast<uint8_t>((h.authenticated ? kFlagAuthenticated : 0) |
                               ((h.schedule << kScheduleShift) & kScheduleMask));
-  Put<uint32_t>(&b[8], h.bits_x1000);
-  Put<uint32_t>(&b[12], h.sender);
-  Put<uint64_t>(&b[16], h.job_id);
-  Put<uint64_t>(&b[24], h.config_epoch);
-  Put<uint64_t>(&b[32], h.sequence);
-  Put<uint32_t>(&b[40], h.step);
-  Put<uint32_t>(&b[44], h.block);
-  Put<uint32_t>(&b[48], h.payload_bytes);
+  common::PutLe<uint32_t>(&b[8], h.bits_x1000);
+  common::PutLe<uint32_t>(&b[12], h.sender);
+  common::PutLe<uint64_t>(&b[16], h.job_id);
+  common::PutLe<uint64_t>(&b[24], h.config_epoch);
+  common::PutLe<uint64_t>(&b[32], h.sequence);
+  common::PutLe<uint32_t>(&b[40], h.step);
+  common::PutLe<uint32_t>(&b[44], h.block);
+  common::PutLe<uint32_t>(&b[48], h.payload_bytes);
   if (h.authenticated) {
     std::memcpy(&b[kStepHeaderMacCoverage], h.tag.data(), kStepTagBytes);
   } else {
-    Put<uint64_t>(&b[56], h.checksum);
+    common::PutLe<uint64_t>(&b[56], h.checksum);
   }
   return b;
 }
@@ -76,7 +66,8 @@ absl::StatusOr<StepHeader> DecodeStepHeader(absl::Span<const uint8_t> b) {
   if (b.size() != kStepHeaderBytes) {
     return absl::InvalidArgumentError(absl::StrCat("step header of ", b.size(), " bytes, expected ", kStepHeaderBytes));
   }
-  if (Get<uint32_t>(&b[0]) != kMagic) return absl::InvalidArgumentError("not a dynamiq step header (bad magic)");
+  if (common::GetLe<uint32_t>(&b[0]) != kMagic)
+    return absl::InvalidArgumentError("not a dynamiq step header (bad magic)");
   if (b[4] != kVersion) {
     return absl::InvalidArgumentError(absl::StrCat("step header version ", b[4], ", this build speaks ", kVersion));
   }
@@ -85,24 +76,25 @@ absl::StatusOr<StepHeader> DecodeStepHeader(absl::Span<const uint8_t> b) {
     return absl::InvalidArgumentError(absl::StrCat("step header with unknown flags ", b[7]));
   }
   const bool authenticated = (b[7] & kFlagAuthenticated) != 0;
-  if (!authenticated && Get<uint32_t>(&b[52]) != 0) return absl::InvalidArgumentError("step header reserved bytes set");
+  if (!authenticated && common::GetLe<uint32_t>(&b[52]) != 0)
+    return absl::InvalidArgumentError("step header reserved bytes set");
   StepHeader h;
   h.authenticated = authenticated;
   h.phase = static_cast<Phase>(b[5]);
   h.codec = b[6];
   h.schedule = static_cast<uint8_t>((b[7] & kScheduleMask) >> kScheduleShift);
-  h.bits_x1000 = Get<uint32_t>(&b[8]);
-  h.sender = Get<uint32_t>(&b[12]);
-  h.job_id = Get<uint64_t>(&b[16]);
-  h.config_epoch = Get<uint64_t>(&b[24]);
-  h.sequence = Get<uint64_t>(&b[32]);
-  h.step = Get<uint32_t>(&b[40]);
-  h.block = Get<uint32_t>(&b[44]);
-  h.payload_bytes = Get<uint32_t>(&b[48]);
+  h.bits_x1000 = common::GetLe<uint32_t>(&b[8]);
+  h.sender = common::GetLe<uint32_t>(&b[12]);
+  h.job_id = common::GetLe<uint64_t>(&b[16]);
+  h.config_epoch = common::GetLe<uint64_t>(&b[24]);
+  h.sequence = common::GetLe<uint64_t>(&b[32]);
+  h.step = common::GetLe<uint32_t>(&b[40]);
+  h.block = common::GetLe<uint32_t>(&b[44]);
+  h.payload_bytes = common::GetLe<uint32_t>(&b[48]);
   if (authenticated) {
     std::memcpy(h.tag.data(), &b[kStepHeaderMacCoverage], kStepTagBytes);
   } else {
-    h.checksum = Get<uint64_t>(&b[56]);
+    h.checksum = common::GetLe<uint64_t>(&b[56]);
   }
   return h;
 }

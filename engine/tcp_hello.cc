@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/little_endian.h"
 #include "common/status_macros.h"
 #include "common/tcp_socket.h"
 
@@ -31,17 +32,9 @@ constexpr size_t kChallengeBytes = kNonceBytes + kMacBytes;      // acceptor's n
 using Nonce = std::array<uint8_t, kNonceBytes>;
 using Digest = common::HmacSha256::Digest;
 
-void PutU32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint32_t GetU32(const uint8_t* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(p[i]) << (8 * i);
-  return v;
-}
 std::array<uint8_t, 4> U32(uint32_t v) {
   std::array<uint8_t, 4> b;
-  PutU32(b.data(), v);
+  common::PutLe<uint32_t>(b.data(), v);
   return b;
 }
 
@@ -93,8 +86,8 @@ absl::StatusOr<TcpLink> DialPeer(const std::string& host, const std::string& por
   };
   const std::string who = absl::StrCat("tcp transport: hello to rank ", peer, " at ", host, ":", port);
   uint8_t hello[kKeyedHelloBytes];
-  PutU32(hello, key ? kKeyedMagic : kPlainMagic);
-  PutU32(hello + 4, static_cast<uint32_t>(rank));
+  common::PutLe<uint32_t>(hello, key ? kKeyedMagic : kPlainMagic);
+  common::PutLe<uint32_t>(hello + 4, static_cast<uint32_t>(rank));
   if (!key) {
     absl::Status sent = common::WriteFull(link.fd, AsView(hello, kPrefixBytes), deadline, who);
     if (!sent.ok()) return close_on_error(sent);
@@ -204,8 +197,8 @@ void HelloAcceptor::Advance(Pending& p) {
       break;
     }
     if (p.need == kPrefixBytes) {
-      const uint32_t magic = GetU32(p.buffer);
-      const int64_t q = GetU32(p.buffer + 4);
+      const uint32_t magic = common::GetLe<uint32_t>(p.buffer);
+      const int64_t q = common::GetLe<uint32_t>(p.buffer + 4);
       if (magic != (hello_ ? kKeyedMagic : kPlainMagic)) {
         TurnAway(p, magic == kKeyedMagic || magic == kPlainMagic
                         ? (hello_ ? "an unauthenticated hello (it has no cluster secret)"

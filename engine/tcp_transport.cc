@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/little_endian.h"
 #include "common/safe_text.h"
 #include "common/status_macros.h"
 #include "common/tcp_socket.h"
@@ -47,15 +48,6 @@ constexpr size_t kAbortFlushBytes = size_t{64} << 10;
 // How long Abort waits for a writer to finish the message it is writing before it flushes.
 constexpr absl::Duration kAbortWriterWait = absl::Milliseconds(200);
 
-void PutU64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint64_t GetU64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
-}
-
 // A posted buffer: the parts of one message, in order.
 using Parts = std::vector<absl::Span<uint8_t>>;
 
@@ -67,8 +59,8 @@ size_t TotalBytes(const Parts& parts) {
 
 // Fills `frame` for a message of `parts` with `tag`; the iovecs of the frame and the parts.
 std::vector<iovec> FrameIovecs(uint8_t (&frame)[kFrameBytes], uint64_t tag, const Parts& parts) {
-  PutU64(frame, tag);
-  PutU64(frame + 8, TotalBytes(parts));
+  common::PutLe<uint64_t>(frame, tag);
+  common::PutLe<uint64_t>(frame + 8, TotalBytes(parts));
   std::vector<iovec> iov = {{frame, kFrameBytes}};
   for (absl::Span<uint8_t> part : parts) {
     if (!part.empty()) iov.push_back({part.data(), part.size()});
@@ -349,7 +341,7 @@ class TcpTransport final : public Transport {
     uint8_t frame[kFrameBytes];
     while (true) {
       if (absl::Status read = Read(peer, frame, kFrameBytes); !read.ok()) return LostPeer(peer, read);
-      const uint64_t tag = GetU64(frame), size = GetU64(frame + 8);
+      const uint64_t tag = common::GetLe<uint64_t>(frame), size = common::GetLe<uint64_t>(frame + 8);
       if (tag == kAbortTag) return LostPeer(peer, ReadGaveUp(peer, size));
       Op* op = nullptr;
       Early* early = nullptr;

@@ -4,26 +4,15 @@
 
 #include <cstring>
 
+#include "common/little_endian.h"
 #include "kernels/payload_checksum.h"
 
 namespace dynamiq::engine {
 namespace {
 
-template <typename T>
-void Put(uint8_t* p, T v) {
-  for (size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i));
-}
-
-template <typename T>
-T Get(const uint8_t* p) {
-  uint64_t v = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return static_cast<T>(v);
-}
-
 std::array<uint8_t, 8> U64(uint64_t v) {
   std::array<uint8_t, 8> b;
-  Put(b.data(), v);
+  common::PutLe(b.data(), v);
   return b;
 }
 
@@ -40,16 +29,16 @@ std::unique_ptr<common::HmacSha256> ConnectionKey(uint64_t connection,
 
 DatagramHeaderBytes EncodeDatagramHeader(const DatagramHeader& h) {
   DatagramHeaderBytes b{};
-  Put<uint32_t>(&b[0], kDatagramMagic);
+  common::PutLe<uint32_t>(&b[0], kDatagramMagic);
   b[4] = kDatagramVersion;
   b[5] = h.keyed ? kDatagramFlagKeyed : 0;
-  Put<uint16_t>(&b[6], 0);
-  Put<uint64_t>(&b[8], h.connection);
-  Put<uint32_t>(&b[16], h.source);
-  Put<uint32_t>(&b[20], h.destination);
-  Put<uint64_t>(&b[24], h.tag);
-  Put<uint64_t>(&b[32], h.sequence);
-  Put<uint32_t>(&b[40], h.payload_bytes);
+  common::PutLe<uint16_t>(&b[6], 0);
+  common::PutLe<uint64_t>(&b[8], h.connection);
+  common::PutLe<uint32_t>(&b[16], h.source);
+  common::PutLe<uint32_t>(&b[20], h.destination);
+  common::PutLe<uint64_t>(&b[24], h.tag);
+  common::PutLe<uint64_t>(&b[32], h.sequence);
+  common::PutLe<uint32_t>(&b[40], h.payload_bytes);
   return b;
 }
 
@@ -59,7 +48,7 @@ DatagramKey::DatagramKey(uint64_t connection, const std::optional<common::HmacSh
 DatagramTrailer DatagramKey::Trailer(absl::Span<const uint8_t> header, absl::Span<const uint8_t> payload) const {
   DatagramTrailer t{};
   if (hmac_ == nullptr) {
-    Put<uint64_t>(t.data(), kernels::PayloadChecksum(header, payload));
+    common::PutLe<uint64_t>(t.data(), kernels::PayloadChecksum(header, payload));
     return t;
   }
   const common::HmacSha256::Digest mac = hmac_->Mac({header, payload});
@@ -94,18 +83,18 @@ ParsedDatagram ParseDatagram(absl::Span<const uint8_t> datagram, const DatagramK
   if (datagram.size() < kDatagramOverheadBytes) return out;
   const uint8_t* p = datagram.data();
   const uint8_t flags = p[5];
-  if (Get<uint32_t>(p) != kDatagramMagic || p[4] != kDatagramVersion || (flags & ~kDatagramFlagKeyed) != 0 ||
-      Get<uint16_t>(p + 6) != 0) {
+  if (common::GetLe<uint32_t>(p) != kDatagramMagic || p[4] != kDatagramVersion || (flags & ~kDatagramFlagKeyed) != 0 ||
+      common::GetLe<uint16_t>(p + 6) != 0) {
     return out;
   }
   DatagramHeader h;
   h.keyed = (flags & kDatagramFlagKeyed) != 0;
-  h.connection = Get<uint64_t>(p + 8);
-  h.source = Get<uint32_t>(p + 16);
-  h.destination = Get<uint32_t>(p + 20);
-  h.tag = Get<uint64_t>(p + 24);
-  h.sequence = Get<uint64_t>(p + 32);
-  h.payload_bytes = Get<uint32_t>(p + 40);
+  h.connection = common::GetLe<uint64_t>(p + 8);
+  h.source = common::GetLe<uint32_t>(p + 16);
+  h.destination = common::GetLe<uint32_t>(p + 20);
+  h.tag = common::GetLe<uint64_t>(p + 24);
+  h.sequence = common::GetLe<uint64_t>(p + 32);
+  h.payload_bytes = common::GetLe<uint32_t>(p + 40);
   const size_t payload_bytes = datagram.size() - kDatagramOverheadBytes;
   if (h.sequence == 0 || h.payload_bytes != payload_bytes || payload_bytes > max_payload) return out;
   if (h.connection != key.connection()) {
@@ -158,7 +147,7 @@ uint64_t UdpConnectionId(absl::Span<const std::string> published) {
     all.insert(all.end(), value.begin(), value.end());
   }
   const common::HmacSha256::Digest d = hash.Mac({all});
-  return Get<uint64_t>(d.data());
+  return common::GetLe<uint64_t>(d.data());
 }
 
 }  // namespace dynamiq::engine

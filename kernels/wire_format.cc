@@ -5,41 +5,26 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/little_endian.h"
 
 namespace dynamiq::kernels {
-namespace {
-
-void PutU16(uint8_t* p, uint16_t v) {
-  p[0] = static_cast<uint8_t>(v);
-  p[1] = static_cast<uint8_t>(v >> 8);
-}
-void PutU32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint16_t GetU16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
-uint32_t GetU32(const uint8_t* p) {
-  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) | (static_cast<uint32_t>(p[2]) << 16) |
-         (static_cast<uint32_t>(p[3]) << 24);
-}
-
-}  // namespace
 
 void WriteChunkHeader(const ChunkHeader& h, absl::Span<uint8_t> out) {
   uint8_t* p = out.data();
-  PutU32(p + 0, kChunkMagic);
+  common::PutLe<uint32_t>(p + 0, kChunkMagic);
   p[4] = kWireVersion;
   p[5] = static_cast<uint8_t>(h.codec);
   p[6] = h.element_bits;
   p[7] = h.flags;
-  PutU32(p + 8, h.num_elements);
-  PutU32(p + 12, h.chunk_id);
-  PutU32(p + 16, h.round);
-  PutU16(p + 20, h.num_summands);
-  PutU16(p + 22, 0);
-  PutU32(p + 24, h.payload_bytes);
+  common::PutLe<uint32_t>(p + 8, h.num_elements);
+  common::PutLe<uint32_t>(p + 12, h.chunk_id);
+  common::PutLe<uint32_t>(p + 16, h.round);
+  common::PutLe<uint16_t>(p + 20, h.num_summands);
+  common::PutLe<uint16_t>(p + 22, 0);
+  common::PutLe<uint32_t>(p + 24, h.payload_bytes);
   uint32_t param_bits;
   memcpy(&param_bits, &h.param, 4);
-  PutU32(p + 28, param_bits);
+  common::PutLe<uint32_t>(p + 28, param_bits);
 }
 
 absl::StatusOr<ChunkHeader> ParseChunkHeader(absl::Span<const uint8_t> bytes) {
@@ -52,7 +37,7 @@ absl::StatusOr<ChunkHeader> ParseDetachedChunkHeader(absl::Span<const uint8_t> b
         absl::StrCat("compressed chunk truncated: ", bytes.size(), " bytes, header alone needs ", kChunkHeaderBytes));
   }
   const uint8_t* p = bytes.data();
-  uint32_t magic = GetU32(p);
+  uint32_t magic = common::GetLe<uint32_t>(p);
   if (magic != kChunkMagic) {
     return absl::InvalidArgumentError(absl::StrCat("not a dynamiq chunk: magic 0x", absl::Hex(magic, absl::kZeroPad8),
                                                    ", expected 0x", absl::Hex(kChunkMagic, absl::kZeroPad8)));
@@ -62,17 +47,18 @@ absl::StatusOr<ChunkHeader> ParseDetachedChunkHeader(absl::Span<const uint8_t> b
         absl::StrCat("unsupported chunk wire version ", p[4], " (this build speaks ", kWireVersion, ")"));
   }
   if (p[5] >= kNumCodecs) return absl::InvalidArgumentError(absl::StrCat("unknown codec id ", p[5], " in chunk"));
-  if (GetU16(p + 22) != 0) return absl::InvalidArgumentError("chunk header reserved field is not zero");
+  if (common::GetLe<uint16_t>(p + 22) != 0)
+    return absl::InvalidArgumentError("chunk header reserved field is not zero");
   ChunkHeader h;
   h.codec = static_cast<CodecId>(p[5]);
   h.element_bits = p[6];
   h.flags = p[7];
-  h.num_elements = GetU32(p + 8);
-  h.chunk_id = GetU32(p + 12);
-  h.round = GetU32(p + 16);
-  h.num_summands = GetU16(p + 20);
-  h.payload_bytes = GetU32(p + 24);
-  uint32_t param_bits = GetU32(p + 28);
+  h.num_elements = common::GetLe<uint32_t>(p + 8);
+  h.chunk_id = common::GetLe<uint32_t>(p + 12);
+  h.round = common::GetLe<uint32_t>(p + 16);
+  h.num_summands = common::GetLe<uint16_t>(p + 20);
+  h.payload_bytes = common::GetLe<uint32_t>(p + 24);
+  uint32_t param_bits = common::GetLe<uint32_t>(p + 28);
   memcpy(&h.param, &param_bits, 4);
   if (h.num_elements > kMaxChunkElements) {
     return absl::InvalidArgumentError(

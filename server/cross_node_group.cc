@@ -42,10 +42,16 @@ GroupView CrossNodeGroup::view() const {
   return view_;
 }
 
-void CrossNodeGroup::AdoptNextView() {
-  absl::MutexLock lock(&view_mu_);
-  view_ = *std::move(next_view_);
+void CrossNodeGroup::AdoptDueView(uint64_t sequence) {
+  if (!next_view_.has_value() || next_view_->first_sequence() > sequence) return;
+  {
+    absl::MutexLock lock(&view_mu_);
+    view_ = *std::move(next_view_);
+  }
   next_view_.reset();
+  // The boundary: every member drops the old connection here and connects in the new view.
+  transport_.reset();
+  reconnect_ = false;
 }
 
 bool CrossNodeGroup::HasPeers() const {
@@ -65,21 +71,15 @@ absl::Status CrossNodeGroup::Refresh(uint64_t sequence) {
   if (newest.epoch() > view_.epoch() && (!next_view_.has_value() || newest.epoch() >= next_view_->epoch())) {
     next_view_ = std::move(newest);
   }
-  if (next_view_.has_value() && next_view_->first_sequence() <= sequence) {
-    // The boundary: every member drops the old connection here and connects in the new view.
-    AdoptNextView();
-    transport_.reset();
-    reconnect_ = false;
-  }
+  AdoptDueView(sequence);
   return absl::OkStatus();
 }
 
 absl::StatusOr<engine::Transport*> CrossNodeGroup::Connected(uint64_t sequence) {
   absl::MutexLock lock(&mu_);
-  if (next_view_.has_value() && next_view_->first_sequence() <= sequence) {
-    AdoptNextView();
-    transport_.reset();
-  }
+  // Refresh adopts a view at its boundary only where the job polls; a view learned earlier still
+  // applies at its boundary when the job skips the poll there.
+  AdoptDueView(sequence);
   if (reconnect_) {
     transport_.reset();
     reconnect_ = false;

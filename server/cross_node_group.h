@@ -58,7 +58,8 @@ class CrossNodeGroup {
   // newer one that applies later waits for its collective. Call it where every member looks, at the
   // same collective boundary (Job: where configuration changes are polled).
   absl::Status Refresh(uint64_t sequence);
-  // The transport for collective `sequence`, connected in the current view if there is none.
+  // The transport for collective `sequence`, connected in the current view if there is none (first
+  // adopting, as Refresh does, a view already known whose first collective `sequence` has reached).
   // FAILED_PRECONDITION when this node is not a member of the view.
   absl::StatusOr<engine::Transport*> Connected(uint64_t sequence);
   // The group broke during an exchange: drops the transport (aborting it first if `abort`: the peers
@@ -94,8 +95,9 @@ class CrossNodeGroup {
   const std::string job_id_;
   const bool single_node_;
   const std::shared_ptr<JobCoordinator> coordinator_;
-  // Replaces view_ with next_view_.
-  void AdoptNextView() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Replaces view_ with next_view_ if collective `sequence` has reached its first, dropping the
+  // transport (Refresh and Connected: whichever comes to the boundary first).
+  void AdoptDueView(uint64_t sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // mu_ is held across a connect (which waits for the other members); view() must not wait for
   // that, so view_ is written under both mu_ and view_mu_ and read under either.

@@ -4,18 +4,19 @@
 
 #include <cstring>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "engine/memory_transport.h"
 #include "gtest/gtest.h"
-#include "kernels/codec_registry.h"
+#include "tests/server/all_reduce_test_util.h"
 #include "tests/testing/status_matchers.h"
 
 namespace dynamiq::server {
 namespace {
 
 using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::OnEveryNode;
+using ::dynamiq::testing::TestCodec;
 
 TEST(EngineCrossNodeAllReduceTest, IsTheEnginesAllReduceInPlace) {
   constexpr int kNodes = 3;
@@ -26,35 +27,27 @@ TEST(EngineCrossNodeAllReduceTest, IsTheEnginesAllReduceInPlace) {
   for (auto& v : inputs) {
     for (float& x : v) x = dist(rng);
   }
-  kernels::CodecConfig config;
-  config.id = kernels::CodecId::kArcTopK;
-  config.bits = 0.5;
-  auto codec = kernels::CreateCodec(config);
-  ASSERT_THAT(codec, IsOk());
+  auto codec = TestCodec(kernels::CodecId::kArcTopK, 0.5);
   // The same collective twice: through the engine directly (out of place), then through Run.
   std::vector<std::vector<float>> direct(kNodes, std::vector<float>(kD)), ran = inputs;
   std::vector<engine::AllReduceResult> direct_results(kNodes);
   std::vector<CrossNodeAllReduce::Outcome> outcomes(kNodes);
   // A mesh each, so the second run's messages (same sequence, same tags) never meet the first's.
   auto transports = engine::MakeMemoryTransports(kNodes), again = engine::MakeMemoryTransports(kNodes);
-  std::vector<std::thread> nodes;
-  for (int r = 0; r < kNodes; ++r) {
-    nodes.emplace_back([&, r] {
-      engine::AllReduceOptions o;
-      o.sequence = 3;
-      o.timeout = absl::Seconds(20);
-      o.keep_plan_widths = true;
-      auto d = engine::AllReduce(**codec, *transports[r], o, {inputs[r].data(), kernels::DType::kFloat32, 0, nullptr},
-                                 {direct[r].data(), kernels::DType::kFloat32, 0, nullptr}, kD);
-      ASSERT_THAT(d, IsOk());
-      direct_results[r] = *d;
-      EngineCrossNodeAllReduce engine;
-      auto out = engine.Run(**codec, *again[r], o, ran[r].data(), kD);
-      ASSERT_THAT(out, IsOk());
-      outcomes[r] = *out;
-    });
-  }
-  for (std::thread& t : nodes) t.join();
+  OnEveryNode(kNodes, [&](int r) {
+    engine::AllReduceOptions o;
+    o.sequence = 3;
+    o.timeout = absl::Seconds(20);
+    o.keep_plan_widths = true;
+    auto d = engine::AllReduce(*codec, *transports[r], o, {inputs[r].data(), kernels::DType::kFloat32, 0, nullptr},
+                               {direct[r].data(), kernels::DType::kFloat32, 0, nullptr}, kD);
+    ASSERT_THAT(d, IsOk());
+    direct_results[r] = *d;
+    EngineCrossNodeAllReduce engine;
+    auto out = engine.Run(*codec, *again[r], o, ran[r].data(), kD);
+    ASSERT_THAT(out, IsOk());
+    outcomes[r] = *out;
+  });
   for (int r = 0; r < kNodes; ++r) {
     EXPECT_EQ(0, std::memcmp(ran[r].data(), direct[r].data(), kD * sizeof(float))) << r;
     EXPECT_EQ(outcomes[r].bytes_sent, direct_results[r].bytes_sent) << r;

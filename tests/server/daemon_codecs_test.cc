@@ -18,7 +18,7 @@ namespace dynamiq::server {
 namespace {
 
 using ::dynamiq::testing::AllReduceTogether;
-using ::dynamiq::testing::ConnectTestWorker;
+using ::dynamiq::testing::ConnectTestWorkers;
 using ::dynamiq::testing::DaemonTestWorker;
 using ::dynamiq::testing::IsOk;
 using ::dynamiq::testing::StartTestCluster;
@@ -52,14 +52,9 @@ TEST_P(DaemonCodecTest, EveryWorkerGetsTheSameSumWithinTheCodecsError) {
   auto daemons = StartTestCluster(temp.path(), nodes, *config);
   ASSERT_THAT(daemons, IsOk());
   const size_t n = 50000;
-  std::vector<DaemonTestWorker> workers;
-  for (uint32_t node = 0; node < nodes; ++node) {
-    for (uint32_t r = 0; r < local; ++r) {
-      auto w = ConnectTestWorker(absl::StrCat(temp.path(), "/node", node, ".sock"), "job", r, local, n);
-      ASSERT_THAT(w, IsOk());
-      workers.push_back(std::move(w).value());
-    }
-  }
+  auto connected = ConnectTestWorkers(temp.path(), nodes, local, n);
+  ASSERT_THAT(connected, IsOk());
+  std::vector<DaemonTestWorker>& workers = *connected;
   for (int round = 0; round < 2; ++round) {
     for (size_t w = 0; w < workers.size(); ++w) {
       for (size_t k = 0; k < n; ++k) workers[w].data()[k] = Value(k, w, round);
@@ -97,12 +92,9 @@ TEST(DaemonErrorFeedbackTest, ArcTopKDeliversWhatItLeftBehindOverTheNextSteps) {
                                   [](server::DaemonOptions& o) { o.arc_topk_error_feedback = true; });
   ASSERT_THAT(daemons, IsOk());
   const size_t n = 8 * 256;
-  std::vector<DaemonTestWorker> workers;
-  for (uint32_t node = 0; node < 2; ++node) {
-    auto w = ConnectTestWorker(absl::StrCat(temp.path(), "/node", node, ".sock"), "job", 0, 1, n);
-    ASSERT_THAT(w, IsOk());
-    workers.push_back(std::move(w).value());
-  }
+  auto connected = ConnectTestWorkers(temp.path(), 2, 1, n);
+  ASSERT_THAT(connected, IsOk());
+  std::vector<DaemonTestWorker>& workers = *connected;
   // Step 0: round 0's values; steps 1..5: round 1's, unchanged.
   std::vector<double> errors;
   for (int step = 0; step < 6; ++step) {
@@ -162,13 +154,10 @@ TEST(DaemonTransportTest, NodesOverTheTcpTransportGetGloosResultsBitForBit) {
     EXPECT_THAT(daemons, IsOk());
     std::vector<std::vector<float>> results;
     if (!daemons.ok()) return results;
-    std::vector<DaemonTestWorker> workers;
-    for (uint32_t node = 0; node < 3; ++node) {
-      auto w = ConnectTestWorker(absl::StrCat(temp.path(), "/node", node, ".sock"), "job", 0, 1, n);
-      EXPECT_THAT(w, IsOk());
-      if (!w.ok()) return results;
-      workers.push_back(std::move(w).value());
-    }
+    auto connected = ConnectTestWorkers(temp.path(), 3, 1, n);
+    EXPECT_THAT(connected, IsOk());
+    if (!connected.ok()) return results;
+    std::vector<DaemonTestWorker>& workers = *connected;
     for (int round = 0; round < 3; ++round) {
       for (size_t w = 0; w < workers.size(); ++w) {
         for (size_t k = 0; k < n; ++k) workers[w].data()[k] = Value(k, w, round);

@@ -18,7 +18,7 @@
 namespace dynamiq::server {
 namespace {
 
-using ::dynamiq::testing::ConnectTestWorker;
+using ::dynamiq::testing::ConnectTestWorkers;
 using ::dynamiq::testing::DaemonTestWorker;
 using ::dynamiq::testing::IsOk;
 using ::dynamiq::testing::StartTestCluster;
@@ -31,12 +31,9 @@ TEST(DaemonConfigTest, ConcurrentChangesThroughDifferentNodesGetDistinctEpochsAp
   auto daemons = StartTestCluster(temp.path(), 2, *config);
   ASSERT_THAT(daemons, IsOk());
   const size_t n = 8192;
-  std::vector<DaemonTestWorker> workers;
-  for (uint32_t node = 0; node < 2; ++node) {
-    auto w = ConnectTestWorker(absl::StrCat(temp.path(), "/node", node, ".sock"), "job", 0, 1, n);
-    ASSERT_THAT(w, IsOk());
-    workers.push_back(std::move(w).value());
-  }
+  auto connected = ConnectTestWorkers(temp.path(), 2, 1, n);
+  ASSERT_THAT(connected, IsOk());
+  std::vector<DaemonTestWorker>& workers = *connected;
   auto run = [&] {
     for (auto& w : workers) {
       for (size_t k = 0; k < n; ++k) w.data()[k] = 0.001f * static_cast<float>(k % 97);

@@ -22,6 +22,7 @@ namespace dynamiq::server {
 namespace {
 
 using ::dynamiq::testing::ConnectTestWorker;
+using ::dynamiq::testing::ConnectTestWorkers;
 using ::dynamiq::testing::DaemonTestWorker;
 using ::dynamiq::testing::IsOk;
 using ::dynamiq::testing::StartTestCluster;
@@ -38,13 +39,9 @@ class DaemonWeightsTest : public ::testing::TestWithParam<std::string> {
     auto cluster = StartTestCluster(dir_.path(), 2, *MakeJobConfig(GetParam(), 0, "ring", 0, "measured"));
     ASSERT_THAT(cluster, IsOk());
     daemons_ = *std::move(cluster);
-    for (uint32_t node = 0; node < 2; ++node) {
-      for (uint32_t r = 0; r < 2; ++r) {
-        auto w = ConnectTestWorker(absl::StrCat(dir_.path(), "/node", node, ".sock"), "job", r, 2, kElements);
-        ASSERT_THAT(w, IsOk());
-        workers_.push_back(*std::move(w));
-      }
-    }
+    auto workers = ConnectTestWorkers(dir_.path(), 2, 2, kElements);
+    ASSERT_THAT(workers, IsOk());
+    workers_ = *std::move(workers);
   }
 
   // Every worker submits tensor `name` with its weight (none where unset), at once.

@@ -18,7 +18,7 @@ namespace dynamiq::server {
 namespace {
 
 using ::dynamiq::testing::AllReduceTogether;
-using ::dynamiq::testing::ConnectTestWorker;
+using ::dynamiq::testing::ConnectTestWorkers;
 using ::dynamiq::testing::DaemonTestWorker;
 using ::dynamiq::testing::IsOk;
 using ::dynamiq::testing::StartTestCluster;
@@ -49,13 +49,10 @@ StepRun RunSteps(bool step_budget, int steps) {
                                   [&](DaemonOptions& o) { o.step_budget = step_budget; });
   EXPECT_THAT(daemons, IsOk());
   if (!daemons.ok()) return {};
-  std::vector<DaemonTestWorker> workers;
-  for (uint32_t node = 0; node < 2; ++node) {
-    auto w = ConnectTestWorker(absl::StrCat(temp.path(), "/node", node, ".sock"), "job", 0, 1, kQuiet);
-    EXPECT_THAT(w, IsOk());
-    if (!w.ok()) return {};
-    workers.push_back(std::move(w).value());
-  }
+  auto connected = ConnectTestWorkers(temp.path(), 2, 1, kQuiet);
+  EXPECT_THAT(connected, IsOk());
+  if (!connected.ok()) return {};
+  std::vector<DaemonTestWorker>& workers = *connected;
   StepRun last;
   for (int step = 0; step < steps; ++step) {
     last = StepRun{};

@@ -18,7 +18,7 @@
 namespace dynamiq::server {
 namespace {
 
-using ::dynamiq::testing::ConnectTestWorker;
+using ::dynamiq::testing::ConnectTestWorkers;
 using ::dynamiq::testing::DaemonTestWorker;
 using ::dynamiq::testing::IsOk;
 using ::dynamiq::testing::StartTestCluster;
@@ -37,11 +37,9 @@ class DaemonViewsTest : public ::testing::Test {
     auto cluster = StartTestCluster(dir_.path(), 3, *MakeJobConfig("none", 0, "ring", 0, "measured"));
     ASSERT_THAT(cluster, IsOk());
     daemons_ = *std::move(cluster);
-    for (uint32_t node = 0; node < 3; ++node) {
-      auto w = ConnectTestWorker(absl::StrCat(dir_.path(), "/node", node, ".sock"), "job", 0, 1, kElements);
-      ASSERT_THAT(w, IsOk());
-      workers_.push_back(*std::move(w));
-    }
+    auto workers = ConnectTestWorkers(dir_.path(), 3, 1, kElements);
+    ASSERT_THAT(workers, IsOk());
+    workers_ = *std::move(workers);
   }
 
   // The workers of `nodes` average tensor "g" at once.

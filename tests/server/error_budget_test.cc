@@ -24,7 +24,7 @@
 namespace dynamiq::server {
 namespace {
 
-using ::dynamiq::testing::ConnectTestWorker;
+using ::dynamiq::testing::ConnectTestWorkers;
 using ::dynamiq::testing::DaemonTestWorker;
 using ::dynamiq::testing::IsOk;
 using ::dynamiq::testing::StartTestCluster;
@@ -204,11 +204,9 @@ class ErrorBudgetClusterTest : public ::testing::Test {
     auto daemons = StartTestCluster(temp_.path(), kNodes, *config);
     ASSERT_THAT(daemons, IsOk());
     daemons_ = std::move(daemons).value();
-    for (uint32_t node = 0; node < kNodes; ++node) {
-      auto w = ConnectTestWorker(absl::StrCat(temp_.path(), "/node", node, ".sock"), "job", 0, 1, kElements);
-      ASSERT_THAT(w, IsOk());
-      workers_.push_back(std::move(w).value());
-    }
+    auto workers = ConnectTestWorkers(temp_.path(), kNodes, 1, kElements);
+    ASSERT_THAT(workers, IsOk());
+    workers_ = *std::move(workers);
   }
 
   std::vector<std::vector<float>> Gradients(int step) const {

@@ -6,20 +6,21 @@
 #include <cmath>
 #include <cstring>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "engine/memory_transport.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/codec_registry.h"
+#include "tests/server/all_reduce_test_util.h"
 #include "tests/testing/status_matchers.h"
 
 namespace dynamiq::server {
 namespace {
 
 using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::OnEveryNode;
 using ::dynamiq::testing::StatusIs;
+using ::dynamiq::testing::TestCodec;
 using ::testing::Each;
 using ::testing::ElementsAre;
 
@@ -54,14 +55,6 @@ class RecordingInner final : public CrossNodeAllReduce {
   absl::Status fail;
 };
 
-std::unique_ptr<kernels::Codec> Codec(kernels::CodecId id) {
-  kernels::CodecConfig config{id};
-  if (id == kernels::CodecId::kArcTopK) config.bits = 0.25;  // its density
-  auto codec = kernels::CreateCodec(config);
-  EXPECT_THAT(codec, IsOk());
-  return *std::move(codec);
-}
-
 ErrorFeedbackState State(size_t n) {
   ErrorFeedbackState s;
   s.local.assign(n, 0.0f);
@@ -76,7 +69,7 @@ engine::AllReduceOptions Options(uint64_t sequence) {
 }
 
 TEST(ErrorFeedbackAllReduceTest, TheDenseFirstStepAndTheCompressedStepsGoThroughTheInner) {
-  auto arc = Codec(kernels::CodecId::kArcTopK);
+  auto arc = TestCodec(kernels::CodecId::kArcTopK);
   auto transports = engine::MakeMemoryTransports(1);
   RecordingInner inner;
   ErrorFeedbackState state = State(kD);
@@ -119,7 +112,7 @@ TEST(ErrorFeedbackAllReduceTest, TheDenseFirstStepAndTheCompressedStepsGoThrough
 }
 
 TEST(ErrorFeedbackAllReduceTest, OtherCodecsPassStraightThrough) {
-  auto dynamiq = Codec(kernels::CodecId::kDynamiq);
+  auto dynamiq = TestCodec(kernels::CodecId::kDynamiq);
   auto transports = engine::MakeMemoryTransports(1);
   RecordingInner inner;
   ErrorFeedbackState state = State(kD);
@@ -135,7 +128,7 @@ TEST(ErrorFeedbackAllReduceTest, OtherCodecsPassStraightThrough) {
 }
 
 TEST(ErrorFeedbackAllReduceTest, AFailedStepResetsTheStateToTheDenseStep) {
-  auto arc = Codec(kernels::CodecId::kArcTopK);
+  auto arc = TestCodec(kernels::CodecId::kArcTopK);
   auto transports = engine::MakeMemoryTransports(1);
   RecordingInner inner;
   ErrorFeedbackState state = State(kD);
@@ -177,21 +170,17 @@ std::vector<std::vector<std::vector<float>>> RunSteps(const kernels::Codec& code
   }
   std::vector<std::vector<std::vector<float>>> out(steps, std::vector<std::vector<float>>(n));
   for (int t = 0; t < steps; ++t) {
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        std::vector<float> x = grads[r];
-        engine::AllReduceOptions o;
-        o.job_id = 7;
-        o.sequence = 100 + t;
-        o.block_elements = 1024;
-        o.timeout = absl::Seconds(20);
-        auto result = Ef21Step(codec, *transports[r], o, x.data(), d, (*states)[r]);
-        EXPECT_THAT(result, IsOk()) << "step " << t << " rank " << r;
-        out[t][r] = x;
-      });
-    }
-    for (auto& th : threads) th.join();
+    OnEveryNode(n, [&](int r) {
+      std::vector<float> x = grads[r];
+      engine::AllReduceOptions o;
+      o.job_id = 7;
+      o.sequence = 100 + t;
+      o.block_elements = 1024;
+      o.timeout = absl::Seconds(20);
+      auto result = Ef21Step(codec, *transports[r], o, x.data(), d, (*states)[r]);
+      EXPECT_THAT(result, IsOk()) << "step " << t << " rank " << r;
+      out[t][r] = x;
+    });
   }
   return out;
 }
@@ -209,13 +198,9 @@ TEST(ErrorFeedbackAllReduceTest, Ef21IsBitIdenticalAcrossNodesAndDeliversWhatWas
   for (const auto& g : grads) {
     for (size_t i = 0; i < d; ++i) exact[i] += g[i];
   }
-  kernels::CodecConfig c;
-  c.id = kernels::CodecId::kArcTopK;
-  c.bits = 0.25;
-  auto codec = kernels::CreateCodec(c);
-  ASSERT_THAT(codec, IsOk());
+  auto codec = TestCodec(kernels::CodecId::kArcTopK, 0.25);
   std::vector<ErrorFeedbackState> states;
-  const auto out = RunSteps(**codec, grads, 12, &states);
+  const auto out = RunSteps(*codec, grads, 12, &states);
   auto error = [&](const std::vector<float>& y) {
     double num = 0, den = 0;
     for (size_t i = 0; i < d; ++i) {
@@ -251,11 +236,7 @@ TEST(ErrorFeedbackAllReduceTest, Ef21CatchesUpWithANewGradientRowsAtATime) {
   std::normal_distribution<float> dist;
   std::vector<float> g(d);
   for (size_t i = 0; i < d; ++i) g[i] = dist(rng);
-  kernels::CodecConfig c;
-  c.id = kernels::CodecId::kArcTopK;
-  c.bits = 0.25;
-  auto codec = kernels::CreateCodec(c);
-  ASSERT_THAT(codec, IsOk());
+  auto codec = TestCodec(kernels::CodecId::kArcTopK, 0.25);
   auto transports = engine::MakeMemoryTransports(n);
   std::vector<ErrorFeedbackState> states(n);
   for (auto& s : states) {
@@ -264,24 +245,20 @@ TEST(ErrorFeedbackAllReduceTest, Ef21CatchesUpWithANewGradientRowsAtATime) {
   }
   std::vector<std::vector<double>> err(n);
   for (int t = 0; t < 7; ++t) {
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        std::vector<float> x = t == 0 ? std::vector<float>(d, 0.0f) : g;
-        engine::AllReduceOptions o;
-        o.job_id = 8;
-        o.sequence = 1 + t;
-        o.timeout = absl::Seconds(20);
-        ASSERT_THAT(Ef21Step(**codec, *transports[r], o, x.data(), d, states[r]), IsOk());
-        double num = 0, den = 0;
-        for (size_t i = 0; i < d; ++i) {
-          num += (x[i] - n * g[i]) * (x[i] - n * g[i]);
-          den += (n * g[i]) * (n * g[i]);
-        }
-        err[r].push_back(num / den);
-      });
-    }
-    for (auto& th : threads) th.join();
+    OnEveryNode(n, [&](int r) {
+      std::vector<float> x = t == 0 ? std::vector<float>(d, 0.0f) : g;
+      engine::AllReduceOptions o;
+      o.job_id = 8;
+      o.sequence = 1 + t;
+      o.timeout = absl::Seconds(20);
+      ASSERT_THAT(Ef21Step(*codec, *transports[r], o, x.data(), d, states[r]), IsOk());
+      double num = 0, den = 0;
+      for (size_t i = 0; i < d; ++i) {
+        num += (x[i] - n * g[i]) * (x[i] - n * g[i]);
+        den += (n * g[i]) * (n * g[i]);
+      }
+      err[r].push_back(num / den);
+    });
   }
   EXPECT_EQ(err[0], err[1]);
   EXPECT_NEAR(err[0][1], 0.75, 0.1) << "step 1: two of eight rows";
@@ -300,11 +277,7 @@ TEST(ErrorFeedbackAllReduceTest, MomentumTracksTheAverageOfTheGradients) {
   EXPECT_EQ((*s)->momentum.size(), 1000u);
   const int n = 2;
   const size_t d = 1000;
-  kernels::CodecConfig c;
-  c.id = kernels::CodecId::kArcTopK;
-  c.bits = 1.0;
-  auto codec = kernels::CreateCodec(c);
-  ASSERT_THAT(codec, IsOk());
+  auto codec = TestCodec(kernels::CodecId::kArcTopK, 1.0);
   auto transports = engine::MakeMemoryTransports(n);
   std::vector<ErrorFeedbackState> states(n);
   for (auto& st : states) {
@@ -315,20 +288,16 @@ TEST(ErrorFeedbackAllReduceTest, MomentumTracksTheAverageOfTheGradients) {
   auto x = [](int t, int r, size_t i) { return static_cast<float>((t + 1) * (r + 1)) * (0.25f + (i % 3)); };
   std::vector<std::vector<float>> out(n);
   for (int t = 0; t < 2; ++t) {
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        std::vector<float> v(d);
-        for (size_t i = 0; i < d; ++i) v[i] = x(t, r, i);
-        engine::AllReduceOptions o;
-        o.job_id = 9;
-        o.sequence = 1 + t;
-        o.timeout = absl::Seconds(20);
-        ASSERT_THAT(Ef21Step(**codec, *transports[r], o, v.data(), d, states[r], 0.5), IsOk());
-        out[r] = v;
-      });
-    }
-    for (auto& th : threads) th.join();
+    OnEveryNode(n, [&](int r) {
+      std::vector<float> v(d);
+      for (size_t i = 0; i < d; ++i) v[i] = x(t, r, i);
+      engine::AllReduceOptions o;
+      o.job_id = 9;
+      o.sequence = 1 + t;
+      o.timeout = absl::Seconds(20);
+      ASSERT_THAT(Ef21Step(*codec, *transports[r], o, v.data(), d, states[r], 0.5), IsOk());
+      out[r] = v;
+    });
   }
   for (size_t i = 0; i < d; ++i) {
     float expected = 0;

@@ -9,15 +9,17 @@
 #include "engine/memory_transport.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/codec_registry.h"
 #include "server/error_probe.h"
+#include "tests/server/all_reduce_test_util.h"
 #include "tests/testing/status_matchers.h"
 
 namespace dynamiq::server {
 namespace {
 
 using ::dynamiq::testing::IsOk;
+using ::dynamiq::testing::OnEveryNode;
 using ::dynamiq::testing::StatusIs;
+using ::dynamiq::testing::TestCodec;
 using ::testing::ElementsAreArray;
 
 constexpr size_t kN = 512;
@@ -50,14 +52,6 @@ class PerturbedSum final : public CrossNodeAllReduce {
   const std::vector<float> delta_;
 };
 
-std::unique_ptr<kernels::Codec> Codec(kernels::CodecId id) {
-  kernels::CodecConfig config{id};
-  if (id == kernels::CodecId::kArcTopK) config.bits = 0.25;  // its density
-  auto codec = kernels::CreateCodec(config);
-  EXPECT_THAT(codec, IsOk());
-  return *std::move(codec);
-}
-
 // x = (3, 4, 0, ...): ||x||^2 = 25.
 std::vector<float> Values() {
   std::vector<float> x(kN, 0.0f);
@@ -79,20 +73,16 @@ TEST(ErrorProbeAllReduceTest, ReportsTheVnmseOfTheInnerResultAgainstTheExactSum)
   std::vector<float> delta(kN, 0.0f);
   delta[0] = 0.5f;
   delta[kN - 1] = -1.0f;
-  auto codec = Codec(kernels::CodecId::kDynamiq);
+  auto codec = TestCodec(kernels::CodecId::kDynamiq);
   auto transports = engine::MakeMemoryTransports(2);
   std::vector<absl::StatusOr<CrossNodeAllReduce::Outcome>> outcomes(2, absl::UnknownError("not run"));
   std::vector<std::vector<float>> results(2);
   std::vector<PerturbedSum> inners(2, PerturbedSum(2, delta));
-  std::vector<std::thread> nodes;
-  for (int r = 0; r < 2; ++r) {
-    nodes.emplace_back([&, r] {
-      ErrorProbeAllReduce probe(inners[r], "job", /*rate=*/1.0, absl::Seconds(20));
-      results[r] = Values();
-      outcomes[r] = probe.Run(*codec, *transports[r], Options(), results[r].data(), kN);
-    });
-  }
-  for (std::thread& t : nodes) t.join();
+  OnEveryNode(2, [&](int r) {
+    ErrorProbeAllReduce probe(inners[r], "job", /*rate=*/1.0, absl::Seconds(20));
+    results[r] = Values();
+    outcomes[r] = probe.Run(*codec, *transports[r], Options(), results[r].data(), kN);
+  });
   for (int r = 0; r < 2; ++r) {
     ASSERT_THAT(outcomes[r], IsOk());
     const CrossNodeAllReduce::Outcome& out = *outcomes[r];
@@ -116,8 +106,8 @@ TEST(ErrorProbeAllReduceTest, TheSideAllReduceIsTheEnginesExactOneUnderTheProbeS
   // The peer does by hand what the contract says the probe does: engine::AllReduce with codec
   // none of its copy under ErrorProbeSequence, without a side lane. The probe's side all-reduce
   // meets it (any other codec, sequence or side lane would fail the step headers).
-  auto codec = Codec(kernels::CodecId::kArcTopK);
-  auto none = Codec(kernels::CodecId::kNone);
+  auto codec = TestCodec(kernels::CodecId::kArcTopK);
+  auto none = TestCodec(kernels::CodecId::kNone);
   auto transports = engine::MakeMemoryTransports(2);
   PerturbedSum inner(2, std::vector<float>(kN, 0.0f));
   absl::StatusOr<CrossNodeAllReduce::Outcome> outcome = absl::UnknownError("not run");
@@ -146,7 +136,7 @@ TEST(ErrorProbeAllReduceTest, TheSideAllReduceIsTheEnginesExactOneUnderTheProbeS
 TEST(ErrorProbeAllReduceTest, UnsampledCollectivesAreTheInnerAlone) {
   // One node of two runs: a side all-reduce would wait for its deadline and report a failure.
   auto transports = engine::MakeMemoryTransports(2);
-  const auto dynamiq = Codec(kernels::CodecId::kDynamiq), none = Codec(kernels::CodecId::kNone);
+  const auto dynamiq = TestCodec(kernels::CodecId::kDynamiq), none = TestCodec(kernels::CodecId::kNone);
   struct Case {
     const kernels::Codec* codec;
     double rate;
@@ -167,7 +157,7 @@ TEST(ErrorProbeAllReduceTest, UnsampledCollectivesAreTheInnerAlone) {
 }
 
 TEST(ErrorProbeAllReduceTest, AnInnerErrorIsTheCollectivesAndNoMeasurementRuns) {
-  auto codec = Codec(kernels::CodecId::kDynamiq);
+  auto codec = TestCodec(kernels::CodecId::kDynamiq);
   auto transports = engine::MakeMemoryTransports(2);
   PerturbedSum inner(1, std::vector<float>(kN, 0.0f));
   inner.fail = absl::DeadlineExceededError("peer 1 did not answer");
@@ -181,7 +171,7 @@ TEST(ErrorProbeAllReduceTest, AnInnerErrorIsTheCollectivesAndNoMeasurementRuns) 
 
 TEST(ErrorProbeAllReduceTest, AFailedMeasurementKeepsTheResultAndAsksForANewGroup) {
   // The peer never runs the side all-reduce: it fails at the probe's own deadline.
-  auto codec = Codec(kernels::CodecId::kDynamiq);
+  auto codec = TestCodec(kernels::CodecId::kDynamiq);
   auto transports = engine::MakeMemoryTransports(2);
   std::vector<float> delta(kN, 0.0f);
   delta[2] = 1.0f;

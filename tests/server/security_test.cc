@@ -365,15 +365,13 @@ std::vector<absl::Status> StartCluster(const std::string& dir, const std::vector
 // `value(node, k)`.
 std::vector<testing::DaemonTestWorker> WorkerPerNode(const std::string& dir, size_t n,
                                                      const std::function<float(uint32_t, size_t)>& value) {
-  std::vector<testing::DaemonTestWorker> workers;
+  auto workers = testing::ConnectTestWorkers(dir, 2, 1, n);
+  EXPECT_THAT(workers, IsOk());
+  if (!workers.ok()) return {};
   for (uint32_t r = 0; r < 2; ++r) {
-    auto w = testing::ConnectTestWorker(absl::StrCat(dir, "/node", r, ".sock"), "job", 0, 1, n);
-    EXPECT_THAT(w, IsOk());
-    if (!w.ok()) return {};
-    workers.push_back(*std::move(w));
-    for (size_t k = 0; k < n; ++k) workers[r].data()[k] = value(r, k);
+    for (size_t k = 0; k < n; ++k) (*workers)[r].data()[k] = value(r, k);
   }
-  return workers;
+  return *std::move(workers);
 }
 
 TEST(ClusterSecretTest, ANodeWithAnotherSecretCannotJoin) {

@@ -108,6 +108,25 @@ inline absl::StatusOr<DaemonTestWorker> ConnectTestWorker(const std::string& soc
   return w;
 }
 
+// Connects `local` workers of job "job" (local ranks 0..local-1 of `local`) to each of the `nodes`
+// daemons StartTestCluster started in `dir`, each mapping `floats` floats: worker node * local + rank.
+inline absl::StatusOr<std::vector<DaemonTestWorker>> ConnectTestWorkers(const std::string& dir, uint32_t nodes,
+                                                                        uint32_t local, size_t floats) {
+  std::vector<DaemonTestWorker> workers;
+  for (uint32_t node = 0; node < nodes; ++node) {
+    for (uint32_t rank = 0; rank < local; ++rank) {
+      absl::StatusOr<DaemonTestWorker> w =
+          ConnectTestWorker(absl::StrCat(dir, "/node", node, ".sock"), "job", rank, local, floats);
+      if (!w.ok()) {
+        return absl::Status(w.status().code(),
+                            absl::StrCat("node ", node, " local rank ", rank, ": ", w.status().message()));
+      }
+      workers.push_back(*std::move(w));
+    }
+  }
+  return workers;
+}
+
 // Every worker all-reduces its buffer's first `n` floats as tensor `name` at once, each on its own
 // thread (a collective needs all of them); returns each worker's status, and its response in
 // `responses` when given (one per worker).
