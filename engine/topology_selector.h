@@ -18,9 +18,9 @@
 //   - buckets too small to chunk (fewer elements than one super-group per rank): ring.
 // Two-shot (engine/schedule.h) runs only where configured: auto does not pick it yet (its place,
 // small buckets where two steps beat 2 (n - 1), waits for a measured table, issue #39).
-// Transport capabilities do not change the pick today (every registered transport carries both
-// schedules); they are part of the question so that a transport that cannot (a datagram one
-// without per-step ordering) is answered here and nowhere else.
+// Transport capabilities do not change the pick today (every reliable transport, the only kind the
+// engine runs over, carries every schedule; the datagram transport `udp` runs none yet); they are
+// part of the question so that a transport that cannot is answered here and nowhere else.
 #ifndef DQ_ENGINE_TOPOLOGY_SELECTOR_H_
 #define DQ_ENGINE_TOPOLOGY_SELECTOR_H_
 
