@@ -54,6 +54,10 @@ class Store {
     return Set(key, value);
   }
 
+  // Whether a wait that is not a store call (a rank waiting for its peers to connect) should stop
+  // early, as this store's own waits would: non-OK says why. A plain store never interrupts.
+  virtual absl::Status Interrupted() { return absl::OkStatus(); }
+
   // What Delete removes, in one atomic step: `keys` (those not set are skipped), then every key that
   // starts with `prefix` (empty: none), unless a key that starts with `unless_prefix` is still set
   // after `keys` are gone (empty: no condition). The condition is how several nodes free what they
@@ -123,6 +127,7 @@ class PrefixStore final : public Store {
                                      absl::string_view desired) override;
   // Keys and prefixes are under the prefix too; an empty prefix or condition stays empty.
   absl::StatusOr<uint64_t> Delete(const Deletion& deletion) override;
+  absl::Status Interrupted() override { return base_.Interrupted(); }
 
  private:
   std::string Key(absl::string_view key) const;
@@ -134,7 +139,8 @@ class PrefixStore final : public Store {
 // of at most `poll` and ask `interrupted()` between slices; a non-OK status from it is returned at
 // once instead of waiting on. So a rank waiting in a rendezvous for a peer that will never come
 // (the peer failed the collective and published why) stops as soon as the reason is known, not
-// at its timeout. Set and CompareAndSet go straight to `base`.
+// at its timeout. Interrupted() asks `interrupted()` too, for waits that are not store calls (a TCP
+// rank accepting its peers). Set and CompareAndSet go straight to `base`.
 class InterruptibleStore final : public Store {
  public:
   InterruptibleStore(Store& base, std::function<absl::Status()> interrupted, absl::Duration poll)
@@ -147,6 +153,7 @@ class InterruptibleStore final : public Store {
     return base_.CompareAndSet(key, expected, desired);
   }
   absl::StatusOr<uint64_t> Delete(const Deletion& deletion) override { return base_.Delete(deletion); }
+  absl::Status Interrupted() override { return interrupted_(); }
 
  private:
   Store& base_;

@@ -241,9 +241,15 @@ void HelloAcceptor::Advance(Pending& p) {
   --missing_;
 }
 
-absl::StatusOr<std::vector<TcpLink>> HelloAcceptor::AcceptAll(absl::Time deadline, absl::Duration timeout_for_message) {
+absl::StatusOr<std::vector<TcpLink>> HelloAcceptor::AcceptAll(absl::Time deadline, absl::Duration timeout_for_message,
+                                                              const std::function<absl::Status()>& interrupted) {
+  absl::Time next_check = absl::Now() + kInterruptPoll;
   while (missing_ > 0) {
     const absl::Time now = absl::Now();
+    if (interrupted && now >= next_check) {
+      DQ_RETURN_IF_ERROR(interrupted());
+      next_check = now + kInterruptPoll;
+    }
     // Hellos past their own deadline go.
     for (auto& p : pending_) {
       if (p->deadline <= now) TurnAway(*p, "said too little within the hello's deadline");
@@ -258,7 +264,7 @@ absl::StatusOr<std::vector<TcpLink>> HelloAcceptor::AcceptAll(absl::Time deadlin
                                                       " higher rank(s) did not connect within ",
                                                       absl::FormatDuration(timeout_for_message), away));
     }
-    absl::Time wake = deadline;
+    absl::Time wake = interrupted ? std::min(deadline, next_check) : deadline;
     std::vector<pollfd> fds = {{listener_, POLLIN, 0}};
     for (const auto& p : pending_) {
       fds.push_back({p->fd, POLLIN, 0});

@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -71,7 +72,11 @@ class HelloAcceptor {
 
   // Until every higher rank has connected: their links, by rank. DEADLINE_EXCEEDED at `deadline`
   // naming how many did not connect (and how many connections were turned away, and why).
-  absl::StatusOr<std::vector<TcpLink>> AcceptAll(absl::Time deadline, absl::Duration timeout_for_message);
+  // `interrupted` (may be empty), asked every kInterruptPoll while waiting: a non-OK status from it
+  // is returned at once.
+  absl::StatusOr<std::vector<TcpLink>> AcceptAll(absl::Time deadline, absl::Duration timeout_for_message,
+                                                 const std::function<absl::Status()>& interrupted = nullptr);
+  static constexpr absl::Duration kInterruptPoll = absl::Milliseconds(250);
 
  private:
   struct Pending;

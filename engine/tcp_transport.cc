@@ -534,8 +534,11 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(Store& store, int
     transport->AddPeer(std::move(link));
   }
   // Higher ranks: accepted concurrently, each introducing itself; anything else is turned away.
+  // The wait ends early when the store's waits would (engine::InterruptibleStore: a peer that
+  // failed the collective instead of joining, a view that changed).
   HelloAcceptor acceptor(listener.fd, rank, size, options.key, options.hello_timeout);
-  DQ_ASSIGN_OR_RETURN(std::vector<TcpLink> links, acceptor.AcceptAll(deadline, options.timeout));
+  DQ_ASSIGN_OR_RETURN(std::vector<TcpLink> links,
+                      acceptor.AcceptAll(deadline, options.timeout, [&store] { return store.Interrupted(); }));
   for (TcpLink& link : links) {
     if (link.fd < 0) continue;
     common::SetNoDelay(link.fd);
