@@ -84,6 +84,7 @@ dynamiq::v1::AllReduceRequest MakeAllReduceRequest(Connection& connection, const
   request.set_dtype(static_cast<dynamiq::v1::DType>(static_cast<int>(dtype)));
   request.set_average(options.average);
   if (options.weight.has_value()) request.set_weight(*options.weight);
+  request.set_exact(options.exact);
   request.set_submission(connection.next_submission.fetch_add(1));
   return request;
 }

@@ -43,6 +43,7 @@ inline AllReduceResult ToResult(const dynamiq::v1::AllReduceResponse& response) 
   r.wire_bytes = response.wire_bytes();
   if (response.has_measured_vnmse()) r.measured_vnmse = response.measured_vnmse();
   r.contributors = response.contributors();
+  r.nodes.assign(response.nodes().begin(), response.nodes().end());
   r.weight_sum = response.weight_sum();
   return r;
 }

@@ -293,6 +293,19 @@ absl::StatusOr<bool> Cluster::RejoinIfForgotten() {
   return true;
 }
 
+absl::StatusOr<LiveSet> Cluster::Heartbeat(absl::Time deadline) {
+  if (coordinator_ == nullptr) return live();
+  DQ_ASSIGN_OR_RETURN(LiveSet set, coordinator_->Heartbeat(options_.node_rank, me_, deadline));
+  absl::MutexLock lock(&mu_);
+  live_ = set;
+  return set;
+}
+
+LiveSet Cluster::live() const {
+  absl::MutexLock lock(&mu_);
+  return live_;
+}
+
 absl::StatusOr<uint64_t> Cluster::ClaimIncarnation(const std::string& job_id) {
   {
     // Live first: a node retiring the job meanwhile must not delete its keys (the count among them)
@@ -320,6 +333,70 @@ absl::StatusOr<uint64_t> Cluster::ClaimIncarnation(const std::string& job_id) {
   absl::MutexLock lock(&keys_mu_);
   incarnations_[JobKey(job_id, *incarnation)];
   return *incarnation;
+}
+
+absl::StatusOr<std::optional<Cluster::Rejoin>> Cluster::RejoinableIncarnation(const std::string& job_id,
+                                                                              absl::Duration wait) {
+  {
+    absl::MutexLock lock(&live_mu_);
+    if (live_jobs_.count(job_id)) return std::nullopt;  // this process runs it already
+  }
+  if (coordinator_ == nullptr) return std::nullopt;
+  // This node's live key is still set only when its previous dynamiqd died running the job.
+  absl::StatusOr<std::string> mine = store_->Get(LiveKey(job_id, options_.node_rank), absl::ZeroDuration());
+  if (engine::IsKeyNotSet(mine.status())) return std::nullopt;
+  if (!mine.ok()) return mine.status();
+  DQ_ASSIGN_OR_RETURN(auto base, ReadCounter(*store_, BaseKey(job_id)));
+  DQ_ASSIGN_OR_RETURN(auto count, ReadCounter(*store_, IncarnationsKey(job_id, options_.node_rank)));
+  if (!base.second.has_value() || count.first == 0) return std::nullopt;
+  const uint64_t incarnation = base.first + count.first;
+  const absl::Time deadline = absl::Now() + wait;
+  while (true) {
+    // Another live node still runs the incarnation this node ran (the same count)...
+    bool running = false;
+    const LiveSet live = this->live();
+    for (uint32_t node = 0; node < options_.num_nodes && !running; ++node) {
+      if (node == options_.node_rank || !live.IsLive(node)) continue;
+      absl::StatusOr<std::string> theirs = store_->Get(LiveKey(job_id, node), absl::ZeroDuration());
+      if (!theirs.ok()) continue;
+      DQ_ASSIGN_OR_RETURN(auto their_count, ReadCounter(*store_, IncarnationsKey(job_id, node)));
+      running = their_count.first == count.first;
+    }
+    if (!running) return std::nullopt;  // every node starts the job afresh (its next incarnation)
+    // ... and its members went on without this node: rejoin them.
+    absl::StatusOr<std::string> latest = store_->Get(LatestViewKey(job_id, incarnation), absl::ZeroDuration());
+    if (latest.ok()) {
+      uint64_t epoch = 0;
+      if (!absl::SimpleAtoi(*latest, &epoch)) return absl::DataLossError("a malformed newest view");
+      DQ_ASSIGN_OR_RETURN(std::string record, store_->Get(ViewKey(job_id, incarnation, epoch), absl::ZeroDuration()));
+      DQ_ASSIGN_OR_RETURN(GroupView view, GroupView::Decode(record, options_.num_nodes, options_.node_rank));
+      if (!view.is_member()) return Rejoin{incarnation, epoch};
+    }
+    // Not yet left out: the members have not noticed that this node's dynamiqd restarted.
+    if (absl::Now() >= deadline) return std::nullopt;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
+
+absl::Status Cluster::RejoinIncarnation(const std::string& job_id, uint64_t incarnation) {
+  {
+    absl::MutexLock lock(&live_mu_);
+    LiveJob& live = live_jobs_[job_id];
+    ++live.incarnations;
+    live.newest = std::max(live.newest, incarnation);
+  }
+  {
+    absl::MutexLock lock(&keys_mu_);
+    incarnations_[JobKey(job_id, incarnation)];
+  }
+  // The members admit a live node that asks to (Job::OnMembership).
+  absl::Status asked = store_->Set(JoinKey(job_id, incarnation, options_.node_rank), "1");
+  if (!asked.ok()) RetireJob(job_id, incarnation);
+  return asked;
+}
+
+std::string Cluster::JoinKey(const std::string& job_id, uint64_t incarnation, uint32_t node) {
+  return absl::StrCat(JobKey(job_id, incarnation), "/join/", node);
 }
 
 absl::StatusOr<uint64_t> Cluster::CountIncarnation(const std::string& job_id) {

@@ -13,6 +13,7 @@
 //                                       made for collective s (server/group_view.h)
 //   job/<id>/inc<k>/latest_view         its newest group view's epoch (claimed by compare-and-set)
 //   job/<id>/inc<k>/view/<E>            view E: GroupView::Encode (epoch 0, every node, is not stored)
+//   job/<id>/inc<k>/join/<r>            node r (a restarted dynamiqd) asks the members to admit it
 //   job/<id>/inc<k>/latest_epoch        its newest compression change (claimed by compare-and-set)
 //   job/<id>/inc<k>/config/<E>          epoch E: a serialized dynamiq.v1.PublishedConfig
 //   job/<id>/inc<k>/failed/<seq>        why a node failed collective seq: "<code>|<node>|<message>"
@@ -60,8 +61,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/store.h"
+#include "server/group_view.h"
 #include "server/grpc_store.h"
 #include "server/job_config.h"
+#include "server/membership.h"
 
 namespace dynamiq::server {
 
@@ -101,10 +104,33 @@ class Cluster {
   // not answer.
   absl::StatusOr<bool> RejoinIfForgotten();
 
+  // Heartbeats to the coordinator (server/membership.h): the live set it answers with, which live()
+  // returns from then on. The call ends by `deadline`. On one node: every node live, no call.
+  absl::StatusOr<LiveSet> Heartbeat(absl::Time deadline);
+  // The newest live set a heartbeat brought (epoch 0 before any, or from a coordinator without
+  // heartbeats: every node live).
+  LiveSet live() const;
+
   // Counts one more creation of `job_id` on this node; returns the count (the new incarnation).
   // Marks the job live on this node first (its live key): every successful claim is ended by
   // RetireJob.
   absl::StatusOr<uint64_t> ClaimIncarnation(const std::string& job_id);
+  // The incarnation of `job_id` this node should rejoin instead of starting the job's next one
+  // (server/membership.h): its previous dynamiqd died running it (the node's live key of the job is
+  // still set and this process has not run the job), another live node still runs it (the same
+  // count of incarnations), and the members went on in a view without this node; waits up to
+  // `wait` for that view while the others still run it. nullopt: start afresh (ClaimIncarnation).
+  struct Rejoin {
+    uint64_t incarnation = 0;
+    uint64_t view_epoch = 0;  // the members' newest view, which leaves this node out
+  };
+  absl::StatusOr<std::optional<Rejoin>> RejoinableIncarnation(const std::string& job_id, absl::Duration wait);
+  // Takes `incarnation` (RejoinableIncarnation's) on this node without counting another, and asks
+  // its members to admit this node (its join key).
+  absl::Status RejoinIncarnation(const std::string& job_id, uint64_t incarnation);
+  // The key by which node `node` asks to join a running incarnation.
+  static std::string JoinKey(const std::string& job_id, uint64_t incarnation, uint32_t node);
+
   // This node is done with the incarnation (its last local worker left, or it could not be created
   // after all): forgets its keys and, once no incarnation of the job runs here any more, deletes the
   // job's live key of this node, and every key of the job if no node runs it (key lifecycle above).
@@ -188,6 +214,7 @@ class Cluster {
   const std::string me_;
   mutable absl::Mutex mu_;
   std::vector<std::string> members_ ABSL_GUARDED_BY(mu_);
+  LiveSet live_ ABSL_GUARDED_BY(mu_);
   // Held across the store calls that set and delete this node's live keys, so that a claim and a
   // retirement of the same job on this node never cross.
   absl::Mutex live_mu_ ABSL_ACQUIRED_BEFORE(keys_mu_);

@@ -1,5 +1,6 @@
 #include "server/cluster_job_coordinator.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -36,15 +37,16 @@ absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connec
   }
   engine::PrefixStore prefixed(Cluster::RendezvousPrefix(job_id_, incarnation_, view.epoch(), sequence),
                                cluster_.store());
-  // A node that fails this collective instead of joining publishes why: stop waiting for it then.
+  // A node that fails this collective instead of joining publishes why, a silent member
+  // (server/membership.h) never comes, and a newer view may apply: stop waiting then.
   engine::InterruptibleStore scoped(
       prefixed,
-      [this, sequence]() -> absl::Status {
+      [this, sequence, &view]() -> absl::Status {
         if (std::optional<Cluster::Failure> cause = cluster_.PublishedFailure(job_id_, incarnation_, sequence)) {
           return absl::UnavailableError(
               absl::StrCat("node ", cause->node, " failed the collective instead of joining it"));
         }
-        return absl::OkStatus();
+        return ConnectWaitEnds(view, sequence);
       },
       kRendezvousPoll);
   const int rank = view.my_index();
@@ -81,6 +83,28 @@ absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connec
   return std::unique_ptr<engine::Transport>(std::move(counted));
 }
 
+absl::Status ClusterJobCoordinator::ConnectWaitEnds(const GroupView& view, uint64_t sequence) {
+  // A newer view that applies to this collective (claimed when a member went silent), or one that
+  // leaves this node out: the members meet there, not here.
+  absl::StatusOr<GroupView> newest = NewestView(view);
+  if (newest.ok() && newest->epoch() > view.epoch() && (newest->first_sequence() <= sequence || !newest->is_member())) {
+    return absl::AbortedError(absl::StrCat(newest->ToString(), " was claimed while node ", view.node_rank(),
+                                           " waited to connect in ", view.ToString()));
+  }
+  const LiveSet live = cluster_.live();
+  const std::vector<uint32_t> silent = live.Silent(view.members());
+  if (silent.empty()) return absl::OkStatus();
+  const uint32_t min_nodes = live.min_nodes == 0 ? settings_.num_nodes : live.min_nodes;
+  const uint32_t left = view.size() - static_cast<uint32_t>(silent.size());
+  if (left < min_nodes) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(live.DescribeSilent(silent), " stopped heartbeating to the coordinator; job ", job_id_, "'s ",
+                     view.ToString(), " would shrink to ", left, left == 1 ? " node" : " nodes",
+                     ", below --min_nodes=", min_nodes, ", so its collectives fail until the node is back"));
+  }
+  return absl::OkStatus();  // the view's lowest live member claims the next view (Job::OnMembership)
+}
+
 absl::StatusOr<GroupView> ClusterJobCoordinator::ClaimView(const GroupView& current, std::vector<uint32_t> members,
                                                            uint64_t first_sequence) {
   const uint64_t epoch = current.epoch() + 1;
@@ -114,18 +138,45 @@ absl::StatusOr<GroupView> ClusterJobCoordinator::ClaimView(const GroupView& curr
 }
 
 absl::StatusOr<GroupView> ClusterJobCoordinator::NewestView(const GroupView& current) {
+  DQ_ASSIGN_OR_RETURN(std::vector<GroupView> newer, ViewsAfter(current, /*newest_only=*/true));
+  return newer.empty() ? current : newer.back();
+}
+
+absl::StatusOr<std::vector<GroupView>> ClusterJobCoordinator::ViewsAfter(const GroupView& current) {
+  return ViewsAfter(current, /*newest_only=*/false);
+}
+
+absl::StatusOr<std::vector<GroupView>> ClusterJobCoordinator::ViewsAfter(const GroupView& current, bool newest_only) {
   absl::StatusOr<std::string> latest =
       cluster_.store().Get(Cluster::LatestViewKey(job_id_, incarnation_), absl::ZeroDuration());
-  if (engine::IsKeyNotSet(latest.status())) return current;  // never changed: every node, as started
+  if (engine::IsKeyNotSet(latest.status())) return std::vector<GroupView>{};  // never changed: every node
   if (!latest.ok()) return latest.status();
   uint64_t newest = 0;
   if (!absl::SimpleAtoi(*latest, &newest)) {
     return absl::DataLossError(absl::StrCat("job ", job_id_, "'s newest view is '", absl::CHexEscape(*latest), "'"));
   }
-  if (newest <= current.epoch()) return current;
-  DQ_ASSIGN_OR_RETURN(std::string record,
-                      cluster_.store().Get(Cluster::ViewKey(job_id_, incarnation_, newest), absl::ZeroDuration()));
-  return GroupView::Decode(record, settings_.num_nodes, settings_.node_rank);
+  std::vector<GroupView> views;
+  if (newest <= current.epoch()) return views;
+  // The store keeps the newest kKeptViews records (ClaimView deletes older ones).
+  uint64_t first = std::max(current.epoch() + 1, newest >= kKeptViews ? newest - kKeptViews + 1 : 1);
+  if (newest_only) first = newest;
+  for (uint64_t epoch = first; epoch <= newest; ++epoch) {
+    DQ_ASSIGN_OR_RETURN(std::string record,
+                        cluster_.store().Get(Cluster::ViewKey(job_id_, incarnation_, epoch), absl::ZeroDuration()));
+    DQ_ASSIGN_OR_RETURN(GroupView view, GroupView::Decode(record, settings_.num_nodes, settings_.node_rank));
+    views.push_back(std::move(view));
+  }
+  return views;
+}
+
+bool ClusterJobCoordinator::WantsToJoin(uint32_t node) {
+  return cluster_.store().Get(Cluster::JoinKey(job_id_, incarnation_, node), absl::ZeroDuration()).ok();
+}
+
+void ClusterJobCoordinator::Admitted(const std::vector<uint32_t>& nodes) {
+  engine::Store::Deletion deletion;
+  for (uint32_t node : nodes) deletion.keys.push_back(Cluster::JoinKey(job_id_, incarnation_, node));
+  (void)cluster_.store().Delete(deletion);  // best effort: a node already admitted is not admitted again
 }
 
 absl::StatusOr<bool> ClusterJobCoordinator::PollConfig(uint64_t sequence, uint64_t* epoch, JobConfig* config) {

@@ -50,11 +50,23 @@ class ClusterJobCoordinator final : public JobCoordinator {
   absl::StatusOr<GroupView> ClaimView(const GroupView& current, std::vector<uint32_t> members,
                                       uint64_t first_sequence) override;
   absl::StatusOr<GroupView> NewestView(const GroupView& current) override;
+  absl::StatusOr<std::vector<GroupView>> ViewsAfter(const GroupView& current) override;
+  bool WantsToJoin(uint32_t node) override;
+  void Admitted(const std::vector<uint32_t>& nodes) override;
   absl::StatusOr<bool> PollConfig(uint64_t sequence, uint64_t* epoch, JobConfig* config) override;
   absl::Status ReportFailure(uint64_t sequence, const absl::Status& cause, absl::Time deadline) override;
   std::optional<FailureCause> LookupFailure(uint64_t sequence, absl::Time deadline) override;
 
  private:
+  // Why a node waiting to connect in `view` for collective `sequence` should stop: ABORTED once a
+  // newer view applies to the collective or leaves this node out (the caller connects in it, or
+  // fails the collective), FAILED_PRECONDITION when a member is silent (server/membership.h) and
+  // the view cannot shrink past --min_nodes; OK to wait on (a claim without the silent member may
+  // still come).
+  absl::Status ConnectWaitEnds(const GroupView& view, uint64_t sequence);
+  // The views claimed after `current` (only the newest, if `newest_only`).
+  absl::StatusOr<std::vector<GroupView>> ViewsAfter(const GroupView& current, bool newest_only);
+
   Cluster& cluster_;
   const std::string job_id_;
   const uint64_t incarnation_;

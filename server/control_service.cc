@@ -38,6 +38,7 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context, const dynam
   response->set_error_sample_rate(daemon_.error_sample_rate());
   response->set_transport(TransportName(daemon_.options()));
   response->set_device(std::string(DeviceKindName(daemon_.options().device)));
+  for (uint32_t node : daemon_.LiveNodes()) response->add_live_nodes(node);
   for (const auto& [id, s] : daemon_.JobStatuses()) {
     dynamiq::v1::JobStatus* j = response->add_jobs();
     j->set_job_id(id);
@@ -56,6 +57,8 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context, const dynam
     j->set_error_samples(s.error_samples);
     for (const auto& [rank, seconds] : s.local_wait_seconds) (*j->mutable_local_wait_seconds())[rank] = seconds;
     for (const auto& [node, seconds] : s.node_wait_seconds) (*j->mutable_node_wait_seconds())[node] = seconds;
+    j->set_view_epoch(s.view_epoch);
+    for (uint32_t node : s.view_members) j->add_view_nodes(node);
     if (daemon_.error_budget() == nullptr) continue;
     if (auto state = daemon_.error_budget()->State(id)) {
       const CompressionController::Stats& st = state->stats;
@@ -127,6 +130,9 @@ grpc::Status ControlService::GetFlightRecorder(grpc::ServerContext* context,
       out->set_start_unix_nanos(absl::ToUnixNanos(r.start));
       out->set_seconds(r.seconds);
       out->set_wire_bytes(r.wire_bytes);
+      out->set_view_epoch(r.view_epoch);
+      for (uint32_t node : r.nodes) out->add_nodes(node);
+      out->set_contributors(r.contributors);
     }
     if (daemon_.error_budget() == nullptr) continue;
     for (const ErrorBudgetService::Event& e : daemon_.error_budget()->Events(id, request->limit())) {

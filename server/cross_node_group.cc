@@ -20,6 +20,9 @@ constexpr absl::Duration kReportTimeout = absl::Seconds(1);
 // daemon killed) reaches the workers this much later.
 constexpr absl::Duration kCauseWaitAfterReset = absl::Milliseconds(300);
 constexpr absl::Duration kCauseWaitAfterDeadline = absl::Seconds(1);
+// Connects a collective tries: the first, and again in each newer view claimed during the wait (a
+// member went silent) that applies to it.
+constexpr int kConnectAttempts = 4;
 
 // `message` without its leading "collective <seq> of job <id>" (and the ": " or " " after it).
 absl::string_view WithoutCollectivePrefix(absl::string_view message, absl::string_view prefix) {
@@ -43,15 +46,28 @@ GroupView CrossNodeGroup::view() const {
 }
 
 void CrossNodeGroup::AdoptDueView(uint64_t sequence) {
-  if (!next_view_.has_value() || next_view_->first_sequence() > sequence) return;
+  // The newest view whose first collective `sequence` has reached; the ones before it never run here
+  // (a view that applied earlier was passed over by the newer one).
+  auto due = pending_.end();
+  for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+    if (it->first_sequence() <= sequence) due = it;
+  }
+  if (due == pending_.end()) return;
   {
     absl::MutexLock lock(&view_mu_);
-    view_ = *std::move(next_view_);
+    view_ = *due;
   }
-  next_view_.reset();
+  pending_.erase(pending_.begin(), due + 1);
   // The boundary: every member drops the old connection here and connects in the new view.
   transport_.reset();
   reconnect_ = false;
+}
+
+void CrossNodeGroup::AddPending(std::vector<GroupView> views) {
+  for (GroupView& v : views) {
+    const uint64_t known = pending_.empty() ? view_.epoch() : pending_.back().epoch();
+    if (v.epoch() > known) pending_.push_back(std::move(v));
+  }
 }
 
 bool CrossNodeGroup::HasPeers() const {
@@ -64,19 +80,21 @@ absl::Status CrossNodeGroup::Refresh(uint64_t sequence) {
   GroupView known;
   {
     absl::MutexLock lock(&mu_);
-    known = next_view_.value_or(view_);
+    known = pending_.empty() ? view_ : pending_.back();
   }
-  DQ_ASSIGN_OR_RETURN(GroupView newest, coordinator_->NewestView(known));
+  DQ_ASSIGN_OR_RETURN(std::vector<GroupView> newer, coordinator_->ViewsAfter(known));
   absl::MutexLock lock(&mu_);
-  if (newest.epoch() > view_.epoch() && (!next_view_.has_value() || newest.epoch() >= next_view_->epoch())) {
-    next_view_ = std::move(newest);
-  }
+  AddPending(std::move(newer));
   AdoptDueView(sequence);
   return absl::OkStatus();
 }
 
-absl::StatusOr<engine::Transport*> CrossNodeGroup::Connected(uint64_t sequence) {
+absl::Status CrossNodeGroup::Settle(uint64_t sequence) {
   absl::MutexLock lock(&mu_);
+  return SettleLocked(sequence);
+}
+
+absl::Status CrossNodeGroup::SettleLocked(uint64_t sequence) {
   // Refresh adopts a view at its boundary only where the job polls; a view learned earlier still
   // applies at its boundary when the job skips the poll there.
   AdoptDueView(sequence);
@@ -84,22 +102,64 @@ absl::StatusOr<engine::Transport*> CrossNodeGroup::Connected(uint64_t sequence) 
     transport_.reset();
     reconnect_ = false;
   }
+  if (single_node_ || coordinator_ == nullptr || transport_) return absl::OkStatus();
+  absl::Status last;
+  for (int attempt = 0; attempt < kConnectAttempts; ++attempt) {
+    // A new connection starts from the newest view: one claimed while this node was not looking
+    // (a member went silent, server/membership.h) applies from the collective it broke.
+    LearnNewerViews();
+    AdoptDueView(sequence);
+    if (!view_.is_member() || view_.size() <= 1) return absl::OkStatus();  // no transport: the job says why
+    // A failed connect is a failed collective: the next one connects again, under its own keys.
+    absl::StatusOr<std::unique_ptr<engine::Transport>> connected = coordinator_->Connect(view_, sequence);
+    if (connected.ok()) {
+      transport_ = *std::move(connected);
+      ++transport_serial_;
+      silent_reason_.clear();
+      return absl::OkStatus();
+    }
+    last = common::Annotate(connected.status(), absl::StrCat("collective ", sequence, " of job ", job_id_));
+    // The wait ended because a view without a silent member was claimed: connect in it, if it
+    // applies to this collective already.
+    LearnNewerViews();
+    bool due = false;
+    for (const GroupView& v : pending_) due = due || v.first_sequence() <= sequence;
+    if (!due) break;
+  }
+  return last;
+}
+
+void CrossNodeGroup::LearnNewerViews() {
+  absl::StatusOr<std::vector<GroupView>> newer = coordinator_->ViewsAfter(pending_.empty() ? view_ : pending_.back());
+  if (newer.ok()) AddPending(*std::move(newer));
+}
+
+absl::StatusOr<engine::Transport*> CrossNodeGroup::Connected(uint64_t sequence) {
+  absl::MutexLock lock(&mu_);
+  DQ_RETURN_IF_ERROR(SettleLocked(sequence));
   if (!view_.is_member()) {
     return absl::FailedPreconditionError(absl::StrCat("collective ", sequence, " of job ", job_id_, ": node ",
                                                       view_.node_rank(), " is not a member of the job's ",
                                                       view_.ToString()));
   }
-  if (!transport_) {
-    if (coordinator_ == nullptr) return absl::FailedPreconditionError("a job of one node has no transport");
-    // A failed connect is a failed collective: the next one connects again, under its own keys.
-    absl::StatusOr<std::unique_ptr<engine::Transport>> connected = coordinator_->Connect(view_, sequence);
-    if (!connected.ok()) {
-      return common::Annotate(connected.status(), absl::StrCat("collective ", sequence, " of job ", job_id_));
-    }
-    transport_ = *std::move(connected);
-    ++transport_serial_;
-  }
+  if (!transport_) return absl::FailedPreconditionError("a job of one node has no transport");
   return transport_.get();
+}
+
+bool CrossNodeGroup::AbortIfIncludes(const std::vector<uint32_t>& silent, const std::string& why) {
+  // Not while a connect holds the lock: that wait ends by itself (ClusterJobCoordinator).
+  if (!mu_.TryLock()) return false;
+  bool aborted = false;
+  bool includes = false;
+  for (uint32_t node : silent) includes = includes || view_.IndexOf(node) >= 0;
+  if (includes && transport_) {
+    transport_->Abort();
+    reconnect_ = true;
+    silent_reason_ = why;
+    aborted = true;
+  }
+  mu_.Unlock();
+  return aborted;
 }
 
 void CrossNodeGroup::Drop(bool abort) {
@@ -149,6 +209,22 @@ absl::Status CrossNodeGroup::WithRemoteCause(uint64_t sequence, absl::Status err
   // A peer that breaks the group resets the connections (UNAVAILABLE), or this node's step runs into
   // its deadline first (a peer's watchdog fires at about the same time). ABORTED is this node's own
   // abort (Stop, its own break): nothing to look up.
+  bool silent_failure = false;
+  if (absl::IsAborted(error)) {
+    absl::MutexLock lock(&mu_);
+    // Aborted because a member went silent (AbortIfIncludes): say that, not "aborted".
+    if (!silent_reason_.empty()) {
+      error = absl::UnavailableError(absl::StrCat("collective ", sequence, " of job ", job_id_, ": ", silent_reason_,
+                                                  " (here: ", error.message(), ")"));
+      // Published, so that a member already connecting for this collective in the next view stops
+      // waiting for this node, which goes on to the next one.
+      silent_failure = true;
+    }
+  }
+  if (silent_failure) {
+    Report({{sequence, error}});
+    return error;
+  }
   if (single_node_ || coordinator_ == nullptr || absl::IsAborted(error)) return error;
   if (!absl::IsUnavailable(error) && !absl::IsDeadlineExceeded(error)) {
     Report({{sequence, error}});

@@ -53,15 +53,25 @@ class CrossNodeGroup {
 
   // The view the next collective runs in, as far as this node knows.
   GroupView view() const;
-  // Asks the coordinator for a newer view (one read of its store) and adopts the newest whose first
-  // collective `sequence` has reached (dropping the transport: the members connect again in it); a
-  // newer one that applies later waits for its collective. Call it where every member looks, at the
-  // same collective boundary (Job: where configuration changes are polled).
+  // Asks the coordinator for newer views (one read of its store when there are none) and adopts the
+  // newest whose first collective `sequence` has reached (dropping the transport: the members
+  // connect again in it); a newer one that applies later waits for its collective. Call it where every member looks, at
+  // the same collective boundary (Job: where configuration changes are polled).
   absl::Status Refresh(uint64_t sequence);
-  // The transport for collective `sequence`, connected in the current view if there is none (first
-  // adopting, as Refresh does, a view already known whose first collective `sequence` has reached).
-  // FAILED_PRECONDITION when this node is not a member of the view.
+  // Makes the view and transport collective `sequence` runs in: adopts a view already known whose
+  // first collective `sequence` has reached (as Refresh does), and, when there is no transport,
+  // looks up the newest view first and connects among its members (this node a member, more than
+  // one of them); a connect cut short by a newer view that applies to `sequence` (a member went
+  // silent: server/membership.h) is made again in it. Call it before reading view() for the
+  // collective. OK when this node has no transport to make (not a member; a view of one node).
+  absl::Status Settle(uint64_t sequence);
+  // Settle, then the transport: FAILED_PRECONDITION when this node is not a member of the view, or
+  // it has no other member.
   absl::StatusOr<engine::Transport*> Connected(uint64_t sequence);
+  // Aborts the transport if it connects any of `silent` (nodes that stopped heartbeating): an
+  // exchange waiting on them fails at once, saying `why`, and the next collective connects again.
+  // Never waits: false (nothing done) while a connect is under way (its wait ends by itself).
+  bool AbortIfIncludes(const std::vector<uint32_t>& silent, const std::string& why);
   // The group broke during an exchange: drops the transport (aborting it first if `abort`: the peers
   // are still inside the exchange), so the next collective connects again.
   void Drop(bool abort);
@@ -95,19 +105,27 @@ class CrossNodeGroup {
   const std::string job_id_;
   const bool single_node_;
   const std::shared_ptr<JobCoordinator> coordinator_;
-  // Replaces view_ with next_view_ if collective `sequence` has reached its first, dropping the
-  // transport (Refresh and Connected: whichever comes to the boundary first).
+  // Replaces view_ with the newest pending view whose first collective `sequence` has reached,
+  // dropping the transport (Refresh and Settle: whichever comes to the boundary first).
   void AdoptDueView(uint64_t sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SettleLocked(uint64_t sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends the views newer than any known to pending_.
+  void AddPending(std::vector<GroupView> views) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads the coordinator's views newer than any known into pending_ (best effort).
+  void LearnNewerViews() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // mu_ is held across a connect (which waits for the other members); view() must not wait for
   // that, so view_ is written under both mu_ and view_mu_ and read under either.
   absl::Mutex mu_;
   mutable absl::Mutex view_mu_ ABSL_ACQUIRED_AFTER(mu_);
   GroupView view_;
-  std::optional<GroupView> next_view_ ABSL_GUARDED_BY(mu_);  // claimed, from a later collective on
+  // Claimed views newer than view_, by epoch: each applies from its first collective on. All of them
+  // are kept, so a node that learns of two at once adopts each at its own boundary.
+  std::vector<GroupView> pending_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<engine::Transport> transport_ ABSL_GUARDED_BY(mu_);
   bool reconnect_ ABSL_GUARDED_BY(mu_) = false;         // decided breaks: connect again for the next collective
   uint64_t transport_serial_ ABSL_GUARDED_BY(mu_) = 0;  // counts the transports connected
+  std::string silent_reason_ ABSL_GUARDED_BY(mu_);      // why AbortIfIncludes aborted the transport
 };
 
 }  // namespace dynamiq::server

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -113,6 +114,9 @@ absl::Status Daemon::Start() {
         security_.rendezvous_auth.get(), [this](const absl::Status& s) { RecordRejected(s, "a rendezvous call"); });
     // A node whose settings differ from this one's is refused as it joins, and never listed.
     rendezvous_->RequireSettings(ClusterSettings(options_));
+    if (options_.heartbeat_timeout > absl::ZeroDuration()) {
+      rendezvous_->EnableHeartbeats(options_.heartbeat_timeout, options_.min_nodes);
+    }
     op.RegisterService(rendezvous_.get());
   }
   operator_server_ = op.BuildAndStart();
@@ -179,13 +183,18 @@ absl::Status Daemon::Start() {
   metrics_->SetGaugeSource([this] {
     Metrics::Snapshot snapshot;
     for (const auto& [id, s] : JobStatuses()) {
-      Metrics::JobGauges gauges{id, s.workers, s.inflight, s.config_epoch, s.config};
+      Metrics::JobGauges gauges{
+          id, s.workers, s.inflight, s.config_epoch, static_cast<uint32_t>(s.view_members.size()), s.config};
       if (error_budget_) {
         if (auto state = error_budget_->State(id)) gauges.controller = state->stats;
       }
       snapshot.jobs.push_back(std::move(gauges));
     }
     snapshot.shm_mapped_bytes = buffers_->TotalMappedBytes();
+    if (options_.num_nodes > 1 && options_.heartbeat_timeout > absl::ZeroDuration()) {
+      const LiveSet live = cluster_->live();
+      if (live.epoch > 0) snapshot.live_nodes = static_cast<uint32_t>(live.live.size());
+    }
     if (rendezvous_) {
       snapshot.store_keys = rendezvous_->KeyCount();
       snapshot.store_bytes = rendezvous_->KeyBytes();
@@ -199,6 +208,9 @@ absl::Status Daemon::Start() {
   }
   if (options_.num_nodes > 1 && !coordinator_here) {
     coordinator_watch_ = std::thread([this] { WatchCoordinator(); });
+  }
+  if (options_.num_nodes > 1 && options_.heartbeat_timeout > absl::ZeroDuration()) {
+    membership_watch_ = std::thread([this] { WatchMembership(); });
   }
   operator_server_->GetHealthCheckService()->SetServingStatus(true);
   return absl::OkStatus();
@@ -234,6 +246,70 @@ void Daemon::WatchCoordinator() {
   }
 }
 
+void Daemon::WatchMembership() {
+  const absl::Duration interval = options_.heartbeat_timeout / 4;
+  uint64_t epoch = 0;
+  std::vector<uint32_t> live;
+  for (uint32_t node = 0; node < options_.num_nodes; ++node) live.push_back(node);
+  std::map<uint32_t, uint64_t> generations;  // how many times each node had joined, as last heard
+  bool failing = false;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shut_down_; };
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopped), interval)) return;
+    }
+    // Bounded, so a cut link to the coordinator never holds this thread past the next heartbeat.
+    absl::StatusOr<LiveSet> set = cluster_->Heartbeat(absl::Now() + interval);
+    if (!set.ok()) {
+      if (absl::IsUnimplemented(set.status())) {
+        common::Log("the coordinator takes no heartbeats (--heartbeat_timeout=0 on node 0): the group is fixed");
+        return;
+      }
+      if (!failing) common::Log("cannot heartbeat to the coordinator: %s", set.status().message());
+      failing = true;
+      continue;
+    }
+    if (failing) common::Log("heartbeats reach the coordinator again");
+    failing = false;
+    if (set->epoch != epoch) {
+      std::vector<uint32_t> left, returned;
+      std::set_difference(live.begin(), live.end(), set->live.begin(), set->live.end(), std::back_inserter(left));
+      std::set_difference(set->live.begin(), set->live.end(), live.begin(), live.end(), std::back_inserter(returned));
+      if (!left.empty()) {
+        common::Log("%s stopped heartbeating to the coordinator (--heartbeat_timeout=%g s); live: %s",
+                    set->DescribeSilent(left), absl::ToDoubleSeconds(options_.heartbeat_timeout),
+                    absl::StrJoin(set->live, ", "));
+        metrics_->OnMembershipChange("left", static_cast<uint32_t>(left.size()));
+      }
+      std::vector<uint32_t> restarted;
+      for (uint32_t node : set->live) {
+        const uint64_t before = generations.count(node) ? generations[node] : 0;
+        if (before > 0 && set->Generation(node) > before) restarted.push_back(node);
+      }
+      if (!restarted.empty()) {
+        common::Log("node%s %s restarted (joined the cluster again); live: %s", restarted.size() == 1 ? "" : "s",
+                    absl::StrJoin(restarted, ", "), absl::StrJoin(set->live, ", "));
+        metrics_->OnMembershipChange("restarted", static_cast<uint32_t>(restarted.size()));
+      }
+      if (!returned.empty()) {
+        common::Log("node%s %s heartbeat%s again; live: %s", returned.size() == 1 ? "" : "s",
+                    absl::StrJoin(returned, ", "), returned.size() == 1 ? "s" : "", absl::StrJoin(set->live, ", "));
+        metrics_->OnMembershipChange("returned", static_cast<uint32_t>(returned.size()));
+      }
+      epoch = set->epoch;
+      live = set->live;
+      for (uint32_t node : set->live) generations[node] = set->Generation(node);
+    }
+    std::vector<std::shared_ptr<Job>> jobs;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, job] : jobs_) jobs.push_back(job);
+    }
+    for (const std::shared_ptr<Job>& job : jobs) job->OnMembership(*set);
+  }
+}
+
 absl::Status Daemon::OpenDevice() {
 #ifdef DQ_HAVE_NCCL
   DQ_RETURN_IF_ERROR(CheckCudaDevice(options_.cuda_device));
@@ -254,6 +330,7 @@ void Daemon::Shutdown(absl::Duration grace) {
     shut_down_ = true;
   }
   if (coordinator_watch_.joinable()) coordinator_watch_.join();
+  if (membership_watch_.joinable()) membership_watch_.join();
   // No controller decision is published while the jobs go away.
   if (error_budget_) error_budget_->Stop();
   // No scrape may read the jobs or the shared memory while they go away.
@@ -298,6 +375,14 @@ double Daemon::error_sample_rate() const {
 
 void Daemon::RecordRejected(const absl::Status& status, absl::string_view who) { reject_log_->Record(status, who); }
 
+std::vector<uint32_t> Daemon::LiveNodes() const {
+  absl::MutexLock lock(&mu_);
+  if (cluster_ == nullptr) return {};
+  const LiveSet live = cluster_->live();
+  if (live.epoch == 0) return {};
+  return live.live;
+}
+
 std::vector<std::string> Daemon::members() const {
   absl::MutexLock lock(&mu_);
   if (cluster_ != nullptr) return cluster_->members();
@@ -308,8 +393,17 @@ std::vector<std::string> Daemon::members() const {
 }
 
 absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id, uint64_t incarnation,
-                                                       uint32_t local_world_size) {
+                                                       uint32_t local_world_size,
+                                                       std::optional<uint64_t> rejoin_after_view) {
   Job::Options o;
+  o.rejoin_after_view = rejoin_after_view;
+  o.live_at_start = cluster_->live();
+  if (o.live_at_start.epoch == 0 && options_.num_nodes > 1 && options_.heartbeat_timeout > absl::ZeroDuration()) {
+    // No heartbeat answered yet (the daemon just started): ask now, so the job knows how many times
+    // each node had joined before it (a restart after this is one).
+    absl::StatusOr<LiveSet> now = cluster_->Heartbeat(absl::Now() + options_.heartbeat_timeout / 4);
+    if (now.ok()) o.live_at_start = *std::move(now);
+  }
   o.id = job_id;
   o.incarnation = incarnation;
   o.local_world_size = local_world_size;

@@ -143,6 +143,7 @@ class Daemon {
     bool average = false;
     std::optional<uint64_t> submission;
     std::optional<double> weight;  // Job::Request::weight
+    bool exact = false;            // Job::Request::exact
   };
   // Queues a worker's all-reduce and returns at once: `done` runs exactly once with the result or
   // the error (Job::Enqueue), here for a refused request. The worker service's handler.
@@ -170,6 +171,8 @@ class Daemon {
   // The live job's records, else those of the job's last retired incarnation while kept.
   absl::StatusOr<std::vector<CollectiveRecord>> FlightRecorder(const std::string& job_id, size_t limit) const;
   std::vector<std::string> members() const;
+  // The nodes the coordinator last said are live (server/membership.h); empty without heartbeats.
+  std::vector<uint32_t> LiveNodes() const;
 
  private:
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id) const;
@@ -181,8 +184,10 @@ class Daemon {
                                          uint32_t local_world_size, const std::optional<ipc::PeerCredentials>& peer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new Job for incarnation `incarnation` of `job_id` (its reducer starts at once).
+  // `rejoin_after_view`: Job::Options::rejoin_after_view.
   absl::StatusOr<std::shared_ptr<Job>> CreateJob(const std::string& job_id, uint64_t incarnation,
-                                                 uint32_t local_world_size);
+                                                 uint32_t local_world_size,
+                                                 std::optional<uint64_t> rejoin_after_view = std::nullopt);
   // Closes a job already taken out of jobs_ (no worker left) and drops its per-job state.
   void RetireJob(std::shared_ptr<Job> job, const std::string& reason);
   // FAILED_PRECONDITION unless the worker is registered.
@@ -230,6 +235,11 @@ class Daemon {
   // when it has restarted (an empty rendezvous that does not know this node). Ends at Shutdown.
   void WatchCoordinator();
   std::thread coordinator_watch_;
+  // Clusters with heartbeats (server/membership.h): heartbeats to the coordinator every quarter of
+  // --heartbeat_timeout, logs and counts changes of the live set, and hands it to every job
+  // (Job::OnMembership). Ends at Shutdown.
+  void WatchMembership();
+  std::thread membership_watch_;
   std::string listen_address_ ABSL_GUARDED_BY(mu_);
   std::string metrics_address_ ABSL_GUARDED_BY(mu_);
   double error_sample_rate_ ABSL_GUARDED_BY(mu_) = 0;

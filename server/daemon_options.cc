@@ -39,6 +39,8 @@ NodeSettings ClusterSettings(const DaemonOptions& o) {
       {"arc_topk_error_feedback", boolean(o.arc_topk_error_feedback)},
       {"arc_topk_momentum", number(o.arc_topk_momentum)},
       {"error_feedback_mib", absl::StrCat(o.error_feedback_mib)},
+      {"heartbeat_timeout", number(absl::ToDoubleSeconds(o.heartbeat_timeout))},
+      {"min_nodes", absl::StrCat(o.min_nodes)},
       // New jobs start with these on every node (a later change is published to all).
       {"codec", std::string(kernels::CodecName(c.codec.id))},
       {"bits", number(c.codec.bits)},
@@ -78,6 +80,13 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
   }
   if (o.coordinator.empty() && o.num_nodes > 1 && o.node_rank != 0) {
     return absl::InvalidArgumentError("--coordinator is required on nodes other than node 0");
+  }
+  if (o.min_nodes > o.num_nodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--min_nodes ", o.min_nodes, " is more than the cluster's ", o.num_nodes, " nodes"));
+  }
+  if (o.heartbeat_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--heartbeat_timeout must be >= 0 (0: no heartbeats)");
   }
   if (o.metrics_port < -1 || o.metrics_port > 65535) {
     return absl::InvalidArgumentError(

@@ -31,6 +31,12 @@ struct DaemonOptions {
   std::string worker_socket = common::DefaultWorkerSocket();
   JobConfig default_config;
   absl::Duration timeout = absl::Seconds(300);
+  // Elastic membership (server/membership.h): every node heartbeats to the coordinator every quarter
+  // of heartbeat_timeout, and a node not heard from for longer is silent (zero: no heartbeats, a
+  // fixed group). A job's group view shrinks past silent nodes down to min_nodes (0: the cluster's
+  // size, i.e. it never shrinks: the collectives fail, naming the silent nodes). Node 0's apply.
+  absl::Duration heartbeat_timeout = absl::Seconds(10);
+  uint32_t min_nodes = 0;
   // Shared memory limits.
   size_t max_shm_bytes = size_t{64} << 30;
   // Buffers all workers together may hold (each kind: shared memory, device memory). Every shared

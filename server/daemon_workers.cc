@@ -74,8 +74,26 @@ absl::StatusOr<Daemon::Registration> Daemon::Register(const std::string& job_id,
     // hostile worker) from exhausting the node's threads. Creations are serialized by create_mu_.
     DQ_RETURN_IF_ERROR(CheckAnotherJob(options_, jobs_.size(), QuoteName(job_id)));
   }
-  DQ_ASSIGN_OR_RETURN(uint64_t incarnation, cluster_->ClaimIncarnation(job_id));
-  absl::StatusOr<std::shared_ptr<Job>> created = CreateJob(job_id, incarnation, local_world_size);
+  // A node whose previous dynamiqd died running the job rejoins the members' incarnation, where
+  // they went on without it (server/membership.h); otherwise the job starts its next incarnation.
+  std::optional<Cluster::Rejoin> rejoin;
+  if (options_.num_nodes > 1 && options_.heartbeat_timeout > absl::ZeroDuration()) {
+    // While the members have not yet noticed the restart, wait for them only if they may go on
+    // without this node (--min_nodes below the cluster's size).
+    const bool may_shrink = options_.min_nodes > 0 && options_.min_nodes < options_.num_nodes;
+    DQ_ASSIGN_OR_RETURN(rejoin, cluster_->RejoinableIncarnation(
+                                    job_id, may_shrink ? 2 * options_.heartbeat_timeout : absl::ZeroDuration()));
+  }
+  uint64_t incarnation = 0;
+  if (rejoin.has_value()) {
+    DQ_RETURN_IF_ERROR(cluster_->RejoinIncarnation(job_id, rejoin->incarnation));
+    incarnation = rejoin->incarnation;
+  } else {
+    DQ_ASSIGN_OR_RETURN(incarnation, cluster_->ClaimIncarnation(job_id));
+  }
+  absl::StatusOr<std::shared_ptr<Job>> created =
+      CreateJob(job_id, incarnation, local_world_size,
+                rejoin.has_value() ? std::optional<uint64_t>(rejoin->view_epoch) : std::nullopt);
   if (!created.ok()) {
     cluster_->RetireJob(job_id, incarnation);  // the claim's keys (server/cluster.h: key lifecycle)
     return created.status();
@@ -96,7 +114,12 @@ absl::StatusOr<Daemon::Registration> Daemon::Register(const std::string& job_id,
     cluster_->RetireJob(job_id, incarnation);
     return registered.status();
   }
-  common::Log("job %s: incarnation %llu started", job_id.c_str(), static_cast<unsigned long long>(incarnation));
+  if (rejoin.has_value()) {
+    common::Log("job %s: rejoining incarnation %d, where the members went on in view %d without this node", job_id,
+                incarnation, rejoin->view_epoch);
+  } else {
+    common::Log("job %s: incarnation %llu started", job_id.c_str(), static_cast<unsigned long long>(incarnation));
+  }
   return registered;
 }
 
@@ -230,6 +253,7 @@ absl::StatusOr<Job::Request> Daemon::CheckAllReduce(const AllReduceCall& call, s
   r.device_memory = device_memory;
   r.submission = call.submission;
   r.weight = call.weight;
+  r.exact = call.exact;
   *job_out = std::move(job);
   return r;
 }

@@ -170,4 +170,24 @@ absl::StatusOr<std::vector<std::string>> GrpcStore::Join(uint32_t node_rank, uin
   return std::vector<std::string>(response.members().begin(), response.members().end());
 }
 
+absl::StatusOr<LiveSet> GrpcStore::Heartbeat(uint32_t node_rank, const std::string& address, absl::Time deadline) {
+  dynamiq::v1::HeartbeatRequest request;
+  request.set_node_rank(node_rank);
+  request.set_address(address);
+  dynamiq::v1::HeartbeatResponse response;
+  grpc::ClientContext context;
+  Prepare(context, deadline);
+  DQ_RETURN_IF_ERROR(Annotate(stub_->Heartbeat(&context, request, &response), absl::StrCat("heartbeat to ", address_)));
+  LiveSet set;
+  set.epoch = response.epoch();
+  set.live.assign(response.live().begin(), response.live().end());
+  set.generations.assign(response.generations().begin(), response.generations().end());
+  if (!std::is_sorted(set.live.begin(), set.live.end()) || set.generations.size() != set.live.size()) {
+    return absl::DataLossError(absl::StrCat("heartbeat to ", address_, ": a malformed live set"));
+  }
+  set.min_nodes = response.min_nodes();
+  for (const auto& s : response.silent()) set.silent.emplace_back(s.node_rank(), s.seconds());
+  return set;
+}
+
 }  // namespace dynamiq::server

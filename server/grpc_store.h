@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "dynamiq/v1/rendezvous.grpc.pb.h"
 #include "engine/store.h"
+#include "server/membership.h"
 
 namespace dynamiq::server {
 
@@ -52,6 +53,10 @@ class GrpcStore final : public engine::Store {
   // member's address by node rank once all have joined (or DEADLINE_EXCEEDED after `timeout`).
   absl::StatusOr<std::vector<std::string>> Join(uint32_t node_rank, uint32_t num_nodes, const std::string& address,
                                                 absl::Duration timeout, const NodeSettings& settings = {});
+  // Says that member `node_rank` (joined from `address`) is alive; the live set the coordinator
+  // answers with (server/membership.h). The call ends by `deadline`. UNIMPLEMENTED from a
+  // coordinator without heartbeats.
+  absl::StatusOr<LiveSet> Heartbeat(uint32_t node_rank, const std::string& address, absl::Time deadline);
 
  private:
   // A context with the deadline and the token.

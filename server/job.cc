@@ -37,6 +37,12 @@ Job::Job(Options options)
   {
     absl::MutexLock lock(&mu_);
     config_ = options_.config;
+    joining_ = options_.rejoin_after_view.has_value() && options_.coordinator != nullptr;
+  }
+  if (options_.live_at_start.epoch > 0) {
+    absl::MutexLock lock(&membership_mu_);
+    generations_view_ = 0;  // the view every job starts in
+    for (uint32_t node : options_.live_at_start.live) generations_[node] = options_.live_at_start.Generation(node);
   }
   absl::MutexLock lock(&close_mu_);
   reducer_ = std::thread([this] { ReducerLoop(); });
@@ -302,14 +308,6 @@ uint64_t Job::ReserveConfigBoundary() {
   return next_run_ + 2;
 }
 
-absl::StatusOr<GroupView> Job::ChangeView(std::vector<uint32_t> members) {
-  if (options_.num_nodes <= 1 || options_.coordinator == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("job ", options_.id, " runs on one node: it has no group view"));
-  }
-  DQ_ASSIGN_OR_RETURN(GroupView newest, options_.coordinator->NewestView(group_.view()));
-  return options_.coordinator->ClaimView(newest, std::move(members), ReserveConfigBoundary());
-}
-
 void Job::Record(CollectiveRecord record) {
   // Errors may carry a peer's words: stored (and served as protobuf strings) only as safe text.
   record.error = common::SafeText(record.error);
@@ -329,6 +327,7 @@ void Job::ReducerLoop() {
   while (true) {
     uint64_t sequence = 0;
     Slot* slot = nullptr;
+    bool joining = false;
     Completions expired;
     CrossNodeGroup::Failures failures;
     {
@@ -349,6 +348,7 @@ void Job::ReducerLoop() {
           sequence = next_run_;
           slot = &it->second;
           slot->running = true;
+          joining = joining_;
         } else {
           ExpireStalled(expired, failures);
         }
@@ -360,6 +360,7 @@ void Job::ReducerLoop() {
       Complete(std::move(expired));
       group_.Announce(broken);
     }
+    if (slot != nullptr && joining) sequence = AwaitAdmission(sequence);  // the slot stays where it is
     if (slot != nullptr) RunCollective(sequence, *slot);
   }
 }
@@ -410,6 +411,14 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   for (Entry* e : entries) {
     const Request& a = entries[0]->request;
     const Request& b = e->request;
+    if (a.exact != b.exact) {
+      status = absl::InvalidArgumentError(absl::StrFormat(
+          "collective %d of job %s: local rank %d submitted it %s, local rank %d %s; every worker submits an "
+          "exact (uncompressed) all-reduce alike",
+          sequence, options_.id, entries[0]->local_rank, a.exact ? "exact" : "not exact", e->local_rank,
+          b.exact ? "exact" : "not exact"));
+      break;
+    }
     if (a.weight.has_value() != b.weight.has_value()) {
       status = absl::InvalidArgumentError(absl::StrFormat(
           "collective %d of job %s: local rank %d submitted it %s a weight, local rank %d %s; every worker submits "
@@ -428,11 +437,27 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   }
   const size_t n = entries[0]->request.num_elements;
   const std::string name = absl::StrCat("collective ", sequence, " of job ", options_.id);
+  if (status.ok() && entries[0]->request.exact) {
+    // Uncompressed whatever the job's compression (the other nodes' workers asked alike; a node
+    // that did not sends another codec's headers and fails the header check).
+    config.codec = kernels::CodecConfig{kernels::CodecId::kNone};
+    record.config = config;
+  }
   // The three steps of the data path: local reduce, across nodes, write-back.
   std::vector<DataPath::Region> inputs;
   std::vector<DataPath::Output> outputs;
   // What is summed and whom it waited for, over every member of the view after the cross-node step.
   const bool weighted = entries[0]->request.weight.has_value();
+  bool connect_failed = false;
+  if (status.ok()) {
+    // The view and connection this collective runs in, before the view is read (a view claimed
+    // when a member went silent may apply from here: server/membership.h). A failed connect is a
+    // failed collective across nodes, as a failed exchange is.
+    if (absl::Status settled = group_.Settle(sequence); !settled.ok()) {
+      status = WithRemoteCause(sequence, settled);
+      connect_failed = true;
+    }
+  }
   const GroupView view = group_.view();
   if (status.ok() && !view.is_member()) {
     // Its workers learn it at once; the members run on without this node (it publishes nothing).
@@ -464,7 +489,7 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
     }
   }
   // The local workers disagree, or the local reduce failed: this node skips the cross-node step.
-  if (!status.ok()) group_.Announce(group_.Decide({{sequence, status}}));
+  if (!status.ok() && !connect_failed) group_.Announce(group_.Decide({{sequence, status}}));
   DataPath::CrossNodeResult cross;
   // One budget per step: this bucket's share of the job's b̄ (0: the job's own).
   const kernels::CodecConfig codec = EffectiveCodec(config, n);
@@ -517,6 +542,10 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   const uint64_t wire_bytes = cross.bytes_sent;
   record.seconds = absl::ToDoubleSeconds(absl::Now() - record.start);
   record.wire_bytes = wire_bytes;
+  record.view_epoch = view.epoch();
+  record.nodes = view.is_member() ? view.members() : std::vector<uint32_t>{options_.node_rank};
+  if (status.ok()) record.contributors = contributions.contributors();
+  const std::vector<uint32_t> ran_on = record.nodes;  // the result's too (record moves into Finish)
   record.state = status.ok() ? "ok" : "failed";
   record.error = std::string(status.message());
   if (status.ok() && !cross.probe_status.ok()) {
@@ -536,7 +565,7 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   {
     absl::MutexLock lock(&mu_);
     Finish(sequence, status,
-           Result{sequence, epoch, config, wire_bytes, cross.vnmse, contributions.contributors(), weight_sum},
+           Result{sequence, epoch, config, wire_bytes, cross.vnmse, contributions.contributors(), weight_sum, ran_on},
            std::move(record), cross, seconds, waits, nodes, completions);
   }
   Complete(std::move(completions));

@@ -52,6 +52,7 @@
 #include "server/job_config.h"
 #include "server/job_coordinator.h"
 #include "server/job_observer.h"
+#include "server/membership.h"
 #include "server/step_budget_planner.h"
 
 namespace dynamiq::server {
@@ -68,6 +69,9 @@ struct CollectiveRecord {
   absl::Time start;
   double seconds = 0;
   uint64_t wire_bytes = 0;
+  uint64_t view_epoch = 0;
+  std::vector<uint32_t> nodes;  // the view's members it ran on (this node alone on one node)
+  uint64_t contributors = 0;    // workers summed (failed collectives: 0)
 };
 
 class Job {
@@ -111,6 +115,15 @@ class Job {
     // results. Every node of the job must agree (dynamiqd --step_budget, checked at startup). Data
     // paths that cannot read the result (GPU nodes) keep the job's b̄.
     bool step_budget = false;
+    // A restarted node rejoining the job's running incarnation (Cluster::RejoinableIncarnation):
+    // the epoch of the newest view when it asked, one without this node. Its first collective waits
+    // (up to `timeout`) for a later view that admits it, and the node numbers its collectives as the
+    // members do from that view's first collective on.
+    std::optional<uint64_t> rejoin_after_view;
+    // The live set when the job was created (Cluster::live): how many times each node had joined
+    // then, so that a node restarted before the job's first look at the live set still counts as
+    // restarted (OnMembership).
+    LiveSet live_at_start;
   };
 
   struct Request {
@@ -127,6 +140,9 @@ class Job {
     // every node, must submit with a weight or every one without. Unset: weight 1, and the mean
     // divides by the number of workers (no side lane on the wire).
     std::optional<double> weight;
+    // Uncompressed whatever the job's compression (codec none): every worker of the collective, on
+    // every node, submits it alike.
+    bool exact = false;
     absl::Span<uint8_t> region;              // the worker's bytes (shared memory, or device memory if device_memory)
     std::shared_ptr<const void> buffer_use;  // keeps `region` from being released (BufferUse::hold)
     bool device_memory = false;              // region is a device buffer (only with a device data path)
@@ -144,6 +160,7 @@ class Job {
     // (for an unweighted collective, the number of workers).
     uint64_t contributors = 0;
     double weight_sum = 0;
+    std::vector<uint32_t> nodes;  // the nodes whose workers took part (the view's members), by rank
   };
 
   explicit Job(Options options);
@@ -216,6 +233,15 @@ class Job {
   // every member switches at that collective). The view claimed (another node's, if one claimed the
   // same epoch first); FAILED_PRECONDITION on one node or when a newer view exists already.
   absl::StatusOr<GroupView> ChangeView(std::vector<uint32_t> members);
+  // What a live set (server/membership.h) does to the job here. Members that are gone (silent, or
+  // restarted: their count of joins moved on) abort the transport if it connects them, and the
+  // view's lowest remaining member claims the next view without them, from the first collective it
+  // has not completed, unless fewer than min_nodes would remain; live nodes outside the view that
+  // ask to join (a restarted node rejoining: Options::rejoin_after_view) are admitted by that member
+  // in a view from its configuration boundary on. The view this node claimed, if it did. The
+  // daemon's heartbeat thread calls it after every heartbeat; with every member live and nobody
+  // outside the view it reads nothing.
+  std::optional<GroupView> OnMembership(const LiveSet& live);
 
  private:
   struct Entry {
@@ -239,6 +265,11 @@ class Job {
   };
 
   void ReducerLoop();
+  // A rejoining node's first collective, `sequence` in its own numbering: waits (up to --timeout)
+  // for a view that admits this node, then renumbers its queued collectives so that this one is the
+  // view's first. The collective's sequence from then on (unchanged when not admitted: it fails as
+  // a non-member's, and the next one waits again).
+  uint64_t AwaitAdmission(uint64_t sequence);
   // Runs `completions`, then counts them done (Stop waits for that). Without mu_ held.
   void Complete(Completions completions);
   // Takes every entry of `slot` into `out`, each to complete with `result` (the slot is then empty).
@@ -287,6 +318,7 @@ class Job {
   JobConfig config_ ABSL_GUARDED_BY(mu_);
   uint64_t config_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool joining_ ABSL_GUARDED_BY(mu_) = false;  // rejoining, not admitted yet (Options::rejoin_after_view)
   std::string stop_reason_ ABSL_GUARDED_BY(mu_);
   std::deque<CollectiveRecord> records_ ABSL_GUARDED_BY(mu_);
   uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // accepted requests not yet completed
@@ -301,7 +333,12 @@ class Job {
   // node's boundary (ReserveConfigBoundary, its own or through the side lane) reaches it.
   bool poll_next_ = true;
   uint64_t config_boundary_ ABSL_GUARDED_BY(mu_) = 0;  // ReserveConfigBoundary's latest
-  kernels::CodecCache codecs_;                         // reducer thread only
+  // How many times each member of the view had joined the cluster when this job first saw it in
+  // that view: a count that moved on is a restarted node, gone as surely as a silent one.
+  absl::Mutex membership_mu_;
+  std::map<uint32_t, uint64_t> generations_ ABSL_GUARDED_BY(membership_mu_);
+  uint64_t generations_view_ ABSL_GUARDED_BY(membership_mu_) = ~uint64_t{0};  // the view they were seen in
+  kernels::CodecCache codecs_;                                                // reducer thread only
   // arc_topk's error feedback per tensor, dropped at every config epoch change (reducer thread only).
   ErrorFeedback error_feedback_;
   uint64_t error_feedback_epoch_ = 0;

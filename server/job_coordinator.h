@@ -47,6 +47,17 @@ class JobCoordinator {
   }
   // The newest view claimed, or `current` when none is newer (by default: none ever is).
   virtual absl::StatusOr<GroupView> NewestView(const GroupView& current) { return current; }
+  // Every view claimed after `current` that is still kept, by epoch (by default: the newest).
+  virtual absl::StatusOr<std::vector<GroupView>> ViewsAfter(const GroupView& current) {
+    absl::StatusOr<GroupView> newest = NewestView(current);
+    if (!newest.ok()) return newest.status();
+    if (newest->epoch() <= current.epoch()) return std::vector<GroupView>{};
+    return std::vector<GroupView>{*std::move(newest)};
+  }
+  // Whether node `node` (a restarted dynamiqd) asks to be admitted to the job (Cluster::JoinKey),
+  // and forgetting that once a view admits it. By default nobody asks.
+  virtual bool WantsToJoin(uint32_t /*node*/) { return false; }
+  virtual void Admitted(const std::vector<uint32_t>& /*nodes*/) {}
   // Looks for a configuration change that applies at or before `sequence`: true with `*epoch`
   // and `*config` set.
   virtual absl::StatusOr<bool> PollConfig(uint64_t sequence, uint64_t* epoch, JobConfig* config) = 0;

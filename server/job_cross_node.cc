@@ -1,10 +1,14 @@
 // Job's cross-node step (server/job.h): the collective's id on the wire, the transport, codec,
-// error feedback and side lane it runs with, and what a failure does to the group.
+// error feedback and side lane it runs with, and what a failure does to the group; and the job's
+// group of nodes: view changes, claimed by an operator or when members go silent.
 #include <algorithm>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "engine/allreduce.h"
@@ -97,6 +101,140 @@ absl::StatusOr<DataPath::CrossNodeResult> Job::CrossNode(uint64_t sequence, cons
   }
   if (result->regroup) group_.Drop(/*abort=*/false);  // the measurement on the side broke the group
   return result;
+}
+
+absl::StatusOr<GroupView> Job::ChangeView(std::vector<uint32_t> members) {
+  if (options_.num_nodes <= 1 || options_.coordinator == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", options_.id, " runs on one node: it has no group view"));
+  }
+  DQ_ASSIGN_OR_RETURN(GroupView newest, options_.coordinator->NewestView(group_.view()));
+  return options_.coordinator->ClaimView(newest, std::move(members), ReserveConfigBoundary());
+}
+
+std::optional<GroupView> Job::OnMembership(const LiveSet& live) {
+  if (options_.num_nodes <= 1 || options_.coordinator == nullptr || live.epoch == 0) return std::nullopt;
+  const GroupView view = group_.view();
+  // Gone: silent members, and members whose dynamiqd restarted (its count of joins moved on).
+  const std::vector<uint32_t> silent = live.Silent(view.members());
+  std::vector<uint32_t> gone = silent;
+  std::vector<uint32_t> restarted;
+  {
+    absl::MutexLock lock(&membership_mu_);
+    // Counted afresh in every view: a member admitted again comes with its new count.
+    if (view.epoch() != generations_view_) {
+      generations_.clear();
+      generations_view_ = view.epoch();
+    }
+    for (uint32_t m : view.members()) {
+      const uint64_t generation = live.Generation(m);
+      if (generation == 0) continue;
+      auto [it, first] = generations_.emplace(m, generation);
+      if (!first && it->second != generation) restarted.push_back(m);
+    }
+  }
+  gone.insert(gone.end(), restarted.begin(), restarted.end());
+  std::sort(gone.begin(), gone.end());
+  // Outsiders: live nodes outside the view, which may ask to be admitted.
+  bool outsiders = false;
+  for (uint32_t node : live.live) outsiders = outsiders || view.IndexOf(node) < 0;
+  if (gone.empty() && !outsiders) return std::nullopt;
+  std::vector<std::string> causes;
+  if (!silent.empty())
+    causes.push_back(absl::StrCat(live.DescribeSilent(silent), " stopped heartbeating to the coordinator"));
+  if (!restarted.empty()) {
+    causes.push_back(absl::StrCat(restarted.size() == 1 ? "node " : "nodes ", absl::StrJoin(restarted, ", "),
+                                  " restarted (a new dynamiqd joined the cluster in its place)"));
+  }
+  const std::string why = absl::StrJoin(causes, "; ");
+  if (!gone.empty()) group_.AbortIfIncludes(gone, why);
+  if (!view.is_member()) return std::nullopt;
+  auto is_gone = [&gone](uint32_t node) { return std::binary_search(gone.begin(), gone.end(), node); };
+  // One claimant: the lowest member that stays (the others' connects wait for its view). Only it
+  // reads the coordinator.
+  for (uint32_t m : view.members()) {
+    if (is_gone(m)) continue;
+    if (m != options_.node_rank) return std::nullopt;
+    break;
+  }
+  absl::StatusOr<GroupView> newest = options_.coordinator->NewestView(view);
+  if (!newest.ok()) return std::nullopt;  // the next heartbeat tries again
+  std::vector<uint32_t> rest;
+  for (uint32_t m : newest->members()) {
+    if (!is_gone(m)) rest.push_back(m);
+  }
+  if (rest.empty() || rest.front() != options_.node_rank) return std::nullopt;
+  const bool shrink = rest.size() < newest->size();
+  std::vector<uint32_t> joiners;
+  // Admissions only in a view this node runs in already: its boundary is then past every pending
+  // view's (CrossNodeGroup adopts each at its own).
+  if (!shrink && newest->epoch() == view.epoch()) {
+    for (uint32_t node : live.live) {
+      if (newest->IndexOf(node) < 0 && !is_gone(node) && options_.coordinator->WantsToJoin(node)) {
+        joiners.push_back(node);
+      }
+    }
+  }
+  if (!shrink && joiners.empty()) return std::nullopt;  // claimed already
+  const uint32_t min_nodes = live.min_nodes == 0 ? options_.num_nodes : live.min_nodes;
+  if (shrink && rest.size() < min_nodes) return std::nullopt;  // the members' collectives fail, saying why
+  std::vector<uint32_t> members = rest;
+  members.insert(members.end(), joiners.begin(), joiners.end());
+  // A shrink applies from the first collective this node has not completed: every member fails the
+  // one a silent node broke and connects for the next in the new view (a member that ran ahead
+  // connects in it too). An admission applies where a configuration change would: the side lane
+  // tells every member to look there (ReserveConfigBoundary), and the joiner numbers its
+  // collectives from there.
+  absl::StatusOr<GroupView> claimed =
+      options_.coordinator->ClaimView(*newest, members, shrink ? NextSequence() : ReserveConfigBoundary());
+  if (!claimed.ok()) {
+    common::Log("job %s: cannot claim a view %s: %s", options_.id,
+                shrink ? absl::StrCat("without nodes ", absl::StrJoin(gone, ", ")) : "that admits a restarted node",
+                claimed.status().message());
+    return std::nullopt;
+  }
+  if (shrink) {
+    common::Log("job %s: %s claimed: %s", options_.id, claimed->ToString(), why);
+  } else {
+    options_.coordinator->Admitted(joiners);
+    common::Log("job %s: %s claimed: admits node%s %s", options_.id, claimed->ToString(),
+                joiners.size() == 1 ? "" : "s", absl::StrJoin(joiners, ", "));
+  }
+  return *claimed;
+}
+
+uint64_t Job::AwaitAdmission(uint64_t sequence) {
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  while (true) {
+    absl::StatusOr<GroupView> newest = options_.coordinator->NewestView(group_.view());
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return sequence;
+    if (newest.ok() && newest->is_member() && newest->epoch() > *options_.rejoin_after_view) {
+      const uint64_t first = newest->first_sequence();
+      joining_ = false;
+      if (first < next_run_) {
+        common::Log("job %s: %s admits this node from collective %d, which it has passed (at %d)", options_.id,
+                    newest->ToString(), first, next_run_);
+        return sequence;
+      }
+      // From here this node numbers its collectives as the members do: the queued ones move up.
+      const uint64_t delta = first - next_run_;
+      std::vector<std::map<uint64_t, Slot>::node_type> moved;
+      while (!slots_.empty()) moved.push_back(slots_.extract(slots_.begin()));
+      for (auto& node : moved) {
+        node.key() += delta;
+        slots_.insert(std::move(node));  // the node, and the reducer's pointer to its slot, stay
+      }
+      next_run_ += delta;
+      for (auto& [id, next] : next_submit_) next += delta;
+      for (auto& [id, base] : base_) base += delta;
+      common::Log("job %s: admitted by %s", options_.id, newest->ToString());
+      return sequence + delta;
+    }
+    auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+    if (absl::Now() >= deadline || mu_.AwaitWithTimeout(absl::Condition(&stopped), absl::Milliseconds(100))) {
+      return sequence;  // not admitted in time: the collective fails as a non-member's
+    }
+  }
 }
 
 }  // namespace dynamiq::server

@@ -67,6 +67,15 @@ ABSL_FLAG(double, timeout, 300,
           "watchdog: a local worker that has not submitted the collective by then (stopped, hung) is named with "
           "its local rank and pid in the DEADLINE_EXCEEDED every participant gets (dynamiq_faults_total, "
           "kind=\"timeout\"). Also bounds the start-up wait for the coordinator and the other nodes.");
+ABSL_FLAG(double, heartbeat_timeout, 10,
+          "Seconds after which a node the coordinator has not heard from is silent (every node heartbeats every "
+          "quarter of it): a job's collectives go on without it once at least --min_nodes remain, else they fail "
+          "saying which node is silent (docs/operations.md, \"Nodes that leave\"). 0: no heartbeats (a node "
+          "that dies fails collectives until --timeout). Node 0's value applies.");
+ABSL_FLAG(uint32_t, min_nodes, 0,
+          "The fewest nodes a job's collectives may run on when nodes go silent (0: every node, so a silent node "
+          "fails the collectives instead of leaving the group). The mean is over the nodes that took part. Node "
+          "0's value applies; every node must set the same.");
 ABSL_FLAG(uint64_t, max_buffers, 16384,
           "Buffers all local workers together may hold at once (each kind). Every shared-memory buffer is one "
           "mapping of dynamiqd's, and vm.max_map_count (65530 by default) bounds them; past this limit "
@@ -254,6 +263,8 @@ int main(int argc, char** argv) {
   if (const std::string socket = absl::GetFlag(FLAGS_worker_socket); !socket.empty()) o.worker_socket = socket;
   o.default_config = *config;
   o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout));
+  o.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout));
+  o.min_nodes = absl::GetFlag(FLAGS_min_nodes);
   o.max_buffers = absl::GetFlag(FLAGS_max_buffers);
   o.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);

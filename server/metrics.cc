@@ -144,6 +144,19 @@ Metrics::Metrics(uint32_t node_rank, uint32_t num_nodes, std::string transport)
                    .Name("dynamiq_connected_workers")
                    .Help("Registered local workers.")
                    .Register(*registry_)),
+      view_nodes_(prometheus::BuildGauge()
+                      .Name("dynamiq_job_nodes")
+                      .Help("Nodes in the job's group view: those its collectives run on.")
+                      .Register(*registry_)),
+      live_nodes_(prometheus::BuildGauge()
+                      .Name("dynamiq_cluster_live_nodes")
+                      .Help("Nodes the coordinator heard from within the heartbeat timeout.")
+                      .Register(*registry_)),
+      membership_(prometheus::BuildCounter()
+                      .Name("dynamiq_membership_changes_total")
+                      .Help("Nodes that went silent (change=left), were heard from again (change=returned) or "
+                            "joined again (change=restarted), as this node learned from the coordinator's live sets.")
+                      .Register(*registry_)),
       epoch_(prometheus::BuildGauge()
                  .Name("dynamiq_config_epoch")
                  .Help("The job's current compression config epoch.")
@@ -387,6 +400,10 @@ void Metrics::RemoveGauge(prometheus::Family<prometheus::Gauge>& family, const p
   if (family.Has(labels)) family.Remove(&family.Add(labels));
 }
 
+void Metrics::OnMembershipChange(absl::string_view change, uint32_t nodes) {
+  membership_.Add({{"change", std::string(change)}}).Increment(nodes);
+}
+
 void Metrics::OnRejected(absl::StatusCode code) { rejected_.Add({{"reason", ReasonLabel(code)}}).Increment(); }
 
 void Metrics::AddPeerBytes(int peer, bool sent, uint64_t bytes) {
@@ -424,10 +441,12 @@ void Metrics::Refresh() {
   shm_bytes_.Set(static_cast<double>(snapshot.shm_mapped_bytes));
   if (snapshot.store_keys.has_value()) store_keys_.Add({}).Set(static_cast<double>(*snapshot.store_keys));
   if (snapshot.store_bytes.has_value()) store_bytes_.Add({}).Set(static_cast<double>(*snapshot.store_bytes));
+  if (snapshot.live_nodes.has_value()) live_nodes_.Add({}).Set(*snapshot.live_nodes);
   for (const JobGauges& j : snapshot.jobs) {
     const prometheus::Labels job{{"job", j.job}};
     inflight_.Add(job).Set(j.inflight);
     workers_.Add(job).Set(j.workers);
+    view_nodes_.Add(job).Set(j.view_nodes);
     epoch_.Add(job).Set(static_cast<double>(j.config_epoch));
     const prometheus::Labels info{{"job", j.job},
                                   {"codec", std::string(kernels::CodecName(j.config.codec.id))},
@@ -461,6 +480,7 @@ void Metrics::Refresh() {
     const prometheus::Labels job{{"job", *it}};
     inflight_.Remove(&inflight_.Add(job));
     workers_.Remove(&workers_.Add(job));
+    view_nodes_.Remove(&view_nodes_.Add(job));
     epoch_.Remove(&epoch_.Add(job));
     for (auto* family : {&budget_target_, &budget_bits_, &budget_measured_, &budget_saturated_}) {
       RemoveGauge(*family, job);

@@ -69,6 +69,7 @@ class Metrics final : public JobObserver, public PeerBytesSink {
     uint32_t workers = 0;
     uint32_t inflight = 0;
     uint64_t config_epoch = 0;
+    uint32_t view_nodes = 0;  // nodes in the job's group view (server/group_view.h)
     JobConfig config;
     // The job's error-budget controller, where this node runs it (the coordinator).
     std::optional<CompressionController::Stats> controller;
@@ -79,6 +80,8 @@ class Metrics final : public JobObserver, public PeerBytesSink {
     // The coordinator's store (node 0 of a cluster; unset elsewhere): its keys, and their bytes.
     std::optional<uint64_t> store_keys;
     std::optional<uint64_t> store_bytes;
+    // Nodes the coordinator heard from within the heartbeat timeout (clusters with heartbeats).
+    std::optional<uint32_t> live_nodes;
   };
   using GaugeSource = std::function<Snapshot()>;
 
@@ -109,6 +112,9 @@ class Metrics final : public JobObserver, public PeerBytesSink {
   void OnStragglerWait(const std::string& job, const StragglerWait& wait) override;
   // An error-budget controller event (server/error_budget_service.h): raise, lower, clamp, rejected, policy.
   void OnErrorBudgetEvent(const std::string& job, absl::string_view kind);
+  // The coordinator's live set changed (server/membership.h): `change` is "left" (a node went
+  // silent), "returned" or "restarted" (a new dynamiqd joined in its place), `nodes` how many did.
+  void OnMembershipChange(absl::string_view change, uint32_t nodes);
   // The job was retired on this node (its last local worker left). Its series, counters included,
   // are removed at the second collection from now, so one scrape still sees its final values;
   // unless it is live again by then (a next incarnation), whose series then go on. At once when
@@ -156,6 +162,9 @@ class Metrics final : public JobObserver, public PeerBytesSink {
   prometheus::Family<prometheus::Counter>& rejected_;
   prometheus::Family<prometheus::Gauge>& inflight_;
   prometheus::Family<prometheus::Gauge>& workers_;
+  prometheus::Family<prometheus::Gauge>& view_nodes_;
+  prometheus::Family<prometheus::Gauge>& live_nodes_;    // one series, in clusters with heartbeats
+  prometheus::Family<prometheus::Counter>& membership_;  // by change: left, returned
   prometheus::Family<prometheus::Gauge>& epoch_;
   prometheus::Family<prometheus::Gauge>& compression_info_;
   prometheus::Family<prometheus::Gauge>& budget_target_;

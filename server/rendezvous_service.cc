@@ -197,6 +197,7 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const dynamiq
           "node rank ", request->node_rank(), " already joined from ", slot, ", not ", request->address())));
     }
     slot = request->address();
+    if (membership_) membership_->Joined(request->node_rank(), absl::Now());
   }
   if (absl::Status s = store_.Set(absl::StrCat("member/", request->node_rank()), request->address()); !s.ok()) {
     return common::ToGrpcStatus(s);
@@ -210,6 +211,33 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const dynamiq
   }
   absl::MutexLock lock(&mu_);
   for (const std::string& m : members_) response->add_members(m);
+  return grpc::Status::OK;
+}
+
+grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context, const dynamiq::v1::HeartbeatRequest* request,
+                                          dynamiq::v1::HeartbeatResponse* response) {
+  if (absl::Status s = Authorize(*context); !s.ok()) return common::ToGrpcStatus(s);
+  absl::MutexLock lock(&mu_);
+  if (!membership_) return common::ToGrpcStatus(absl::UnimplementedError("this coordinator takes no heartbeats"));
+  const uint32_t node = request->node_rank();
+  if (node >= members_.size() || members_[node].empty() || members_[node] != request->address()) {
+    // Only a member keeps its place alive: a stray caller must not hide a dead node.
+    return common::ToGrpcStatus(absl::FailedPreconditionError(
+        absl::StrCat("node rank ", node, " at ", common::SafeText(request->address(), kMaxSettingBytes),
+                     " is not a member of this cluster")));
+  }
+  const absl::Time now = absl::Now();
+  membership_->Heard(node, now);
+  const LiveSet set = membership_->Snapshot(num_nodes_, now);
+  response->set_epoch(set.epoch);
+  for (uint32_t m : set.live) response->add_live(m);
+  for (uint64_t g : set.generations) response->add_generations(g);
+  response->set_min_nodes(set.min_nodes);
+  for (const auto& [silent, seconds] : set.silent) {
+    dynamiq::v1::HeartbeatResponse::Silent* s = response->add_silent();
+    s->set_node_rank(silent);
+    s->set_seconds(seconds);
+  }
   return grpc::Status::OK;
 }
 

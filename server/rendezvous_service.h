@@ -24,6 +24,7 @@
 #define DQ_SERVER_RENDEZVOUS_SERVICE_H_
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -36,6 +37,7 @@
 #include "engine/store.h"
 #include "server/bearer_auth.h"
 #include "server/grpc_store.h"
+#include "server/membership.h"
 
 namespace dynamiq::server {
 
@@ -69,6 +71,17 @@ class RendezvousService final : public dynamiq::v1::Rendezvous::Service {
                       dynamiq::v1::StoreDeleteResponse* response) override;
   grpc::Status Join(grpc::ServerContext* context, const dynamiq::v1::JoinRequest* request,
                     dynamiq::v1::JoinResponse* response) override;
+  // A member's heartbeat (server/membership.h): FAILED_PRECONDITION from a node that has not joined
+  // from that address, UNIMPLEMENTED unless EnableHeartbeats was called.
+  grpc::Status Heartbeat(grpc::ServerContext* context, const dynamiq::v1::HeartbeatRequest* request,
+                         dynamiq::v1::HeartbeatResponse* response) override;
+
+  // Tracks the members' heartbeats: silent after `timeout`; every live set reports `min_nodes`.
+  // Call before the server starts.
+  void EnableHeartbeats(absl::Duration timeout, uint32_t min_nodes) {
+    absl::MutexLock lock(&mu_);
+    membership_ = std::make_unique<MembershipTracker>(timeout, min_nodes);
+  }
 
   // Joins must present these settings (node 0's; see above). Call before the server starts.
   void RequireSettings(NodeSettings settings) {
@@ -91,6 +104,7 @@ class RendezvousService final : public dynamiq::v1::Rendezvous::Service {
   uint32_t num_nodes_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> members_ ABSL_GUARDED_BY(mu_);
   std::optional<NodeSettings> required_settings_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<MembershipTracker> membership_ ABSL_GUARDED_BY(mu_);  // set once, before the server starts
 };
 
 }  // namespace dynamiq::server

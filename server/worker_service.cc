@@ -117,6 +117,7 @@ grpc::ServerUnaryReactor* WorkerService::AllReduce(grpc::CallbackServerContext* 
   call.average = request->average();
   if (request->has_submission()) call.submission = request->submission();
   if (request->has_weight()) call.weight = request->weight();
+  call.exact = request->exact();
   switch (request->dtype()) {
     case dynamiq::v1::DTYPE_FLOAT32:
       call.dtype = kernels::DType::kFloat32;
@@ -142,6 +143,7 @@ grpc::ServerUnaryReactor* WorkerService::AllReduce(grpc::CallbackServerContext* 
     response->set_wire_bytes(r->wire_bytes);
     if (r->measured_vnmse.has_value()) response->set_measured_vnmse(*r->measured_vnmse);
     response->set_contributors(r->contributors);
+    for (uint32_t node : r->nodes) response->add_nodes(node);
     response->set_weight_sum(r->weight_sum);
     reactor->Finish(grpc::Status::OK);
   });

@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "client/control_client.h"
 #include "dynamiq/client.h"
+#include "dynamiq/sync_state.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 
@@ -450,6 +451,24 @@ class PyClient {
     return PyFuture(std::move(future), std::move(r.buffer));
   }
 
+  py::dict SyncState(const PyBuffer& buffer, size_t num_bytes, uint64_t rank, uint64_t world, size_t offset_bytes,
+                     const std::string& name) {
+    std::shared_ptr<Client> c = client();
+    const BufferRef& b = buffer.ref();
+    absl::StatusOr<SyncStateResult> r;
+    {
+      py::gil_scoped_release release;
+      r = dynamiq::SyncState(*c, *b, offset_bytes, num_bytes, SyncStateOptions{rank, world, name});
+    }
+    Check(r.status());
+    py::dict out;
+    out["copied"] = r->copied;
+    out["source"] = r->source;
+    out["agreeing"] = r->agreeing;
+    out["hash"] = r->hash;
+    return out;
+  }
+
   void Close() {
     std::shared_ptr<Client> c = std::move(client_);
     // The deleter releases the GIL while ~Client waits for in-flight work and unregisters.
@@ -609,6 +628,8 @@ PYBIND11_MODULE(_dynamiq, m) {
                     "The workers of every node whose values were summed")
       .def_readonly("weight_sum", &AllReduceResult::weight_sum,
                     "The sum of the contributors' weights (without weights, their number)")
+      .def_readonly("nodes", &AllReduceResult::nodes,
+                    "The nodes whose workers took part (fewer than every node once some left the job's group)")
       .def("__repr__", &ResultRepr);
 
   py::class_<PyBuffer>(m, "Buffer", "Shared memory mapped by this process and dynamiqd (Client.allocate).")
@@ -660,6 +681,12 @@ PYBIND11_MODULE(_dynamiq, m) {
       .def("all_reduce_async", &PyClient::AllReduceAsync, py::arg("target"), py::arg("name"), py::kw_only(),
            py::arg("count") = py::none(), py::arg("offset_bytes") = 0, py::arg("dtype") = py::none(),
            py::arg("average") = false, py::arg("weight") = py::none(), "Like all_reduce, but returns a Future at once.")
+      .def("sync_state", &PyClient::SyncState, py::arg("buffer"), py::arg("num_bytes"), py::kw_only(), py::arg("rank"),
+           py::arg("world"), py::arg("offset_bytes") = 0, py::arg("name") = "state",
+           "Makes num_bytes bytes of the buffer identical on every worker of the job: the state most workers "
+           "hold, from its lowest rank, copied bit for bit to those whose bytes differ (uncompressed, whatever the "
+           "job's codec). Every worker calls it alike (rank: its own of world). Returns {copied, source, agreeing, "
+           "hash}. Blocks without the GIL.")
       .def("close", &PyClient::Close,
            "Waits for in-flight all-reduces and unregisters; later calls raise ValueError. Idempotent.")
       .def_property_readonly("closed", &PyClient::closed)

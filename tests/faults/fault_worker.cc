@@ -5,9 +5,17 @@
 //   ready <worker_id> <pid>
 // and then runs one command per stdin line, answering each all-reduce with one stdout line:
 //   ar [ELEMENTS [NAME [DTYPE]]]   fill, all-reduce, check the sum:
-//                                   ok <sequence> <config_epoch> <codec> <seconds>
+//                                   ok <sequence> <config_epoch> <codec> <seconds> <contributors> <nodes>
+//                                   (nodes: those that took part, "0,1,2")
 //                                   bad <max_rel_err> <vnmse>        (result off by more than --tolerance)
 //                                   err <CODE> <seconds> <message>   (the client's status)
+//   ranks R0,R1,...                 later sums are over these global ranks only (nodes left the
+//                                   group): ok ranks <sum of (rank + 1)>
+//   ranks auto                      later sums are over global ranks 0..c-1, c the result's
+//                                   contributors (the lowest nodes took part): ok ranks auto
+//   sync VALUE                      syncs a state of 4099 bytes made from VALUE with every worker of
+//                                   the job (dynamiq::SyncState, rank --global_rank of --world):
+//                                   ok synced <copied 0|1> <source> <agreeing> <hash> equal
 //   quit                            unregister and exit 0
 // Every worker fills element i with (global_rank + 1) * (1 + i % 7), so the exact sum over
 // --world workers is world (world + 1) / 2 * (1 + i % 7) whatever the iteration: a worker that joins
@@ -35,10 +43,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "dynamiq/client.h"
+#include "dynamiq/sync_state.h"
 
 ABSL_FLAG(std::string, socket, "", "dynamiqd's worker socket.");
 ABSL_FLAG(std::string, job, "job", "Job id.");
@@ -57,6 +67,9 @@ ABSL_FLAG(std::string, sizes, "256,4096,1048576", "Load mode: element counts to 
 ABSL_FLAG(int32_t, async_buckets, 4, "Load mode: tensors of at least 65536 elements go as this many async requests.");
 
 namespace {
+
+// The state "sync" makes: odd, so its last 16-bit chunk is half a chunk.
+constexpr size_t kStateBytes = 4099;
 
 float Value(int64_t rank, size_t i) { return static_cast<float>((rank + 1) * static_cast<int64_t>(1 + i % 7)); }
 
@@ -81,9 +94,8 @@ struct Check {
   double vnmse = 0;
 };
 
-// Compares data (fp32 or bf16) with the exact sum over `world` workers.
-Check Verify(const void* data, dynamiq::DType dtype, size_t n, int64_t world) {
-  const double a = static_cast<double>(world) * static_cast<double>(world + 1) / 2;
+// Compares data (fp32 or bf16) with the exact sum of workers whose (global rank + 1) sum to `a`.
+Check VerifySum(const void* data, dynamiq::DType dtype, size_t n, double a) {
   Check c;
   double err2 = 0, norm2 = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -97,6 +109,11 @@ Check Verify(const void* data, dynamiq::DType dtype, size_t n, int64_t world) {
   }
   c.vnmse = err2 / norm2;
   return c;
+}
+
+// Compares data with the exact sum over `world` workers.
+Check Verify(const void* data, dynamiq::DType dtype, size_t n, int64_t world) {
+  return VerifySum(data, dtype, n, static_cast<double>(world) * static_cast<double>(world + 1) / 2);
 }
 
 void Fill(void* data, dynamiq::DType dtype, size_t n, int64_t rank) {
@@ -194,11 +211,59 @@ int main(int argc, char** argv) {
   absl::PrintF("ready %s %d\n", client->worker_id(), getpid());
   fflush(stdout);
   bool all_ok = true;
+  double expected_sum = 0;  // set by "ranks" (-1: "ranks auto"); 0: every worker of --world
   std::string line;
   while (std::getline(std::cin, line)) {
     std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
     if (f.empty()) continue;
     if (f[0] == "quit") break;
+    if (f[0] == "sync" && f.size() == 2) {
+      // A state of kStateBytes bytes made from VALUE, synced with every worker of the job.
+      int64_t value = 0;
+      (void)absl::SimpleAtoi(f[1], &value);
+      absl::StatusOr<dynamiq::Buffer> state = client->Allocate(kStateBytes);
+      if (!state.ok()) {
+        absl::PrintF("err %s 0 %s\n", absl::StatusCodeToString(state.status().code()),
+                     OneLine(state.status().message()));
+        fflush(stdout);
+        continue;
+      }
+      uint8_t* b = static_cast<uint8_t*>(state->data());
+      for (size_t i = 0; i < kStateBytes; ++i) b[i] = static_cast<uint8_t>(value * 31 + static_cast<int64_t>(i) * 7);
+      dynamiq::SyncStateOptions o;
+      o.rank = static_cast<uint64_t>(rank);
+      o.world = static_cast<uint64_t>(world);
+      absl::StatusOr<dynamiq::SyncStateResult> r = dynamiq::SyncState(*client, *state, 0, kStateBytes, o);
+      if (!r.ok()) {
+        absl::PrintF("err %s 0 %s\n", absl::StatusCodeToString(r.status().code()), OneLine(r.status().message()));
+      } else {
+        const uint64_t now = dynamiq::StateHash(absl::MakeConstSpan(b, kStateBytes));
+        absl::PrintF("ok synced %d %d %d %x %s\n", r->copied ? 1 : 0, r->source, r->agreeing, now,
+                     now == r->hash ? "equal" : "differs");
+      }
+      fflush(stdout);
+      continue;
+    }
+    if (f[0] == "ranks" && f.size() == 2 && f[1] == "auto") {
+      // Each result sums the first `contributors` global ranks (the nodes that took part are the
+      // lowest ones: a test that kills the highest node and lets it rejoin).
+      expected_sum = -1;
+      absl::PrintF("ok ranks auto\n");
+      fflush(stdout);
+      continue;
+    }
+    if (f[0] == "ranks" && f.size() == 2) {
+      // The workers whose data the next results sum (the nodes left after others went silent).
+      double a = 0;
+      for (absl::string_view r : absl::StrSplit(f[1], ',', absl::SkipEmpty())) {
+        int64_t v = 0;
+        if (absl::SimpleAtoi(r, &v)) a += static_cast<double>(v + 1);
+      }
+      expected_sum = a;
+      absl::PrintF("ok ranks %g\n", a);
+      fflush(stdout);
+      continue;
+    }
     if (f[0] != "ar") {
       absl::PrintF("err INVALID_ARGUMENT 0 unknown command '%s'\n", line);
       fflush(stdout);
@@ -218,12 +283,16 @@ int main(int argc, char** argv) {
       all_ok = false;
       absl::PrintF("err %s %.3f %s\n", absl::StatusCodeToString(status.code()), seconds, OneLine(status.message()));
     } else {
-      const Check c = Verify(buffer->data(), dtype, n, world);
+      const double taking_part = static_cast<double>(result.contributors);
+      const Check c = expected_sum > 0   ? VerifySum(buffer->data(), dtype, n, expected_sum)
+                      : expected_sum < 0 ? VerifySum(buffer->data(), dtype, n, taking_part * (taking_part + 1) / 2)
+                                         : Verify(buffer->data(), dtype, n, world);
       if (c.max_rel > tolerance) {
         all_ok = false;
         absl::PrintF("bad %g %g\n", c.max_rel, c.vnmse);
       } else {
-        absl::PrintF("ok %d %d %s %.3f\n", result.sequence, result.config_epoch, result.codec, seconds);
+        absl::PrintF("ok %d %d %s %.3f %d %s\n", result.sequence, result.config_epoch, result.codec, seconds,
+                     result.contributors, absl::StrJoin(result.nodes, ","));
       }
     }
     fflush(stdout);

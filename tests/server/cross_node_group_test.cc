@@ -53,6 +53,12 @@ class FakeCoordinator final : public JobCoordinator {
     absl::MutexLock lock(&mu_);
     connects.emplace_back(view.epoch(), sequence);
     members.push_back(view.members());
+    if (claim_during_connect.has_value()) {
+      // Another node claims a view while this one waits (a member went silent): the wait ends.
+      newest = *std::move(claim_during_connect);
+      claim_during_connect.reset();
+      return absl::AbortedError("a newer view was claimed");
+    }
     if (!connect_error.ok()) return connect_error;
     aborts.push_back(0);
     return std::make_unique<FakeTransport>(&aborts.back());
@@ -80,6 +86,7 @@ class FakeCoordinator final : public JobCoordinator {
   std::vector<std::pair<uint64_t, uint64_t>> connects;  // view epoch, sequence
   std::vector<std::vector<uint32_t>> members;           // of each connection's view
   std::optional<GroupView> newest;
+  std::optional<GroupView> claim_during_connect;
   int view_reads = 0;
   std::vector<std::pair<uint64_t, std::string>> reported;
   std::map<uint64_t, FailureCause> causes;
@@ -187,6 +194,44 @@ TEST(CrossNodeGroupTest, ANewViewAppliesAtItsFirstCollectiveAndALeftOutNodeStays
     group.Report({{7, absl::AbortedError("a worker left")}});
     EXPECT_TRUE(coordinator->reported.empty());
     EXPECT_THAT(coordinator->connects, ElementsAre(Pair(0, 3)));
+  }
+}
+
+// Node 2 of three goes silent (server/membership.h) while node 0 holds a connection: the
+// transport is aborted (the collective on it fails, saying why, and is published), and a view
+// without node 2 claimed while node 0 waits to connect for the next collective is connected in at
+// once when it applies to that collective; one that applies later fails the collective instead.
+TEST(CrossNodeGroupTest, ASilentMemberAbortsTheTransportAndAViewClaimedMeanwhileIsConnectedIn) {
+  for (const uint64_t first : {4u, 6u}) {
+    SCOPED_TRACE(first);
+    auto coordinator = std::make_shared<FakeCoordinator>();
+    CrossNodeGroup group("j", GroupView::Everyone(3, 0), coordinator);
+    ASSERT_THAT(group.Connected(3).status(), IsOk());
+    EXPECT_FALSE(group.AbortIfIncludes({5}, "node 5 is not a member"));
+    EXPECT_TRUE(group.AbortIfIncludes({2}, "node 2 (silent for 2.0 s) stopped heartbeating"));
+    EXPECT_THAT(coordinator->aborts, ElementsAre(1));
+    EXPECT_THAT(group.WithRemoteCause(3, absl::AbortedError("rank 0: transport aborted")),
+                StatusIs(absl::StatusCode::kUnavailable,
+                         "collective 3 of job j: node 2 (silent for 2.0 s) stopped heartbeating (here: rank 0: "
+                         "transport aborted)"));
+    ASSERT_EQ(coordinator->reported.size(), 1u);
+    EXPECT_EQ(coordinator->reported[0].first, 3u);
+    absl::StatusOr<GroupView> claimed = GroupView::Make(1, {0, 1}, first, 3, 0);
+    ASSERT_THAT(claimed, IsOk());
+    coordinator->claim_during_connect = *claimed;
+    if (first == 4) {
+      ASSERT_THAT(group.Settle(4), IsOk());
+      EXPECT_EQ(group.view(), *claimed);
+      EXPECT_THAT(coordinator->connects, ElementsAre(Pair(0, 3), Pair(0, 4), Pair(1, 4)));
+      EXPECT_THAT(coordinator->members.back(), ElementsAre(0, 1));
+      ASSERT_THAT(group.Connected(4).status(), IsOk());  // the same connection
+      EXPECT_EQ(coordinator->connects.size(), 3u);
+    } else {
+      EXPECT_THAT(group.Settle(4), StatusIs(absl::StatusCode::kAborted, HasSubstr("collective 4 of job j")));
+      EXPECT_EQ(group.view().epoch(), 0u);
+      ASSERT_THAT(group.Settle(6), IsOk());
+      EXPECT_THAT(coordinator->connects, ElementsAre(Pair(0, 3), Pair(0, 4), Pair(1, 6)));
+    }
   }
 }
 

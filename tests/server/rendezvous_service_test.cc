@@ -166,6 +166,58 @@ TEST_F(RendezvousServiceTest, EveryNodeLearnsTheSameMembership) {
   EXPECT_THAT(s.Join(5, 3, "x:1", absl::Seconds(1)), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+TEST_F(RendezvousServiceTest, HeartbeatsTellWhichMembersAreLive) {
+  GrpcStore s(address_);
+  const absl::Time soon = absl::Now() + absl::Seconds(5);
+  // Without EnableHeartbeats (a coordinator of a fixed group): the nodes keep every member.
+  EXPECT_THAT(s.Heartbeat(0, "10.0.0.1:7000", soon), StatusIs(absl::StatusCode::kUnimplemented));
+
+  RendezvousService service;
+  service.EnableHeartbeats(absl::Milliseconds(600), 2);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  GrpcStore c("127.0.0.1:" + std::to_string(port));
+  std::vector<std::thread> joins;
+  for (uint32_t r = 0; r < 3; ++r) {
+    joins.emplace_back([&, r] {
+      GrpcStore j("127.0.0.1:" + std::to_string(port));
+      EXPECT_THAT(j.Join(r, 3, "10.0.0." + std::to_string(r + 1) + ":7000", absl::Seconds(10)), IsOk());
+    });
+  }
+  for (auto& t : joins) t.join();
+  absl::StatusOr<LiveSet> first = c.Heartbeat(1, "10.0.0.2:7000", absl::Now() + absl::Seconds(5));
+  ASSERT_THAT(first, IsOk());
+  EXPECT_EQ(first->live, (std::vector<uint32_t>{0, 1, 2}));
+  EXPECT_EQ(first->min_nodes, 2u);
+  // Only a member at the address it joined with keeps its place alive.
+  EXPECT_THAT(c.Heartbeat(2, "10.6.6.6:1", absl::Now() + absl::Seconds(5)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not a member")));
+  EXPECT_THAT(c.Heartbeat(7, "10.0.0.2:7000", absl::Now() + absl::Seconds(5)),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  // Nodes 1 heartbeats on; node 2 stops: it is silent after the timeout, in a new epoch.
+  absl::StatusOr<LiveSet> later;
+  for (int i = 0; i < 10; ++i) {
+    absl::SleepFor(absl::Milliseconds(150));
+    later = c.Heartbeat(1, "10.0.0.2:7000", absl::Now() + absl::Seconds(5));
+    ASSERT_THAT(later, IsOk());
+  }
+  EXPECT_EQ(later->live, (std::vector<uint32_t>{0, 1}));
+  ASSERT_EQ(later->silent.size(), 1u);
+  EXPECT_EQ(later->silent[0].first, 2u);
+  EXPECT_GT(later->silent[0].second, 0.6);
+  EXPECT_GT(later->epoch, first->epoch);
+  // It heartbeats again: live.
+  absl::StatusOr<LiveSet> back = c.Heartbeat(2, "10.0.0.3:7000", absl::Now() + absl::Seconds(5));
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(back->live, (std::vector<uint32_t>{0, 1, 2}));
+  EXPECT_GT(back->epoch, later->epoch);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+}
+
 TEST_F(RendezvousServiceTest, JoinTimesOutNamingTheMissingNodes) {
   GrpcStore s(address_);
   EXPECT_THAT(s.Join(0, 2, "a:1", absl::Milliseconds(300)), StatusIs(absl::StatusCode::kDeadlineExceeded));

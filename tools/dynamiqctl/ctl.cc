@@ -175,6 +175,16 @@ std::string FormatStatus(const dynamiq::v1::GetStatusResponse& status, bool json
   if (!status.transport().empty()) {
     absl::StrAppend(&out, "device   ", status.device(), ", transport ", status.transport(), " between nodes\n");
   }
+  if (status.live_nodes_size() > 0 && static_cast<uint32_t>(status.live_nodes_size()) < status.num_nodes()) {
+    std::vector<uint32_t> silent;
+    for (uint32_t node = 0; node < status.num_nodes(); ++node) {
+      if (std::find(status.live_nodes().begin(), status.live_nodes().end(), node) == status.live_nodes().end()) {
+        silent.push_back(node);
+      }
+    }
+    absl::StrAppend(&out, "live     nodes ", absl::StrJoin(status.live_nodes(), ", "),
+                    "; silent (no heartbeat): ", absl::StrJoin(silent, ", "), "\n");
+  }
   if (!status.metrics_address().empty()) {
     absl::StrAppend(&out, "metrics  http://", status.metrics_address(), "/metrics (error sample rate ",
                     absl::StrFormat("%g", status.error_sample_rate()), ")\n");
@@ -202,6 +212,12 @@ std::string FormatStatus(const dynamiq::v1::GetStatusResponse& status, bool json
                   absl::StrCat(j.config().min_compress_elements()), absl::StrCat(j.inflight()),
                   absl::StrCat(j.completed()),
                   budget.target_vnmse() > 0 ? absl::StrFormat("%g", budget.target_vnmse()) : "-"});
+    if (j.view_epoch() > 0) {
+      // Nodes went silent (or an operator left some out): the job runs on fewer than every node.
+      absl::StrAppend(&budgets, "job ", OneLine(j.job_id()), ": view ", j.view_epoch(), ", runs on nodes ",
+                      absl::StrJoin(j.view_nodes(), ", "), " (", j.view_nodes_size(), " of ", status.num_nodes(),
+                      ")\n");
+    }
     if (j.has_error_budget()) {
       const dynamiq::v1::ErrorBudgetStatus& b = j.error_budget();
       absl::StrAppend(&budgets, "job ", OneLine(j.job_id()), ": error budget ",

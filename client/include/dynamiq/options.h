@@ -10,6 +10,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -92,6 +93,9 @@ struct AllReduceOptions {
   /// `average` divided by sum(w_i) (0 when every weight is 0). Every worker of a collective gives a
   /// weight or every one none (the daemon fails the collective otherwise). Unset: weight 1.
   std::optional<double> weight;
+  /// Uncompressed whatever the job's compression (codec none: exact fp32 sums), for values that
+  /// must arrive bit for bit (SyncState). Every worker of a collective passes it alike.
+  bool exact = false;
 };
 
 /// What the daemon reported for a completed all-reduce (dynamiq.v1.AllReduceResponse). Every
@@ -114,6 +118,9 @@ struct AllReduceResult {
   /// (without weights, the number of workers).
   uint64_t contributors = 0;
   double weight_sum = 0;
+  /// The nodes whose workers took part, by node rank: every node, or fewer once some left the
+  /// job's group (dynamiqd --min_nodes; they went silent). For learning-rate scaling and logs.
+  std::vector<uint32_t> nodes;
 };
 
 }  // namespace dynamiq

@@ -397,7 +397,8 @@ class DynamiqState:
                           "config_epoch": result.config_epoch, "codec": result.codec,
                           "bits": result.bits, "wire_bytes": result.wire_bytes,
                           "seconds": time.perf_counter() - started, "weight": weight,
-                          "weight_sum": result.weight_sum, "contributors": result.contributors}
+                          "weight_sum": result.weight_sum, "contributors": result.contributors,
+                          "nodes": list(result.nodes)}
                 if result.measured_vnmse is not None:
                     record["measured_vnmse"] = result.measured_vnmse
                 if work is not None:
@@ -578,3 +579,6 @@ from dynamiq._drop_compute import (  # noqa: E402,F401  (re-exported)
     select_threshold,
     simulate_steps,
 )
+
+# sync_state: the members' state for a worker that joins a running job.
+from dynamiq._sync_state import sync_state  # noqa: E402,F401  (re-exported)
