@@ -2,8 +2,8 @@
 // A node killed (SIGKILL) or stopped (SIGSTOP, as a cut link looks to the others) for longer than
 // --heartbeat_timeout leaves the job's group: the next collective runs on the survivors and sums
 // exactly over them, within twice the heartbeat timeout of the kill; below --min_nodes the
-// collectives fail saying which node is silent, well before --timeout; a stop shorter than the
-// heartbeat timeout changes nothing.
+// collectives fail saying which node is silent, well before --timeout; a stop (or a cut link)
+// shorter than the heartbeat timeout changes nothing, a longer one behaves like a kill.
 #include <signal.h>
 
 #include <iostream>
@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -277,6 +278,67 @@ TEST(MembershipFaultTest, AShortStopChangesNothingALongOneLeavesTheGroup) {
   EXPECT_THAT(left_out, StartsWith("err "));
   for (int k = 0; k < 3; ++k) a.at(k, 0).Quit();
   for (int k = 2; k >= 0; --k) EXPECT_TRUE(cluster->node(k).Stop()) << "node " << k;
+}
+
+// A cut link (`ip link set down` in network namespaces; needs root, skips otherwise): shorter than
+// the heartbeat timeout it changes nothing; longer, it behaves like a kill: the other two nodes go
+// on without node 2, and when the link comes back node 2's worker is refused, not hung.
+TEST(MembershipFaultTest, ACutLinkLongerThanTheTimeoutBehavesLikeAKillAShorterOneChangesNothing) {
+  ScratchDir dir;
+  NetnsCluster net("dqfm", 3, 233);
+  if (!net.ok()) GTEST_SKIP() << "network namespaces unavailable: " << net.error();
+  std::vector<std::unique_ptr<DaemonProcess>> daemons;
+  std::vector<std::string> sockets;
+  for (int k = 0; k < 3; ++k) {
+    DaemonSpec spec;
+    spec.node_rank = static_cast<uint32_t>(k);
+    spec.num_nodes = 3;
+    spec.listen = absl::StrCat(net.Address(k), ":7070");
+    if (k > 0) spec.coordinator = absl::StrCat(net.Address(0), ":7070");
+    spec.socket = absl::StrCat(dir.path(), "/node", k, ".sock");
+    spec.netns = net.Ns(k);
+    spec.timeout_seconds = kTimeoutSeconds;
+    spec.flags = {absl::StrCat("--heartbeat_timeout=", kHeartbeatSeconds), "--min_nodes=2"};
+    sockets.push_back(spec.socket);
+    daemons.push_back(std::make_unique<DaemonProcess>(DQ_DYNAMIQD, spec, absl::StrCat(dir.path(), "/node", k, ".log")));
+  }
+  for (auto& d : daemons) ASSERT_TRUE(d->Spawn().ok());
+  for (auto& d : daemons) ASSERT_TRUE(d->WaitReady().ok()) << Tail(d->log());
+  JobWorkers a(DQ_FAULT_WORKER, dir.path(), "a", sockets, 1, 4096);
+  ASSERT_TRUE(a.Start().ok());
+  EXPECT_EQ(NotAllOk(AllReduceAll(a.all())), "");
+  // Down for a third of the timeout, while nothing runs: no membership change.
+  ASSERT_TRUE(net.SetLink(2, false));
+  absl::SleepFor(absl::Seconds(kHeartbeatSeconds / 3));
+  ASSERT_TRUE(net.SetLink(2, true));
+  absl::SleepFor(absl::Seconds(kHeartbeatSeconds));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(NotAllOk(AllReduceAll(a.all())), "") << i;
+  EXPECT_THAT(ViewNodes(*daemons[0], "a"), ElementsAre(0, 1, 2));
+  // Down for good (until restored below): nodes 0 and 1 go on over their own workers.
+  ASSERT_TRUE(net.SetLink(2, false));
+  const absl::Time cut = absl::Now();
+  std::vector<Worker*> members = {&a.at(0, 0), &a.at(1, 0)};
+  for (Worker* w : members) {
+    w->child().Send("ranks 0,1");
+    ASSERT_THAT(w->Result(), StartsWith("ok ranks 3"));
+  }
+  std::vector<std::string> replies;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    replies = AllReduceAll(members, "", absl::Seconds(kTimeoutSeconds));
+    if (NotAllOk(replies).empty()) break;
+  }
+  std::cout << "node 2's link cut; nodes 0 and 1 ran on after " << absl::FormatDuration(absl::Now() - cut) << ": "
+            << absl::StrJoin(replies, " | ") << std::endl;
+  ASSERT_EQ(NotAllOk(replies), "") << Tail(daemons[0]->log());
+  for (const std::string& r : replies) EXPECT_EQ(Nodes(r), "0,1") << r;
+  EXPECT_THAT(daemons[0]->log(), HasSubstr("node 2 (silent for"));
+  // The link comes back: node 2 is no member of the job's view any more; its worker is told so.
+  ASSERT_TRUE(net.SetLink(2, true));
+  const std::string left_out = a.at(2, 0).AllReduce("", absl::Seconds(kTimeoutSeconds));
+  std::cout << "node 2 after its link came back: " << left_out << std::endl;
+  EXPECT_THAT(left_out, StartsWith("err "));
+  a.QuitAll();
+  for (int k = 2; k >= 0; --k) EXPECT_TRUE(daemons[k]->Stop()) << "node " << k;
 }
 
 }  // namespace

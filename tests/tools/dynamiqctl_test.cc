@@ -551,6 +551,20 @@ TEST(DynamiqctlFormatTest, TablesKeepOneLinePerRecordAndAlign) {
   EXPECT_EQ(FormatStatus(status, false),
             "node     1 of 2\nversion  0.1.0\nmembers  0=- 1=10.0.0.2:7070 (the cluster has not formed yet: - has "
             "not joined)\ndevice   cpu, transport tcp between nodes\n\nno jobs\n");
+  // Issue 37.4: silent nodes, and a job that runs on fewer than every node.
+  status.set_members(0, "10.0.0.1:7070");
+  status.set_num_nodes(3);
+  status.add_members("10.0.0.3:7070");
+  status.add_live_nodes(0);
+  status.add_live_nodes(1);
+  dynamiq::v1::JobStatus* job = status.add_jobs();
+  job->set_job_id("a");
+  job->set_view_epoch(1);
+  job->add_view_nodes(0);
+  job->add_view_nodes(1);
+  const std::string shrunk = FormatStatus(status, false);
+  EXPECT_THAT(shrunk, HasSubstr("live     nodes 0, 1; silent (no heartbeat): 2\n"));
+  EXPECT_THAT(shrunk, HasSubstr("job a: view 1, runs on nodes 0, 1 (2 of 3)\n"));
 }
 
 TEST(DynamiqctlFormatTest, JsonEscapesStrings) {
