@@ -505,6 +505,29 @@ class NetnsCluster {
   bool SetLink(int k, bool up) {
     return Shell(absl::StrCat("ip -n ", Ns(k), " link set eth0 ", up ? "up" : "down")) == 0;
   }
+  int nodes() const { return nodes_; }
+
+  // One cluster of dynamiqd processes, node k in namespace Ns(k) listening on Address(k):7070
+  // (node 0 coordinates), its worker socket at <dir>/node<k>.sock and log at <dir>/node<k>.log,
+  // with `timeout_seconds` and `flags`. Not spawned yet.
+  std::vector<std::unique_ptr<DaemonProcess>> Daemons(const std::string& binary, const std::string& dir,
+                                                      double timeout_seconds,
+                                                      const std::vector<std::string>& flags) const {
+    std::vector<std::unique_ptr<DaemonProcess>> daemons;
+    for (int k = 0; k < nodes_; ++k) {
+      DaemonSpec s;
+      s.node_rank = static_cast<uint32_t>(k);
+      s.num_nodes = static_cast<uint32_t>(nodes_);
+      s.listen = absl::StrCat(Address(k), ":7070");
+      if (k > 0) s.coordinator = absl::StrCat(Address(0), ":7070");
+      s.socket = absl::StrCat(dir, "/node", k, ".sock");
+      s.netns = Ns(k);
+      s.timeout_seconds = timeout_seconds;
+      s.flags = flags;
+      daemons.push_back(std::make_unique<DaemonProcess>(binary, s, absl::StrCat(dir, "/node", k, ".log")));
+    }
+    return daemons;
+  }
 
  private:
   void Cleanup() {

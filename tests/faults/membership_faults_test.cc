@@ -102,13 +102,21 @@ TEST(MembershipFaultTest, AKilledNodeLeavesAndTheNextCollectiveRunsOnTheSurvivor
   for (int k = 2; k >= 0; --k) EXPECT_TRUE(cluster->node(k).Stop()) << "node " << k << Tail(cluster->node(k).log());
 }
 
+// From here each of `workers`' results sums the workers of the nodes that took part, which are the
+// lowest ones (the fault worker's "ranks auto").
+void SumOverTakingPart(const std::vector<Worker*>& workers) {
+  for (Worker* w : workers) {
+    w->child().Send("ranks auto");
+    ASSERT_THAT(w->Result(), StartsWith("ok ranks auto"));
+  }
+}
+
 // Node 3's restarted worker submits once; the members run collectives until it is admitted (its
 // all-reduce completes), each of theirs succeeding on the nodes of its view. Node 3's reply.
 std::string AdmitJoiner(LoopbackCluster& cluster, JobWorkers& a, const std::vector<Worker*>& members,
                         absl::Time restart) {
   Worker& joiner = a.at(3, 0);
-  joiner.child().Send("ranks auto");
-  EXPECT_THAT(joiner.Result(), StartsWith("ok ranks auto"));
+  SumOverTakingPart({&joiner});
   joiner.Submit();  // waits in its daemon until the members admit the node
   std::string admitted;
   int rounds = 0;
@@ -137,10 +145,7 @@ TEST(MembershipFaultTest, ARestartedNodeIsAdmittedAtACollectiveBoundary) {
   ASSERT_NE(cluster, nullptr);
   JobWorkers a(DQ_FAULT_WORKER, dir.path(), "a", cluster->sockets(), 1, 16384);
   ASSERT_TRUE(a.Start().ok());
-  for (Worker* w : a.all()) {
-    w->child().Send("ranks auto");  // each result sums the nodes that took part (the lowest ones)
-    ASSERT_THAT(w->Result(), StartsWith("ok ranks auto"));
-  }
+  ASSERT_NO_FATAL_FAILURE(SumOverTakingPart(a.all()));
   for (int i = 0; i < 2; ++i) EXPECT_EQ(NotAllOk(AllReduceAll(a.all())), "");
   cluster->node(3).Kill(SIGKILL);
   std::vector<Worker*> members = {&a.at(0, 0), &a.at(1, 0), &a.at(2, 0)};
@@ -192,10 +197,7 @@ TEST(MembershipFaultTest, ARestartFasterThanTheHeartbeatTimeoutIsDroppedAndAdmit
   ASSERT_NE(cluster, nullptr);
   JobWorkers a(DQ_FAULT_WORKER, dir.path(), "a", cluster->sockets(), 1, 4096);
   ASSERT_TRUE(a.Start().ok());
-  for (Worker* w : a.all()) {
-    w->child().Send("ranks auto");
-    ASSERT_THAT(w->Result(), StartsWith("ok ranks auto"));
-  }
+  ASSERT_NO_FATAL_FAILURE(SumOverTakingPart(a.all()));
   EXPECT_EQ(NotAllOk(AllReduceAll(a.all())), "");
   cluster->node(3).Kill(SIGKILL);
   const absl::Time restart = absl::Now();
@@ -287,21 +289,11 @@ TEST(MembershipFaultTest, ACutLinkLongerThanTheTimeoutBehavesLikeAKillAShorterOn
   ScratchDir dir;
   NetnsCluster net("dqfm", 3, 233);
   if (!net.ok()) GTEST_SKIP() << "network namespaces unavailable: " << net.error();
-  std::vector<std::unique_ptr<DaemonProcess>> daemons;
+  std::vector<std::unique_ptr<DaemonProcess>> daemons =
+      net.Daemons(DQ_DYNAMIQD, dir.path(), kTimeoutSeconds,
+                  {absl::StrCat("--heartbeat_timeout=", kHeartbeatSeconds), "--min_nodes=2"});
   std::vector<std::string> sockets;
-  for (int k = 0; k < 3; ++k) {
-    DaemonSpec spec;
-    spec.node_rank = static_cast<uint32_t>(k);
-    spec.num_nodes = 3;
-    spec.listen = absl::StrCat(net.Address(k), ":7070");
-    if (k > 0) spec.coordinator = absl::StrCat(net.Address(0), ":7070");
-    spec.socket = absl::StrCat(dir.path(), "/node", k, ".sock");
-    spec.netns = net.Ns(k);
-    spec.timeout_seconds = kTimeoutSeconds;
-    spec.flags = {absl::StrCat("--heartbeat_timeout=", kHeartbeatSeconds), "--min_nodes=2"};
-    sockets.push_back(spec.socket);
-    daemons.push_back(std::make_unique<DaemonProcess>(DQ_DYNAMIQD, spec, absl::StrCat(dir.path(), "/node", k, ".log")));
-  }
+  for (const auto& d : daemons) sockets.push_back(d->spec().socket);
   for (auto& d : daemons) ASSERT_TRUE(d->Spawn().ok());
   for (auto& d : daemons) ASSERT_TRUE(d->WaitReady().ok()) << Tail(d->log());
   JobWorkers a(DQ_FAULT_WORKER, dir.path(), "a", sockets, 1, 4096);

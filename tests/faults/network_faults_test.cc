@@ -25,18 +25,7 @@ struct NetCluster {
              const std::string& transport = "gloo")
       : net(absl::StrCat("dqf", tag), 2, subnet) {
     if (!net.ok()) return;
-    for (int k = 0; k < 2; ++k) {
-      DaemonSpec s;
-      s.node_rank = static_cast<uint32_t>(k);
-      s.num_nodes = 2;
-      s.listen = absl::StrCat(net.Address(k), ":7070");
-      if (k > 0) s.coordinator = absl::StrCat(net.Address(0), ":7070");
-      s.socket = absl::StrCat(dir.path(), "/node", k, ".sock");
-      s.netns = net.Ns(k);
-      s.timeout_seconds = timeout_seconds;
-      s.flags.push_back(absl::StrCat("--transport=", transport));
-      daemons.push_back(std::make_unique<DaemonProcess>(DQ_DYNAMIQD, s, absl::StrCat(dir.path(), "/node", k, ".log")));
-    }
+    daemons = net.Daemons(DQ_DYNAMIQD, dir.path(), timeout_seconds, {absl::StrCat("--transport=", transport)});
     this->elements = elements;
   }
 

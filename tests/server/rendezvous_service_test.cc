@@ -24,13 +24,18 @@ using ::dynamiq::testing::IsOkAndHolds;
 using ::dynamiq::testing::StatusIs;
 using ::testing::HasSubstr;
 
+// `service` on a free loopback port (`*port`); null if it cannot start.
+std::unique_ptr<grpc::Server> Serve(RendezvousService& service, int* port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
+  builder.RegisterService(&service);
+  return builder.BuildAndStart();
+}
+
 class RendezvousServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(&service_);
-    server_ = builder.BuildAndStart();
+    server_ = Serve(service_, &port_);
     ASSERT_NE(server_, nullptr);
     ASSERT_GT(port_, 0);
     address_ = "127.0.0.1:" + std::to_string(port_);
@@ -126,11 +131,8 @@ TEST_F(RendezvousServiceTest, DeleteRemovesKeysAtomicallyWithItsConditionButNeve
 
 TEST(RendezvousServiceLimitsTest, TheStoreRefusesToGrowPastItsLimits) {
   RendezvousService service(nullptr, nullptr, engine::InMemoryStore::Limits{8, 1 << 20});
-  grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = Serve(service, &port);
   ASSERT_NE(server, nullptr);
   GrpcStore s("127.0.0.1:" + std::to_string(port));
   for (int i = 0; i < 8; ++i) ASSERT_THAT(s.Set(absl::StrCat("k", i), "v"), IsOk());
@@ -174,11 +176,8 @@ TEST_F(RendezvousServiceTest, HeartbeatsTellWhichMembersAreLive) {
 
   RendezvousService service;
   service.EnableHeartbeats(absl::Milliseconds(600), 2);
-  grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = Serve(service, &port);
   ASSERT_NE(server, nullptr);
   GrpcStore c("127.0.0.1:" + std::to_string(port));
   std::vector<std::thread> joins;
