@@ -120,18 +120,21 @@ DQ_HOST_DEVICE float RoundingUnit(uint32_t key, uint32_t index, bool correlated,
 }
 
 // QuantizeElement with the level kind fixed at compile time and the table's per-width constants
-// passed in (L = t.max_level, top = t.level[L]), so a kernel reads them once per super-group and
-// its per-element code has no branch on the kind. Any v gives an in-range table index (|v| * inv
-// is clamped to [0, 1]; NaN becomes 1), so callers may quantize padding and discard the code.
+// passed in (L = t.max_level, top = t.level[L], step = t.level[1]), so a kernel reads them once per
+// super-group and its per-element code has no branch on the kind. Any v gives an in-range table
+// index (|v| * inv is clamped to [0, 1]; NaN becomes 1), so callers may quantize padding and
+// discard the code. No branch on the data either: the search's one-step correction reads
+// level[r + 1] whatever r (r <= L - 1, so it exists) and adds the comparison.
 template <bool kUniform>
-DQ_HOST_DEVICE uint32_t QuantizeElementOf(const LevelTable& t, int L, float top, float v, float inv_scale, float u) {
+DQ_HOST_DEVICE uint32_t QuantizeElementOf(const LevelTable& t, int L, float top, float step, float v, float inv_scale,
+                                          float u) {
   float x = fminf(fabsf(v) * inv_scale, 1.0f);
   int r;
   float p;
   if (kUniform) {
     // level[r] = r * (1/L); the estimate from x * L may be one off after rounding, so check it
     // against the levels themselves (on-grid inputs then round to themselves exactly).
-    const float inv_L = t.level[1];
+    const float inv_L = step;
     r = static_cast<int>(x * static_cast<float>(L));
     r = r < L - 1 ? r : L - 1;
     if (x < static_cast<float>(r) * inv_L) {
@@ -144,7 +147,7 @@ DQ_HOST_DEVICE uint32_t QuantizeElementOf(const LevelTable& t, int L, float top,
     int idx = static_cast<int>(x * static_cast<float>(kSearchBuckets));
     idx = idx < kSearchBuckets - 1 ? idx : kSearchBuckets - 1;
     r = t.search[idx];
-    if (r < L - 1 && x >= t.level[r + 1]) ++r;
+    r += static_cast<int>((r < L - 1) & (x >= t.level[r + 1]));
     p = (x - t.level[r]) * t.inv_gap[r];
   }
   // x at the top level must round to it for every u (p may come out a rounding error below 1).
@@ -156,8 +159,8 @@ DQ_HOST_DEVICE uint32_t QuantizeElementOf(const LevelTable& t, int L, float top,
 // Stochastically rounds v (|v| * inv_scale <= 1 up to rounding) to a code of `t`.
 DQ_HOST_DEVICE uint32_t QuantizeElement(const LevelTable& t, float v, float inv_scale, float u) {
   const int L = t.max_level;
-  return t.uniform ? QuantizeElementOf<true>(t, L, t.level[L], v, inv_scale, u)
-                   : QuantizeElementOf<false>(t, L, t.level[L], v, inv_scale, u);
+  return t.uniform ? QuantizeElementOf<true>(t, L, t.level[L], t.level[1], v, inv_scale, u)
+                   : QuantizeElementOf<false>(t, L, t.level[L], t.level[1], v, inv_scale, u);
 }
 
 DQ_HOST_DEVICE uint32_t UnpackCode(const uint8_t* codes, int k, int bits) {

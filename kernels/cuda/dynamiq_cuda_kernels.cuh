@@ -35,6 +35,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "kernels/cuda/launch.h"
 #include "kernels/dynamiq_math.h"
 #include "kernels/random_math.h"
@@ -111,37 +113,59 @@ DQ_DEVICE void StoreLane(float* p, int n, bool full, const float* v) {
   }
 }
 
-// The lane's 8 decoded elements of a validated SG of `count` elements at width t.bits, exactly as
-// DecodeSuperGroup computes them (elements k >= LaneCount decode the group's padding codes: read
-// but meaningless). Returns false, leaving d alone, for a lane with no elements.
-DQ_DEVICE bool DecodeLane(const LevelTable& t, const uint8_t* sg, int count, int lane, float* d) {
+// Calls f(std::integral_constant<int, W>{}) for the code width W == bits (2..8; warp-uniform), so
+// the per-element code has constant shifts, masks and L, and a lane's codes fit a 32-bit register
+// up to 4 bits.
+template <typename F>
+DQ_DEVICE void WithWidth(int bits, F&& f) {
+  switch (bits) {
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    case 8: f(std::integral_constant<int, 8>{}); break;
+    default: break;
+  }
+}
+
+// A lane's 8 codes at width kBits, packed LSB-first (kBits bytes).
+template <int kBits>
+using LaneField = std::conditional_t<(kLaneElements * kBits <= 32), uint32_t, uint64_t>;
+
+// The lane's 8 decoded elements of a validated SG of `count` elements at width kBits == t.bits,
+// exactly as DecodeSuperGroup computes them (elements k >= LaneCount decode the group's padding
+// codes: read but meaningless). Returns false, leaving d alone, for a lane with no elements.
+template <int kBits>
+DQ_DEVICE bool DecodeLaneOf(const LevelTable& t, const uint8_t* sg, int count, int lane, float* d) {
   if (LaneCount(count, lane) == 0) return false;
-  const int bits = t.bits;
-  const uint8_t* group = sg + (lane / 2) * (2 * bits + 1);
-  const uint8_t* codes = group + (lane % 2) * bits;
-  uint64_t field = 0;
-  for (int i = 0; i < bits; ++i) field |= static_cast<uint64_t>(codes[i]) << (8 * i);
-  const float scale = static_cast<float>(group[2 * bits]) * Bf16ToFloat(LoadSuperUnit(sg, bits, count));
-  const uint32_t mask = (1u << bits) - 1u;
-  for (int k = 0; k < kLaneElements; ++k) d[k] = t.decode[static_cast<uint32_t>(field >> (k * bits)) & mask] * scale;
+  const uint8_t* group = sg + (lane / 2) * (2 * kBits + 1);
+  const uint8_t* codes = group + (lane % 2) * kBits;
+  LaneField<kBits> field = 0;
+  for (int i = 0; i < kBits; ++i) field |= static_cast<LaneField<kBits>>(codes[i]) << (8 * i);
+  const float scale = static_cast<float>(group[2 * kBits]) * Bf16ToFloat(LoadSuperUnit(sg, kBits, count));
+  constexpr uint32_t kMask = (1u << kBits) - 1u;
+  for (int k = 0; k < kLaneElements; ++k) d[k] = t.decode[static_cast<uint32_t>(field >> (k * kBits)) & kMask] * scale;
   return true;
 }
 
 // Encodes the warp's SG (global index global_sg, `count` elements, lane values v[0, 8), zero where
-// k >= LaneCount) into `out` (SuperGroupBytes(t.bits, count) bytes of global memory). Every lane
-// must call it; kUniform must be t.uniform.
-template <bool kUniform, typename Warp>
+// k >= LaneCount) into `out` (SuperGroupBytes(kBits, count) bytes of global memory). Every lane
+// must call it; kUniform must be t.uniform and kBits t.bits.
+template <bool kUniform, int kBits, typename Warp>
 DQ_DEVICE void EncodeSgInWarp(Warp& w, const DynamiqDeviceArgs& a, uint64_t global_sg, const LevelTable& t, int count,
                               uint32_t stratum, const float* v, uint8_t* out) {
+  constexpr int L = (1 << (kBits - 1)) - 1;  // t.max_level
   const int lane = w.lane();
   const int n = LaneCount(count, lane);
-  const int bits = t.bits;
 
-  // 1. Maxima over magnitude bit patterns: the lane's, its group's (the neighbouring lane), the SG's.
+  // 1. Maxima over magnitude bit patterns: the lane's (padding is zero), its group's (the
+  //    neighbouring lane), the SG's.
   uint32_t m = 0;
   for (int k = 0; k < kLaneElements; ++k) {
     const uint32_t mag = FloatBits(v[k]) & 0x7fffffffu;
-    if (k < n && mag > m) m = mag;
+    m = mag > m ? mag : m;
   }
   const uint32_t other = w.ShflXor(m, 1);
   const uint32_t group_m = other > m ? other : m;
@@ -152,46 +176,49 @@ DQ_DEVICE void EncodeSgInWarp(Warp& w, const DynamiqDeviceArgs& a, uint64_t glob
   }
   const bool finite = sg_m <= kMaxFiniteBits;
 
-  // 2. Super unit, the group's scale code and its reciprocal (once per lane).
+  // 2. Super unit, the group's scale code and its reciprocal (once per lane), and the table's
+  //    constants (once per SG).
   const uint16_t unit_bits = SuperUnitFor(BitsToFloat(sg_m), finite);
   const float unit = finite ? Bf16ToFloat(unit_bits) : 0.0f;
   const uint32_t scale_code = GroupScaleCode(BitsToFloat(group_m), unit);
   const float inv = InverseScale(static_cast<float>(scale_code) * unit);
+  const float top = t.level[L];
+  const float step = t.level[1];
 
-  // 3. Codes (padding and non-finite SGs: code L, the zero level), packed LSB-first in a register.
+  // 3. Codes, packed LSB-first in a register. Every element is quantized (padding and non-finite
+  //    SGs give in-range garbage) and then replaced by code L, the zero level, where it must be:
+  //    no branch per element.
   const uint32_t first_index = static_cast<uint32_t>(global_sg * kSuperGroupSize) + lane * kLaneElements;
-  uint64_t field = 0;
+  LaneField<kBits> field = 0;
   for (int k = 0; k < kLaneElements; ++k) {
-    uint32_t code = static_cast<uint32_t>(t.max_level);
-    if (k < n && finite) {
-      code =
-          QuantizeElement(t, v[k], inv, RoundingUnit(a.key, first_index + k, a.correlated, stratum, a.rounding_size));
-    }
-    field |= static_cast<uint64_t>(code) << (k * bits);
+    const uint32_t q = QuantizeElementOf<kUniform>(
+        t, L, top, step, v[k], inv, RoundingUnit(a.key, first_index + k, a.correlated, stratum, a.rounding_size));
+    const uint32_t code = (k < n && finite) ? q : static_cast<uint32_t>(L);
+    field |= static_cast<LaneField<kBits>>(code) << (k * kBits);
   }
 
   // 4. The lane's b code bytes, its group's scale byte (even lane) and the super unit (lane 0).
   if (lane / 2 < NumGroups(count)) {
-    uint8_t* group = out + (lane / 2) * (2 * bits + 1);
-    uint8_t* codes = group + (lane % 2) * bits;
-    for (int i = 0; i < bits; ++i) codes[i] = static_cast<uint8_t>(field >> (8 * i));
-    if (lane % 2 == 0) group[2 * bits] = static_cast<uint8_t>(scale_code);
+    uint8_t* group = out + (lane / 2) * (2 * kBits + 1);
+    uint8_t* codes = group + (lane % 2) * kBits;
+    for (int i = 0; i < kBits; ++i) codes[i] = static_cast<uint8_t>(field >> (8 * i));
+    if (lane % 2 == 0) group[2 * kBits] = static_cast<uint8_t>(scale_code);
   }
   if (lane == 0) {
-    uint8_t* tail = out + SuperGroupBytes(bits, count) - 2;
+    uint8_t* tail = out + SuperGroupBytes(kBits, count) - 2;
     tail[0] = static_cast<uint8_t>(unit_bits);
     tail[1] = static_cast<uint8_t>(unit_bits >> 8);
   }
 }
 
 // EncodeSgInWarp for the table's level kind (warp-uniform).
-template <typename Warp>
+template <int kBits, typename Warp>
 DQ_DEVICE void EncodeSg(Warp& w, const DynamiqDeviceArgs& a, uint64_t global_sg, const LevelTable& t, int count,
                         uint32_t stratum, const float* v, uint8_t* out) {
   if (t.uniform) {
-    EncodeSgInWarp<true>(w, a, global_sg, t, count, stratum, v, out);
+    EncodeSgInWarp<true, kBits>(w, a, global_sg, t, count, stratum, v, out);
   } else {
-    EncodeSgInWarp<false>(w, a, global_sg, t, count, stratum, v, out);
+    EncodeSgInWarp<false, kBits>(w, a, global_sg, t, count, stratum, v, out);
   }
 }
 
@@ -230,7 +257,10 @@ DQ_DEVICE void EncodeWarp(Warp& w, const DynamiqDeviceArgs& a, const float* valu
     float v[kLaneElements];
     LoadLane(values + j * kSuperGroupSize + lane * kLaneElements, LaneCount(count, lane),
              vector && count == kSuperGroupSize, v);
-    EncodeSg(w, a, a.first_sg + j, a.tables[width], count, stratum, v, payload_sgs + a.offsets[j]);
+    WithWidth(width, [&](auto bits) {
+      EncodeSg<decltype(bits)::value>(w, a, a.first_sg + j, a.tables[width], count, stratum, v,
+                                      payload_sgs + a.offsets[j]);
+    });
   }
 }
 
@@ -254,12 +284,15 @@ DQ_DEVICE void DarWarp(Warp& w, const DynamiqDeviceArgs& a, const uint8_t* in_sg
     const int count = SgElementCount(a.count, j);
     const int n = LaneCount(count, lane);
     float v[kLaneElements];
-    float d[kLaneElements] = {0, 0, 0, 0, 0, 0, 0, 0};
     LoadLane(local + j * kSuperGroupSize + lane * kLaneElements, n, vector && count == kSuperGroupSize, v);
-    DecodeLane(t, in_sgs + a.offsets[j], count, lane, d);
-    // DecompressAccumulateRecompress: tile = local, then tile += decoded.
-    for (int k = 0; k < kLaneElements; ++k) v[k] = k < n ? v[k] + d[k] : 0.0f;
-    EncodeSg(w, a, a.first_sg + j, t, count, stratum, v, out_sgs + a.offsets[j]);
+    WithWidth(width, [&](auto bits) {
+      constexpr int kBits = decltype(bits)::value;
+      float d[kLaneElements] = {0, 0, 0, 0, 0, 0, 0, 0};
+      DecodeLaneOf<kBits>(t, in_sgs + a.offsets[j], count, lane, d);
+      // DecompressAccumulateRecompress: tile = local, then tile += decoded.
+      for (int k = 0; k < kLaneElements; ++k) v[k] = k < n ? v[k] + d[k] : 0.0f;
+      EncodeSg<kBits>(w, a, a.first_sg + j, t, count, stratum, v, out_sgs + a.offsets[j]);
+    });
   }
 }
 
@@ -275,7 +308,9 @@ DQ_DEVICE void DecodeLaneTask(const DynamiqDeviceArgs& a, uint64_t j, int lane, 
   const int width = a.widths[j];
   float d[kLaneElements] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (IsCodeWidth(width)) {
-    (void)DecodeLane(a.tables[width], payload_sgs + a.offsets[j], count, lane, d);
+    WithWidth(width, [&](auto bits) {
+      (void)DecodeLaneOf<decltype(bits)::value>(a.tables[width], payload_sgs + a.offsets[j], count, lane, d);
+    });
   } else if (accumulate) {
     return;  // width 0 adds nothing
   }
