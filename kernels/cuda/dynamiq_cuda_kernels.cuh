@@ -19,6 +19,12 @@
 // thread recomputing its group's scale with IEEE divisions, a 4-word OR butterfly to pack) was
 // issue-bound at ~350 instructions per element (Nsight Compute on an H200, docs/results.md).
 //
+// The per-element work has no branch (every element is quantized, padding replaced afterwards)
+// and reads the level kind's constants once per SG. Tried and measured slower on an H200
+// (docs/results.md): instantiating the body per code width (seven copies: 10-40 % slower, likely
+// the instruction cache) and copying the level tables into shared memory per block (the copy and
+// byte-wide search entries cost more instructions than the 64-bit addresses they save: 4-7 %).
+//
 // Correlated rounding: each SG's stratum (StratumOf, a loop over the rounding group's size) is
 // computed by one lane for the warp's next 32 SGs at once and fetched with a shuffle, so the warp
 // pays for one loop per 32 SGs instead of one per SG.
@@ -113,50 +119,66 @@ DQ_DEVICE void StoreLane(float* p, int n, bool full, const float* v) {
   }
 }
 
-// Calls f(std::integral_constant<int, W>{}) for the code width W == bits (2..8; warp-uniform), so
-// the per-element code has constant shifts, masks and L, and a lane's codes fit a 32-bit register
-// up to 4 bits.
+// A code width known at compile time (an int where one is expected).
+template <int W>
+struct Width {
+  DQ_DEVICE constexpr operator int() const { return W; }
+};
+
+// Calls f(Width<W>{}) for the code width W == bits (2..8; warp-uniform).
 template <typename F>
 DQ_DEVICE void WithWidth(int bits, F&& f) {
   switch (bits) {
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 5: f(std::integral_constant<int, 5>{}); break;
-    case 6: f(std::integral_constant<int, 6>{}); break;
-    case 7: f(std::integral_constant<int, 7>{}); break;
-    case 8: f(std::integral_constant<int, 8>{}); break;
+    case 2: f(Width<2>{}); break;
+    case 3: f(Width<3>{}); break;
+    case 4: f(Width<4>{}); break;
+    case 5: f(Width<5>{}); break;
+    case 6: f(Width<6>{}); break;
+    case 7: f(Width<7>{}); break;
+    case 8: f(Width<8>{}); break;
     default: break;
   }
 }
 
-// A lane's 8 codes at width kBits, packed LSB-first (kBits bytes).
+// A code width: `int` (known at run time) or Width<W> (at compile time: constant shifts and masks,
+// and a lane's codes in 32 bits up to W = 4). Only the decompress kernel instantiates the widths
+// (WithWidth; its body is small). Encode and DAR run one body for every width: seven copies of
+// theirs measured 10-40 % slower on an H200 (fewer instructions, but issue slots idle; the code
+// size, ~7x, is the likely cause).
+template <typename Bits>
+struct LaneFieldOf {
+  using type = uint64_t;
+};
 template <int kBits>
-using LaneField = std::conditional_t<(kLaneElements * kBits <= 32), uint32_t, uint64_t>;
+struct LaneFieldOf<Width<kBits>> {
+  using type = std::conditional_t<(kLaneElements * kBits <= 32), uint32_t, uint64_t>;
+};
 
-// The lane's 8 decoded elements of a validated SG of `count` elements at width kBits == t.bits,
-// exactly as DecodeSuperGroup computes them (elements k >= LaneCount decode the group's padding
-// codes: read but meaningless). Returns false, leaving d alone, for a lane with no elements.
-template <int kBits>
-DQ_DEVICE bool DecodeLaneOf(const LevelTable& t, const uint8_t* sg, int count, int lane, float* d) {
+// The lane's 8 decoded elements of a validated SG of `count` elements at width `bits` (`decode`:
+// its decode values), exactly as DecodeSuperGroup computes them (elements k >= LaneCount decode
+// the group's padding codes: read but meaningless). Returns false, leaving d alone, for a lane
+// with no elements.
+template <typename Bits>
+DQ_DEVICE bool DecodeLaneOf(Bits bits, const float* decode, const uint8_t* sg, int count, int lane, float* d) {
+  using Field = typename LaneFieldOf<Bits>::type;
   if (LaneCount(count, lane) == 0) return false;
-  const uint8_t* group = sg + (lane / 2) * (2 * kBits + 1);
-  const uint8_t* codes = group + (lane % 2) * kBits;
-  LaneField<kBits> field = 0;
-  for (int i = 0; i < kBits; ++i) field |= static_cast<LaneField<kBits>>(codes[i]) << (8 * i);
-  const float scale = static_cast<float>(group[2 * kBits]) * Bf16ToFloat(LoadSuperUnit(sg, kBits, count));
-  constexpr uint32_t kMask = (1u << kBits) - 1u;
-  for (int k = 0; k < kLaneElements; ++k) d[k] = t.decode[static_cast<uint32_t>(field >> (k * kBits)) & kMask] * scale;
+  const uint8_t* group = sg + (lane / 2) * (2 * bits + 1);
+  const uint8_t* codes = group + (lane % 2) * bits;
+  Field field = 0;
+  for (int i = 0; i < bits; ++i) field |= static_cast<Field>(codes[i]) << (8 * i);
+  const float scale = static_cast<float>(group[2 * bits]) * Bf16ToFloat(LoadSuperUnit(sg, bits, count));
+  const uint32_t mask = (1u << bits) - 1u;
+  for (int k = 0; k < kLaneElements; ++k) d[k] = decode[static_cast<uint32_t>(field >> (k * bits)) & mask] * scale;
   return true;
 }
 
 // Encodes the warp's SG (global index global_sg, `count` elements, lane values v[0, 8), zero where
-// k >= LaneCount) into `out` (SuperGroupBytes(kBits, count) bytes of global memory). Every lane
-// must call it; kUniform must be t.uniform and kBits t.bits.
-template <bool kUniform, int kBits, typename Warp>
-DQ_DEVICE void EncodeSgInWarp(Warp& w, const DynamiqDeviceArgs& a, uint64_t global_sg, const LevelTable& t, int count,
-                              uint32_t stratum, const float* v, uint8_t* out) {
-  constexpr int L = (1 << (kBits - 1)) - 1;  // t.max_level
+// k >= LaneCount) into `out` (SuperGroupBytes(bits, count) bytes of global memory). Every lane
+// must call it; `t` is the table of width `bits` and kUniform its level kind (warp-uniform).
+template <bool kUniform, typename Warp>
+DQ_DEVICE void EncodeSgInWarp(Warp& w, const DynamiqDeviceArgs& a, uint64_t global_sg, int bits, const LevelTable& t,
+                              int count, uint32_t stratum, const float* v, uint8_t* out) {
+  const int L = (1 << (bits - 1)) - 1;  // the table's max_level
   const int lane = w.lane();
   const int n = LaneCount(count, lane);
 
@@ -189,36 +211,37 @@ DQ_DEVICE void EncodeSgInWarp(Warp& w, const DynamiqDeviceArgs& a, uint64_t glob
   //    SGs give in-range garbage) and then replaced by code L, the zero level, where it must be:
   //    no branch per element.
   const uint32_t first_index = static_cast<uint32_t>(global_sg * kSuperGroupSize) + lane * kLaneElements;
-  LaneField<kBits> field = 0;
+  uint64_t field = 0;
   for (int k = 0; k < kLaneElements; ++k) {
     const uint32_t q = QuantizeElementOf<kUniform>(
         t, L, top, step, v[k], inv, RoundingUnit(a.key, first_index + k, a.correlated, stratum, a.rounding_size));
     const uint32_t code = (k < n && finite) ? q : static_cast<uint32_t>(L);
-    field |= static_cast<LaneField<kBits>>(code) << (k * kBits);
+    field |= static_cast<uint64_t>(code) << (k * bits);
   }
 
   // 4. The lane's b code bytes, its group's scale byte (even lane) and the super unit (lane 0).
   if (lane / 2 < NumGroups(count)) {
-    uint8_t* group = out + (lane / 2) * (2 * kBits + 1);
-    uint8_t* codes = group + (lane % 2) * kBits;
-    for (int i = 0; i < kBits; ++i) codes[i] = static_cast<uint8_t>(field >> (8 * i));
-    if (lane % 2 == 0) group[2 * kBits] = static_cast<uint8_t>(scale_code);
+    uint8_t* group = out + (lane / 2) * (2 * bits + 1);
+    uint8_t* codes = group + (lane % 2) * bits;
+    for (int i = 0; i < bits; ++i) codes[i] = static_cast<uint8_t>(field >> (8 * i));
+    if (lane % 2 == 0) group[2 * bits] = static_cast<uint8_t>(scale_code);
   }
   if (lane == 0) {
-    uint8_t* tail = out + SuperGroupBytes(kBits, count) - 2;
+    uint8_t* tail = out + SuperGroupBytes(bits, count) - 2;
     tail[0] = static_cast<uint8_t>(unit_bits);
     tail[1] = static_cast<uint8_t>(unit_bits >> 8);
   }
 }
 
-// EncodeSgInWarp for the table's level kind (warp-uniform).
-template <int kBits, typename Warp>
-DQ_DEVICE void EncodeSg(Warp& w, const DynamiqDeviceArgs& a, uint64_t global_sg, const LevelTable& t, int count,
-                        uint32_t stratum, const float* v, uint8_t* out) {
+// EncodeSgInWarp for the level kind of width `bits` (warp-uniform).
+template <typename Warp>
+DQ_DEVICE void EncodeSg(Warp& w, const DynamiqDeviceArgs& a, uint64_t global_sg, int bits, int count, uint32_t stratum,
+                        const float* v, uint8_t* out) {
+  const LevelTable& t = a.tables[bits];
   if (t.uniform) {
-    EncodeSgInWarp<true, kBits>(w, a, global_sg, t, count, stratum, v, out);
+    EncodeSgInWarp<true>(w, a, global_sg, bits, t, count, stratum, v, out);
   } else {
-    EncodeSgInWarp<false, kBits>(w, a, global_sg, t, count, stratum, v, out);
+    EncodeSgInWarp<false>(w, a, global_sg, bits, t, count, stratum, v, out);
   }
 }
 
@@ -257,10 +280,7 @@ DQ_DEVICE void EncodeWarp(Warp& w, const DynamiqDeviceArgs& a, const float* valu
     float v[kLaneElements];
     LoadLane(values + j * kSuperGroupSize + lane * kLaneElements, LaneCount(count, lane),
              vector && count == kSuperGroupSize, v);
-    WithWidth(width, [&](auto bits) {
-      EncodeSg<decltype(bits)::value>(w, a, a.first_sg + j, a.tables[width], count, stratum, v,
-                                      payload_sgs + a.offsets[j]);
-    });
+    EncodeSg(w, a, a.first_sg + j, width, count, stratum, v, payload_sgs + a.offsets[j]);
   }
 }
 
@@ -280,19 +300,15 @@ DQ_DEVICE void DarWarp(Warp& w, const DynamiqDeviceArgs& a, const uint8_t* in_sg
     const uint32_t stratum = StratumAt(w, a, batch, i);
     const int width = a.widths[j];
     if (!IsCodeWidth(width)) continue;
-    const LevelTable& t = a.tables[width];
     const int count = SgElementCount(a.count, j);
     const int n = LaneCount(count, lane);
     float v[kLaneElements];
     LoadLane(local + j * kSuperGroupSize + lane * kLaneElements, n, vector && count == kSuperGroupSize, v);
-    WithWidth(width, [&](auto bits) {
-      constexpr int kBits = decltype(bits)::value;
-      float d[kLaneElements] = {0, 0, 0, 0, 0, 0, 0, 0};
-      DecodeLaneOf<kBits>(t, in_sgs + a.offsets[j], count, lane, d);
-      // DecompressAccumulateRecompress: tile = local, then tile += decoded.
-      for (int k = 0; k < kLaneElements; ++k) v[k] = k < n ? v[k] + d[k] : 0.0f;
-      EncodeSg<kBits>(w, a, a.first_sg + j, t, count, stratum, v, out_sgs + a.offsets[j]);
-    });
+    float d[kLaneElements] = {0, 0, 0, 0, 0, 0, 0, 0};
+    DecodeLaneOf(width, a.tables[width].decode, in_sgs + a.offsets[j], count, lane, d);
+    // DecompressAccumulateRecompress: tile = local, then tile += decoded.
+    for (int k = 0; k < kLaneElements; ++k) v[k] = k < n ? v[k] + d[k] : 0.0f;
+    EncodeSg(w, a, a.first_sg + j, width, count, stratum, v, out_sgs + a.offsets[j]);
   }
 }
 
@@ -309,7 +325,7 @@ DQ_DEVICE void DecodeLaneTask(const DynamiqDeviceArgs& a, uint64_t j, int lane, 
   float d[kLaneElements] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (IsCodeWidth(width)) {
     WithWidth(width, [&](auto bits) {
-      (void)DecodeLaneOf<decltype(bits)::value>(a.tables[width], payload_sgs + a.offsets[j], count, lane, d);
+      (void)DecodeLaneOf(bits, a.tables[width].decode, payload_sgs + a.offsets[j], count, lane, d);
     });
   } else if (accumulate) {
     return;  // width 0 adds nothing
