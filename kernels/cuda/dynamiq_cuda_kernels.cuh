@@ -25,9 +25,10 @@
 // the instruction cache) and copying the level tables into shared memory per block (the copy and
 // byte-wide search entries cost more instructions than the 64-bit addresses they save: 4-7 %).
 //
-// Correlated rounding: each SG's stratum (StratumOf, a loop over the rounding group's size) is
-// computed by one lane for the warp's next 32 SGs at once and fetched with a shuffle, so the warp
-// pays for one loop per 32 SGs instead of one per SG.
+// Per-SG metadata: each SG's width, byte offset and stratum of correlated rounding (StratumOf, a
+// loop over the rounding group's size) are loaded by one lane for the warp's next 32 SGs at once
+// and fetched with shuffles, so the warp pays for one strata loop per 32 SGs instead of one per
+// SG, and its data loads do not wait for two dependent metadata loads.
 //
 // Every float operation is the one EncodeSuperGroup / DecodeSuperGroup performs, through the same
 // functions of kernels/dynamiq_math.h. Maxima are taken over the magnitudes' bit patterns: for
@@ -59,7 +60,7 @@ inline constexpr int kWarpLanes = 32;
 inline constexpr int kLaneElements = kSuperGroupSize / kWarpLanes;  // 8: half a group
 inline constexpr int kDynamiqBlockThreads = 256;                    // 8 warps per block
 inline constexpr int kValidateBlockThreads = 256;                   // one thread per SG
-inline constexpr int kStrataBatch = kWarpLanes;                     // SGs whose strata a warp computes at once
+inline constexpr int kSgBatch = kWarpLanes;                         // SGs whose widths, offsets, strata a warp loads at once
 static_assert(2 * kLaneElements == kGroupSize, "two lanes per group");
 
 inline constexpr uint32_t kMaxFiniteBits = 0x7f7fffffu;  // the largest finite float's bit pattern
@@ -245,21 +246,42 @@ DQ_DEVICE void EncodeSg(Warp& w, const DynamiqDeviceArgs& a, uint64_t global_sg,
   }
 }
 
-// Strata of correlated rounding for the warp's SGs: lane l returns the stratum of the SG the warp
-// takes at iteration `iteration + l` of its grid-stride loop (0 past the run's end or when rounding
-// is independent). Called by every lane at iterations 0, 32, 64, ...
-DQ_DEVICE uint32_t LaneStratum(const DynamiqDeviceArgs& a, uint64_t first_task, uint64_t stride, uint64_t iteration,
-                               int lane) {
-  if (!a.correlated) return 0;
+// What a warp reads of each SG it takes besides the data: its width, its byte offset and its
+// stratum of correlated rounding (0 when rounding is independent). Loaded kSgBatch SGs at a time,
+// lane l those of the SG the warp takes at iteration `iteration + l` of its grid-stride loop
+// (zeros past the run's end), and handed out by shuffles (SgAt): two dependent global loads per SG
+// leave the chain before its data loads, and the strata's loop runs once per 32 SGs. Called by
+// every lane at iterations 0, 32, 64, ...
+struct SgMeta {
+  uint32_t width = 0;
+  uint32_t stratum = 0;
+  uint64_t offset = 0;
+};
+
+DQ_DEVICE SgMeta LaneSgMeta(const DynamiqDeviceArgs& a, uint64_t first_task, uint64_t stride, uint64_t iteration,
+                            int lane) {
+  SgMeta m;
   const uint64_t j = first_task + (iteration + static_cast<uint64_t>(lane)) * stride;
-  if (j >= DynamiqNumSuperGroups(a.count)) return 0;
-  return StratumOf(a.shared_key, static_cast<uint32_t>(a.first_sg + j), a.rounding_index, a.rounding_size);
+  if (j >= DynamiqNumSuperGroups(a.count)) return m;
+  m.width = a.widths[j];
+  m.offset = a.offsets[j];
+  if (a.correlated) {
+    m.stratum = StratumOf(a.shared_key, static_cast<uint32_t>(a.first_sg + j), a.rounding_index, a.rounding_size);
+  }
+  return m;
 }
 
-// The stratum of the SG at `iteration`, from the lanes' batch (every lane must call it).
+// The SG at `iteration`, from the lanes' batch (every lane must call it).
 template <typename Warp>
-DQ_DEVICE uint32_t StratumAt(Warp& w, const DynamiqDeviceArgs& a, uint32_t batch, uint64_t iteration) {
-  return a.correlated ? w.Shfl(batch, static_cast<int>(iteration % kStrataBatch)) : 0u;
+DQ_DEVICE SgMeta SgAt(Warp& w, const DynamiqDeviceArgs& a, const SgMeta& batch, uint64_t iteration) {
+  const int src = static_cast<int>(iteration % kSgBatch);
+  SgMeta m;
+  m.width = w.Shfl(batch.width, src);
+  m.stratum = a.correlated ? w.Shfl(batch.stratum, src) : 0u;
+  const uint32_t lo = w.Shfl(static_cast<uint32_t>(batch.offset), src);
+  const uint32_t hi = w.Shfl(static_cast<uint32_t>(batch.offset >> 32), src);
+  m.offset = (static_cast<uint64_t>(hi) << 32) | lo;
+  return m;
 }
 
 // Compress: the warp encodes SGs first_task, first_task + stride, ... of the run.
@@ -269,18 +291,18 @@ DQ_DEVICE void EncodeWarp(Warp& w, const DynamiqDeviceArgs& a, const float* valu
   const int lane = w.lane();
   const uint64_t num_sg = DynamiqNumSuperGroups(a.count);
   const bool vector = Aligned16(values);
-  uint32_t batch = 0;
+  SgMeta batch;
   uint64_t i = 0;
   for (uint64_t j = first_task; j < num_sg; j += stride, ++i) {
-    if (i % kStrataBatch == 0) batch = LaneStratum(a, first_task, stride, i, lane);
-    const uint32_t stratum = StratumAt(w, a, batch, i);
-    const int width = a.widths[j];
+    if (i % kSgBatch == 0) batch = LaneSgMeta(a, first_task, stride, i, lane);
+    const SgMeta sg = SgAt(w, a, batch, i);
+    const int width = static_cast<int>(sg.width);
     if (!IsCodeWidth(width)) continue;  // width 0 takes no bytes (the host rejects other widths); warp-uniform
     const int count = SgElementCount(a.count, j);
     float v[kLaneElements];
     LoadLane(values + j * kSuperGroupSize + lane * kLaneElements, LaneCount(count, lane),
              vector && count == kSuperGroupSize, v);
-    EncodeSg(w, a, a.first_sg + j, width, count, stratum, v, payload_sgs + a.offsets[j]);
+    EncodeSg(w, a, a.first_sg + j, width, count, sg.stratum, v, payload_sgs + sg.offset);
   }
 }
 
@@ -293,22 +315,22 @@ DQ_DEVICE void DarWarp(Warp& w, const DynamiqDeviceArgs& a, const uint8_t* in_sg
   const int lane = w.lane();
   const uint64_t num_sg = DynamiqNumSuperGroups(a.count);
   const bool vector = Aligned16(local);
-  uint32_t batch = 0;
+  SgMeta batch;
   uint64_t i = 0;
   for (uint64_t j = first_task; j < num_sg; j += stride, ++i) {
-    if (i % kStrataBatch == 0) batch = LaneStratum(a, first_task, stride, i, lane);
-    const uint32_t stratum = StratumAt(w, a, batch, i);
-    const int width = a.widths[j];
+    if (i % kSgBatch == 0) batch = LaneSgMeta(a, first_task, stride, i, lane);
+    const SgMeta sg = SgAt(w, a, batch, i);
+    const int width = static_cast<int>(sg.width);
     if (!IsCodeWidth(width)) continue;
     const int count = SgElementCount(a.count, j);
     const int n = LaneCount(count, lane);
     float v[kLaneElements];
     LoadLane(local + j * kSuperGroupSize + lane * kLaneElements, n, vector && count == kSuperGroupSize, v);
     float d[kLaneElements] = {0, 0, 0, 0, 0, 0, 0, 0};
-    DecodeLaneOf(width, a.tables[width].decode, in_sgs + a.offsets[j], count, lane, d);
+    DecodeLaneOf(width, a.tables[width].decode, in_sgs + sg.offset, count, lane, d);
     // DecompressAccumulateRecompress: tile = local, then tile += decoded.
     for (int k = 0; k < kLaneElements; ++k) v[k] = k < n ? v[k] + d[k] : 0.0f;
-    EncodeSg(w, a, a.first_sg + j, width, count, stratum, v, out_sgs + a.offsets[j]);
+    EncodeSg(w, a, a.first_sg + j, width, count, sg.stratum, v, out_sgs + sg.offset);
   }
 }
 
