@@ -80,6 +80,22 @@ absl::StatusOr<bool> InMemoryStore::CompareAndSet(absl::string_view key, std::op
   return true;
 }
 
+absl::StatusOr<std::vector<std::optional<std::string>>> Store::GetMany(absl::Span<const std::string> keys) {
+  std::vector<std::optional<std::string>> values;
+  values.reserve(keys.size());
+  for (const std::string& key : keys) {
+    absl::StatusOr<std::string> value = Get(key, absl::ZeroDuration());
+    if (IsKeyNotSet(value.status())) {
+      values.emplace_back(std::nullopt);
+    } else if (!value.ok()) {
+      return value.status();
+    } else {
+      values.emplace_back(*std::move(value));
+    }
+  }
+  return values;
+}
+
 bool IsKeyNotSet(const absl::Status& status) {
   return absl::IsDeadlineExceeded(status) && absl::StrContains(status.message(), "was not set within");
 }
@@ -132,6 +148,13 @@ absl::StatusOr<uint64_t> PrefixStore::Delete(const Deletion& deletion) {
 
 absl::StatusOr<std::string> PrefixStore::Get(absl::string_view key, absl::Duration timeout) {
   return base_.Get(Key(key), timeout);
+}
+
+absl::StatusOr<std::vector<std::optional<std::string>>> PrefixStore::GetMany(absl::Span<const std::string> keys) {
+  std::vector<std::string> prefixed;
+  prefixed.reserve(keys.size());
+  for (const std::string& key : keys) prefixed.push_back(Key(key));
+  return base_.GetMany(prefixed);
 }
 
 absl::Status PrefixStore::Wait(absl::Span<const std::string> keys, absl::Duration timeout) {

@@ -44,6 +44,10 @@ class Store {
                                              absl::string_view desired) {
     return absl::UnimplementedError("this store has no compare-and-set");
   }
+  // The current values of `keys` in order (nullopt: not set), without waiting for any: one round
+  // trip for a remote store (what a node reads at a collective boundary). By default one Get each.
+  virtual absl::StatusOr<std::vector<std::optional<std::string>>> GetMany(absl::Span<const std::string> keys);
+
   // Get and Set whose call ends by `deadline` whatever happens (Get waits for the key for
   // `timeout`), for best-effort calls that must not hold their caller when the store is out of reach
   // (a remote store on a cut link). A store whose calls cannot hang (in-process) just calls Get/Set.
@@ -126,6 +130,7 @@ class PrefixStore final : public Store {
   absl::StatusOr<bool> CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
                                      absl::string_view desired) override;
   // Keys and prefixes are under the prefix too; an empty prefix or condition stays empty.
+  absl::StatusOr<std::vector<std::optional<std::string>>> GetMany(absl::Span<const std::string> keys) override;
   absl::StatusOr<uint64_t> Delete(const Deletion& deletion) override;
   absl::Status Interrupted() override { return base_.Interrupted(); }
 
@@ -151,6 +156,9 @@ class InterruptibleStore final : public Store {
   absl::StatusOr<bool> CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
                                      absl::string_view desired) override {
     return base_.CompareAndSet(key, expected, desired);
+  }
+  absl::StatusOr<std::vector<std::optional<std::string>>> GetMany(absl::Span<const std::string> keys) override {
+    return base_.GetMany(keys);
   }
   absl::StatusOr<uint64_t> Delete(const Deletion& deletion) override { return base_.Delete(deletion); }
   absl::Status Interrupted() override { return interrupted_(); }

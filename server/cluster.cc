@@ -93,6 +93,9 @@ class NotingStore final : public engine::Store {
     if (s.ok()) on_write_(key);
     return s;
   }
+  absl::StatusOr<std::vector<std::optional<std::string>>> GetMany(absl::Span<const std::string> keys) override {
+    return base_.GetMany(keys);
+  }
   absl::StatusOr<uint64_t> Delete(const Deletion& deletion) override { return base_.Delete(deletion); }
 
  private:

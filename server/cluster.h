@@ -155,9 +155,12 @@ class Cluster {
       absl::FunctionRef<absl::StatusOr<JobConfig>(const JobConfig& newest)> change,
       absl::FunctionRef<uint64_t()> apply_at, std::optional<uint64_t> expected_epoch);
   // The newest epoch past `*epoch` whose collective `sequence` has reached: true and `*epoch`,
-  // `*config` set; false when there is none.
+  // `*config` set; false when there is none (or the coordinator did not answer). With
+  // `latest_view`, the job's newest-view record (LatestViewKey; nullopt: none yet) comes back from
+  // the same round trip, so a boundary costs one call to the coordinator; it is left alone when the
+  // coordinator did not answer.
   absl::StatusOr<bool> PollConfig(const std::string& job_id, uint64_t incarnation, uint64_t sequence, uint64_t* epoch,
-                                  JobConfig* config);
+                                  JobConfig* config, std::optional<std::optional<std::string>>* latest_view = nullptr);
 
   // Why a node failed a collective without its cross-node part. Report gives up at `deadline` and
   // logs a failure to report; Lookup waits until `deadline` for another node's cause (none: nullopt).

@@ -147,10 +147,24 @@ absl::StatusOr<std::vector<GroupView>> ClusterJobCoordinator::ViewsAfter(const G
 }
 
 absl::StatusOr<std::vector<GroupView>> ClusterJobCoordinator::ViewsAfter(const GroupView& current, bool newest_only) {
-  absl::StatusOr<std::string> latest =
-      cluster_.store().Get(Cluster::LatestViewKey(job_id_, incarnation_), absl::ZeroDuration());
-  if (engine::IsKeyNotSet(latest.status())) return std::vector<GroupView>{};  // never changed: every node
-  if (!latest.ok()) return latest.status();
+  std::optional<std::optional<std::string>> read_at_boundary;
+  {
+    absl::MutexLock lock(&mu_);
+    if (boundary_view_.has_value() && absl::Now() - boundary_view_time_ < kBoundaryReadLife) {
+      read_at_boundary = std::move(boundary_view_);
+    }
+    boundary_view_.reset();
+  }
+  std::optional<std::string> latest;
+  if (read_at_boundary.has_value()) {
+    latest = *std::move(read_at_boundary);
+  } else {
+    absl::StatusOr<std::string> read =
+        cluster_.store().Get(Cluster::LatestViewKey(job_id_, incarnation_), absl::ZeroDuration());
+    if (!read.ok() && !engine::IsKeyNotSet(read.status())) return read.status();
+    if (read.ok()) latest = *std::move(read);
+  }
+  if (!latest.has_value()) return std::vector<GroupView>{};  // never changed: every node
   uint64_t newest = 0;
   if (!absl::SimpleAtoi(*latest, &newest)) {
     return absl::DataLossError(absl::StrCat("job ", job_id_, "'s newest view is '", absl::CHexEscape(*latest), "'"));
@@ -180,7 +194,12 @@ void ClusterJobCoordinator::Admitted(const std::vector<uint32_t>& nodes) {
 }
 
 absl::StatusOr<bool> ClusterJobCoordinator::PollConfig(uint64_t sequence, uint64_t* epoch, JobConfig* config) {
-  return cluster_.PollConfig(job_id_, incarnation_, sequence, epoch, config);
+  std::optional<std::optional<std::string>> latest_view;
+  absl::StatusOr<bool> changed = cluster_.PollConfig(job_id_, incarnation_, sequence, epoch, config, &latest_view);
+  absl::MutexLock lock(&mu_);
+  boundary_view_ = std::move(latest_view);
+  boundary_view_time_ = absl::Now();
+  return changed;
 }
 
 absl::Status ClusterJobCoordinator::ReportFailure(uint64_t sequence, const absl::Status& cause, absl::Time deadline) {

@@ -15,8 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/hmac.h"
 #include "engine/transport.h"
@@ -71,6 +73,14 @@ class ClusterJobCoordinator final : public JobCoordinator {
   const std::string job_id_;
   const uint64_t incarnation_;
   const JobTransportSettings settings_;
+
+  // The newest-view record PollConfig read with the configuration (one round trip per boundary),
+  // for the ViewsAfter that follows it at the same boundary (Job polls, then refreshes its group
+  // view): used once, and only within kBoundaryReadLife of the read; otherwise ViewsAfter reads it.
+  static constexpr absl::Duration kBoundaryReadLife = absl::Seconds(1);
+  absl::Mutex mu_;
+  std::optional<std::optional<std::string>> boundary_view_ ABSL_GUARDED_BY(mu_);
+  absl::Time boundary_view_time_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dynamiq::server

@@ -116,11 +116,16 @@ absl::StatusOr<PublishedChange> Cluster::PublishConfig(
 }
 
 absl::StatusOr<bool> Cluster::PollConfig(const std::string& job_id, uint64_t incarnation, uint64_t sequence,
-                                         uint64_t* epoch, JobConfig* config) {
+                                         uint64_t* epoch, JobConfig* config,
+                                         std::optional<std::optional<std::string>>* latest_view) {
   const std::string prefix = JobKey(job_id, incarnation);
-  auto latest = store_->Get(absl::StrCat(prefix, "/latest_epoch"), absl::ZeroDuration());
+  std::vector<std::string> keys = {absl::StrCat(prefix, "/latest_epoch")};
+  if (latest_view != nullptr) keys.push_back(LatestViewKey(job_id, incarnation));
+  absl::StatusOr<std::vector<std::optional<std::string>>> latest = store_->GetMany(keys);
+  if (!latest.ok()) return false;
+  if (latest_view != nullptr) *latest_view = (*latest)[1];
   uint64_t newest = 0;
-  if (!latest.ok() || !absl::SimpleAtoi(*latest, &newest) || newest <= *epoch) return false;
+  if (!(*latest)[0].has_value() || !absl::SimpleAtoi(*(*latest)[0], &newest) || newest <= *epoch) return false;
   // Apply the newest epoch whose boundary has been reached. The newest may be claimed but not yet
   // written (a moment); the older ones are written, unless deleted as more than kKeptConfigEpochs
   // behind, where the search ends.

@@ -94,6 +94,35 @@ absl::StatusOr<std::string> GrpcStore::GetBefore(absl::string_view key, absl::Du
   return std::move(*response.mutable_value());
 }
 
+absl::StatusOr<std::vector<std::optional<std::string>>> GrpcStore::GetMany(absl::Span<const std::string> keys) {
+  if (get_many_unimplemented_.load(std::memory_order_relaxed)) return Store::GetMany(keys);
+  dynamiq::v1::StoreGetManyRequest request;
+  for (const std::string& key : keys) request.add_keys(key);
+  dynamiq::v1::StoreGetManyResponse response;
+  grpc::ClientContext context;
+  Prepare(context, absl::Now() + kPollRpcDeadline);
+  absl::Status s = Annotate(stub_->GetMany(&context, request, &response), absl::StrCat("rendezvous at ", address_));
+  if (absl::IsUnimplemented(s)) {
+    get_many_unimplemented_.store(true, std::memory_order_relaxed);
+    return Store::GetMany(keys);
+  }
+  if (!s.ok()) return s;
+  if (response.values_size() != static_cast<int>(keys.size())) {
+    return absl::DataLossError(absl::StrCat("rendezvous at ", address_, " answered ", response.values_size(),
+                                            " values for ", keys.size(), " keys"));
+  }
+  std::vector<std::optional<std::string>> values;
+  values.reserve(keys.size());
+  for (dynamiq::v1::StoreValue& v : *response.mutable_values()) {
+    if (v.set()) {
+      values.emplace_back(std::move(*v.mutable_value()));
+    } else {
+      values.emplace_back(std::nullopt);
+    }
+  }
+  return values;
+}
+
 absl::StatusOr<bool> GrpcStore::CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
                                               absl::string_view desired) {
   dynamiq::v1::StoreCompareAndSetRequest request;

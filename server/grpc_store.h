@@ -4,7 +4,9 @@
 #ifndef DQ_SERVER_GRPC_STORE_H_
 #define DQ_SERVER_GRPC_STORE_H_
 
+#include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +39,9 @@ class GrpcStore final : public engine::Store {
   absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
   absl::StatusOr<bool> CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
                                      absl::string_view desired) override;
+  // One GetMany call; against a coordinator that predates it (UNIMPLEMENTED), one Get per key from
+  // then on.
+  absl::StatusOr<std::vector<std::optional<std::string>>> GetMany(absl::Span<const std::string> keys) override;
   // Ends within kDeleteRpcDeadline whatever happens (deletion is best effort: a node must not be held
   // when the coordinator is out of reach); UNIMPLEMENTED from a coordinator that predates Delete.
   absl::StatusOr<uint64_t> Delete(const Deletion& deletion) override;
@@ -67,6 +72,7 @@ class GrpcStore final : public engine::Store {
   bool tls_ = false;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<dynamiq::v1::Rendezvous::Stub> stub_;
+  std::atomic<bool> get_many_unimplemented_{false};
 };
 
 }  // namespace dynamiq::server

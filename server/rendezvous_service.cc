@@ -136,6 +136,27 @@ grpc::Status RendezvousService::Get(grpc::ServerContext* context, const dynamiq:
   return grpc::Status::OK;
 }
 
+grpc::Status RendezvousService::GetMany(grpc::ServerContext* context, const dynamiq::v1::StoreGetManyRequest* request,
+                                        dynamiq::v1::StoreGetManyResponse* response) {
+  if (absl::Status s = Authorize(*context); !s.ok()) return common::ToGrpcStatus(s);
+  if (static_cast<size_t>(request->keys_size()) > kMaxGetManyKeys) {
+    return common::ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("a GetMany names at most ", kMaxGetManyKeys, " keys, got ", request->keys_size())));
+  }
+  for (const std::string& key : request->keys()) {
+    if (absl::Status s = CheckKey(key); !s.ok()) return common::ToGrpcStatus(s);
+  }
+  const std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+  absl::StatusOr<std::vector<std::optional<std::string>>> values = store_.GetMany(keys);
+  if (!values.ok()) return common::ToGrpcStatus(values.status());
+  for (std::optional<std::string>& value : *values) {
+    dynamiq::v1::StoreValue* v = response->add_values();
+    v->set_set(value.has_value());
+    if (value.has_value()) v->set_value(*std::move(value));
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status RendezvousService::Delete(grpc::ServerContext* context, const dynamiq::v1::StoreDeleteRequest* request,
                                        dynamiq::v1::StoreDeleteResponse* response) {
   if (absl::Status s = Authorize(*context); !s.ok()) return common::ToGrpcStatus(s);

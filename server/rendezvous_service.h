@@ -46,6 +46,7 @@ inline constexpr size_t kMaxStoreValueBytes = size_t{16} << 20;
 inline constexpr size_t kMaxStoreKeys = size_t{1} << 20;
 inline constexpr size_t kMaxStoreBytes = size_t{256} << 20;
 inline constexpr size_t kMaxDeleteKeys = 1024;  // keys named in one Delete
+inline constexpr size_t kMaxGetManyKeys = 64;   // keys named in one GetMany
 
 // OK if `joiner`'s settings (node `rank`'s) are node 0's; FAILED_PRECONDITION otherwise, e.g. "node 0
 // runs --transport=tcp but node 1 runs --transport=gloo: every node of a cluster must run the same
@@ -65,6 +66,10 @@ class RendezvousService final : public dynamiq::v1::Rendezvous::Service {
                    dynamiq::v1::StoreSetResponse* response) override;
   grpc::Status Get(grpc::ServerContext* context, const dynamiq::v1::StoreGetRequest* request,
                    dynamiq::v1::StoreGetResponse* response) override;
+  // The keys' current values (none waited for); INVALID_ARGUMENT for a bad key or more than
+  // kMaxGetManyKeys.
+  grpc::Status GetMany(grpc::ServerContext* context, const dynamiq::v1::StoreGetManyRequest* request,
+                       dynamiq::v1::StoreGetManyResponse* response) override;
   grpc::Status CompareAndSet(grpc::ServerContext* context, const dynamiq::v1::StoreCompareAndSetRequest* request,
                              dynamiq::v1::StoreCompareAndSetResponse* response) override;
   grpc::Status Delete(grpc::ServerContext* context, const dynamiq::v1::StoreDeleteRequest* request,

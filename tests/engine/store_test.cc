@@ -78,6 +78,23 @@ TEST(InMemoryStoreTest, LimitsRefuseGrowthButNotOverwritesOrDeletions) {
   EXPECT_EQ(store.size(), 3u);
 }
 
+// GetMany: the current values, nullopt for keys not set, without waiting; a PrefixStore reads
+// under its prefix.
+TEST(StoreTest, GetManyReadsWhatIsSetWithoutWaiting) {
+  InMemoryStore base;
+  ASSERT_TRUE(base.Set("a", "1").ok());
+  ASSERT_TRUE(base.Set("p/a", "2").ok());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::vector<std::optional<std::string>>> values = base.GetMany({"a", "b", "p/a"});
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(*values, (std::vector<std::optional<std::string>>{"1", std::nullopt, "2"}));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  PrefixStore scoped("p", base);  // keys "p/<key>"
+  values = scoped.GetMany({"a", "b"});
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(*values, (std::vector<std::optional<std::string>>{"2", std::nullopt}));
+}
+
 TEST(PrefixStoreTest, DeletesUnderItsPrefixOnly) {
   InMemoryStore base;
   PrefixStore a("g/a", base), b("g/b", base);

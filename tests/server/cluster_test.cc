@@ -392,6 +392,48 @@ TEST_F(ClusterTest, GroupViewsAreClaimedOncePerEpochAndReadAlikeByEveryNode) {
   for (uint32_t r = 0; r < 2; ++r) nodes_[r]->RetireJob("j", 1);
 }
 
+// A collective boundary is one round trip: PollConfig reads the newest view's record with the
+// configuration, and the ViewsAfter that follows uses it (once); later reads ask the store again.
+TEST_F(ClusterTest, ABoundaryReadsTheConfigurationAndTheNewestViewTogether) {
+  JoinTwo();
+  for (uint32_t r = 0; r < 2; ++r) ASSERT_THAT(nodes_[r]->ClaimIncarnation("j"), IsOkAndHolds(1u));
+  uint64_t epoch = 0;
+  JobConfig config;
+  std::optional<std::optional<std::string>> latest_view;
+  EXPECT_THAT(nodes_[0]->PollConfig("j", 1, 1, &epoch, &config, &latest_view), IsOkAndHolds(false));
+  ASSERT_TRUE(latest_view.has_value()) << "the coordinator answered";
+  EXPECT_FALSE(latest_view->has_value()) << "no view claimed yet";
+
+  std::vector<std::unique_ptr<ClusterJobCoordinator>> coordinators;
+  for (uint32_t r = 0; r < 2; ++r) {
+    JobTransportSettings settings;
+    settings.node_rank = r;
+    settings.num_nodes = 2;
+    coordinators.push_back(std::make_unique<ClusterJobCoordinator>(*nodes_[r], "j", 1, settings));
+  }
+  ASSERT_THAT(coordinators[1]->ClaimView(GroupView::Everyone(2, 1), {0}, 5), IsOk());
+  ASSERT_THAT(nodes_[1]->PublishConfig(
+                  "j", 1, Initial(), [](const JobConfig&) { return MakeJobConfig("bf16", 0, "ring", 0, "measured"); },
+                  [] { return uint64_t{3}; }, std::nullopt),
+              IsOk());
+  EXPECT_THAT(nodes_[0]->PollConfig("j", 1, 3, &epoch, &config, &latest_view), IsOkAndHolds(true));
+  EXPECT_EQ(epoch, 1u);
+  EXPECT_EQ(latest_view, std::optional<std::optional<std::string>>(std::optional<std::string>("1")));
+
+  // Through node 0's job coordinator: the view read at the boundary, then the store's.
+  EXPECT_THAT(coordinators[0]->PollConfig(3, &epoch, &config), IsOkAndHolds(false));  // epoch 1 is known
+  absl::StatusOr<std::vector<GroupView>> after = coordinators[0]->ViewsAfter(GroupView::Everyone(2, 0));
+  ASSERT_THAT(after, IsOk());
+  ASSERT_EQ(after->size(), 1u);
+  EXPECT_EQ((*after)[0].Encode(), "1|5|0");
+  ASSERT_THAT(coordinators[1]->ClaimView((*after)[0], {0, 1}, 9), IsOk());
+  after = coordinators[0]->ViewsAfter(GroupView::Everyone(2, 0));
+  ASSERT_THAT(after, IsOk());
+  ASSERT_EQ(after->size(), 2u) << "the boundary's read is used once";
+  EXPECT_EQ((*after)[1].Encode(), "2|9|0,1");
+  for (uint32_t r = 0; r < 2; ++r) nodes_[r]->RetireJob("j", 1);
+}
+
 // A job id may hold '/': no job's keys lie under another's prefix, so retiring "a" keeps "a/inc1".
 TEST_F(ClusterTest, RetiringAJobKeepsTheKeysOfAJobWhoseIdExtendsIt) {
   JoinTwo();

@@ -95,6 +95,52 @@ TEST_F(RendezvousServiceTest, TimeoutsAndBadInputHaveClearCodes) {
   EXPECT_THAT(nowhere.Set("k", "v"), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("127.0.0.1:1")));
 }
 
+// A coordinator from before GetMany: the store answers only Get (everything else UNIMPLEMENTED),
+// and counts the calls it gets.
+class OldCoordinator final : public dynamiq::v1::Rendezvous::Service {
+ public:
+  explicit OldCoordinator(RendezvousService& real) : real_(real) {}
+  grpc::Status Get(grpc::ServerContext* context, const dynamiq::v1::StoreGetRequest* request,
+                   dynamiq::v1::StoreGetResponse* response) override {
+    ++gets;
+    return real_.Get(context, request, response);
+  }
+  std::atomic<int> gets{0};
+
+ private:
+  RendezvousService& real_;
+};
+
+// Several keys' current values in one call; a bad key or too many are INVALID_ARGUMENT; against
+// a coordinator without GetMany, GrpcStore reads them one by one and gives the same answer.
+TEST_F(RendezvousServiceTest, GetManyReadsSeveralKeysAtOnce) {
+  GrpcStore s(address_);
+  ASSERT_THAT(s.Set("k1", std::string("v\0x", 3)), IsOk());
+  ASSERT_THAT(s.Set("k3", ""), IsOk());
+  const std::vector<std::string> keys = {"k1", "k2", "k3", "k1"};
+  const std::vector<std::optional<std::string>> want = {std::string("v\0x", 3), std::nullopt, std::string(),
+                                                        std::string("v\0x", 3)};
+  EXPECT_THAT(s.GetMany(keys), IsOkAndHolds(want));
+  EXPECT_THAT(s.GetMany({}), IsOkAndHolds(std::vector<std::optional<std::string>>{}));
+  EXPECT_THAT(s.GetMany({"k1", ""}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("store key")));
+  EXPECT_THAT(s.GetMany(std::vector<std::string>(kMaxGetManyKeys + 1, "k1")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 64 keys")));
+
+  OldCoordinator old(service_);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&old);
+  std::unique_ptr<grpc::Server> old_server = builder.BuildAndStart();
+  ASSERT_NE(old_server, nullptr);
+  GrpcStore o("127.0.0.1:" + std::to_string(port));
+  EXPECT_THAT(o.GetMany(keys), IsOkAndHolds(want));
+  EXPECT_EQ(old.gets.load(), 4);
+  EXPECT_THAT(o.GetMany(keys), IsOkAndHolds(want));  // knows by now: no GetMany tried
+  EXPECT_EQ(old.gets.load(), 8);
+  old_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+}
+
 TEST_F(RendezvousServiceTest, DeleteRemovesKeysAtomicallyWithItsConditionButNeverMembership) {
   GrpcStore s(address_);
   const size_t empty = service_.KeyCount();
