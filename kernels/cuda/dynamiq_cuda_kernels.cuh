@@ -60,7 +60,7 @@ inline constexpr int kWarpLanes = 32;
 inline constexpr int kLaneElements = kSuperGroupSize / kWarpLanes;  // 8: half a group
 inline constexpr int kDynamiqBlockThreads = 256;                    // 8 warps per block
 inline constexpr int kValidateBlockThreads = 256;                   // one thread per SG
-inline constexpr int kSgBatch = kWarpLanes;                         // SGs whose widths, offsets, strata a warp loads at once
+inline constexpr int kSgBatch = kWarpLanes;  // SGs whose widths, offsets, strata a warp loads at once
 static_assert(2 * kLaneElements == kGroupSize, "two lanes per group");
 
 inline constexpr uint32_t kMaxFiniteBits = 0x7f7fffffu;  // the largest finite float's bit pattern
@@ -130,14 +130,29 @@ struct Width {
 template <typename F>
 DQ_DEVICE void WithWidth(int bits, F&& f) {
   switch (bits) {
-    case 2: f(Width<2>{}); break;
-    case 3: f(Width<3>{}); break;
-    case 4: f(Width<4>{}); break;
-    case 5: f(Width<5>{}); break;
-    case 6: f(Width<6>{}); break;
-    case 7: f(Width<7>{}); break;
-    case 8: f(Width<8>{}); break;
-    default: break;
+    case 2:
+      f(Width<2>{});
+      break;
+    case 3:
+      f(Width<3>{});
+      break;
+    case 4:
+      f(Width<4>{});
+      break;
+    case 5:
+      f(Width<5>{});
+      break;
+    case 6:
+      f(Width<6>{});
+      break;
+    case 7:
+      f(Width<7>{});
+      break;
+    case 8:
+      f(Width<8>{});
+      break;
+    default:
+      break;
   }
 }
 
