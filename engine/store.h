@@ -129,8 +129,8 @@ class PrefixStore final : public Store {
   absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
   absl::StatusOr<bool> CompareAndSet(absl::string_view key, std::optional<absl::string_view> expected,
                                      absl::string_view desired) override;
-  // Keys and prefixes are under the prefix too; an empty prefix or condition stays empty.
   absl::StatusOr<std::vector<std::optional<std::string>>> GetMany(absl::Span<const std::string> keys) override;
+  // Keys and prefixes are under the prefix too; an empty prefix or condition stays empty.
   absl::StatusOr<uint64_t> Delete(const Deletion& deletion) override;
   absl::Status Interrupted() override { return base_.Interrupted(); }
 

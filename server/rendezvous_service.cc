@@ -146,13 +146,20 @@ grpc::Status RendezvousService::GetMany(grpc::ServerContext* context, const dyna
   for (const std::string& key : request->keys()) {
     if (absl::Status s = CheckKey(key); !s.ok()) return common::ToGrpcStatus(s);
   }
-  const std::vector<std::string> keys(request->keys().begin(), request->keys().end());
-  absl::StatusOr<std::vector<std::optional<std::string>>> values = store_.GetMany(keys);
-  if (!values.ok()) return common::ToGrpcStatus(values.status());
-  for (std::optional<std::string>& value : *values) {
+  // Key by key, so that an answer never holds more than one value's worth past the bound.
+  size_t bytes = 0;
+  for (const std::string& key : request->keys()) {
+    absl::StatusOr<std::string> value = store_.Get(key, absl::ZeroDuration());
     dynamiq::v1::StoreValue* v = response->add_values();
-    v->set_set(value.has_value());
-    if (value.has_value()) v->set_value(*std::move(value));
+    if (engine::IsKeyNotSet(value.status())) continue;  // set = false
+    if (!value.ok()) return common::ToGrpcStatus(value.status());
+    bytes += value->size();
+    if (bytes > kMaxStoreValueBytes) {
+      return common::ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+          "a GetMany answers at most ", kMaxStoreValueBytes, " bytes of values; ask for fewer keys at once")));
+    }
+    v->set_set(true);
+    v->set_value(*std::move(value));
   }
   return grpc::Status::OK;
 }

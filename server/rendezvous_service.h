@@ -67,7 +67,7 @@ class RendezvousService final : public dynamiq::v1::Rendezvous::Service {
   grpc::Status Get(grpc::ServerContext* context, const dynamiq::v1::StoreGetRequest* request,
                    dynamiq::v1::StoreGetResponse* response) override;
   // The keys' current values (none waited for); INVALID_ARGUMENT for a bad key or more than
-  // kMaxGetManyKeys.
+  // kMaxGetManyKeys, RESOURCE_EXHAUSTED past kMaxStoreValueBytes of values in one answer.
   grpc::Status GetMany(grpc::ServerContext* context, const dynamiq::v1::StoreGetManyRequest* request,
                        dynamiq::v1::StoreGetManyResponse* response) override;
   grpc::Status CompareAndSet(grpc::ServerContext* context, const dynamiq::v1::StoreCompareAndSetRequest* request,

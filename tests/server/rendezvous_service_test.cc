@@ -125,6 +125,12 @@ TEST_F(RendezvousServiceTest, GetManyReadsSeveralKeysAtOnce) {
   EXPECT_THAT(s.GetMany({"k1", ""}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("store key")));
   EXPECT_THAT(s.GetMany(std::vector<std::string>(kMaxGetManyKeys + 1, "k1")),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 64 keys")));
+  // An answer holds at most one value's bound of bytes, however many big values it names (3 MiB
+  // values: under gRPC's default 4 MiB message).
+  ASSERT_THAT(s.Set("big", std::string(size_t{3} << 20, 'x')), IsOk());
+  EXPECT_THAT(s.GetMany({"big", "k2"}), IsOk());
+  EXPECT_THAT(s.GetMany(std::vector<std::string>(kMaxStoreValueBytes / (size_t{3} << 20) + 1, "big")),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("ask for fewer keys")));
 
   OldCoordinator old(service_);
   grpc::ServerBuilder builder;
