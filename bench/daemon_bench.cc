@@ -8,6 +8,9 @@
 //             submit-to-complete microseconds.
 //   memory    1 daemon, 2 local workers: VmRSS before and after --soak_ops small and large
 //             all-reduces.
+//   sweep     1 daemon, 2 local workers, all-reduces from --sweep_min_bytes to --sweep_max_bytes
+//             (x4 each step): median and p99 submit-to-complete microseconds and GB/s per size (the
+//             daemon's side of `dynamiq-bench sweep`; not in the default --sections).
 // Every loop is bounded by a flag; every wait by --timeout.
 #include <unistd.h>
 
@@ -57,7 +60,9 @@ ABSL_FLAG(int, rounds, 3, "overhead: the engine and the daemon path take turns t
 ABSL_FLAG(int, latency_ops, 2000, "latency: timed 4 KiB all-reduces per worker.");
 ABSL_FLAG(int, soak_ops, 2000, "memory: all-reduces per worker, alternating small (1024 floats) and large.");
 ABSL_FLAG(int64_t, soak_large, int64_t{1} << 20, "memory: floats of the large soak all-reduce.");
-ABSL_FLAG(std::string, sections, "overhead,latency,memory", "Comma-separated sections to run.");
+ABSL_FLAG(int64_t, sweep_min_bytes, 8, "sweep: smallest all-reduce, fp32 bytes per worker.");
+ABSL_FLAG(int64_t, sweep_max_bytes, int64_t{64} << 20, "sweep: largest all-reduce, fp32 bytes per worker.");
+ABSL_FLAG(std::string, sections, "overhead,latency,memory", "Comma-separated sections to run (also: sweep).");
 ABSL_FLAG(double, timeout, 120, "Seconds before a daemon start, rendezvous or collective fails.");
 ABSL_FLAG(bool, json, false, "Print one JSON object per line instead of a table.");
 
@@ -366,6 +371,67 @@ absl::StatusOr<LatencyResult> Latency(const JobConfig& config, int ops) {
   return r;
 }
 
+struct SweepRow {
+  size_t elements = 0;
+  int ops = 0;  // per worker
+  double median_us = 0, p99_us = 0;
+};
+
+// Each size's ops: many for small sizes, fewer as they grow (about 256 MiB per size and worker).
+int SweepOps(size_t bytes) {
+  return static_cast<int>(std::clamp<double>(256.0 * (1 << 20) / static_cast<double>(bytes), 5, 200));
+}
+
+absl::StatusOr<std::vector<SweepRow>> Sweep(const JobConfig& config, size_t min_elements, size_t max_elements) {
+  constexpr int kWarmup = 3;
+  std::vector<size_t> sizes;
+  for (size_t e = min_elements; e <= max_elements; e *= 4) {
+    sizes.push_back(e);
+    if (e > max_elements / 4) break;
+  }
+  std::vector<std::vector<std::vector<double>>> us(2, std::vector<std::vector<double>>(sizes.size()));
+  std::barrier sync(2);
+  std::atomic<bool> failed{false};
+  absl::Status s = WithOneDaemon(config, [&](int rank, Client* client, Errors& errors) {
+    absl::StatusOr<Buffer> buffer = absl::InternalError("not connected");
+    if (client) buffer = client->Allocate(max_elements * sizeof(float));
+    if (client && !buffer.ok()) errors.Add(buffer.status());
+    if (!buffer.ok()) failed = true;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      sync.arrive_and_wait();  // both workers start each size together
+      if (failed) return;
+      std::fill_n(static_cast<float*>(buffer->data()), sizes[k], 1e-3f * static_cast<float>(rank + 1));
+      const int ops = SweepOps(sizes[k] * sizeof(float));
+      for (int i = 0; i < kWarmup + ops; ++i) {
+        const absl::Time t0 = absl::Now();
+        absl::Status st = client->AllReduce(*buffer, 0, sizes[k], DType::kFloat32, absl::StrCat("sweep", k),
+                                            /*average=*/true);
+        const double d = absl::ToDoubleMicroseconds(absl::Now() - t0);
+        if (!st.ok()) {
+          errors.Add(st);
+          failed = true;
+          break;  // the peer's pending collective fails at the daemon's timeout
+        }
+        if (i >= kWarmup) us[rank][k].push_back(d);
+      }
+    }
+    if (buffer.ok()) buffer->Release().IgnoreError();
+  });
+  if (!s.ok()) return s;
+  std::vector<SweepRow> rows;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    std::vector<double> all = us[0][k];
+    all.insert(all.end(), us[1][k].begin(), us[1][k].end());
+    SweepRow r;
+    r.elements = sizes[k];
+    r.ops = SweepOps(sizes[k] * sizeof(float));
+    r.median_us = Median(all);
+    r.p99_us = Percentile(all, 99);
+    rows.push_back(r);
+  }
+  return rows;
+}
+
 struct MemoryResult {
   Rss start, before, after;
   int ops = 0;
@@ -438,7 +504,7 @@ int main(int argc, char** argv) {
       "worker each, --size floats, --codec/--bits), small all-reduce latency (1 daemon, 2 workers, 4 KiB, "
       "--latency_ops) and memory growth over --soak_ops all-reduces (VmRSS).\n"
       "Usage: dynamiq-daemon-bench [--size=N] [--codec=dynamiq --bits=5] [--iterations=5] [--rounds=3] "
-      "[--latency_ops=2000] [--soak_ops=2000] [--sections=overhead,latency,memory] [--json]");
+      "[--latency_ops=2000] [--soak_ops=2000] [--sections=overhead,latency,memory[,sweep]] [--json]");
   absl::ParseCommandLine(argc, argv);
   const bool json = absl::GetFlag(FLAGS_json);
   auto config = dynamiq::server::MakeJobConfig(absl::GetFlag(FLAGS_codec), absl::GetFlag(FLAGS_bits),
@@ -520,6 +586,34 @@ int main(int argc, char** argv) {
       std::printf("\n[latency] 1 daemon, 2 workers, 1024 floats (4 KiB), %d ops per worker\n", latency_ops);
       std::printf("  submit-to-complete: median %.1f us, p99 %.1f us, mean %.1f us (%zu samples)\n", lat->median_us,
                   lat->p99_us, lat->mean_us, lat->samples);
+    }
+    std::fflush(stdout);
+  }
+
+  if (HasSection("sweep")) {
+    const size_t lo = static_cast<size_t>(std::max<int64_t>(4, absl::GetFlag(FLAGS_sweep_min_bytes))) / 4;
+    const size_t hi = std::max(lo, static_cast<size_t>(std::max<int64_t>(4, absl::GetFlag(FLAGS_sweep_max_bytes))) / 4);
+    auto rows = Sweep(*config, lo, hi);
+    if (!rows.ok()) {
+      std::fprintf(stderr, "sweep: %s\n", rows.status().ToString().c_str());
+      rc = 1;
+    } else {
+      if (!json) {
+        std::printf("\n[sweep] 1 daemon, 2 workers, submit-to-complete per all-reduce\n");
+        std::printf("  %12s %11s %6s %11s %11s %9s\n", "bytes", "elements", "ops", "median_us", "p99_us", "GB/s");
+      }
+      for (const SweepRow& r : *rows) {
+        const double gbps = static_cast<double>(r.elements) * 4 / (r.median_us * 1e-6) / 1e9;
+        if (json) {
+          std::printf(
+              "{\"section\":\"sweep\",\"bytes\":%zu,\"elements\":%zu,\"workers\":2,\"ops\":%d,\"median_us\":%.1f,"
+              "\"p99_us\":%.1f,\"algbw_GBps\":%.4f}\n",
+              r.elements * 4, r.elements, r.ops, r.median_us, r.p99_us, gbps);
+        } else {
+          std::printf("  %12zu %11zu %6d %11.1f %11.1f %9.4f\n", r.elements * 4, r.elements, r.ops, r.median_us,
+                      r.p99_us, gbps);
+        }
+      }
     }
     std::fflush(stdout);
   }

@@ -23,6 +23,7 @@
 #include "bench/allreduce_bench.h"
 #include "bench/codec_bench.h"
 #include "bench/controller_sim.h"
+#include "bench/sweep_bench.h"
 #include "common/secret_file.h"
 #include "common/thread_pool.h"
 #include "kernels/codec.h"
@@ -107,6 +108,13 @@ ABSL_FLAG(bool, all_ranks_print, false, "allreduce: every rank prints its JSON l
 ABSL_FLAG(std::string, cluster_secret_file, "",
           "allreduce: authenticate every message with HMAC-SHA256 under a key derived from this secret file (as "
           "dynamiqd --cluster_secret_file; mode 0600); every rank needs the same file.");
+// sweep (also --codec, --bits, --topology, --transport, --warmup, --iterations, --block, --timeout, --seed,
+// --correlated, --json)
+ABSL_FLAG(int, ranks, 2, "sweep: ranks, as threads of this process over loopback.");
+ABSL_FLAG(int64_t, min_bytes, 8, "sweep: smallest all-reduce, fp32 bytes per rank.");
+ABSL_FLAG(int64_t, max_bytes, int64_t{64} << 20, "sweep: largest all-reduce, fp32 bytes per rank.");
+ABSL_FLAG(int, factor, 4, "sweep: size step (each size is this many times the last).");
+ABSL_FLAG(int, min_iterations, 5, "sweep: fewest timed all-reduces per point (the largest sizes).");
 // controller (also --workers, --topology, --seed, --correlation, --json)
 ABSL_FLAG(int64_t, elements, 1 << 16, "controller: elements per rank (synthetic data).");
 ABSL_FLAG(double, target_vnmse, 1e-3, "controller: the error budget (target vNMSE).");
@@ -290,6 +298,61 @@ int RunAllReduce() {
   return 0;
 }
 
+int RunSweep() {
+  dynamiq::bench::SweepOptions o;
+  o.world_size = absl::GetFlag(FLAGS_ranks);
+  o.transport = absl::GetFlag(FLAGS_transport);
+  o.topologies = absl::StrSplit(absl::GetFlag(FLAGS_topology), ',', absl::SkipEmpty());
+  o.min_bytes = static_cast<size_t>(std::max<int64_t>(4, absl::GetFlag(FLAGS_min_bytes)));
+  o.max_bytes = static_cast<size_t>(std::max<int64_t>(4, absl::GetFlag(FLAGS_max_bytes)));
+  o.factor = absl::GetFlag(FLAGS_factor);
+  o.min_iterations = absl::GetFlag(FLAGS_min_iterations);
+  // --iterations' default (5) is allreduce's; a sweep's small sizes want more.
+  o.max_iterations = std::max(absl::GetFlag(FLAGS_iterations), 50);
+  o.warmup = absl::GetFlag(FLAGS_warmup);
+  o.block_elements = static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_block)));
+  o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout));
+  o.seed = absl::GetFlag(FLAGS_seed);
+  // "all" (the codec subcommand's default) is uncompressed and DynamiQ here.
+  const std::string codecs = absl::GetFlag(FLAGS_codec) == "all" ? "none,dynamiq" : absl::GetFlag(FLAGS_codec);
+  std::vector<double> bits;
+  for (absl::string_view b : absl::StrSplit(absl::GetFlag(FLAGS_bits), ',', absl::SkipEmpty())) {
+    double v = 0;
+    if (!absl::SimpleAtod(b, &v)) return Fail(absl::StrCat("--bits: '", b, "' is not a number"));
+    bits.push_back(v);
+  }
+  for (absl::string_view name : absl::StrSplit(codecs, ',', absl::SkipEmpty())) {
+    auto id = dynamiq::kernels::ParseCodecId(name);
+    if (!id.ok()) return Fail(absl::StrCat("--codec: ", id.status().message()));
+    dynamiq::kernels::CodecConfig c;
+    c.id = *id;
+    c.correlated_rounding = absl::GetFlag(FLAGS_correlated);
+    const double default_bits = dynamiq::kernels::GetCodecInfo(*id).default_bits;
+    if (default_bits <= 0 || bits.empty()) {
+      c.bits = default_bits;
+      o.codecs.push_back(c);
+    } else {
+      for (double b : bits) {
+        c.bits = b;
+        o.codecs.push_back(c);
+      }
+    }
+  }
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (!json) {
+    std::printf("# dynamiq-bench sweep: %d ranks (threads) over %s on loopback, block %zu elements\n", o.world_size,
+                o.transport.c_str(), o.block_elements);
+    std::printf("%s\n", dynamiq::bench::SweepTableHeader().c_str());
+  }
+  auto result = dynamiq::bench::RunSweep(o, [&](const dynamiq::bench::SweepPoint& p) {
+    std::printf("%s\n",
+                json ? dynamiq::bench::FormatSweepJson(p, o).c_str() : dynamiq::bench::FormatSweepRow(p).c_str());
+    std::fflush(stdout);
+  });
+  if (!result.ok()) return Fail(std::string(result.status().ToString()));
+  return 0;
+}
+
 int RunController() {
   dynamiq::bench::ControllerSimOptions o;
   o.ranks = absl::GetFlag(FLAGS_workers);
@@ -356,6 +419,10 @@ int main(int argc, char** argv) {
       "single-core GB/s of compress, decompress and fused DAR, per codec, on a simulated ring or butterfly.\n"
       "  dynamiq-bench allreduce [flags] one rank of a compressed all-reduce over Gloo TCP; prints JSON "
       "(method, seconds = median, algbw/busbw on the uncompressed size, wire bytes per rank, vnmse).\n"
+      "  dynamiq-bench sweep [flags]    an nccl-tests-style size sweep: --ranks ranks (threads over loopback "
+      "--transport) all-reduce --min_bytes..--max_bytes (x --factor) per --codec, --bits and --topology (comma "
+      "lists; --codec=all: none,dynamiq); per size the median and p99 microseconds of the slowest rank, algbw/busbw, "
+      "wire bytes per rank and vnmse (a table, or --json lines).\n"
       "  dynamiq-bench controller [flags] error-budget compression in closed loop on the simulated all-reduce "
       "(--workers ranks, --elements per rank) with a gradient shift at --shift_step; prints per-step CSV (or --json): "
       "step, target, bits, vnmse, epoch, wire_bits, shifted, decision; then a # summary line.\n"
@@ -364,13 +431,16 @@ int main(int argc, char** argv) {
       "Example: dynamiq-bench codec --codec=dynamiq,mxfp8 --bits=4,5,6 --workers=8 --topology=ring\n"
       "Example: dynamiq-bench allreduce --rank=0 --world_size=2 --serve_store --codec=dynamiq --bits=5 &\n"
       "         dynamiq-bench allreduce --rank=1 --world_size=2 --codec=dynamiq --bits=5\n"
+      "Example: dynamiq-bench sweep --ranks=2 --transport=tcp --codec=none,dynamiq --topology=ring,two_shot\n"
       "Example: dynamiq-bench controller --target_vnmse=1e-3 --workers=8 --steps=100 --shift_step=30 --revert_step=60");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() < 2) return Fail("missing subcommand (codec, step-budget, allreduce or controller); see --help");
+  if (args.size() < 2)
+    return Fail("missing subcommand (codec, step-budget, allreduce, sweep or controller); see --help");
   const std::string command = args[1];
   if (command == "codec") return RunCodec();
   if (command == "allreduce") return RunAllReduce();
   if (command == "controller") return RunController();
+  if (command == "sweep") return RunSweep();
   if (command == "step-budget") return RunStepBudget();
   return Fail(absl::StrCat("unknown subcommand '", command, "'; see --help"));
 }
