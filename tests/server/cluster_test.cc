@@ -62,6 +62,18 @@ class ClusterTest : public ::testing::Test {
     }
   }
 
+  // Each node's coordinator of incarnation `incarnation` of job `job`.
+  std::vector<std::unique_ptr<ClusterJobCoordinator>> JobCoordinators(const std::string& job, uint64_t incarnation) {
+    std::vector<std::unique_ptr<ClusterJobCoordinator>> coordinators;
+    for (uint32_t r = 0; r < 2; ++r) {
+      JobTransportSettings settings;
+      settings.node_rank = r;
+      settings.num_nodes = 2;
+      coordinators.push_back(std::make_unique<ClusterJobCoordinator>(*nodes_[r], job, incarnation, settings));
+    }
+    return coordinators;
+  }
+
   RendezvousService service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
@@ -347,13 +359,7 @@ TEST_F(ClusterTest, ARunningJobsConnectionsFailureReportsAndEpochsAreBounded) {
 TEST_F(ClusterTest, GroupViewsAreClaimedOncePerEpochAndReadAlikeByEveryNode) {
   JoinTwo();
   for (uint32_t r = 0; r < 2; ++r) ASSERT_THAT(nodes_[r]->ClaimIncarnation("j"), IsOkAndHolds(1u));
-  std::vector<std::unique_ptr<ClusterJobCoordinator>> coordinators;
-  for (uint32_t r = 0; r < 2; ++r) {
-    JobTransportSettings settings;
-    settings.node_rank = r;
-    settings.num_nodes = 2;
-    coordinators.push_back(std::make_unique<ClusterJobCoordinator>(*nodes_[r], "j", 1, settings));
-  }
+  std::vector<std::unique_ptr<ClusterJobCoordinator>> coordinators = JobCoordinators("j", 1);
   const GroupView start = GroupView::Everyone(2, 0);
   EXPECT_THAT(coordinators[1]->NewestView(GroupView::Everyone(2, 1)), IsOkAndHolds(GroupView::Everyone(2, 1)));
   std::vector<absl::StatusOr<GroupView>> claimed(2, absl::UnknownError("not run"));
@@ -404,13 +410,7 @@ TEST_F(ClusterTest, ABoundaryReadsTheConfigurationAndTheNewestViewTogether) {
   ASSERT_TRUE(latest_view.has_value()) << "the coordinator answered";
   EXPECT_FALSE(latest_view->has_value()) << "no view claimed yet";
 
-  std::vector<std::unique_ptr<ClusterJobCoordinator>> coordinators;
-  for (uint32_t r = 0; r < 2; ++r) {
-    JobTransportSettings settings;
-    settings.node_rank = r;
-    settings.num_nodes = 2;
-    coordinators.push_back(std::make_unique<ClusterJobCoordinator>(*nodes_[r], "j", 1, settings));
-  }
+  std::vector<std::unique_ptr<ClusterJobCoordinator>> coordinators = JobCoordinators("j", 1);
   ASSERT_THAT(coordinators[1]->ClaimView(GroupView::Everyone(2, 1), {0}, 5), IsOk());
   ASSERT_THAT(nodes_[1]->PublishConfig(
                   "j", 1, Initial(), [](const JobConfig&) { return MakeJobConfig("bf16", 0, "ring", 0, "measured"); },
