@@ -101,32 +101,43 @@ absl::StatusOr<SyncStateResult> SyncState(Client& client, const Buffer& buffer, 
   }
   if (out.agreeing == options.world) return out;  // every worker holds it already
 
-  // 3. Its bytes, as 16-bit integers in fp32: the source's, and 0 from everyone else.
+  // 3. Its bytes, as 16-bit integers in fp32: the source's, and 0 from everyone else; a window of
+  //    them per all-reduce, so the floats take twice the window in shared memory, not twice the
+  //    state. A worker that receives keeps the state aside until it is whole and hashes right.
   const size_t chunks = (num_bytes + 1) / 2;
-  absl::StatusOr<Buffer> data = client.Allocate(chunks * sizeof(float));
+  const size_t window = std::min(chunks, std::max<size_t>(1, options.window_bytes / 2));
+  absl::StatusOr<Buffer> data = client.Allocate(window * sizeof(float));
   if (!data.ok()) return data.status();
   float* d = static_cast<float*>(data->data());
-  if (options.rank == out.source) {
-    for (size_t i = 0; i < chunks; ++i) {
-      const uint32_t lo = mine[2 * i];
-      const uint32_t hi = 2 * i + 1 < num_bytes ? mine[2 * i + 1] : 0;
-      d[i] = static_cast<float>(lo | (hi << 8));
+  const bool receives = hash != out.hash;
+  std::vector<uint8_t> received(receives ? num_bytes : 0);
+  for (size_t first = 0, k = 0; first < chunks; first += window, ++k) {
+    const size_t n = std::min(window, chunks - first);
+    if (options.rank == out.source) {
+      for (size_t i = 0; i < n; ++i) {
+        const size_t b = 2 * (first + i);
+        const uint32_t lo = mine[b];
+        const uint32_t hi = b + 1 < num_bytes ? mine[b + 1] : 0;
+        d[i] = static_cast<float>(lo | (hi << 8));
+      }
+    } else {
+      std::fill(d, d + n, 0.0f);
     }
-  } else {
-    std::fill(d, d + chunks, 0.0f);
+    absl::Status sent = client.AllReduce(
+        *data, 0, n, DType::kFloat32,
+        k == 0 ? absl::StrCat(options.name, "/bytes") : absl::StrCat(options.name, "/bytes/", k), exact, &result);
+    if (!sent.ok()) return sent;
+    if (!receives) continue;
+    for (size_t i = 0; i < n; ++i) {
+      const float f = d[i];
+      if (!(f >= 0 && f <= 65535)) return absl::DataLossError("sync_state: a malformed chunk of the state's bytes");
+      const uint32_t v = static_cast<uint32_t>(f);
+      const size_t b = 2 * (first + i);
+      received[b] = static_cast<uint8_t>(v & 0xff);
+      if (b + 1 < num_bytes) received[b + 1] = static_cast<uint8_t>(v >> 8);
+    }
   }
-  absl::Status sent =
-      client.AllReduce(*data, 0, chunks, DType::kFloat32, absl::StrCat(options.name, "/bytes"), exact, &result);
-  if (!sent.ok()) return sent;
-  if (hash == out.hash) return out;
-  std::vector<uint8_t> received(num_bytes);
-  for (size_t i = 0; i < chunks; ++i) {
-    const float f = d[i];
-    if (!(f >= 0 && f <= 65535)) return absl::DataLossError("sync_state: a malformed chunk of the state's bytes");
-    const uint32_t v = static_cast<uint32_t>(f);
-    received[2 * i] = static_cast<uint8_t>(v & 0xff);
-    if (2 * i + 1 < num_bytes) received[2 * i + 1] = static_cast<uint8_t>(v >> 8);
-  }
+  if (!receives) return out;
   if (StateHash(received) != out.hash) {
     return absl::DataLossError(absl::StrCat("sync_state '", options.name, "': the bytes received from rank ",
                                             out.source, " do not hash to its state"));

@@ -66,8 +66,9 @@ class SyncStateTest : public ::testing::Test {
 
   uint8_t* bytes(size_t w) { return static_cast<uint8_t*>(buffers_[w]->data()); }
 
-  // Every worker w syncs `sizes[w]` bytes at once.
-  std::vector<absl::StatusOr<SyncStateResult>> SyncAll(const std::vector<size_t>& sizes) {
+  // Every worker w syncs `sizes[w]` bytes at once, `window_bytes` per all-reduce of the copy.
+  std::vector<absl::StatusOr<SyncStateResult>> SyncAll(const std::vector<size_t>& sizes,
+                                                       size_t window_bytes = SyncStateOptions().window_bytes) {
     std::vector<absl::StatusOr<SyncStateResult>> out(clients_.size(), absl::UnknownError(""));
     std::vector<std::thread> threads;
     for (size_t w = 0; w < clients_.size(); ++w) {
@@ -75,6 +76,7 @@ class SyncStateTest : public ::testing::Test {
         SyncStateOptions o;
         o.rank = w;
         o.world = clients_.size();
+        o.window_bytes = window_bytes;
         out[w] = SyncState(*clients_[w], *buffers_[w], 0, sizes[w], o);
       });
     }
@@ -113,6 +115,26 @@ TEST_F(SyncStateTest, TheMajoritysStateIsCopiedBitForBitWhateverTheCodecAndASeco
     ASSERT_THAT(again[w], IsOk()) << w;
     EXPECT_FALSE(again[w]->copied);
     EXPECT_EQ(again[w]->agreeing, 4u);
+  }
+}
+
+// A state larger than the window goes over in windows (10 of 1,000 bytes and one of 1 here), and
+// arrives whole and bit for bit.
+TEST_F(SyncStateTest, AStateLargerThanTheWindowIsCopiedInWindows) {
+  constexpr size_t kBytes = 10001;
+  Start(2, 1, kBytes);
+  std::mt19937 rng(11);
+  for (size_t i = 0; i < kBytes; ++i) {
+    bytes(0)[i] = static_cast<uint8_t>(rng());
+    bytes(1)[i] = static_cast<uint8_t>(rng());
+  }
+  const std::vector<uint8_t> chosen(bytes(0), bytes(0) + kBytes);  // a tie: rank 0's
+  std::vector<absl::StatusOr<SyncStateResult>> synced = SyncAll({kBytes, kBytes}, 1000);
+  for (size_t w = 0; w < 2; ++w) {
+    ASSERT_THAT(synced[w], IsOk()) << w;
+    EXPECT_EQ(synced[w]->copied, w == 1);
+    EXPECT_EQ(synced[w]->hash, StateHash(chosen));
+    EXPECT_TRUE(std::equal(chosen.begin(), chosen.end(), bytes(w))) << "worker " << w;
   }
 }
 

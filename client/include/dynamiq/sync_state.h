@@ -9,9 +9,9 @@
 // hashes its bytes (64-bit FNV-1a); the workers exchange their hashes and sizes (one exact
 // all-reduce); the hash most workers hold wins (a tie: the one of the lowest rank among the tied),
 // and the lowest rank holding it sends its bytes to every worker whose hash differs (a second exact
-// all-reduce, the bytes as 16-bit integers in fp32, so they arrive bit for bit whatever the job's
-// compression). When every hash agrees, nothing more is sent. Idempotent; bounded in time by the
-// client's timeout per all-reduce.
+// all-reduce per window of `window_bytes`, the bytes as 16-bit integers in fp32, so they arrive bit
+// for bit whatever the job's compression). When every hash agrees, nothing more is sent. Idempotent; bounded in time by
+// the client's timeout per all-reduce.
 #ifndef DQ_CLIENT_INCLUDE_DYNAMIQ_SYNC_STATE_H_
 #define DQ_CLIENT_INCLUDE_DYNAMIQ_SYNC_STATE_H_
 
@@ -31,8 +31,12 @@ struct SyncStateOptions {
   /// torch.distributed numbers them). world <= 65536.
   uint64_t rank = 0;
   uint64_t world = 1;
-  /// Names the state's collectives ("<name>/hashes", "<name>/bytes"): every worker passes the same.
+  /// Names the state's collectives ("<name>/hashes", "<name>/bytes", "<name>/bytes/<k>"): every
+  /// worker passes the same.
   std::string name = "state";
+  /// Bytes of state per all-reduce when it is copied (every worker passes the same): the copy
+  /// takes twice this in shared memory, whatever the state's size.
+  size_t window_bytes = size_t{32} << 20;
 };
 
 struct SyncStateResult {

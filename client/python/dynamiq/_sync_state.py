@@ -36,7 +36,8 @@ def sync_state(state, *, rank=None, world=None, client=None, name="state"):
 
     rank, world: this worker's place among the job's workers; default torch.distributed's
     (initialized with any backend). client: default, one dynamiq.Client from the DQ_* environment.
-    It uses twice the state's size in shared memory while it runs."""
+    It uses the state's size in shared memory while it runs, plus 64 MiB while bytes are copied
+    (32 MiB of state per all-reduce), and the state's size again on a worker that receives it."""
     if rank is None or world is None:
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError("sync_state needs rank and world (or an initialized torch.distributed)")
