@@ -339,12 +339,14 @@ int RunSweep() {
     }
   }
   const bool json = absl::GetFlag(FLAGS_json);
-  if (!json) {
-    std::printf("# dynamiq-bench sweep: %d ranks (threads) over %s on loopback, block %zu elements\n", o.world_size,
-                o.transport.c_str(), o.block_elements);
-    std::printf("%s\n", dynamiq::bench::SweepTableHeader().c_str());
-  }
+  bool first = true;  // the table's header goes out with the first point (not before a refusal)
   auto result = dynamiq::bench::RunSweep(o, [&](const dynamiq::bench::SweepPoint& p) {
+    if (first && !json) {
+      std::printf("# dynamiq-bench sweep: %d ranks (threads) over %s on loopback, block %zu elements\n", o.world_size,
+                  o.transport.c_str(), o.block_elements);
+      std::printf("%s\n", dynamiq::bench::SweepTableHeader().c_str());
+    }
+    first = false;
     std::printf("%s\n",
                 json ? dynamiq::bench::FormatSweepJson(p, o).c_str() : dynamiq::bench::FormatSweepRow(p).c_str());
     std::fflush(stdout);

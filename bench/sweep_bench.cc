@@ -59,7 +59,7 @@ struct PointSpec {
 absl::StatusOr<std::vector<SweepPoint>> RunSweep(const SweepOptions& o,
                                                  const std::function<void(const SweepPoint&)>& on_point) {
   const int n = o.world_size;
-  if (n < 1) return absl::InvalidArgumentError(absl::StrCat("--world_size must be >= 1, got ", n));
+  if (n < 1) return absl::InvalidArgumentError(absl::StrCat("ranks must be >= 1, got ", n));
   if (o.factor < 2) return absl::InvalidArgumentError(absl::StrCat("--factor must be >= 2, got ", o.factor));
   if (o.min_iterations < 1 || o.max_iterations < o.min_iterations || o.warmup < 0) {
     return absl::InvalidArgumentError("iterations: need 1 <= min_iterations <= max_iterations and warmup >= 0");
