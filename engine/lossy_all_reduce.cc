@@ -87,9 +87,19 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
   std::vector<uint8_t> datagram(max_payload);
 
   // Sends `values` (elements from `first` on) to `peer` in slices; a refused send is a lost one.
+  // With a rate, a datagram waits until the bytes sent so far in this phase are due (no credit
+  // carries over from the wait between the phases: that would be a burst).
+  absl::Time paced_from = absl::Now();
+  uint64_t paced_bytes = 0;
   auto send_slices = [&](int peer, uint64_t tag, size_t first, absl::Span<const float> values,
                          const std::vector<uint32_t>* contributors) -> absl::Status {
     for (size_t s = 0; s * per < values.size(); ++s) {
+      if (options.send_bytes_per_second > 0) {
+        const absl::Time due =
+            paced_from + absl::Seconds(static_cast<double>(paced_bytes) / options.send_bytes_per_second);
+        const absl::Time now = absl::Now();
+        if (due > now) absl::SleepFor(due - now);
+      }
       const size_t count = std::min(per, values.size() - s * per);
       Put64(datagram.data(), first + s * per);
       Put32(datagram.data() + 8, static_cast<uint32_t>(count));
@@ -100,6 +110,7 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
         Put32(datagram.data() + kHeaderBytes + 4 * i, bits);
       }
       absl::Status sent = transport.Send(peer, tag, absl::MakeConstSpan(datagram.data(), kHeaderBytes + 4 * count));
+      paced_bytes += kHeaderBytes + 4 * count;
       if (absl::IsAborted(sent)) return sent;
       if (!sent.ok()) ++result.send_failures;
     }
@@ -140,6 +151,8 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
       output[my_begin + i] = static_cast<float>(sum[i] / by);
     }
     const absl::Span<const float> means = output.subspan(my_begin, my_end - my_begin);
+    paced_from = absl::Now();
+    paced_bytes = 0;
     for (int k = 1; k < n; ++k) {
       if (absl::Status s = send_slices((me + k) % n, tag1, my_begin, means, &count); !s.ok()) return s;
     }

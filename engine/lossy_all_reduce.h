@@ -43,6 +43,11 @@ struct LossyAllReduceOptions {
   absl::Duration phase_timeout = absl::Milliseconds(100);
   // Owners divide by the contributions that arrived (unbiased); false: by the group size.
   bool normalize = true;
+  // Bytes per second this rank sends at most (datagram payloads; 0: as fast as the socket takes
+  // them). Without congestion control, datagrams sent faster than the path's bottleneck are lost in
+  // its queue: pace at the link's share (a phase sends (n - 1) / n of the vector per rank), and
+  // give each phase the time its bytes take at that rate.
+  double send_bytes_per_second = 0;
 };
 
 struct LossyAllReduceResult {

@@ -221,6 +221,31 @@ TEST_F(LossyAllReduceTest, ACutRankCostsTheDeadlinesAndNoMore) {
   }
 }
 
+// Paced: each rank sends at most the given rate, so the collective takes at least its bytes' time
+// at that rate, and nothing is lost on the way.
+TEST_F(LossyAllReduceTest, PacedSendsKeepTheirRate) {
+  constexpr int kRanks = 2;
+  constexpr size_t kElements = 50000;  // each rank sends half of 200 KB in each phase
+  Connect(kRanks);
+  const std::vector<std::vector<float>> in = Inputs(kRanks, kElements);
+  std::vector<std::vector<float>> out;
+  LossyAllReduceOptions o;
+  o.sequence = 3;
+  o.phase_timeout = absl::Seconds(5);
+  o.send_bytes_per_second = 2e6;  // 100 KB + headers per phase: at least 50 ms each
+  const absl::Time start = absl::Now();
+  std::vector<absl::StatusOr<LossyAllReduceResult>> r = Run(in, out, o);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, absl::Milliseconds(100));
+  EXPECT_LT(took, absl::Seconds(4)) << "everything arrived: no deadline waited for";
+  for (int k = 0; k < kRanks; ++k) {
+    ASSERT_THAT(r[k], IsOk());
+    EXPECT_EQ(r[k]->coverage(), 1.0);
+    EXPECT_EQ(r[k]->gathered(), 1.0);
+    EXPECT_FLOAT_EQ(out[k][kElements - 1], ExactMean(kRanks, kElements - 1));
+  }
+}
+
 // What a rank sends that does not fit is dropped and counted: too short, a length that disagrees
 // with its count, elements outside the owner's chunk, a second contributor count, a repeat of a
 // counted slice. The valid slice among them counts once.
