@@ -39,7 +39,8 @@ struct LossyAllReduceOptions {
   // Identical on every rank and distinct per collective: the datagrams' tags (2 sequence, 2
   // sequence + 1), so a late datagram of another collective is never counted in this one.
   uint64_t sequence = 0;
-  // How long each phase waits at most; the call returns within twice this (plus scheduling).
+  // How long each phase waits at most, from the end of this rank's sends; the call returns within
+  // twice this plus the time its sends take (at most their bytes at `send_bytes_per_second`).
   absl::Duration phase_timeout = absl::Milliseconds(100);
   // Owners divide by the contributions that arrived (unbiased); false: by the group size.
   bool normalize = true;
