@@ -41,6 +41,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/synthetic_gradients.h"
 #include "dynamiq/client.h"
 #include "engine/allreduce.h"
 #include "engine/gloo_transport.h"
@@ -72,6 +73,8 @@ using dynamiq::Buffer;
 using dynamiq::Client;
 using dynamiq::ClientOptions;
 using dynamiq::DType;
+using dynamiq::bench::Median;
+using dynamiq::bench::Percentile;
 using dynamiq::server::Daemon;
 using dynamiq::server::DaemonOptions;
 using dynamiq::server::JobConfig;
@@ -125,20 +128,6 @@ std::vector<float> Gradients(size_t n, uint64_t seed) {
   std::vector<float> v(n);
   for (float& x : v) x = normal(rng);
   return v;
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t k = static_cast<size_t>(p / 100.0 * static_cast<double>(v.size()));
-  return v[std::min(k, v.size() - 1)];
 }
 
 // VmRSS / RssAnon of this process in KiB (0 when /proc is unavailable).

@@ -29,23 +29,6 @@ int IterationsFor(const SweepOptions& o, size_t bytes) {
   return static_cast<int>(std::clamp<double>(wanted, o.min_iterations, o.max_iterations));
 }
 
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p / 100.0 * static_cast<double>(v.size())));
-  return v[i];
-}
-
-// ||approx - exact||^2 / ||exact||^2 over the first `n` elements.
-double PrefixVnmse(const float* approx, const std::vector<double>& exact, size_t n) {
-  double err = 0, norm = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const double d = approx[i] - exact[i];
-    err += d * d;
-    norm += exact[i] * exact[i];
-  }
-  return norm > 0 ? err / norm : err;
-}
-
 struct PointSpec {
   const kernels::CodecConfig* codec;
   engine::Topology topology;
@@ -131,7 +114,7 @@ absl::StatusOr<std::vector<SweepPoint>> RunSweep(const SweepOptions& o,
     point.elements = spec.elements;
     point.bytes = spec.elements * sizeof(float);
     point.iterations = spec.iterations;
-    const double median = Percentile(slowest, 50);
+    const double median = Median(slowest);
     point.median_us = median * 1e6;
     point.p99_us = Percentile(slowest, 99) * 1e6;
     point.algbw_gbps = static_cast<double>(point.bytes) / median / 1e9;
@@ -191,7 +174,7 @@ absl::StatusOr<std::vector<SweepPoint>> RunSweep(const SweepOptions& o,
       // Every rank's times are in: rank 0 reports the point while the others wait at the next one.
       sync.arrive_and_wait();
       if (rank == 0 && !failed) {
-        vnmse[p] = PrefixVnmse(out.data(), exact, spec.elements);
+        vnmse[p] = Vnmse(out.data(), absl::MakeConstSpan(exact).first(spec.elements));
         results.push_back(make_point(p));
         if (on_point) on_point(results.back());
       }

@@ -52,7 +52,7 @@ std::vector<double> ExactSum(const std::vector<std::vector<float>>& inputs) {
   return sum;
 }
 
-double Vnmse(const float* approx, const std::vector<double>& exact) {
+double Vnmse(const float* approx, absl::Span<const double> exact) {
   double err = 0, norm = 0;
   for (size_t k = 0; k < exact.size(); ++k) {
     const double d = approx[k] - exact[k];
@@ -60,6 +60,20 @@ double Vnmse(const float* approx, const std::vector<double>& exact) {
     norm += exact[k] * exact[k];
   }
   return norm > 0 ? err / norm : (err > 0 ? INFINITY : 0.0);
+}
+
+double Median(std::vector<double> samples) {
+  if (samples.empty()) return 0;
+  std::sort(samples.begin(), samples.end());
+  const size_t m = samples.size() / 2;
+  return samples.size() % 2 ? samples[m] : (samples[m - 1] + samples[m]) / 2;
+}
+
+double Percentile(std::vector<double> samples, double p) {
+  if (samples.empty()) return 0;
+  std::sort(samples.begin(), samples.end());
+  const size_t k = static_cast<size_t>(p / 100.0 * static_cast<double>(samples.size()));
+  return samples[std::min(k, samples.size() - 1)];
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> ReadFloatFiles(const std::vector<std::string>& paths) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace dynamiq::bench {
 
@@ -39,8 +40,13 @@ std::vector<std::vector<float>> SyntheticGradients(const SyntheticOptions& optio
 // Exact (double precision) elementwise sum of the workers' vectors.
 std::vector<double> ExactSum(const std::vector<std::vector<float>>& inputs);
 
-// ||approx - exact||^2 / ||exact||^2.
-double Vnmse(const float* approx, const std::vector<double>& exact);
+// ||approx - exact||^2 / ||exact||^2 over exact's elements.
+double Vnmse(const float* approx, absl::Span<const double> exact);
+
+// The benchmarks' summaries of timings: the median (the mean of the middle two for an even count)
+// and the p-th percentile (the sample at index floor(p / 100 * size)); 0 for no samples.
+double Median(std::vector<double> samples);
+double Percentile(std::vector<double> samples, double p);
 
 // Raw little-endian float32 files, one per worker, all of the same length (--input of the
 // benchmarks: real gradients, e.g. bench/dump_gradients.py's).

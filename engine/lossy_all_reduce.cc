@@ -75,8 +75,8 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
   const int n = transport.size();
   const int me = transport.rank();
   LossyAllReduceResult result;
-  // Own values first: they stay wherever the all-gather brings nothing (output may be input).
-  std::vector<float> own(input.begin(), input.end());
+  // Own values first: they stay wherever the all-gather brings nothing. Output may be input: every
+  // read of the input (the sends, the owner's own values) comes before any write of the output.
   if (output.data() != input.data()) std::copy(input.begin(), input.end(), output.begin());
   if (n == 1 || input.empty()) return result;
 
@@ -121,16 +121,15 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
   const absl::Time start = absl::Now();
   for (int k = 1; k < n; ++k) {
     const int c = (me + k) % n;  // each rank starts with a different owner
-    if (absl::Status s =
-            send_slices(c, tag0, chunks.Begin(c),
-                        absl::MakeConstSpan(own).subspan(chunks.Begin(c), chunks.End(c) - chunks.Begin(c)), nullptr);
+    if (absl::Status s = send_slices(c, tag0, chunks.Begin(c),
+                                     input.subspan(chunks.Begin(c), chunks.End(c) - chunks.Begin(c)), nullptr);
         !s.ok()) {
       return s;
     }
   }
   const size_t my_begin = chunks.Begin(me), my_end = chunks.End(me);
   const size_t my_slices = chunks.Slices(me, per);
-  std::vector<double> sum(own.begin() + my_begin, own.begin() + my_end);
+  std::vector<double> sum(input.begin() + my_begin, input.begin() + my_end);
   std::vector<uint32_t> count(my_slices, 1);                                // my own contribution
   std::vector<std::vector<bool>> counted(n, std::vector<bool>(my_slices));  // [source][slice]
   std::vector<std::vector<bool>> gathered(n);                               // [owner][slice]

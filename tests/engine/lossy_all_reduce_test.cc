@@ -142,6 +142,27 @@ TEST_F(LossyAllReduceTest, WithoutLossEveryRankGetsTheMean) {
   }
 }
 
+// In place (output is the input): the same means.
+TEST_F(LossyAllReduceTest, InPlaceGivesTheMeanToo) {
+  constexpr int kRanks = 3;
+  constexpr size_t kElements = 1000;
+  Connect(kRanks);
+  std::vector<std::vector<float>> data = Inputs(kRanks, kElements);
+  std::vector<absl::StatusOr<LossyAllReduceResult>> r(kRanks, absl::UnknownError("not run"));
+  LossyAllReduceOptions o;
+  o.sequence = 5;
+  o.phase_timeout = absl::Seconds(5);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kRanks; ++k) {
+    threads.emplace_back([&, k] { r[k] = LossyAllReduceMean(*transports_[k], o, data[k], absl::MakeSpan(data[k])); });
+  }
+  for (auto& t : threads) t.join();
+  for (int k = 0; k < kRanks; ++k) {
+    ASSERT_THAT(r[k], IsOk());
+    for (size_t i = 0; i < kElements; ++i) EXPECT_FLOAT_EQ(data[k][i], ExactMean(kRanks, i)) << k << " " << i;
+  }
+}
+
 // The owners' means over 1,000 trials at 10 % loss: the average error is zero within three
 // standard errors; divided by the group size instead, the same test sees the bias.
 TEST_F(LossyAllReduceTest, OwnersMeansAreUnbiasedUnderLossAndTheTestSeesBias) {
