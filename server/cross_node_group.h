@@ -14,8 +14,9 @@
 // connect for that collective stops waiting. A node that is not a member of the current view runs
 // no cross-node part and publishes nothing (the members' collectives go on without it).
 //
-// Thread-safe. Connected, Refresh, Drop and WithRemoteCause are for the job's reducer thread; the
-// others may be called from any thread (handlers, the stall check, Stop).
+// Thread-safe. Connected, Refresh, Drop and WithRemoteCause are for the thread that runs the job's
+// collective (one at a time, server/job.h); the others may be called from any thread (handlers,
+// the stall check, Stop).
 #ifndef DQ_SERVER_CROSS_NODE_GROUP_H_
 #define DQ_SERVER_CROSS_NODE_GROUP_H_
 

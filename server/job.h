@@ -6,7 +6,9 @@
 // it through the job's DataPath (server/data_path.h): the local fp32 sum of their buffers, the
 // compressed all-reduce across nodes over the job's transport (whose step headers make every node
 // check the same job, sequence and config epoch), and the write-back into every worker's buffer.
-// Enqueue returns at once and completes the request then (Submit waits for it). The reducer also
+// Enqueue returns at once and completes the request then (Submit waits for it); on a one-node job
+// the request that completes a small collective (up to 256 Ki elements) runs it itself when no
+// other collective runs, sparing the hand-over to the reducer thread. The reducer also
 // watches for stalls: a collective still incomplete --timeout after its first submission fails for
 // every local worker of it, naming the local ranks that never submitted. CPU nodes use HostDataPath (shared memory, tcp
 // or gloo, the error probe); GPU nodes pass a CudaDataPath (CUDA kernels, NCCL).
@@ -26,6 +28,7 @@
 
 #include <stdint.h>
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <map>
@@ -187,9 +190,11 @@ class Job {
 
   // Called once per request with its result (then in request.region) or its error.
   using Completion = std::function<void(absl::StatusOr<Result>)>;
-  // Queues the worker's next collective and returns at once. `done` runs exactly once: on this
+  // Queues the worker's next collective and returns once it is queued, or, for a small one-node
+  // collective this request completes, once it ran here. `done` runs exactly once: on this
   // thread for a refused request, else on the thread that completes the collective (the reducer,
-  // or RemoveWorker/Stop for one they fail). It must not block for long nor call into the Job.
+  // this or another Enqueue, or RemoveWorker/Stop for one they fail). It must not block for long
+  // nor call into the Job.
   void Enqueue(const Request& request, Completion done);
   // Enqueue, then waits for the completion.
   absl::StatusOr<Result> Submit(const Request& request);
@@ -265,6 +270,8 @@ class Job {
   };
 
   void ReducerLoop();
+  // The collective that runs next if every local worker has submitted it and nothing runs it yet.
+  Slot* NextComplete() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A rejoining node's first collective, `sequence` in its own numbering: waits (up to --timeout)
   // for a view that admits this node, then renumbers its queued collectives so that this one is the
   // view's first. The collective's sequence from then on (unchanged when not admitted: it fails as
@@ -323,12 +330,16 @@ class Job {
   std::deque<CollectiveRecord> records_ ABSL_GUARDED_BY(mu_);
   uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // accepted requests not yet completed
   uint64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;     // requests accepted so far (wakes the stall check)
-  // The job's group view and cross-node transport: used by the reducer, aborted by Stop.
+  // A collective runs (one at a time): on the reducer thread, or on the thread whose request
+  // completed it (Enqueue, small one-node collectives). That thread alone uses the state marked
+  // "running thread only" below; claiming and releasing it under mu_ hands that state over.
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
+  // The job's group view and cross-node transport: used by the running thread, aborted by Stop.
   CrossNodeGroup group_;
-  absl::Time deadline_;  // of the collective the reducer runs (reducer thread only)
-  // When this node's previous collective ended (reducer thread only; unset before the first).
+  absl::Time deadline_;  // of the collective that runs (running thread only)
+  // When this node's previous collective ended (running thread only; unset before the first).
   std::optional<absl::Time> previous_end_;
-  // Ask the coordinator for a configuration change before the next collective (reducer thread
+  // Ask the coordinator for a configuration change before the next collective (running thread
   // only): the first one, after a failed one, where the side lane has no node slots, or when a
   // node's boundary (ReserveConfigBoundary, its own or through the side lane) reaches it.
   bool poll_next_ = true;
@@ -338,12 +349,12 @@ class Job {
   absl::Mutex membership_mu_;
   std::map<uint32_t, uint64_t> generations_ ABSL_GUARDED_BY(membership_mu_);
   uint64_t generations_view_ ABSL_GUARDED_BY(membership_mu_) = ~uint64_t{0};  // the view they were seen in
-  kernels::CodecCache codecs_;                                                // reducer thread only
-  // arc_topk's error feedback per tensor, dropped at every config epoch change (reducer thread only).
+  kernels::CodecCache codecs_;                                                // running thread only
+  // arc_topk's error feedback per tensor, dropped at every config epoch change (running thread only).
   ErrorFeedback error_feedback_;
   uint64_t error_feedback_epoch_ = 0;
-  StepBudgetPlanner planner_;   // reducer thread only (options_.step_budget)
-  uint64_t planner_epoch_ = 0;  // the config epoch planner_ plans for (reducer thread only)
+  StepBudgetPlanner planner_;   // running thread only (options_.step_budget)
+  uint64_t planner_epoch_ = 0;  // the config epoch planner_ plans for (running thread only)
   absl::Mutex close_mu_;        // serialises Close (the reducer is joined once)
   std::thread reducer_ ABSL_GUARDED_BY(close_mu_);
 };

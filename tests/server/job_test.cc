@@ -201,6 +201,38 @@ TEST_F(JobTest, EnqueueReturnsAtOnceAndCompletesEveryRequestOnce) {
   EXPECT_TRUE(refused);
 }
 
+// A small one-node collective runs on the thread whose request completes it (no hand-over to the
+// reducer); a big one on the reducer thread. Either way every worker gets the same result.
+TEST_F(JobTest, ASmallCollectiveRunsOnTheThreadThatCompletesItABigOneOnTheReducer) {
+  Job job(Options(2));
+  ASSERT_THAT(job.AddWorker(1, 0, 2), IsOk());
+  ASSERT_THAT(job.AddWorker(2, 1, 2), IsOk());
+  for (size_t n : {size_t{1024}, size_t{1} << 19}) {
+    SCOPED_TRACE(n);
+    std::vector<float> a(n, 1.0f), b(n, 2.0f);
+    absl::Mutex mu;
+    std::vector<std::thread::id> completed_on;
+    auto record = [&](absl::StatusOr<Job::Result> r) {
+      EXPECT_THAT(r, IsOk());
+      absl::MutexLock lock(&mu);
+      completed_on.push_back(std::this_thread::get_id());
+    };
+    job.Enqueue(Request(1, a, absl::StrCat("t", n)), record);
+    job.Enqueue(Request(2, b, absl::StrCat("t", n)), record);  // completes the collective
+    auto both = [&]() { return completed_on.size() == 2; };
+    absl::MutexLock lock(&mu);
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&both), absl::Seconds(10)));
+    EXPECT_EQ(completed_on[0], completed_on[1]);
+    if (n <= 1024) {
+      EXPECT_EQ(completed_on[0], std::this_thread::get_id());
+    } else {
+      EXPECT_NE(completed_on[0], std::this_thread::get_id());
+    }
+    EXPECT_EQ(a[n - 1], 3.0f);
+    EXPECT_EQ(b[0], 3.0f);
+  }
+}
+
 // The stall check is the reducer's: a collective still incomplete --timeout after its first
 // request fails for the workers that did submit, naming the one that did not, and the job goes on.
 TEST_F(JobTest, TheReducerFailsAStalledCollectiveNamingTheRankThatNeverSubmitted) {
