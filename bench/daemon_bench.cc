@@ -5,7 +5,8 @@
 //             Gloo over loopback, engine::AllReduce) with the same size, codec and topology; the two
 //             take turns --rounds times.
 //   latency   1 daemon, 2 local workers, 1024-float (4 KiB) all-reduces: median and p99
-//             submit-to-complete microseconds.
+//             submit-to-complete microseconds, through the submission rings (the default) and
+//             through one AllReduce call each.
 //   memory    1 daemon, 2 local workers: VmRSS before and after --soak_ops small and large
 //             all-reduces.
 //   sweep     1 daemon, 2 local workers, all-reduces from --sweep_min_bytes to --sweep_max_bytes
@@ -112,8 +113,9 @@ DaemonOptions MakeDaemonOptions(const std::string& dir, uint32_t rank, uint32_t 
   return o;
 }
 
-absl::StatusOr<Client> ConnectWorker(const std::string& socket, uint32_t rank, uint32_t size) {
+absl::StatusOr<Client> ConnectWorker(const std::string& socket, uint32_t rank, uint32_t size, bool ring = true) {
   ClientOptions o;
+  o.submission_ring = ring;
   o.socket_path = socket;
   o.job_id = "bench";
   o.local_rank = rank;
@@ -292,16 +294,20 @@ absl::StatusOr<std::vector<double>> ThroughDaemons(const JobConfig& config, size
 
 // ---- single-daemon sections ----------------------------------------------------------------------
 
-// Runs `body(rank, client)` on 2 worker threads of one single-node daemon.
+// Runs `body(rank, client)` on 2 worker threads of one single-node daemon. `ring`: the workers
+// submit through their submission rings (else one AllReduce call each).
 template <typename Body>
-absl::Status WithOneDaemon(const JobConfig& config, Body body) {
+absl::Status WithOneDaemon(const JobConfig& config, Body body, bool ring = true) {
   TempDir temp;
   if (temp.path().empty()) return absl::InternalError("mkdtemp failed");
   Daemon daemon(MakeDaemonOptions(temp.path(), 0, 1, "", config));
   if (absl::Status s = daemon.Start(); !s.ok()) return s;
   Errors errors;
   auto worker_main = [&](int rank) {
-    absl::StatusOr<Client> client = ConnectWorker(temp.path() + "/node0.sock", rank, 2);
+    absl::StatusOr<Client> client = ConnectWorker(temp.path() + "/node0.sock", rank, 2, ring);
+    if (client.ok() && client->uses_submission_ring() != ring) {
+      client = absl::InternalError(absl::StrCat("the worker ", ring ? "got no" : "got a", " submission ring"));
+    }
     if (!client.ok()) {
       errors.Add(client.status());
       body(rank, nullptr, errors);  // still takes part in the barriers
@@ -321,34 +327,37 @@ struct LatencyResult {
   size_t samples = 0;
 };
 
-absl::StatusOr<LatencyResult> Latency(const JobConfig& config, int ops) {
+absl::StatusOr<LatencyResult> Latency(const JobConfig& config, int ops, bool ring) {
   constexpr size_t kFloats = 1024;
   constexpr int kWarmup = 20;
   std::vector<std::vector<double>> us(2);
   std::barrier sync(2);
   std::atomic<bool> failed{false};
-  absl::Status s = WithOneDaemon(config, [&](int rank, Client* client, Errors& errors) {
-    absl::StatusOr<Buffer> buffer = absl::InternalError("not connected");
-    if (client) buffer = client->Allocate(kFloats * sizeof(float));
-    if (client && !buffer.ok()) errors.Add(buffer.status());
-    if (!buffer.ok()) failed = true;
-    sync.arrive_and_wait();
-    if (failed) return;
-    std::fill_n(static_cast<float*>(buffer->data()), kFloats, 1e-3f * static_cast<float>(rank + 1));
-    us[rank].reserve(ops);
-    for (int i = 0; i < kWarmup + ops; ++i) {
-      const absl::Time t0 = absl::Now();
-      absl::Status st = client->AllReduce(*buffer, 0, kFloats, DType::kFloat32, "small", /*average=*/true);
-      const double d = absl::ToDoubleMicroseconds(absl::Now() - t0);
-      if (!st.ok()) {
-        errors.Add(st);
-        failed = true;
-        break;  // the peer's pending collective fails at the daemon's timeout
-      }
-      if (i >= kWarmup) us[rank].push_back(d);
-    }
-    buffer->Release().IgnoreError();
-  });
+  absl::Status s = WithOneDaemon(
+      config,
+      [&](int rank, Client* client, Errors& errors) {
+        absl::StatusOr<Buffer> buffer = absl::InternalError("not connected");
+        if (client) buffer = client->Allocate(kFloats * sizeof(float));
+        if (client && !buffer.ok()) errors.Add(buffer.status());
+        if (!buffer.ok()) failed = true;
+        sync.arrive_and_wait();
+        if (failed) return;
+        std::fill_n(static_cast<float*>(buffer->data()), kFloats, 1e-3f * static_cast<float>(rank + 1));
+        us[rank].reserve(ops);
+        for (int i = 0; i < kWarmup + ops; ++i) {
+          const absl::Time t0 = absl::Now();
+          absl::Status st = client->AllReduce(*buffer, 0, kFloats, DType::kFloat32, "small", /*average=*/true);
+          const double d = absl::ToDoubleMicroseconds(absl::Now() - t0);
+          if (!st.ok()) {
+            errors.Add(st);
+            failed = true;
+            break;  // the peer's pending collective fails at the daemon's timeout
+          }
+          if (i >= kWarmup) us[rank].push_back(d);
+        }
+        buffer->Release().IgnoreError();
+      },
+      ring);
   if (!s.ok()) return s;
   std::vector<double> all = us[0];
   all.insert(all.end(), us[1].begin(), us[1].end());
@@ -491,7 +500,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "dynamiqd's overhead over the engine alone (2 in-process daemons on loopback, 1 "
       "worker each, --size floats, --codec/--bits), small all-reduce latency (1 daemon, 2 workers, 4 KiB, "
-      "--latency_ops) and memory growth over --soak_ops all-reduces (VmRSS).\n"
+      "--latency_ops; through the submission rings and through calls) and memory growth over --soak_ops all-reduces "
+      "(VmRSS).\n"
       "Usage: dynamiq-daemon-bench [--size=N] [--codec=dynamiq --bits=5] [--iterations=5] [--rounds=3] "
       "[--latency_ops=2000] [--soak_ops=2000] [--sections=overhead,latency,memory[,sweep]] [--json]");
   absl::ParseCommandLine(argc, argv);
@@ -562,19 +572,23 @@ int main(int argc, char** argv) {
   }
 
   if (HasSection("latency")) {
-    auto lat = Latency(*config, latency_ops);
-    if (!lat.ok()) {
-      std::fprintf(stderr, "latency: %s\n", lat.status().ToString().c_str());
-      rc = 1;
-    } else if (json) {
-      std::printf(
-          "{\"section\":\"latency\",\"elements\":1024,\"workers\":2,\"ops\":%d,\"samples\":%zu,\"median_us\":%.1f,"
-          "\"p99_us\":%.1f,\"mean_us\":%.1f}\n",
-          latency_ops, lat->samples, lat->median_us, lat->p99_us, lat->mean_us);
-    } else {
-      std::printf("\n[latency] 1 daemon, 2 workers, 1024 floats (4 KiB), %d ops per worker\n", latency_ops);
-      std::printf("  submit-to-complete: median %.1f us, p99 %.1f us, mean %.1f us (%zu samples)\n", lat->median_us,
-                  lat->p99_us, lat->mean_us, lat->samples);
+    if (!json) std::printf("\n[latency] 1 daemon, 2 workers, 1024 floats (4 KiB), %d ops per worker\n", latency_ops);
+    for (bool ring : {true, false}) {
+      const char* path = ring ? "ring" : "calls";
+      auto lat = Latency(*config, latency_ops, ring);
+      if (!lat.ok()) {
+        std::fprintf(stderr, "latency (%s): %s\n", path, lat.status().ToString().c_str());
+        rc = 1;
+      } else if (json) {
+        std::printf(
+            "{\"section\":\"latency\",\"path\":\"%s\",\"elements\":1024,\"workers\":2,\"ops\":%d,\"samples\":%zu,"
+            "\"median_us\":%.1f,\"p99_us\":%.1f,\"mean_us\":%.1f}\n",
+            path, latency_ops, lat->samples, lat->median_us, lat->p99_us, lat->mean_us);
+      } else {
+        std::printf("  %-36s median %.1f us, p99 %.1f us, mean %.1f us (%zu samples)\n",
+                    ring ? "submission ring (the default):" : "one AllReduce call each:", lat->median_us, lat->p99_us,
+                    lat->mean_us, lat->samples);
+      }
     }
     std::fflush(stdout);
   }

@@ -89,6 +89,47 @@ dynamiq::v1::AllReduceRequest MakeAllReduceRequest(Connection& connection, const
   return request;
 }
 
+// The same request for the submission ring (same numbering).
+ipc::ring::RingRequest MakeRingRequest(Connection& connection, const Buffer& buffer, size_t offset_bytes,
+                                       size_t num_elements, DType dtype, absl::string_view tensor_name,
+                                       const AllReduceOptions& options) {
+  ipc::ring::RingRequest request;
+  request.tensor_name = std::string(tensor_name);
+  request.buffer_id = buffer.id();
+  request.offset_bytes = offset_bytes;
+  request.num_elements = num_elements;
+  request.dtype = static_cast<uint32_t>(dtype);
+  request.average = options.average;
+  request.weight = options.weight;
+  request.exact = options.exact;
+  request.submission = connection.next_submission.fetch_add(1);
+  return request;
+}
+
+// The ring and a slot of it for an all-reduce of `tensor_name`, if it can take one: the daemon
+// offered a ring, a slot is free, and the name fits a slot (longer ones go by gRPC, which refuses
+// them in its own words).
+std::optional<uint32_t> RingSlot(Connection& connection, absl::string_view tensor_name) {
+  if (connection.ring == nullptr || tensor_name.size() > ipc::ring::kMaxNameBytes) return std::nullopt;
+  return connection.ring->Acquire();
+}
+
+// The worker's submission ring, or null when the daemon offers none (an older daemon answers
+// UNIMPLEMENTED) or it cannot be mapped: the client then calls AllReduce for every all-reduce.
+std::unique_ptr<client::internal::RingSubmitter> OpenRing(Connection& connection) {
+  const absl::Duration timeout = connection.options().timeout;
+  grpc::ClientContext context;
+  Connection::SetDeadline(context, timeout);
+  dynamiq::v1::OpenSubmissionRingRequest request;
+  request.set_worker_id(connection.worker_id);
+  dynamiq::v1::OpenSubmissionRingResponse response;
+  if (!connection.stub().OpenSubmissionRing(&context, request, &response).ok()) return nullptr;
+  absl::StatusOr<std::unique_ptr<ipc::SubmissionRingClient>> ring =
+      ipc::SubmissionRingClient::Open(response.shm_name(), response.bytes());
+  if (!ring.ok()) return nullptr;
+  return std::make_unique<client::internal::RingSubmitter>(*std::move(ring), connection.options().socket_path, timeout);
+}
+
 void Teardown(std::shared_ptr<Connection>& connection) {
   if (connection == nullptr) return;
   connection->tracker()->WaitIdle();
@@ -119,21 +160,28 @@ namespace client::internal {
 absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view rpc, absl::string_view socket_path,
                             absl::Duration timeout, absl::Time deadline) {
   if (status.ok()) return absl::OkStatus();
-  const auto code = static_cast<absl::StatusCode>(status.error_code());
-  switch (status.error_code()) {
-    case grpc::StatusCode::UNAVAILABLE:
-      return absl::Status(code, absl::StrCat(rpc, " to dynamiqd at ", socket_path, ": ", status.error_message()));
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
+  return FromDaemonStatus(absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()), rpc,
+                          socket_path, timeout, deadline);
+}
+
+absl::Status FromDaemonStatus(const absl::Status& status, absl::string_view rpc, absl::string_view socket_path,
+                              absl::Duration timeout, absl::Time deadline) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return status;
+    case absl::StatusCode::kUnavailable:
+      return absl::Status(status.code(), absl::StrCat(rpc, " to dynamiqd at ", socket_path, ": ", status.message()));
+    case absl::StatusCode::kDeadlineExceeded:
       // Before the call's deadline only the daemon can have answered (its --timeout fired, and its
       // message names what it waited for); from it on, gRPC's own deadline (DQ_TIMEOUT_SECONDS) fired.
       if (absl::Now() < deadline) {
-        return absl::Status(code, absl::StrCat(rpc, " to dynamiqd at ", socket_path, ": ", status.error_message()));
+        return absl::Status(status.code(), absl::StrCat(rpc, " to dynamiqd at ", socket_path, ": ", status.message()));
       }
-      return absl::Status(
-          code, absl::StrCat(rpc, " to dynamiqd at ", socket_path, " (deadline ", absl::FormatDuration(timeout),
-                             ", DQ_TIMEOUT_SECONDS): ", status.error_message()));
+      return absl::Status(status.code(),
+                          absl::StrCat(rpc, " to dynamiqd at ", socket_path, " (deadline ",
+                                       absl::FormatDuration(timeout), ", DQ_TIMEOUT_SECONDS): ", status.message()));
     default:
-      return absl::Status(code, status.error_message());
+      return status;
   }
 }
 
@@ -167,6 +215,7 @@ ClientOptions::ClientOptions() {
   local_rank = env.local_rank;
   local_world_size = env.local_world_size;
   timeout = env.timeout;
+  submission_ring = env.submission_ring;
 }
 
 size_t DTypeSize(DType dtype) {
@@ -220,6 +269,7 @@ absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
   connection->config.min_compress_elements = config.min_compress_elements();
   connection->config.allocator = config.allocator();
   connection->daemon_device = response.device() == dynamiq::v1::DEVICE_KIND_CUDA ? DeviceKind::kCuda : DeviceKind::kCpu;
+  if (options.submission_ring) connection->ring = OpenRing(*connection);
   return Client(std::move(connection));
 }
 
@@ -381,6 +431,15 @@ absl::Status Client::AllReduce(const Buffer& buffer, size_t offset_bytes, size_t
                                AllReduceResult* result) {
   DQ_RETURN_IF_ERROR(CheckAllReduce(buffer, offset_bytes, num_elements, dtype, tensor_name, options));
   DQ_RETURN_IF_ERROR(buffer.impl_->device_mapping.WaitForWrites());
+  if (std::optional<uint32_t> slot = RingSlot(*connection_, tensor_name)) {
+    buffer.impl_->uses->Start();
+    absl::StatusOr<AllReduceResult> r = connection_->ring->Run(
+        *slot, MakeRingRequest(*connection_, buffer, offset_bytes, num_elements, dtype, tensor_name, options));
+    buffer.impl_->uses->Done();
+    DQ_RETURN_IF_ERROR(r.status());
+    if (result != nullptr) *result = *std::move(r);
+    return absl::OkStatus();
+  }
   const dynamiq::v1::AllReduceRequest request =
       MakeAllReduceRequest(*connection_, buffer, offset_bytes, num_elements, dtype, tensor_name, options);
   const absl::Duration timeout = connection_->options().timeout;
@@ -404,12 +463,24 @@ Future Client::AllReduceAsync(const Buffer& buffer, size_t offset_bytes, size_t 
     state->Complete(std::move(ready));
     return Future(std::move(state));
   }
+  std::shared_ptr<client::internal::OpTracker> tracker = connection_->tracker();
+  std::shared_ptr<client::internal::OpTracker> uses = buffer.impl_->uses;
+  if (std::optional<uint32_t> slot = RingSlot(*connection_, tensor_name)) {
+    tracker->Start();
+    uses->Start();
+    connection_->ring->Start(
+        *slot, MakeRingRequest(*connection_, buffer, offset_bytes, num_elements, dtype, tensor_name, options),
+        [state, tracker, uses](absl::Status status, AllReduceResult result) {
+          state->Complete(std::move(status), std::move(result));
+          uses->Done();  // after the future completes, as below
+          tracker->Done();
+        });
+    return Future(std::move(state));
+  }
   const absl::Duration timeout = connection_->options().timeout;
   auto call = std::make_shared<AllReduceCall>();
   call->request = MakeAllReduceRequest(*connection_, buffer, offset_bytes, num_elements, dtype, tensor_name, options);
   Connection::SetDeadline(call->context, timeout);
-  std::shared_ptr<client::internal::OpTracker> tracker = connection_->tracker();
-  std::shared_ptr<client::internal::OpTracker> uses = buffer.impl_->uses;
   tracker->Start();
   uses->Start();
   // The callback runs on a gRPC thread. It must not hold the Connection (see connection.h), so it
@@ -435,6 +506,7 @@ uint32_t Client::num_nodes() const { return connection_->num_nodes; }
 uint64_t Client::config_epoch() const { return connection_->config_epoch; }
 const CompressionConfig& Client::config() const { return connection_->config; }
 DeviceKind Client::daemon_device() const { return connection_->daemon_device; }
+bool Client::uses_submission_ring() const { return connection_ != nullptr && connection_->ring != nullptr; }
 const ClientOptions& Client::options() const { return connection_->options(); }
 
 }  // namespace dynamiq

@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/cuda_ipc.h"
+#include "client/ring_submitter.h"
 #include "dynamiq/client.h"
 #include "dynamiq/v1/worker.grpc.pb.h"
 #include "ipc/shm_region.h"
@@ -56,6 +57,9 @@ inline AllReduceResult ToResult(const dynamiq::v1::AllReduceResponse& response) 
 // --timeout fired; its message names what it waited for); at or after it, the client's own deadline.
 absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view rpc, absl::string_view socket_path,
                             absl::Duration timeout, absl::Time deadline);
+// The same for a status the daemon answered through the submission ring.
+absl::Status FromDaemonStatus(const absl::Status& status, absl::string_view rpc, absl::string_view socket_path,
+                              absl::Duration timeout, absl::Time deadline);
 
 // Counts a connection's in-flight asynchronous calls so that ~Client can wait for them.
 // Thread-safe.
@@ -151,6 +155,8 @@ class Connection {
   uint64_t config_epoch = 0;
   CompressionConfig config;
   DeviceKind daemon_device = DeviceKind::kCpu;
+  // The submission ring (client/ring_submitter.h), when the daemon offered one; else null.
+  std::unique_ptr<RingSubmitter> ring;
 
  private:
   const ClientOptions options_;

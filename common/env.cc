@@ -62,6 +62,14 @@ ClientEnv ClientEnv::Parse(absl::FunctionRef<const char*(const char*)> lookup) {
       AddError(env, "DQ_TIMEOUT_SECONDS", v, "a positive number of seconds");
     }
   }
+  if (absl::string_view v = get("DQ_SUBMISSION_RING"); !v.empty()) {
+    bool on = true;
+    if (absl::SimpleAtob(v, &on)) {
+      env.submission_ring = on;
+    } else {
+      AddError(env, "DQ_SUBMISSION_RING", v, "1, 0, true or false");
+    }
+  }
   return env;
 }
 

@@ -52,6 +52,10 @@ struct ClientEnv {
   // Default: 300.
   absl::Duration timeout = absl::Seconds(kDefaultTimeoutSeconds);
 
+  // Env name: DQ_SUBMISSION_RING. Whether all-reduces go through the worker's submission ring in
+  // shared memory (no gRPC call each) when the daemon offers one: 1/true or 0/false. Default: 1.
+  bool submission_ring = true;
+
   // OK, or INVALID_ARGUMENT naming the first variable that is set but unusable (its value and
   // what was expected). The field of that variable keeps its default.
   absl::Status status;

@@ -56,6 +56,11 @@ Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {
   // The collectives' transport label names what really moves the bytes (it said "gloo" always).
   metrics_ = std::make_unique<Metrics>(options_.node_rank, options_.num_nodes, TransportName(options_));
   reject_log_ = std::make_unique<RejectLog>(*metrics_);
+  rings_ = std::make_unique<WorkerRings>(
+      [this](uint64_t worker_id, const ipc::ring::RingRequest& request, WorkerRings::Reply reply) {
+        SubmitFromRing(worker_id, request, std::move(reply));
+      },
+      [this](const absl::Status& status, absl::string_view who) { RecordRejected(status, who); });
   std::vector<JobObserver*> observers = {metrics_.get()};
   if (options_.node_rank == 0) {
     // Every node measures the same error samples: node 0 runs the controllers and publishes their
@@ -337,6 +342,9 @@ void Daemon::Shutdown(absl::Duration grace) {
   metrics_->StopServing();
   metrics_->SetGaugeSource(nullptr);
   if (operator_server_) operator_server_->GetHealthCheckService()->SetServingStatus(false);
+  // No more submissions through the rings (those not taken yet fail); what the jobs still run
+  // answers into them.
+  rings_->CloseAll(absl::UnavailableError("dynamiqd is shutting down"));
   // Fail in-flight collectives first so blocked handlers return, then stop the servers.
   std::map<std::string, std::shared_ptr<Job>> jobs;
   {

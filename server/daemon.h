@@ -61,6 +61,7 @@
 #include "server/job_config.h"
 #include "server/retired_recorders.h"
 #include "server/security.h"
+#include "server/worker_rings.h"
 
 namespace grpc {
 class Server;
@@ -148,6 +149,19 @@ class Daemon {
   // Queues a worker's all-reduce and returns at once: `done` runs exactly once with the result or
   // the error (Job::Enqueue), here for a refused request. The worker service's handler.
   void AllReduceAsync(const AllReduceCall& call, Job::Completion done);
+  // The element type a request's dynamiq.v1.DType number names; INVALID_ARGUMENT for others.
+  static absl::StatusOr<kernels::DType> WireDType(int dtype);
+  // Creates the worker's submission ring (ipc/submission_ring_server.h), the shared-memory path for
+  // its all-reduces, and serves it until the worker leaves. `slots` 0: kDefaultRingSlots.
+  // FAILED_PRECONDITION for a worker not registered, ALREADY_EXISTS for a second ring,
+  // INVALID_ARGUMENT for more than ipc::ring::kMaxSlots slots.
+  static constexpr uint32_t kDefaultRingSlots = 64;
+  struct RingInfo {
+    std::string shm_name;
+    size_t bytes = 0;
+    uint32_t slots = 0;
+  };
+  absl::StatusOr<RingInfo> OpenSubmissionRing(uint64_t worker_id, uint32_t slots);
 
   // Operator API. A compression change maps the job's newest configuration (the newest published
   // epoch, staged or applied) to the new one; it runs on this node while the change claims the next
@@ -196,6 +210,8 @@ class Daemon {
   absl::Status OpenDevice();
   // Validates an all-reduce call and turns it into the job's request (errors are rejections).
   absl::StatusOr<Job::Request> CheckAllReduce(const AllReduceCall& call, std::shared_ptr<Job>* job);
+  // A submission from a worker's ring, run as AllReduceAsync runs the RPC's.
+  void SubmitFromRing(uint64_t worker_id, const ipc::ring::RingRequest& request, WorkerRings::Reply reply);
   const DaemonOptions options_;
   ServerSecurity security_;                           // loaded by Start; outlives the services that use it
   std::unique_ptr<ipc::NodeBuffers> buffers_;         // workers' shared memory (and device memory on GPU nodes)
@@ -212,6 +228,7 @@ class Daemon {
   std::unique_ptr<ipc::WorkerListener> worker_listener_;
   std::unique_ptr<ipc::ProcessWatcher> process_watcher_;
   std::unique_ptr<WorkerService> worker_service_;
+  std::unique_ptr<WorkerRings> rings_;  // the workers' submission rings
   std::unique_ptr<ControlService> control_service_;
   std::string peer_host_;
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "dynamiq/v1/common.pb.h"
 #include "ipc/process_watcher.h"
 #include "ipc/worker_listener.h"
 #include "server/cluster.h"
@@ -175,6 +176,9 @@ absl::Status Daemon::RemoveWorker(uint64_t worker_id, const std::string& reason)
     }
   }
   if (watch != 0 && process_watcher_) process_watcher_->Unwatch(watch);
+  // No more submissions from the worker's ring; those it had pushed and the daemon not yet taken
+  // fail with the reason (a worker that is still there then reads it).
+  rings_->Close(worker_id, absl::FailedPreconditionError(reason));
   if (job == nullptr) return absl::UnavailableError("dynamiqd is shutting down");  // Shutdown stopped the jobs
   const std::string retired = absl::StrCat("job ", job->id(), " (incarnation ", job->incarnation(),
                                            ") is retired: its last local worker left (", reason, ")");
@@ -215,6 +219,80 @@ void Daemon::AllReduceAsync(const AllReduceCall& call, Job::Completion done) {
   // The job completes every request it accepted before it closes (Job::Stop), so `done` never
   // outlives it.
   job->Enqueue(*request, std::move(done));
+}
+
+absl::StatusOr<kernels::DType> Daemon::WireDType(int dtype) {
+  switch (dtype) {
+    case dynamiq::v1::DTYPE_FLOAT32:
+      return kernels::DType::kFloat32;
+    case dynamiq::v1::DTYPE_BFLOAT16:
+      return kernels::DType::kBFloat16;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", dtype));
+  }
+}
+
+absl::StatusOr<Daemon::RingInfo> Daemon::OpenSubmissionRing(uint64_t worker_id, uint32_t slots) {
+  if (slots == 0) slots = kDefaultRingSlots;
+  if (slots > ipc::ring::kMaxSlots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a submission ring has at most ", ipc::ring::kMaxSlots, " slots, not ", slots));
+  }
+  DQ_RETURN_IF_ERROR(CheckRegistered(worker_id));
+  ipc::SubmissionRingServer::Options o;
+  o.slots = slots;
+  o.num_nodes = options_.num_nodes;
+  o.name_hint = "ring";
+  DQ_ASSIGN_OR_RETURN(std::unique_ptr<ipc::SubmissionRingServer> ring, ipc::SubmissionRingServer::Create(o));
+  RingInfo info{ring->shm_name(), ring->bytes(), ring->slots()};
+  // Started under mu_ with the registration checked again: a worker removed meanwhile has had its
+  // ring closed already, and must not get one that nobody closes.
+  absl::MutexLock lock(&mu_);
+  if (!worker_jobs_.count(worker_id)) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " is not registered"));
+  }
+  DQ_RETURN_IF_ERROR(rings_->Start(worker_id, std::move(ring)));
+  return info;
+}
+
+void Daemon::SubmitFromRing(uint64_t worker_id, const ipc::ring::RingRequest& request, WorkerRings::Reply reply) {
+  absl::StatusOr<kernels::DType> dtype = WireDType(static_cast<int>(request.dtype));
+  if (!dtype.ok()) {
+    RecordRejected(dtype.status(), absl::StrCat("worker ", worker_id, " (submission ring)"));
+    ipc::ring::RingCompletion refused;
+    refused.status = dtype.status();
+    reply(refused);
+    return;
+  }
+  AllReduceCall call;
+  call.worker_id = worker_id;
+  call.tensor_name = request.tensor_name;
+  call.buffer_id = request.buffer_id;
+  call.offset_bytes = request.offset_bytes;
+  call.num_elements = request.num_elements;
+  call.dtype = *dtype;
+  call.average = request.average;
+  call.submission = request.submission;
+  call.weight = request.weight;
+  call.exact = request.exact;
+  AllReduceAsync(call, [reply = std::move(reply)](absl::StatusOr<Job::Result> r) {
+    ipc::ring::RingCompletion c;
+    if (!r.ok()) {
+      c.status = r.status();
+      reply(c);
+      return;
+    }
+    c.sequence = r->sequence;
+    c.config_epoch = r->config_epoch;
+    c.codec = std::string(kernels::CodecName(r->config.codec.id));
+    c.bits = r->config.codec.bits;
+    c.wire_bytes = r->wire_bytes;
+    c.measured_vnmse = r->measured_vnmse;
+    c.contributors = r->contributors;
+    c.weight_sum = r->weight_sum;
+    c.nodes = r->nodes;
+    reply(c);
+  });
 }
 
 absl::StatusOr<Job::Request> Daemon::CheckAllReduce(const AllReduceCall& call, std::shared_ptr<Job>* job_out) {

@@ -118,18 +118,12 @@ grpc::ServerUnaryReactor* WorkerService::AllReduce(grpc::CallbackServerContext* 
   if (request->has_submission()) call.submission = request->submission();
   if (request->has_weight()) call.weight = request->weight();
   call.exact = request->exact();
-  switch (request->dtype()) {
-    case dynamiq::v1::DTYPE_FLOAT32:
-      call.dtype = kernels::DType::kFloat32;
-      break;
-    case dynamiq::v1::DTYPE_BFLOAT16:
-      call.dtype = kernels::DType::kBFloat16;
-      break;
-    default:
-      reactor->Finish(
-          Refuse(daemon_, context, absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", request->dtype()))));
-      return reactor;
+  absl::StatusOr<kernels::DType> dtype = Daemon::WireDType(request->dtype());
+  if (!dtype.ok()) {
+    reactor->Finish(Refuse(daemon_, context, dtype.status()));
+    return reactor;
   }
+  call.dtype = *dtype;
   // The reactor and the response stay valid until Finish, which the completion calls exactly once.
   daemon_.AllReduceAsync(call, [reactor, response](absl::StatusOr<Job::Result> r) {
     if (!r.ok()) {
@@ -155,6 +149,19 @@ grpc::Status WorkerService::Unregister(grpc::ServerContext* context, const dynam
   auto worker = ParseWorkerId(request->worker_id());
   if (!worker.ok()) return Refuse(daemon_, context, worker.status());
   return Refuse(daemon_, context, daemon_.Unregister(*worker));
+}
+
+grpc::Status WorkerService::OpenSubmissionRing(grpc::ServerContext* context,
+                                               const dynamiq::v1::OpenSubmissionRingRequest* request,
+                                               dynamiq::v1::OpenSubmissionRingResponse* response) {
+  auto worker = ParseWorkerId(request->worker_id());
+  if (!worker.ok()) return Refuse(daemon_, context, worker.status());
+  auto ring = daemon_.OpenSubmissionRing(*worker, request->slots());
+  if (!ring.ok()) return Refuse(daemon_, context, ring.status());
+  response->set_shm_name(ring->shm_name);
+  response->set_bytes(ring->bytes);
+  response->set_slots(ring->slots);
+  return grpc::Status::OK;
 }
 
 }  // namespace dynamiq::server

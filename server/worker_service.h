@@ -1,7 +1,8 @@
 // WorkerService: dynamiq.v1.Worker, the gRPC face of Daemon's worker API (Unix socket).
 // Translates messages and statuses; all logic lives in Daemon. AllReduce is a callback method: it
 // queues the request (Daemon::AllReduceAsync) and answers when the collective completes, so no
-// thread waits per outstanding all-reduce; the other methods are quick and synchronous.
+// thread waits per outstanding all-reduce; the other methods are quick and synchronous. All-reduces
+// through a worker's submission ring (OpenSubmissionRing) bypass gRPC: server/worker_rings.h.
 #ifndef DQ_SERVER_WORKER_SERVICE_H_
 #define DQ_SERVER_WORKER_SERVICE_H_
 
@@ -25,6 +26,8 @@ class WorkerService final : public dynamiq::v1::Worker::WithCallbackMethod_AllRe
                                       dynamiq::v1::AllReduceResponse*) override;
   grpc::Status Unregister(grpc::ServerContext*, const dynamiq::v1::UnregisterRequest*,
                           dynamiq::v1::UnregisterResponse*) override;
+  grpc::Status OpenSubmissionRing(grpc::ServerContext*, const dynamiq::v1::OpenSubmissionRingRequest*,
+                                  dynamiq::v1::OpenSubmissionRingResponse*) override;
 
  private:
   Daemon& daemon_;

@@ -666,7 +666,8 @@ PYBIND11_MODULE(_dynamiq, m) {
            py::arg("socket") = py::none(), py::arg("job") = py::none(), py::arg("local_rank") = py::none(),
            py::arg("local_world_size") = py::none(), py::arg("timeout") = py::none(),
            "Connects and registers. Unset arguments come from DQ_SOCKET, DQ_JOB, DQ_LOCAL_RANK, "
-           "DQ_LOCAL_WORLD_SIZE, DQ_TIMEOUT_SECONDS (timeout in seconds).")
+           "DQ_LOCAL_WORLD_SIZE, DQ_TIMEOUT_SECONDS (timeout in seconds); DQ_SUBMISSION_RING=0 makes every "
+           "all-reduce a gRPC call instead of a submission through shared memory.")
       .def("allocate", &PyClient::Allocate, py::arg("bytes"), py::arg("memory") = "host",
            "A Buffer of at least `bytes` bytes: memory='host' shared memory (Buffer.numpy()); 'cuda' memory of "
            "a --device=cuda daemon's GPU opened through CUDA IPC (Buffer.cuda_array(); FAILED_PRECONDITION "
@@ -699,6 +700,10 @@ PYBIND11_MODULE(_dynamiq, m) {
           "daemon_device",
           [](const PyClient& c) { return c.client()->daemon_device() == DeviceKind::kCuda ? "cuda" : "cpu"; },
           "Where the daemon reduces (its --device): 'cuda' daemons also hand out device buffers.")
+      .def_property_readonly(
+          "uses_submission_ring", [](const PyClient& c) { return c.client()->uses_submission_ring(); },
+          "True when all-reduces go through the submission ring in shared memory (no gRPC call each); "
+          "DQ_SUBMISSION_RING=0 turns it off.")
       .def_property_readonly("socket", [](const PyClient& c) { return c.client()->options().socket_path; })
       .def_property_readonly("job", [](const PyClient& c) { return c.client()->options().job_id; })
       .def_property_readonly("local_rank", [](const PyClient& c) { return c.client()->options().local_rank; })

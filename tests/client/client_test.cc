@@ -304,6 +304,9 @@ TEST_F(ClientTest, ConnectRegistersAndExposesTheRegistration) {
   EXPECT_EQ(registers[0].job_id(), "job-a");
   EXPECT_EQ(registers[0].local_rank(), 1u);
   EXPECT_EQ(registers[0].local_world_size(), 2u);
+  // This daemon offers no submission ring (OpenSubmissionRing is UNIMPLEMENTED): every all-reduce
+  // is a call, as the tests below check.
+  EXPECT_FALSE(client.uses_submission_ring());
 }
 
 TEST_F(ClientTest, AllocateMapsSharedMemoryBothSidesSee) {
@@ -644,6 +647,7 @@ TEST(ClientEnvTest, DefaultsWhenUnset) {
   EXPECT_EQ(env.local_rank, 0u);
   EXPECT_EQ(env.local_world_size, 1u);
   EXPECT_EQ(env.timeout, absl::Seconds(300));
+  EXPECT_TRUE(env.submission_ring);
 }
 
 TEST(ClientEnvTest, ReadsEveryVariable) {
@@ -651,13 +655,15 @@ TEST(ClientEnvTest, ReadsEveryVariable) {
                                           {"DQ_JOB", "bert"},
                                           {"DQ_LOCAL_RANK", "3"},
                                           {"DQ_LOCAL_WORLD_SIZE", "4"},
-                                          {"DQ_TIMEOUT_SECONDS", "2.5"}});
+                                          {"DQ_TIMEOUT_SECONDS", "2.5"},
+                                          {"DQ_SUBMISSION_RING", "0"}});
   EXPECT_THAT(env.status, IsOk());
   EXPECT_EQ(env.socket_path, "/run/dq.sock");
   EXPECT_EQ(env.job_id, "bert");
   EXPECT_EQ(env.local_rank, 3u);
   EXPECT_EQ(env.local_world_size, 4u);
   EXPECT_EQ(env.timeout, absl::Milliseconds(2500));
+  EXPECT_FALSE(env.submission_ring);
 }
 
 TEST(ClientEnvTest, BadValuesNameTheVariable) {
@@ -669,6 +675,8 @@ TEST(ClientEnvTest, BadValuesNameTheVariable) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("DQ_LOCAL_WORLD_SIZE")));
   EXPECT_THAT(ParseEnv({{"DQ_TIMEOUT_SECONDS", "-1"}}).status,
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("DQ_TIMEOUT_SECONDS")));
+  EXPECT_THAT(ParseEnv({{"DQ_SUBMISSION_RING", "maybe"}}).status,
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("DQ_SUBMISSION_RING='maybe'")));
   const common::ClientEnv env = ParseEnv({{"DQ_TIMEOUT_SECONDS", "soon"}, {"DQ_JOB", "ok"}});
   EXPECT_EQ(env.timeout, absl::Seconds(300));  // the bad one keeps its default, the others are read
   EXPECT_EQ(env.job_id, "ok");

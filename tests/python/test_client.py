@@ -42,6 +42,7 @@ def test_views_share_memory_and_all_reduce_sums_in_place(node):
     c = node
     clients = [connect(c, "sum", r) for r in range(2)]
     assert clients[0].num_nodes == 1 and clients[0].config.codec == "none"
+    assert clients[0].uses_submission_ring  # the default: no gRPC call per all-reduce
     buffers = [cl.allocate(1000 * 4) for cl in clients]
     assert buffers[0].size >= 4000 and buffers[0].id != 0
     views = [b.numpy(np.float32, 1000) for b in buffers]

@@ -16,7 +16,9 @@
 //
 // The daemon side is dynamiqd's dynamiq.v1.Worker gRPC service (proto/dynamiq/v1/worker.proto)
 // on a Unix socket; buffers are POSIX shared memory the daemon creates and unlinks once both
-// sides mapped them, or on GPU nodes device memory shared through CUDA IPC handles. Errors are absl::Status values: the
+// sides mapped them, or on GPU nodes device memory shared through CUDA IPC handles. All-reduces
+// travel through the worker's submission ring in shared memory (a futex doorbell each way) when the
+// daemon offers one, else one gRPC call each (ClientOptions::submission_ring). Errors are absl::Status values: the
 // daemon's code and message unchanged, or for UNAVAILABLE and DEADLINE_EXCEEDED the gRPC message prefixed with the call
 // and the socket.
 //
@@ -120,6 +122,9 @@ class Client {
   const CompressionConfig& config() const;
   /// Where the daemon reduces (--device): kCuda daemons also hand out device buffers.
   DeviceKind daemon_device() const;
+  /// True when all-reduces go through the submission ring in shared memory
+  /// (ClientOptions::submission_ring, and the daemon offered one).
+  bool uses_submission_ring() const;
   /// The options the client connected with.
   const ClientOptions& options() const;
 

@@ -40,6 +40,11 @@ struct ClientOptions {
   /// Deadline of every call to the daemon, including an all-reduce from submission to completion
   /// (must be positive). Env DQ_TIMEOUT_SECONDS; default 300 seconds.
   absl::Duration timeout = absl::Seconds(300);
+  /// All-reduces through a submission ring in shared memory (a futex doorbell each way, no gRPC
+  /// call each) when dynamiqd offers one; otherwise, or when the ring's slots are all in flight,
+  /// one AllReduce call each. Results, errors and ordering are the same either way.
+  /// Env DQ_SUBMISSION_RING (1/0); default true.
+  bool submission_ring = true;
 };
 
 /// Element type of an all-reduced region. The daemon accumulates in fp32 whatever the type.
