@@ -106,9 +106,9 @@ TEST(LoadTest, ManyWorkersAndJobsWithConcurrentCompressionChangesRunCleanAndLeak
   for (int k = 0; k < 2; ++k) cluster.spec(k).flags = {"--min_compress_elements=4096", "--bits=5"};
   ASSERT_TRUE(cluster.Start().ok());
   const std::vector<LoadJob> jobs = {
-      {"s0", 2, "256,1024,2048", 0, 2048, 600},
-      {"s1", 2, "2048,256", 0, 2048, 600},
-      {"s2", 2, "1024", 0, 1024, 600},
+      {"s0", 2, "256,1024,2048", 0, 2048, 1500},
+      {"s1", 2, "2048,256", 0, 2048, 1500},
+      {"s2", 2, "1024", 0, 1024, 1500},
       {"big", 1, "262144,1048576", 1e9, 1 << 20, 24},
   };
   // Operators: SetCompression through both nodes, cycling codecs and bits, on every job.
@@ -118,8 +118,9 @@ TEST(LoadTest, ManyWorkersAndJobsWithConcurrentCompressionChangesRunCleanAndLeak
     const std::vector<std::pair<std::string, double>> configs = {
         {"dynamiq", 4}, {"dynamiq", 6}, {"mxfp8", 0}, {"dynamiq", 5}, {"none", 0}};
     for (int i = 0; !stop; ++i) {
-      // Often enough for 20 changes while the rounds run (under 2 s each over --transport=tcp).
-      absl::SleepFor(absl::Milliseconds(50));
+      // Often enough for 20 changes while the rounds run (about 1.5 s each over --transport=tcp,
+      // 4,700 collectives: small ones take tens of microseconds since the submission rings).
+      absl::SleepFor(absl::Milliseconds(25));
       auto control = cluster.node(i % 2).Control();
       dynamiq::v1::SetCompressionRequest set;
       set.set_job_id(jobs[i % jobs.size()].id);
@@ -158,7 +159,7 @@ TEST(LoadTest, ManyWorkersAndJobsWithConcurrentCompressionChangesRunCleanAndLeak
   operators.join();
   EXPECT_GT(changes, 20);
   EXPECT_EQ(refused, 0);
-  EXPECT_GE(totals[0].small + totals[1].small, 2000u) << "thousands of small all-reduces";
+  EXPECT_GE(totals[0].small + totals[1].small, 5000u) << "thousands of small all-reduces";
   for (int k = 0; k < 2; ++k) {
     const Resources now = WaitForResources(cluster.node(k).pid(), after_first[k], 0, 2, 3);
     std::cout << "node " << k << " after round 1: " << after_first[k].ToString()
