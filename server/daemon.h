@@ -149,6 +149,10 @@ class Daemon {
   // Queues a worker's all-reduce and returns at once: `done` runs exactly once with the result or
   // the error (Job::Enqueue), here for a refused request. The worker service's handler.
   void AllReduceAsync(const AllReduceCall& call, Job::Completion done);
+  // Answers a refused all-reduce call with `why` (counted and logged). A numbered one
+  // (`submission`) of a registered worker keeps its place in the job (Job::Request::refused), so
+  // the collective fails for every local worker instead of stalling the worker's next ones.
+  void RefuseAllReduce(const AllReduceCall& call, const absl::Status& why, Job::Completion done);
   // The element type a request's dynamiq.v1.DType number names; INVALID_ARGUMENT for others.
   static absl::StatusOr<kernels::DType> WireDType(int dtype);
   // Creates the worker's submission ring (ipc/submission_ring_server.h), the shared-memory path for

@@ -212,13 +212,36 @@ void Daemon::AllReduceAsync(const AllReduceCall& call, Job::Completion done) {
   std::shared_ptr<Job> job;
   absl::StatusOr<Job::Request> request = CheckAllReduce(call, &job);
   if (!request.ok()) {
-    RecordRejected(request.status(), absl::StrCat("worker ", call.worker_id));
-    done(request.status());
+    RefuseAllReduce(call, request.status(), std::move(done));
     return;
   }
   // The job completes every request it accepted before it closes (Job::Stop), so `done` never
   // outlives it.
   job->Enqueue(*request, std::move(done));
+}
+
+void Daemon::RefuseAllReduce(const AllReduceCall& call, const absl::Status& why, Job::Completion done) {
+  RecordRejected(why, absl::StrCat("worker ", call.worker_id));
+  std::shared_ptr<Job> job;
+  if (call.submission.has_value()) {
+    absl::MutexLock lock(&mu_);
+    auto w = worker_jobs_.find(call.worker_id);
+    if (w != worker_jobs_.end()) {
+      auto j = jobs_.find(w->second);
+      if (j != jobs_.end()) job = j->second;
+    }
+  }
+  if (job == nullptr) {
+    done(why);
+    return;
+  }
+  // Its place in the worker's numbering stays taken (Job::Request::refused).
+  Job::Request placeholder;
+  placeholder.worker_id = call.worker_id;
+  placeholder.tensor_name = call.tensor_name;
+  placeholder.submission = call.submission;
+  placeholder.refused = why;
+  job->Enqueue(placeholder, std::move(done));
 }
 
 absl::StatusOr<kernels::DType> Daemon::WireDType(int dtype) {
@@ -256,26 +279,17 @@ absl::StatusOr<Daemon::RingInfo> Daemon::OpenSubmissionRing(uint64_t worker_id, 
 }
 
 void Daemon::SubmitFromRing(uint64_t worker_id, const ipc::ring::RingRequest& request, WorkerRings::Reply reply) {
-  absl::StatusOr<kernels::DType> dtype = WireDType(static_cast<int>(request.dtype));
-  if (!dtype.ok()) {
-    RecordRejected(dtype.status(), absl::StrCat("worker ", worker_id, " (submission ring)"));
-    ipc::ring::RingCompletion refused;
-    refused.status = dtype.status();
-    reply(refused);
-    return;
-  }
   AllReduceCall call;
   call.worker_id = worker_id;
   call.tensor_name = request.tensor_name;
   call.buffer_id = request.buffer_id;
   call.offset_bytes = request.offset_bytes;
   call.num_elements = request.num_elements;
-  call.dtype = *dtype;
   call.average = request.average;
   call.submission = request.submission;
   call.weight = request.weight;
   call.exact = request.exact;
-  AllReduceAsync(call, [reply = std::move(reply)](absl::StatusOr<Job::Result> r) {
+  auto answer = [reply = std::move(reply)](absl::StatusOr<Job::Result> r) {
     ipc::ring::RingCompletion c;
     if (!r.ok()) {
       c.status = r.status();
@@ -292,7 +306,14 @@ void Daemon::SubmitFromRing(uint64_t worker_id, const ipc::ring::RingRequest& re
     c.weight_sum = r->weight_sum;
     c.nodes = r->nodes;
     reply(c);
-  });
+  };
+  absl::StatusOr<kernels::DType> dtype = WireDType(static_cast<int>(request.dtype));
+  if (!dtype.ok()) {
+    RefuseAllReduce(call, dtype.status(), std::move(answer));
+    return;
+  }
+  call.dtype = *dtype;
+  AllReduceAsync(call, std::move(answer));
 }
 
 absl::StatusOr<Job::Request> Daemon::CheckAllReduce(const AllReduceCall& call, std::shared_ptr<Job>* job_out) {

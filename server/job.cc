@@ -195,14 +195,25 @@ void Job::Enqueue(const Request& request, Completion done) {
     if (options_.observer != nullptr) options_.observer->OnRejected(status.code());
     done(std::move(status));
   };
-  if (request.weight.has_value() && !(*request.weight >= 0 && std::isfinite(*request.weight) &&
-                                      *request.weight <= std::numeric_limits<float>::max())) {
-    return reject(absl::InvalidArgumentError(absl::StrCat(
-        "weight ", *request.weight, " of worker ", request.worker_id,
-        "'s all-reduce: a weight is finite and >= 0 (a sample count; 0 when the worker contributes nothing)")));
-  }
   auto entry = std::make_unique<Entry>();
   entry->request = request;
+  if (request.weight.has_value() && !(*request.weight >= 0 && std::isfinite(*request.weight) &&
+                                      *request.weight <= std::numeric_limits<float>::max())) {
+    const absl::Status bad = absl::InvalidArgumentError(absl::StrCat(
+        "weight ", *request.weight, " of worker ", request.worker_id,
+        "'s all-reduce: a weight is finite and >= 0 (a sample count; 0 when the worker contributes nothing)"));
+    if (!request.submission.has_value()) return reject(bad);
+    if (options_.observer != nullptr) options_.observer->OnRejected(bad.code());
+    entry->request.refused = bad;
+  }
+  // A numbered request that was refused still takes its place (Request::refused): the worker hears
+  // why at once, its collective fails for the others when it runs.
+  if (!entry->request.refused.ok()) {
+    if (!request.submission.has_value()) return done(entry->request.refused);
+    Completion told = std::move(done);
+    told(entry->request.refused);
+    done = [](absl::StatusOr<Result>) {};
+  }
   Slot* inline_slot = nullptr;  // the collective this request completes, to run on this thread
   uint64_t inline_sequence = 0;
   // Accepts the request into its slot, or says why not (answered without mu_ held).
@@ -438,8 +449,19 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   record.start = absl::Now();
 
   absl::Status status;
+  for (const Entry* e : entries) {
+    if (!e->request.refused.ok()) {
+      status =
+          absl::Status(e->request.refused.code(),
+                       absl::StrFormat("collective %d of job %s: local rank %d's all-reduce of it was refused (%s), "
+                                       "so it fails for every local worker",
+                                       sequence, options_.id, e->local_rank, e->request.refused.message()));
+      break;
+    }
+  }
   // Every local worker must submit the same collective.
   for (Entry* e : entries) {
+    if (!status.ok()) break;
     const Request& a = entries[0]->request;
     const Request& b = e->request;
     if (a.exact != b.exact) {

@@ -151,6 +151,11 @@ class Job {
     bool device_memory = false;              // region is a device buffer (only with a device data path)
     // The worker's own index of this request (0, 1, ... since it registered); unset: arrival order.
     std::optional<uint64_t> submission;
+    // Not OK: the daemon refused this numbered request for this reason. It still takes its place
+    // (its `done` gets the reason at once), and its collective fails for every local worker when
+    // it runs, so the worker's later all-reduces are not left waiting behind a collective that
+    // could never complete. (A refused request without `submission` is answered and forgotten.)
+    absl::Status refused;
   };
 
   struct Result {

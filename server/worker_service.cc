@@ -118,14 +118,8 @@ grpc::ServerUnaryReactor* WorkerService::AllReduce(grpc::CallbackServerContext* 
   if (request->has_submission()) call.submission = request->submission();
   if (request->has_weight()) call.weight = request->weight();
   call.exact = request->exact();
-  absl::StatusOr<kernels::DType> dtype = Daemon::WireDType(request->dtype());
-  if (!dtype.ok()) {
-    reactor->Finish(Refuse(daemon_, context, dtype.status()));
-    return reactor;
-  }
-  call.dtype = *dtype;
   // The reactor and the response stay valid until Finish, which the completion calls exactly once.
-  daemon_.AllReduceAsync(call, [reactor, response](absl::StatusOr<Job::Result> r) {
+  auto finish = [reactor, response](absl::StatusOr<Job::Result> r) {
     if (!r.ok()) {
       reactor->Finish(common::ToGrpcStatus(r.status()));
       return;
@@ -140,7 +134,14 @@ grpc::ServerUnaryReactor* WorkerService::AllReduce(grpc::CallbackServerContext* 
     for (uint32_t node : r->nodes) response->add_nodes(node);
     response->set_weight_sum(r->weight_sum);
     reactor->Finish(grpc::Status::OK);
-  });
+  };
+  absl::StatusOr<kernels::DType> dtype = Daemon::WireDType(request->dtype());
+  if (!dtype.ok()) {
+    daemon_.RefuseAllReduce(call, dtype.status(), std::move(finish));
+    return reactor;
+  }
+  call.dtype = *dtype;
+  daemon_.AllReduceAsync(call, std::move(finish));
   return reactor;
 }
 

@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
@@ -199,6 +200,48 @@ TEST_F(JobTest, EnqueueReturnsAtOnceAndCompletesEveryRequestOnce) {
     refused = true;
   });
   EXPECT_TRUE(refused);
+}
+
+// A numbered request the daemon refused keeps its place: the worker hears why at once, the
+// collective fails for the other worker naming it, and the next collective runs.
+TEST_F(JobTest, ARefusedNumberedRequestFailsItsCollectiveAndTheNextOneRuns) {
+  Job job(Options(2));
+  ASSERT_THAT(job.AddWorker(1, 0, 2), IsOk());
+  ASSERT_THAT(job.AddWorker(2, 1, 2), IsOk());
+  std::vector<float> a = {1, 2}, b = {3, 4};
+  Job::Request refused = Request(1, a, "w");
+  refused.submission = 0;
+  refused.refused = absl::NotFoundError("buffer 7 of worker 1 is not registered");
+  bool told = false;
+  job.Enqueue(refused, [&](absl::StatusOr<Job::Result> r) {
+    EXPECT_THAT(r, StatusIs(absl::StatusCode::kNotFound, "buffer 7 of worker 1 is not registered"));
+    told = true;
+  });
+  EXPECT_TRUE(told);  // at once
+  // A weight out of range is such a refusal too.
+  Job::Request weightless = Request(2, b, "w");
+  weightless.submission = 0;
+  weightless.weight = -1;
+  EXPECT_THAT(job.Submit(weightless), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("weight -1")));
+  // Collective 0 failed for both (no data touched); collective 1 runs.
+  Job::Request ra = Request(1, a, "v"), rb = Request(2, b, "v");
+  ra.submission = 1;
+  rb.submission = 1;
+  absl::StatusOr<Job::Result> first;
+  std::thread t([&] { first = job.Submit(ra); });
+  absl::StatusOr<Job::Result> second = job.Submit(rb);
+  t.join();
+  ASSERT_THAT(first, IsOk());
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(first->sequence, 1u);
+  EXPECT_THAT(a, ElementsAre(4, 6));
+  const std::vector<CollectiveRecord> records = job.FlightRecorder(10);
+  ASSERT_GE(records.size(), 2u);
+  bool named = false;
+  for (const CollectiveRecord& r : records) {
+    if (r.sequence == 0) named = r.state == "failed" && absl::StrContains(r.error, "local rank 0's all-reduce");
+  }
+  EXPECT_TRUE(named);
 }
 
 // A small one-node collective runs on the thread whose request completes it (no hand-over to the

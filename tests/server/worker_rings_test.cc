@@ -152,9 +152,46 @@ TEST_F(RingTest, TheDaemonsErrorsReadTheSameThroughTheRingAndThroughCalls) {
     absl::StatusOr<Buffer> buf = c->Allocate(4096);
     ASSERT_THAT(buf.status(), IsOk());
     errors.push_back(c->AllReduce(*buf, 0, 16, DType::kFloat32, "bad\nname"));
+    // The worker goes on at once after a refused request.
+    EXPECT_THAT(c->AllReduce(*buf, 0, 16, DType::kFloat32, "good"), IsOk());
   }
   EXPECT_THAT(errors[0], StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tensor name")));
   EXPECT_EQ(errors[0], errors[1]);
+}
+
+// A refused all-reduce keeps its place in the worker's numbering: its collective fails for the
+// other local workers at once (naming the refusal), and both go on with the next one, on both
+// paths (before, the worker's next all-reduce waited behind it until --timeout).
+TEST_F(RingTest, ARefusedAllReduceFailsItsCollectiveForEveryWorkerAndTheNextOneRuns) {
+  for (bool ring : {true, false}) {
+    SCOPED_TRACE(ring ? "ring" : "calls");
+    const std::string job = ring ? "r" : "c";
+    absl::StatusOr<Client> a = Connect(job, 0, 2, ring);
+    absl::StatusOr<Client> b = Connect(job, 1, 2, ring);
+    ASSERT_THAT(a.status(), IsOk());
+    ASSERT_THAT(b.status(), IsOk());
+    absl::StatusOr<Buffer> ba = a->Allocate(4096);
+    absl::StatusOr<Buffer> bb = b->Allocate(4096);
+    const absl::Time start = absl::Now();
+    EXPECT_THAT(a->AllReduce(*ba, 0, 16, DType::kFloat32, "bad\nname"),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("control character")));
+    EXPECT_THAT(b->AllReduce(*bb, 0, 16, DType::kFloat32, "x"),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("local rank 0's all-reduce of it was refused (tensor name")));
+    for (int i = 0; i < 2; ++i) {
+      Floats(*ba)[0] = 1.0f;
+      Floats(*bb)[0] = 2.0f;
+      absl::Status sb;
+      std::thread tb([&] { sb = b->AllReduce(*bb, 0, 16, DType::kFloat32, "y"); });
+      AllReduceResult r;
+      EXPECT_THAT(a->AllReduce(*ba, 0, 16, DType::kFloat32, "y", false, &r), IsOk());
+      tb.join();
+      EXPECT_THAT(sb, IsOk());
+      EXPECT_EQ(r.sequence, static_cast<uint64_t>(i + 1));
+      EXPECT_EQ(Floats(*ba)[0], 3.0f);
+    }
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // nobody waited for --timeout (20 s)
+  }
 }
 
 TEST_F(RingTest, LocalWorkersThatDisagreeAreToldAlikeOnBothPaths) {
