@@ -22,7 +22,7 @@ using ring::Atomic;
 // the bytes written.
 uint32_t CopyCut(absl::string_view text, char* out, size_t capacity) {
   if (text.size() <= capacity) {
-    std::memcpy(out, text.data(), text.size());
+    if (!text.empty()) std::memcpy(out, text.data(), text.size());  // an empty view may be null
     return static_cast<uint32_t>(text.size());
   }
   constexpr absl::string_view kCut = " ... (cut)";
