@@ -6,7 +6,7 @@
 //             take turns --rounds times.
 //   latency   1 daemon, 2 local workers, 1024-float (4 KiB) all-reduces: median and p99
 //             submit-to-complete microseconds, through the submission rings (the default) and
-//             through one AllReduce call each.
+//             through one AllReduce call each; and 2 daemons (2 nodes) with 1 worker each.
 //   memory    1 daemon, 2 local workers: VmRSS before and after --soak_ops small and large
 //             all-reduces.
 //   sweep     1 daemon, 2 local workers, all-reduces from --sweep_min_bytes to --sweep_max_bytes
@@ -588,6 +588,25 @@ int main(int argc, char** argv) {
         std::printf("  %-36s median %.1f us, p99 %.1f us, mean %.1f us (%zu samples)\n",
                     ring ? "submission ring (the default):" : "one AllReduce call each:", lat->median_us, lat->p99_us,
                     lat->mean_us, lat->samples);
+      }
+    }
+    // Across nodes: 2 in-process daemons over loopback (the daemons' default transport), one
+    // worker each; per collective the slower node's submit-to-complete.
+    auto two = ThroughDaemons(*config, 1024, 20, latency_ops);
+    if (!two.ok()) {
+      std::fprintf(stderr, "latency (2 nodes): %s\n", two.status().ToString().c_str());
+      rc = 1;
+    } else {
+      std::vector<double> us;
+      for (double seconds : *two) us.push_back(seconds * 1e6);
+      if (json) {
+        std::printf(
+            "{\"section\":\"latency\",\"path\":\"2 nodes\",\"elements\":1024,\"workers\":2,\"ops\":%d,"
+            "\"samples\":%zu,\"median_us\":%.1f,\"p99_us\":%.1f}\n",
+            latency_ops, us.size(), Median(us), Percentile(us, 99));
+      } else {
+        std::printf("  %-36s median %.1f us, p99 %.1f us (%zu samples)\n", "2 nodes x 1 worker (loopback):", Median(us),
+                    Percentile(us, 99), us.size());
       }
     }
     std::fflush(stdout);
