@@ -350,8 +350,12 @@ def overview():
                              "{{instance}} {{job}} rank {{local_rank}}")], "s", stack=True), 12, 8)
 
     b.row("Workers and resources")
-    b.add(timeseries("Connected workers", "Registered workers per node and job.",
-                     [target(f"sum by (instance, job) (dynamiq_connected_workers{{{J}}})", "{{instance}} {{job}}")],
+    b.add(timeseries("Connected workers",
+                     "Registered workers per node and job, and per node those whose all-reduces come through a "
+                     "submission ring in shared memory (the others make one gRPC call each).",
+                     [target(f"sum by (instance, job) (dynamiq_connected_workers{{{J}}})", "{{instance}} {{job}}"),
+                      target(f"sum by (instance) (dynamiq_submission_rings{{{I}}})",
+                             "{{instance}} through submission rings")],
                      "none", calcs=("min", "max", "lastNotNull")), 8, 7)
     b.add(timeseries("In-flight collectives", "Collectives some local worker submitted that have not finished.",
                      [target(f"sum by (instance, job) (dynamiq_inflight_collectives{{{J}}})",

@@ -196,6 +196,7 @@ absl::Status Daemon::Start() {
       snapshot.jobs.push_back(std::move(gauges));
     }
     snapshot.shm_mapped_bytes = buffers_->TotalMappedBytes();
+    snapshot.submission_rings = static_cast<uint32_t>(rings_->size());
     if (options_.num_nodes > 1 && options_.heartbeat_timeout > absl::ZeroDuration()) {
       const LiveSet live = cluster_->live();
       if (live.epoch > 0) snapshot.live_nodes = static_cast<uint32_t>(live.live.size());

@@ -193,6 +193,12 @@ Metrics::Metrics(uint32_t node_rank, uint32_t num_nodes, std::string transport)
                      .Help("Shared-memory bytes allocated to local workers.")
                      .Register(*registry_)
                      .Add({})),
+      rings_(prometheus::BuildGauge()
+                 .Name("dynamiq_submission_rings")
+                 .Help("Local workers whose all-reduces come through a submission ring in shared memory "
+                       "(the others make one gRPC call each).")
+                 .Register(*registry_)
+                 .Add({})),
       store_keys_(prometheus::BuildGauge()
                       .Name("dynamiq_coordinator_store_keys")
                       .Help("Keys in the coordinator's store (coordinator node only).")
@@ -439,6 +445,7 @@ void Metrics::Refresh() {
   }
   if (!source_) return;  // no state to pull (the gauges keep their last values)
   shm_bytes_.Set(static_cast<double>(snapshot.shm_mapped_bytes));
+  rings_.Set(static_cast<double>(snapshot.submission_rings));
   if (snapshot.store_keys.has_value()) store_keys_.Add({}).Set(static_cast<double>(*snapshot.store_keys));
   if (snapshot.store_bytes.has_value()) store_bytes_.Add({}).Set(static_cast<double>(*snapshot.store_bytes));
   if (snapshot.live_nodes.has_value()) live_nodes_.Add({}).Set(*snapshot.live_nodes);

@@ -77,6 +77,7 @@ class Metrics final : public JobObserver, public PeerBytesSink {
   struct Snapshot {
     std::vector<JobGauges> jobs;
     uint64_t shm_mapped_bytes = 0;
+    uint32_t submission_rings = 0;  // workers' submission rings the daemon serves
     // The coordinator's store (node 0 of a cluster; unset elsewhere): its keys, and their bytes.
     std::optional<uint64_t> store_keys;
     std::optional<uint64_t> store_bytes;
@@ -173,6 +174,7 @@ class Metrics final : public JobObserver, public PeerBytesSink {
   prometheus::Family<prometheus::Gauge>& budget_saturated_;
   prometheus::Family<prometheus::Counter>& budget_events_;
   prometheus::Gauge& shm_bytes_;
+  prometheus::Gauge& rings_;
   prometheus::Family<prometheus::Gauge>& store_keys_;   // one series, on the coordinator only
   prometheus::Family<prometheus::Gauge>& store_bytes_;  // likewise
 

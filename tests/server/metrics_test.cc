@@ -272,6 +272,7 @@ TEST(MetricsTest, StateGaugesFollowTheSourceAndDropOldLabelSets) {
   j.config = *MakeJobConfig("dynamiq", 5, "ring", 0, "measured");
   snapshot.jobs.push_back(j);
   snapshot.shm_mapped_bytes = 4096;
+  snapshot.submission_rings = 3;
   absl::Mutex mu;
   Metrics::Snapshot current = snapshot;
   m.SetGaugeSource([&] {
@@ -283,6 +284,7 @@ TEST(MetricsTest, StateGaugesFollowTheSourceAndDropOldLabelSets) {
   EXPECT_EQ(e.Sum("dynamiq_inflight_collectives", {{"job", "a"}}), 1);
   EXPECT_EQ(e.Sum("dynamiq_config_epoch", {{"job", "a"}}), 3);
   EXPECT_EQ(e.Sum("dynamiq_shm_mapped_bytes"), 4096);
+  EXPECT_EQ(e.Sum("dynamiq_submission_rings"), 3);
   // One node: topology "local", transport "local".
   EXPECT_EQ(
       e.Sum("dynamiq_job_compression_info", {{"job", "a"}, {"codec", "dynamiq"}, {"bits", "5"}, {"topology", "local"}}),
@@ -608,6 +610,7 @@ const std::map<std::string, std::string>& SpecFamilies() {
       {"dynamiq_inflight_collectives", "gauge"},
       {"dynamiq_connected_workers", "gauge"},
       {"dynamiq_shm_mapped_bytes", "gauge"},
+      {"dynamiq_submission_rings", "gauge"},
       {"dynamiq_config_epoch", "gauge"},
       {"dynamiq_job_compression_info", "gauge"},
   };
@@ -654,6 +657,7 @@ TEST_F(TwoNodeMetricsTest, LiveExpositionPassesPromtoolAndHasEveryFamily) {
   EXPECT_EQ(e.Sum("dynamiq_collective_duration_seconds_count", dq), 3);
   EXPECT_EQ(e.Sum("dynamiq_connected_workers", {{"job", "job"}}), 1);
   EXPECT_EQ(e.Sum("dynamiq_shm_mapped_bytes"), kFloats * 4);
+  EXPECT_EQ(e.Sum("dynamiq_submission_rings"), 0);  // these workers make raw calls
   EXPECT_EQ(e.Sum("dynamiq_nodes"), 2);
   EXPECT_EQ(e.Sum("dynamiq_job_compression_info", {{"job", "job"}, {"codec", "dynamiq"}, {"bits", "5"}}), 1);
   EXPECT_EQ(e.Sum("dynamiq_rejected_requests_total", {{"reason", "failed_precondition"}}), 1);

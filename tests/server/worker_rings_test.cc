@@ -21,6 +21,7 @@
 #include "ipc/shm_region.h"
 #include "ipc/submission_ring_layout.h"
 #include "server/daemon.h"
+#include "server/metrics.h"
 #include "tests/testing/status_matchers.h"
 
 namespace dynamiq::server {
@@ -79,6 +80,7 @@ TEST_F(RingTest, ARingWorkerAndACallWorkerReduceTogetherExactly) {
   ASSERT_THAT(b.status(), IsOk());
   EXPECT_TRUE(a->uses_submission_ring());
   EXPECT_FALSE(b->uses_submission_ring());
+  EXPECT_THAT(daemon_->metrics().Render(), HasSubstr("\ndynamiq_submission_rings 1\n"));
   constexpr size_t n = 1000;
   absl::StatusOr<Buffer> ba = a->Allocate(n * 4);
   absl::StatusOr<Buffer> bb = b->Allocate(n * 4);
