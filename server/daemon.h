@@ -134,6 +134,11 @@ class Daemon {
   absl::Status Unregister(uint64_t worker_id);
   // The credentials of the worker connection gRPC calls `grpc_peer` (ServerContext::peer()).
   std::optional<ipc::PeerCredentials> WorkerPeer(const std::string& grpc_peer) const;
+  // PERMISSION_DENIED when `caller` (a call's peer, if known) is not the process that registered
+  // `worker_id`: ids start at 1 in every dynamiqd, so a worker left over from an earlier daemon on
+  // the same socket would otherwise release a new worker's buffers or unregister it. OK for an
+  // unknown worker (the call's own checks say so) or caller.
+  absl::Status CheckCaller(uint64_t worker_id, const std::optional<ipc::PeerCredentials>& caller) const;
   struct AllReduceCall {
     uint64_t worker_id = 0;
     std::string tensor_name;
@@ -246,6 +251,7 @@ class Daemon {
   RetiredRecorders retired_;  // the last retired jobs' flight recorders (kept 8)
   std::map<uint64_t, std::string> worker_jobs_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, uint64_t> worker_watches_ ABSL_GUARDED_BY(mu_);  // worker id -> ProcessWatcher handle
+  std::map<uint64_t, pid_t> worker_pids_ ABSL_GUARDED_BY(mu_);        // worker id -> its process (when known)
   uint64_t next_worker_id_ ABSL_GUARDED_BY(mu_) = 1;
   // Serialises this node's SetCompression calls without blocking the worker API while they talk
   // to the coordinator.

@@ -28,6 +28,7 @@ absl::StatusOr<Daemon::Registration> Daemon::AddWorker(Job& job, const std::stri
   const uint64_t id = next_worker_id_++;
   DQ_RETURN_IF_ERROR(job.AddWorker(id, local_rank, local_world_size, peer.has_value() ? peer->pid : 0));
   worker_jobs_[id] = job_id;
+  if (peer.has_value()) worker_pids_[id] = peer->pid;
   if (peer.has_value() && process_watcher_) {
     // A worker that dies without unregistering is removed at once (not at the collective timeout).
     const pid_t pid = peer->pid;
@@ -124,6 +125,18 @@ absl::StatusOr<Daemon::Registration> Daemon::Register(const std::string& job_id,
   return registered;
 }
 
+absl::Status Daemon::CheckCaller(uint64_t worker_id, const std::optional<ipc::PeerCredentials>& caller) const {
+  if (!caller.has_value()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  auto it = worker_pids_.find(worker_id);
+  if (it == worker_pids_.end() || it->second == caller->pid) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat("worker ", worker_id, " was registered by process ", it->second,
+                   ", and this call comes from process ", caller->pid,
+                   ": a worker id is good only in the process that registered it (a worker left over from an "
+                   "earlier dynamiqd on this socket, whose ids this one hands out again?)"));
+}
+
 absl::Status Daemon::CheckRegistered(uint64_t worker_id) const {
   absl::MutexLock lock(&mu_);
   if (!worker_jobs_.count(worker_id)) {
@@ -161,6 +174,7 @@ absl::Status Daemon::RemoveWorker(uint64_t worker_id, const std::string& reason)
     if (it == worker_jobs_.end()) return absl::NotFoundError(absl::StrCat("worker ", worker_id, " is not registered"));
     const std::string job_id = it->second;
     worker_jobs_.erase(it);
+    worker_pids_.erase(worker_id);
     auto w = worker_watches_.find(worker_id);
     if (w != worker_watches_.end()) {
       watch = w->second;

@@ -28,6 +28,12 @@ grpc::Status Refuse(Daemon& daemon, const grpc::ServerContextBase* context, cons
 
 }  // namespace
 
+absl::StatusOr<uint64_t> WorkerService::Caller(const grpc::ServerContextBase& context, absl::string_view worker_id) {
+  DQ_ASSIGN_OR_RETURN(const uint64_t worker, ParseWorkerId(worker_id));
+  DQ_RETURN_IF_ERROR(daemon_.CheckCaller(worker, daemon_.WorkerPeer(context.peer())));
+  return worker;
+}
+
 grpc::Status WorkerService::Register(grpc::ServerContext* context, const dynamiq::v1::RegisterRequest* request,
                                      dynamiq::v1::RegisterResponse* response) {
   if (absl::Status bad = CheckRequestName("job id", request->job_id(), kMaxJobIdBytes); !bad.ok()) {
@@ -54,7 +60,7 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const dynamiq
 grpc::Status WorkerService::AllocateBuffer(grpc::ServerContext* context,
                                            const dynamiq::v1::AllocateBufferRequest* request,
                                            dynamiq::v1::AllocateBufferResponse* response) {
-  auto worker = ParseWorkerId(request->worker_id());
+  auto worker = Caller(*context, request->worker_id());
   if (!worker.ok()) return Refuse(daemon_, context, worker.status());
   switch (request->memory_kind()) {
     case dynamiq::v1::MEMORY_KIND_HOST: {
@@ -86,7 +92,7 @@ grpc::Status WorkerService::AllocateBuffer(grpc::ServerContext* context,
 
 grpc::Status WorkerService::Mapped(grpc::ServerContext* context, const dynamiq::v1::MappedRequest* request,
                                    dynamiq::v1::MappedResponse*) {
-  auto worker = ParseWorkerId(request->worker_id());
+  auto worker = Caller(*context, request->worker_id());
   if (!worker.ok()) return Refuse(daemon_, context, worker.status());
   return Refuse(daemon_, context, daemon_.Mapped(*worker, request->buffer_id()));
 }
@@ -94,7 +100,7 @@ grpc::Status WorkerService::Mapped(grpc::ServerContext* context, const dynamiq::
 grpc::Status WorkerService::ReleaseBuffer(grpc::ServerContext* context,
                                           const dynamiq::v1::ReleaseBufferRequest* request,
                                           dynamiq::v1::ReleaseBufferResponse*) {
-  auto worker = ParseWorkerId(request->worker_id());
+  auto worker = Caller(*context, request->worker_id());
   if (!worker.ok()) return Refuse(daemon_, context, worker.status());
   return Refuse(daemon_, context, daemon_.Release(*worker, request->buffer_id()));
 }
@@ -103,7 +109,7 @@ grpc::ServerUnaryReactor* WorkerService::AllReduce(grpc::CallbackServerContext* 
                                                    const dynamiq::v1::AllReduceRequest* request,
                                                    dynamiq::v1::AllReduceResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  auto worker = ParseWorkerId(request->worker_id());
+  auto worker = Caller(*context, request->worker_id());
   if (!worker.ok()) {
     reactor->Finish(Refuse(daemon_, context, worker.status()));
     return reactor;
@@ -147,7 +153,7 @@ grpc::ServerUnaryReactor* WorkerService::AllReduce(grpc::CallbackServerContext* 
 
 grpc::Status WorkerService::Unregister(grpc::ServerContext* context, const dynamiq::v1::UnregisterRequest* request,
                                        dynamiq::v1::UnregisterResponse*) {
-  auto worker = ParseWorkerId(request->worker_id());
+  auto worker = Caller(*context, request->worker_id());
   if (!worker.ok()) return Refuse(daemon_, context, worker.status());
   return Refuse(daemon_, context, daemon_.Unregister(*worker));
 }
@@ -155,7 +161,7 @@ grpc::Status WorkerService::Unregister(grpc::ServerContext* context, const dynam
 grpc::Status WorkerService::OpenSubmissionRing(grpc::ServerContext* context,
                                                const dynamiq::v1::OpenSubmissionRingRequest* request,
                                                dynamiq::v1::OpenSubmissionRingResponse* response) {
-  auto worker = ParseWorkerId(request->worker_id());
+  auto worker = Caller(*context, request->worker_id());
   if (!worker.ok()) return Refuse(daemon_, context, worker.status());
   auto ring = daemon_.OpenSubmissionRing(*worker, request->slots());
   if (!ring.ok()) return Refuse(daemon_, context, ring.status());

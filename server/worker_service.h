@@ -30,6 +30,10 @@ class WorkerService final : public dynamiq::v1::Worker::WithCallbackMethod_AllRe
                                   dynamiq::v1::OpenSubmissionRingResponse*) override;
 
  private:
+  // The worker a call names (its worker_id field), if the call comes from that worker's process
+  // (Daemon::CheckCaller).
+  absl::StatusOr<uint64_t> Caller(const grpc::ServerContextBase& context, absl::string_view worker_id);
+
   Daemon& daemon_;
 };
 

@@ -22,6 +22,7 @@ namespace dynamiq::faults {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::StartsWith;
 
 constexpr double kTimeoutSeconds = 4;
 
@@ -190,6 +191,32 @@ TEST(NodeFaultTest, WorkersLeftOverFromBeforeACoordinatorRestartAreToldWhyTheirJ
   EXPECT_EQ(NotAllOk(AllReduceAll(again.all())), "");
   again.QuitAll();
   EXPECT_TRUE(cluster.node(1).Stop());
+  EXPECT_TRUE(cluster.node(0).Stop());
+}
+
+// Worker ids start at 1 in every dynamiqd. A worker left over from a daemon that died, which
+// quits after the daemon restarted and a new worker took id 1, sends its teardown (ReleaseBuffer,
+// Unregister of "its" worker 1) to the new daemon on the same socket: refused there, because the
+// call does not come from the process that registered worker 1, so the new worker goes on. (It
+// used to lose its buffer or its registration: a restarted membership test failed with "buffer 1
+// is not allocated to worker 1" when the old worker's teardown won the race.)
+TEST(NodeFaultTest, AWorkerOfAnEarlierDaemonCannotTouchTheNewWorkerWithItsId) {
+  ScratchDir dir;
+  LoopbackCluster cluster(DQ_DYNAMIQD, dir.path(), 1, kTimeoutSeconds);
+  ASSERT_TRUE(cluster.Start().ok());
+  WorkerSpec spec;
+  spec.socket = cluster.sockets()[0];
+  auto old = Worker::Start(DQ_FAULT_WORKER, spec, absl::StrCat(dir.path(), "/old.log"));
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_THAT((*old)->AllReduce(), StartsWith("ok "));
+  cluster.node(0).Kill(SIGKILL);
+  ASSERT_TRUE(cluster.Start({0}).ok());
+  auto fresh = Worker::Start(DQ_FAULT_WORKER, spec, absl::StrCat(dir.path(), "/new.log"));
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  (*old)->Quit();  // its teardown reaches the new daemon
+  EXPECT_THAT(cluster.node(0).log(), HasSubstr("a worker id is good only in the process that registered it"));
+  for (int i = 0; i < 3; ++i) EXPECT_THAT((*fresh)->AllReduce(), StartsWith("ok "));
+  (*fresh)->Quit();
   EXPECT_TRUE(cluster.node(0).Stop());
 }
 
