@@ -215,6 +215,8 @@ class Daemon {
   void RetireJob(std::shared_ptr<Job> job, const std::string& reason);
   // FAILED_PRECONDITION unless the worker is registered.
   absl::Status CheckRegistered(uint64_t worker_id) const;
+  // The id of the job the worker registered with; FAILED_PRECONDITION for a worker not registered.
+  absl::StatusOr<std::string> JobOfWorker(uint64_t worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Start on a GPU node: checks the device and sets up its buffer registry.
   absl::Status OpenDevice();
   // Validates an all-reduce call and turns it into the job's request (errors are rejections).

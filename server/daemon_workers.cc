@@ -137,12 +137,17 @@ absl::Status Daemon::CheckCaller(uint64_t worker_id, const std::optional<ipc::Pe
                    "earlier dynamiqd on this socket, whose ids this one hands out again?)"));
 }
 
-absl::Status Daemon::CheckRegistered(uint64_t worker_id) const {
-  absl::MutexLock lock(&mu_);
-  if (!worker_jobs_.count(worker_id)) {
+absl::StatusOr<std::string> Daemon::JobOfWorker(uint64_t worker_id) const {
+  auto it = worker_jobs_.find(worker_id);
+  if (it == worker_jobs_.end()) {
     return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " is not registered"));
   }
-  return absl::OkStatus();
+  return it->second;
+}
+
+absl::Status Daemon::CheckRegistered(uint64_t worker_id) const {
+  absl::MutexLock lock(&mu_);
+  return JobOfWorker(worker_id).status();
 }
 
 absl::StatusOr<ipc::ShmBufferInfo> Daemon::Allocate(uint64_t worker_id, size_t bytes) {
@@ -239,9 +244,8 @@ void Daemon::RefuseAllReduce(const AllReduceCall& call, const absl::Status& why,
   std::shared_ptr<Job> job;
   if (call.submission.has_value()) {
     absl::MutexLock lock(&mu_);
-    auto w = worker_jobs_.find(call.worker_id);
-    if (w != worker_jobs_.end()) {
-      auto j = jobs_.find(w->second);
+    if (absl::StatusOr<std::string> id = JobOfWorker(call.worker_id); id.ok()) {
+      auto j = jobs_.find(*id);
       if (j != jobs_.end()) job = j->second;
     }
   }
@@ -285,9 +289,7 @@ absl::StatusOr<Daemon::RingInfo> Daemon::OpenSubmissionRing(uint64_t worker_id, 
   // Started under mu_ with the registration checked again: a worker removed meanwhile has had its
   // ring closed already, and must not get one that nobody closes.
   absl::MutexLock lock(&mu_);
-  if (!worker_jobs_.count(worker_id)) {
-    return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " is not registered"));
-  }
+  DQ_RETURN_IF_ERROR(JobOfWorker(worker_id).status());
   DQ_RETURN_IF_ERROR(rings_->Start(worker_id, std::move(ring)));
   return info;
 }
@@ -334,11 +336,7 @@ absl::StatusOr<Job::Request> Daemon::CheckAllReduce(const AllReduceCall& call, s
   std::string job_id;
   {
     absl::MutexLock lock(&mu_);
-    auto it = worker_jobs_.find(call.worker_id);
-    if (it == worker_jobs_.end()) {
-      return absl::FailedPreconditionError(absl::StrCat("worker ", call.worker_id, " is not registered"));
-    }
-    job_id = it->second;
+    DQ_ASSIGN_OR_RETURN(job_id, JobOfWorker(call.worker_id));
   }
   if (call.num_elements == 0 || call.num_elements > (uint64_t{1} << 34)) {
     return absl::InvalidArgumentError(absl::StrCat("element count ", call.num_elements, " is out of range"));

@@ -5,6 +5,8 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -107,6 +109,16 @@ class JobTest : public ::testing::Test {
     return r;
   }
 
+  // One collective of two workers: `a` submitted on another thread, `b` on this one.
+  static std::pair<absl::StatusOr<Job::Result>, absl::StatusOr<Job::Result>> SubmitBoth(Job& job, const Job::Request& a,
+                                                                                        const Job::Request& b) {
+    absl::StatusOr<Job::Result> first;
+    std::thread t([&] { first = job.Submit(a); });
+    absl::StatusOr<Job::Result> second = job.Submit(b);
+    t.join();
+    return {std::move(first), std::move(second)};
+  }
+
   std::shared_ptr<FakeDataPath> path_ = std::make_shared<FakeDataPath>();
 };
 
@@ -137,10 +149,8 @@ TEST_F(JobTest, AWeightedMeanDividesByTheWeightsAndReportsWhatWasSummed) {
   Job::Request ra = Request(1, a, "w", /*average=*/true), rb = Request(2, b, "w", /*average=*/true);
   ra.weight = 3;
   rb.weight = 1;
-  absl::StatusOr<Job::Result> first;
-  std::thread t([&] { first = job.Submit(ra); });
-  absl::StatusOr<Job::Result> second = job.Submit(rb);
-  t.join();
+  absl::StatusOr<Job::Result> first, second;
+  std::tie(first, second) = SubmitBoth(job, ra, rb);
   ASSERT_THAT(first, IsOk());
   ASSERT_THAT(second, IsOk());
   EXPECT_THAT(a, ElementsAre(2, 3, 4));  // (3a + b) / 4
@@ -148,9 +158,7 @@ TEST_F(JobTest, AWeightedMeanDividesByTheWeightsAndReportsWhatWasSummed) {
   EXPECT_EQ(first->contributors, 2u);
   EXPECT_THAT(path_->calls(), ElementsAre("reduce 2x3", "write 2 scale 0.25"));
   // Unweighted: the mean over the workers, which the result reports as their number.
-  std::thread u([&] { first = job.Submit(Request(1, a, "w", true)); });
-  second = job.Submit(Request(2, b, "w", true));
-  u.join();
+  std::tie(first, second) = SubmitBoth(job, Request(1, a, "w", true), Request(2, b, "w", true));
   ASSERT_THAT(second, IsOk());
   EXPECT_EQ(second->weight_sum, 2.0);
   EXPECT_EQ(second->contributors, 2u);
@@ -227,10 +235,7 @@ TEST_F(JobTest, ARefusedNumberedRequestFailsItsCollectiveAndTheNextOneRuns) {
   Job::Request ra = Request(1, a, "v"), rb = Request(2, b, "v");
   ra.submission = 1;
   rb.submission = 1;
-  absl::StatusOr<Job::Result> first;
-  std::thread t([&] { first = job.Submit(ra); });
-  absl::StatusOr<Job::Result> second = job.Submit(rb);
-  t.join();
+  const auto [first, second] = SubmitBoth(job, ra, rb);
   ASSERT_THAT(first, IsOk());
   ASSERT_THAT(second, IsOk());
   EXPECT_EQ(first->sequence, 1u);
