@@ -136,14 +136,19 @@ struct HelloAcceptor::Pending {
   Nonce nonce_q{}, nonce_r{};
 };
 
-HelloAcceptor::HelloAcceptor(int listener, int rank, int size, std::optional<Digest> key, absl::Duration hello_timeout)
+HelloAcceptor::HelloAcceptor(int listener, int rank, int size, std::optional<Digest> key, absl::Duration hello_timeout,
+                             std::vector<bool> wanted)
     : listener_(listener),
       rank_(rank),
       size_(size),
       hello_(key ? HelloKey(*key) : nullptr),
       hello_timeout_(hello_timeout),
+      wanted_(std::move(wanted)),
       links_(size),
-      missing_(size - 1 - rank) {}
+      missing_(0) {
+  if (wanted_.size() != static_cast<size_t>(size)) wanted_.assign(size, true);
+  for (int q = rank + 1; q < size; ++q) missing_ += wanted_[q] ? 1 : 0;
+}
 
 HelloAcceptor::~HelloAcceptor() {
   for (auto& p : pending_) common::CloseFd(p->fd);
@@ -206,7 +211,7 @@ void HelloAcceptor::Advance(Pending& p) {
                         : "not a dynamiq hello");
         return;
       }
-      if (q <= rank_ || q >= size_ || links_[q].fd >= 0) {
+      if (q <= rank_ || q >= size_ || !wanted_[q] || links_[q].fd >= 0) {
         TurnAway(p, absl::StrCat("claimed rank ", q, ", which is not a free higher rank of ", size_));
         return;
       }

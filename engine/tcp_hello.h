@@ -63,14 +63,15 @@ class HelloAcceptor {
  public:
   static constexpr size_t kMaxPendingHellos = 64;
 
-  // Accepts ranks rank+1 .. size-1 on `listener` (non-blocking; not owned).
+  // Accepts ranks rank+1 .. size-1 on `listener` (non-blocking; not owned); with `wanted` (size
+  // entries), only the higher ranks it marks (engine/tcp_mesh.h: the others' connections are kept).
   HelloAcceptor(int listener, int rank, int size, std::optional<common::HmacSha256::Digest> key,
-                absl::Duration hello_timeout);
+                absl::Duration hello_timeout, std::vector<bool> wanted = {});
   ~HelloAcceptor();
   HelloAcceptor(const HelloAcceptor&) = delete;
   HelloAcceptor& operator=(const HelloAcceptor&) = delete;
 
-  // Until every higher rank has connected: their links, by rank. DEADLINE_EXCEEDED at `deadline`
+  // Until every wanted higher rank has connected: their links, by rank. DEADLINE_EXCEEDED at `deadline`
   // naming how many did not connect (and how many connections were turned away, and why).
   // `interrupted` (may be empty), asked every kInterruptPoll while waiting: a non-OK status from it
   // is returned at once.
@@ -90,6 +91,7 @@ class HelloAcceptor {
   std::unique_ptr<common::HmacSha256> hello_;  // null without a key
   const absl::Duration hello_timeout_;
   std::vector<std::unique_ptr<Pending>> pending_;
+  std::vector<bool> wanted_;    // by rank
   std::vector<TcpLink> links_;  // by rank
   int missing_;
   int turned_away_ = 0;

@@ -33,6 +33,10 @@
 //     a receive in several buffers is filled in order.
 // Threads: one reader and one writer per peer. Thread-safe as engine::Transport requires (one
 // collective at a time posts and waits; Abort from anywhere).
+//
+// ConnectTcpTransport's transport is the one view of a mesh made for it (engine/tcp_mesh.h, whose
+// views of a job keep their pairs' connections across group views): its Abort closes its
+// connections, as nothing would use them again.
 #ifndef DQ_ENGINE_TCP_TRANSPORT_H_
 #define DQ_ENGINE_TCP_TRANSPORT_H_
 

@@ -63,8 +63,9 @@ absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connec
     return nccl;
   }
 #endif
-  absl::StatusOr<std::unique_ptr<engine::Transport>> host = engine::ConnectHostTransport(
-      settings_.tcp ? "tcp" : "gloo", scoped, rank, size, settings_.peer_host, settings_.timeout, settings_.key);
+  absl::StatusOr<std::unique_ptr<engine::Transport>> host =
+      settings_.tcp ? ConnectOverMesh(scoped, view, sequence)
+                    : engine::ConnectHostTransport("gloo", scoped, rank, size, settings_.peer_host, settings_.timeout);
   if (!host.ok()) {
     // Nodes at different incarnations never meet: say so rather than only which key was missing.
     return absl::Status(host.status().code(),
@@ -81,6 +82,29 @@ absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connec
   }
 #endif
   return std::unique_ptr<engine::Transport>(std::move(counted));
+}
+
+absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::ConnectOverMesh(engine::Store& store,
+                                                                                          const GroupView& view,
+                                                                                          uint64_t sequence) {
+  absl::MutexLock lock(&mesh_mu_);
+  if (mesh_ == nullptr) {
+    engine::TcpTransportOptions options;
+    options.hostname = settings_.peer_host;
+    options.timeout = settings_.timeout;
+    options.key = settings_.key;
+    mesh_ = std::make_unique<engine::TcpMesh>(static_cast<int>(settings_.node_rank),
+                                              static_cast<int>(settings_.num_nodes), options);
+  }
+  const engine::TcpMesh::Counts before = mesh_->counts();
+  std::vector<int> members(view.members().begin(), view.members().end());
+  absl::StatusOr<std::unique_ptr<engine::Transport>> t =
+      mesh_->Connect(store, members, engine::TcpMeshSession{view.epoch(), sequence});
+  const engine::TcpMesh::Counts after = mesh_->counts();
+  if (settings_.metrics != nullptr && t.ok()) {
+    settings_.metrics->OnPeerConnections(after.made - before.made, after.kept - before.kept);
+  }
+  return t;
 }
 
 absl::Status ClusterJobCoordinator::ConnectWaitEnds(const GroupView& view, uint64_t sequence) {

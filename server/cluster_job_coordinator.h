@@ -2,9 +2,10 @@
 // cluster: its incarnation's keys in the Cluster (group views, configuration changes, failure
 // causes), and the
 // transport of the node's device kind (tcp or gloo on CPU nodes, counted per peer node; NCCL or
-// staged gloo on GPU nodes), connected
-// through the Cluster's store under the incarnation's rendezvous prefix. Thread-safe (the Cluster
-// is).
+// staged gloo on GPU nodes), connected through the Cluster's store under the incarnation's
+// rendezvous prefix. With tcp, every view's transport is a view over one connection mesh
+// (engine/tcp_mesh.h): pairs that stay in the group keep their connection. Thread-safe (the
+// Cluster is).
 #ifndef DQ_SERVER_CLUSTER_JOB_COORDINATOR_H_
 #define DQ_SERVER_CLUSTER_JOB_COORDINATOR_H_
 
@@ -21,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/hmac.h"
+#include "engine/tcp_mesh.h"
 #include "engine/transport.h"
 #include "server/cluster.h"
 #include "server/job_config.h"
@@ -66,6 +68,9 @@ class ClusterJobCoordinator final : public JobCoordinator {
   // the view cannot shrink past --min_nodes; OK to wait on (a claim without the silent member may
   // still come).
   absl::Status ConnectWaitEnds(const GroupView& view, uint64_t sequence);
+  // The tcp transport of `view` for collective `sequence`, over the job's mesh.
+  absl::StatusOr<std::unique_ptr<engine::Transport>> ConnectOverMesh(engine::Store& store, const GroupView& view,
+                                                                     uint64_t sequence);
   // The views claimed after `current` (only the newest, if `newest_only`).
   absl::StatusOr<std::vector<GroupView>> ViewsAfter(const GroupView& current, bool newest_only);
 
@@ -73,6 +78,10 @@ class ClusterJobCoordinator final : public JobCoordinator {
   const std::string job_id_;
   const uint64_t incarnation_;
   const JobTransportSettings settings_;
+  // The node's connections to the others for every view of the job (--transport=tcp: a view
+  // keeps the connections of the view before it; engine/tcp_mesh.h). Made at the first Connect.
+  absl::Mutex mesh_mu_;
+  std::unique_ptr<engine::TcpMesh> mesh_ ABSL_GUARDED_BY(mesh_mu_);
 
   // The newest-view record PollConfig read with the configuration (one round trip per boundary),
   // for the ViewsAfter that follows it at the same boundary (Job polls, then refreshes its group

@@ -157,6 +157,11 @@ Metrics::Metrics(uint32_t node_rank, uint32_t num_nodes, std::string transport)
                       .Help("Nodes that went silent (change=left), were heard from again (change=returned) or "
                             "joined again (change=restarted), as this node learned from the coordinator's live sets.")
                       .Register(*registry_)),
+      peer_connections_(prometheus::BuildCounter()
+                            .Name("dynamiq_peer_connections_total")
+                            .Help("Connections to other nodes that group views' transports made (outcome=made) or kept "
+                                  "from the view before (outcome=kept); --transport=tcp.")
+                            .Register(*registry_)),
       epoch_(prometheus::BuildGauge()
                  .Name("dynamiq_config_epoch")
                  .Help("The job's current compression config epoch.")
@@ -408,6 +413,11 @@ void Metrics::RemoveGauge(prometheus::Family<prometheus::Gauge>& family, const p
 
 void Metrics::OnMembershipChange(absl::string_view change, uint32_t nodes) {
   membership_.Add({{"change", std::string(change)}}).Increment(nodes);
+}
+
+void Metrics::OnPeerConnections(uint64_t made, uint64_t kept) {
+  peer_connections_.Add({{"outcome", "made"}}).Increment(static_cast<double>(made));
+  peer_connections_.Add({{"outcome", "kept"}}).Increment(static_cast<double>(kept));
 }
 
 void Metrics::OnRejected(absl::StatusCode code) { rejected_.Add({{"reason", ReasonLabel(code)}}).Increment(); }

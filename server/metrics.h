@@ -116,6 +116,9 @@ class Metrics final : public JobObserver, public PeerBytesSink {
   // The coordinator's live set changed (server/membership.h): `change` is "left" (a node went
   // silent), "returned" or "restarted" (a new dynamiqd joined in its place), `nodes` how many did.
   void OnMembershipChange(absl::string_view change, uint32_t nodes);
+  // A group view's transport connected (--transport=tcp, engine/tcp_mesh.h): `made` connections to
+  // other nodes made for it, `kept` reused from the view before.
+  void OnPeerConnections(uint64_t made, uint64_t kept);
   // The job was retired on this node (its last local worker left). Its series, counters included,
   // are removed at the second collection from now, so one scrape still sees its final values;
   // unless it is live again by then (a next incarnation), whose series then go on. At once when
@@ -164,8 +167,9 @@ class Metrics final : public JobObserver, public PeerBytesSink {
   prometheus::Family<prometheus::Gauge>& inflight_;
   prometheus::Family<prometheus::Gauge>& workers_;
   prometheus::Family<prometheus::Gauge>& view_nodes_;
-  prometheus::Family<prometheus::Gauge>& live_nodes_;    // one series, in clusters with heartbeats
-  prometheus::Family<prometheus::Counter>& membership_;  // by change: left, returned
+  prometheus::Family<prometheus::Gauge>& live_nodes_;          // one series, in clusters with heartbeats
+  prometheus::Family<prometheus::Counter>& membership_;        // by change: left, returned
+  prometheus::Family<prometheus::Counter>& peer_connections_;  // by outcome: made, kept
   prometheus::Family<prometheus::Gauge>& epoch_;
   prometheus::Family<prometheus::Gauge>& compression_info_;
   prometheus::Family<prometheus::Gauge>& budget_target_;

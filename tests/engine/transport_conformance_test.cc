@@ -19,6 +19,7 @@
 #include "engine/host_transport.h"
 #include "engine/memory_transport.h"
 #include "engine/store.h"
+#include "engine/tcp_mesh.h"
 #include "engine/transport.h"
 #include "engine/transport_registry.h"
 #include "gmock/gmock.h"
@@ -45,20 +46,43 @@ class TransportConformanceTest : public ::testing::TestWithParam<std::string> {
         size, store,
         [&](Store& s, int rank, int n) -> absl::StatusOr<std::unique_ptr<Transport>> {
           if (GetParam() == "memory") return std::unique_ptr<Transport>(new InMemoryTransport(hub, rank));
+          if (GetParam() == "tcp_kept") return SecondViewOfAMesh(s, rank, n);
           return ConnectHostTransport(GetParam(), s, rank, n, "127.0.0.1", absl::Seconds(20));
         },
         fn);
     testing::ExpectAllOk(results);
   }
+
+  // The kind the transport under test reports.
+  std::string Kind() const { return GetParam() == "tcp_kept" ? "tcp" : GetParam(); }
+
+  // "tcp_kept": the transport of a job's second group view over its connection mesh
+  // (engine/tcp_mesh.h), on connections the first view made and gave up (so every message of it
+  // travels behind a fence, after the first view's "gave up" frames).
+  static absl::StatusOr<std::unique_ptr<Transport>> SecondViewOfAMesh(Store& store, int rank, int size) {
+    TcpTransportOptions options;
+    options.timeout = absl::Seconds(20);
+    TcpMesh mesh(rank, size, options);
+    std::vector<int> everyone;
+    for (int r = 0; r < size; ++r) everyone.push_back(r);
+    PrefixStore first("first/", store), second("second/", store);
+    DQ_ASSIGN_OR_RETURN(std::unique_ptr<Transport> t, mesh.Connect(first, everyone, {0, 0}));
+    t.reset();
+    DQ_ASSIGN_OR_RETURN(t, mesh.Connect(second, everyone, {1, 4}));
+    if (mesh.counts().kept != static_cast<uint64_t>(size - 1)) {
+      return absl::InternalError(absl::StrCat("rank ", rank, " kept ", mesh.counts().kept, " connections"));
+    }
+    return t;
+  }
 };
 
 TEST_P(TransportConformanceTest, StatesTheCapabilitiesItsRegistryRowPromises) {
-  RunRanks(2, [](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
+  RunRanks(2, [this](int rank, std::unique_ptr<Transport>& t) -> absl::Status {
     const TransportCapabilities got = t->capabilities();
     absl::StatusOr<TransportKind> row = FindTransportKind(got.kind);
     EXPECT_THAT(row, IsOk());
     if (!row.ok()) return absl::OkStatus();
-    EXPECT_EQ(got.kind, GetParam());
+    EXPECT_EQ(got.kind, Kind());
     EXPECT_EQ(got.reliable, row->capabilities.reliable);
     EXPECT_EQ(got.ordered, row->capabilities.ordered);
     EXPECT_EQ(got.device_memory, row->capabilities.device_memory);
@@ -192,7 +216,7 @@ TEST_P(TransportConformanceTest, AbortFromAnotherThreadFailsAPendingWaitPromptly
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, TransportConformanceTest, ::testing::Values("memory", "tcp", "gloo"),
+INSTANTIATE_TEST_SUITE_P(Transports, TransportConformanceTest, ::testing::Values("memory", "tcp", "tcp_kept", "gloo"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 // Every kind the daemon can select on a CPU node is in the suite above. Datagram kinds are neither

@@ -2,7 +2,8 @@
 // each, codec none. A view of nodes 0 and 2, claimed on node 0 while the job runs, applies at its
 // first collective on every node: until then all three nodes sum; from then on the members'
 // collectives connect among themselves and average over their two workers (and report it), while
-// node 1's worker learns at once that its node is out. Every node's status shows the view.
+// node 1's worker learns at once that its node is out. Every node's status shows the view, and
+// the members kept the connection they had.
 #include <cstring>
 #include <memory>
 #include <string>
@@ -106,6 +107,12 @@ TEST_F(DaemonViewsTest, AViewClaimedWhileTheJobRunsAppliesOnEveryNodeAtItsFirstC
   for (uint32_t node : {0u, 2u}) {
     ASSERT_TRUE(status[node].ok()) << node << ": " << status[node].error_message();
     EXPECT_EQ(responses[node].contributors(), 2u);
+  }
+  // View 1 kept the connection between nodes 0 and 2 that view 0 made (engine/tcp_mesh.h).
+  for (uint32_t node : {0u, 2u}) {
+    const std::string metrics = daemons_[node]->metrics().Render();
+    EXPECT_THAT(metrics, HasSubstr("dynamiq_peer_connections_total{outcome=\"made\"} 2")) << node;
+    EXPECT_THAT(metrics, HasSubstr("dynamiq_peer_connections_total{outcome=\"kept\"} 1")) << node;
   }
 }
 

@@ -611,6 +611,7 @@ const std::map<std::string, std::string>& SpecFamilies() {
       {"dynamiq_connected_workers", "gauge"},
       {"dynamiq_shm_mapped_bytes", "gauge"},
       {"dynamiq_submission_rings", "gauge"},
+      {"dynamiq_peer_connections_total", "counter"},
       {"dynamiq_config_epoch", "gauge"},
       {"dynamiq_job_compression_info", "gauge"},
   };
@@ -658,6 +659,9 @@ TEST_F(TwoNodeMetricsTest, LiveExpositionPassesPromtoolAndHasEveryFamily) {
   EXPECT_EQ(e.Sum("dynamiq_connected_workers", {{"job", "job"}}), 1);
   EXPECT_EQ(e.Sum("dynamiq_shm_mapped_bytes"), kFloats * 4);
   EXPECT_EQ(e.Sum("dynamiq_submission_rings"), 0);  // these workers make raw calls
+  // One view, one connection to node 1, made for its first collective and used by every one since.
+  EXPECT_EQ(e.Sum("dynamiq_peer_connections_total", {{"outcome", "made"}}), 1);
+  EXPECT_EQ(e.Sum("dynamiq_peer_connections_total", {{"outcome", "kept"}}), 0);
   EXPECT_EQ(e.Sum("dynamiq_nodes"), 2);
   EXPECT_EQ(e.Sum("dynamiq_job_compression_info", {{"job", "job"}, {"codec", "dynamiq"}, {"bits", "5"}}), 1);
   EXPECT_EQ(e.Sum("dynamiq_rejected_requests_total", {{"reason", "failed_precondition"}}), 1);
