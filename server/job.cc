@@ -413,33 +413,9 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   // The entries are stable while the slot runs: RemoveWorker, Stop and the stall check leave it.
   std::vector<Entry*> entries;
   for (auto& [rank, e] : slot.entries) entries.push_back(e.get());
-  // Adopt a published configuration change whose boundary is this collective (the poll talks to
-  // the coordinator, so it runs without holding the lock).
   JobConfig config;
   uint64_t epoch;
-  bool poll;
-  {
-    absl::MutexLock lock(&mu_);
-    config = config_;
-    epoch = config_epoch_;
-    poll = poll_next_ || config_boundary_ >= sequence;
-    if (poll && options_.coordinator != nullptr) ++totals_.config_polls;
-  }
-  if (poll && options_.coordinator != nullptr) {
-    uint64_t new_epoch = epoch;
-    JobConfig new_config;
-    absl::StatusOr<bool> changed = options_.coordinator->PollConfig(sequence, &new_epoch, &new_config);
-    if (changed.ok() && *changed && new_epoch > epoch) {
-      absl::MutexLock lock(&mu_);
-      config_epoch_ = epoch = new_epoch;
-      config_ = config = new_config;
-    }
-    // A new group view applies at the same boundaries as configuration changes.
-    if (absl::Status refreshed = group_.Refresh(sequence); !refreshed.ok()) {
-      common::Log("job %s: cannot look up its group view at collective %d (keeping %s): %s", options_.id, sequence,
-                  group_.view().ToString(), refreshed.message());
-    }
-  }
+  AdoptBoundaryChanges(sequence, &config, &epoch);
   CollectiveRecord record;
   record.sequence = sequence;
   record.tensor_name = entries[0]->request.tensor_name;
@@ -448,46 +424,7 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   record.config_epoch = epoch;
   record.start = absl::Now();
 
-  absl::Status status;
-  for (const Entry* e : entries) {
-    if (!e->request.refused.ok()) {
-      status =
-          absl::Status(e->request.refused.code(),
-                       absl::StrFormat("collective %d of job %s: local rank %d's all-reduce of it was refused (%s), "
-                                       "so it fails for every local worker",
-                                       sequence, options_.id, e->local_rank, e->request.refused.message()));
-      break;
-    }
-  }
-  // Every local worker must submit the same collective.
-  for (Entry* e : entries) {
-    if (!status.ok()) break;
-    const Request& a = entries[0]->request;
-    const Request& b = e->request;
-    if (a.exact != b.exact) {
-      status = absl::InvalidArgumentError(absl::StrFormat(
-          "collective %d of job %s: local rank %d submitted it %s, local rank %d %s; every worker submits an "
-          "exact (uncompressed) all-reduce alike",
-          sequence, options_.id, entries[0]->local_rank, a.exact ? "exact" : "not exact", e->local_rank,
-          b.exact ? "exact" : "not exact"));
-      break;
-    }
-    if (a.weight.has_value() != b.weight.has_value()) {
-      status = absl::InvalidArgumentError(absl::StrFormat(
-          "collective %d of job %s: local rank %d submitted it %s a weight, local rank %d %s; every worker submits "
-          "with a weight or every one without",
-          sequence, options_.id, entries[0]->local_rank, a.weight.has_value() ? "with" : "without", e->local_rank,
-          b.weight.has_value() ? "with one" : "without"));
-      break;
-    }
-    if (a.tensor_name != b.tensor_name || a.num_elements != b.num_elements || a.dtype != b.dtype) {
-      status = absl::InvalidArgumentError(absl::StrFormat(
-          "collective %d of job %s: local rank %d submitted '%s' (%d x %s), local rank %d submitted '%s' (%d x %s)",
-          sequence, options_.id, entries[0]->local_rank, a.tensor_name, a.num_elements, kernels::DTypeName(a.dtype),
-          e->local_rank, b.tensor_name, b.num_elements, kernels::DTypeName(b.dtype)));
-      break;
-    }
-  }
+  absl::Status status = CheckLocalAgreement(sequence, entries);
   const size_t n = entries[0]->request.num_elements;
   const std::string name = absl::StrCat("collective ", sequence, " of job ", options_.id);
   if (status.ok() && entries[0]->request.exact) {

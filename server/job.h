@@ -293,6 +293,13 @@ class Job {
   absl::Time NextStall() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs collective `sequence` over the complete slot and completes every entry of it.
   void RunCollective(uint64_t sequence, Slot& slot);
+  // The configuration and epoch collective `sequence` runs with: a published change whose boundary
+  // it is, and a new group view, are looked up and adopted where the job polls (the lookup talks
+  // to the coordinator: call it without mu_).
+  void AdoptBoundaryChanges(uint64_t sequence, JobConfig* config, uint64_t* epoch) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the local workers' submissions of collective `sequence` agree: the status every one
+  // of them fails with otherwise (a refused submission, or two that differ, named).
+  absl::Status CheckLocalAgreement(uint64_t sequence, const std::vector<Entry*>& entries) const;
   // The end of a collective: takes its entries' completions into `completions`, records it, drops
   // its slot, advances the job and counts it.
   void Finish(uint64_t sequence, const absl::Status& status, const Result& result, CollectiveRecord record,

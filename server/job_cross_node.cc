@@ -42,6 +42,32 @@ uint64_t CollectiveId(absl::string_view job, uint64_t incarnation, absl::string_
 
 }  // namespace
 
+void Job::AdoptBoundaryChanges(uint64_t sequence, JobConfig* config, uint64_t* epoch) {
+  bool poll;
+  {
+    absl::MutexLock lock(&mu_);
+    *config = config_;
+    *epoch = config_epoch_;
+    poll = poll_next_ || config_boundary_ >= sequence;
+    if (poll && options_.coordinator != nullptr) ++totals_.config_polls;
+  }
+  if (poll && options_.coordinator != nullptr) {
+    uint64_t new_epoch = *epoch;
+    JobConfig new_config;
+    absl::StatusOr<bool> changed = options_.coordinator->PollConfig(sequence, &new_epoch, &new_config);
+    if (changed.ok() && *changed && new_epoch > *epoch) {
+      absl::MutexLock lock(&mu_);
+      config_epoch_ = *epoch = new_epoch;
+      config_ = *config = new_config;
+    }
+    // A new group view applies at the same boundaries as configuration changes.
+    if (absl::Status refreshed = group_.Refresh(sequence); !refreshed.ok()) {
+      common::Log("job %s: cannot look up its group view at collective %d (keeping %s): %s", options_.id, sequence,
+                  group_.view().ToString(), refreshed.message());
+    }
+  }
+}
+
 absl::StatusOr<DataPath::CrossNodeResult> Job::CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch,
                                                          absl::string_view tensor_name, kernels::DType dtype, size_t n,
                                                          double bits, bool weighted, absl::Span<double> side_sums) {
