@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/secret_file.h"
+#include "common/status_macros.h"
 
 namespace dynamiq::ctl {
 namespace {
@@ -156,8 +157,8 @@ absl::StatusOr<CompressionChangeResult> ChangeCompression(const ControlClient& c
   absl::StatusOr<dynamiq::v1::SetCompressionResponse> response = client.SetCompression(request);
   if (!response.ok()) {
     if (absl::IsNotFound(response.status())) {
-      return absl::Status(response.status().code(),
-                          absl::StrCat(response.status().message(), " (dynamiqd at ", client.options().daemon, ")"));
+      return common::Restate(response.status(),
+                             absl::StrCat(response.status().message(), " (dynamiqd at ", client.options().daemon, ")"));
     }
     return response.status();
   }

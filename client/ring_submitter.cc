@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/connection.h"
+#include "common/status_macros.h"
 
 namespace dynamiq::client::internal {
 namespace {
@@ -85,7 +86,7 @@ absl::Status RingSubmitter::DeadlinePassed() const {
 }
 
 absl::Status RingSubmitter::Unusable(const absl::Status& health) const {
-  return absl::Status(health.code(), absl::StrCat("AllReduce to dynamiqd at ", socket_path_, ": ", health.message()));
+  return common::Restate(health, absl::StrCat("AllReduce to dynamiqd at ", socket_path_, ": ", health.message()));
 }
 
 void RingSubmitter::Add(Pending pending) {

@@ -56,6 +56,16 @@ inline absl::Status Annotate(const absl::Status& status, absl::string_view prefi
   return annotated;
 }
 
+// `status` with its message replaced by `message` (which usually quotes the old one), keeping its
+// code and payloads, where a prefix (Annotate) does not say it. OK stays OK.
+inline absl::Status Restate(const absl::Status& status, absl::string_view message) {
+  if (status.ok()) return status;
+  absl::Status restated(status.code(), message);
+  status.ForEachPayload(
+      [&restated](absl::string_view type_url, const absl::Cord& payload) { restated.SetPayload(type_url, payload); });
+  return restated;
+}
+
 }  // namespace dynamiq::common
 
 #endif  // DQ_COMMON_STATUS_MACROS_H_

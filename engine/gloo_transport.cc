@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 
 namespace dynamiq::engine {
 namespace {
@@ -248,8 +249,8 @@ class GlooTransport final : public Transport {
   }
 
   absl::Status Unusable(const Op& op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return absl::Status(
-        failure_.code(),
+    return common::Restate(
+        failure_,
         absl::StrCat(Who(), ": ", Describe(op), " not attempted, the transport already failed: ", failure_.message()));
   }
 
@@ -363,7 +364,7 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectGlooTransport(Store& store, in
   } catch (const std::exception& e) {
     if (!adapter.first_error().ok()) {
       const absl::Status& s = adapter.first_error();
-      return absl::Status(s.code(), absl::StrCat(who, ": rendezvous failed: ", s.message()));
+      return common::Restate(s, absl::StrCat(who, ": rendezvous failed: ", s.message()));
     }
     return FromGlooException(e, absl::StrCat(who, ": connecting the full mesh"));
   }

@@ -57,8 +57,8 @@ absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connec
     absl::StatusOr<std::unique_ptr<engine::Transport>> nccl =
         engine::ConnectNcclTransport(scoped, rank, size, settings_.cuda_device, settings_.timeout);
     if (!nccl.ok()) {
-      return absl::Status(nccl.status().code(),
-                          absl::StrCat(nccl.status().message(), cluster_.IncarnationHint(job_id_, incarnation_)));
+      return common::Restate(nccl.status(),
+                             absl::StrCat(nccl.status().message(), cluster_.IncarnationHint(job_id_, incarnation_)));
     }
     return nccl;
   }
@@ -68,8 +68,8 @@ absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connec
                     : engine::ConnectHostTransport("gloo", scoped, rank, size, settings_.peer_host, settings_.timeout);
   if (!host.ok()) {
     // Nodes at different incarnations never meet: say so rather than only which key was missing.
-    return absl::Status(host.status().code(),
-                        absl::StrCat(host.status().message(), cluster_.IncarnationHint(job_id_, incarnation_)));
+    return common::Restate(host.status(),
+                           absl::StrCat(host.status().message(), cluster_.IncarnationHint(job_id_, incarnation_)));
   }
   // Counts bytes per peer node (dynamiq_peer_bytes_total).
   auto counted = std::make_unique<CountingTransport>(*std::move(host), settings_.metrics, view.members());

@@ -234,10 +234,10 @@ absl::Status CrossNodeGroup::WithRemoteCause(uint64_t sequence, absl::Status err
   std::optional<FailureCause> cause = coordinator_->LookupFailure(sequence, absl::Now() + wait);
   if (!cause.has_value() || cause->status.ok()) return error;
   const std::string prefix = absl::StrCat("collective ", sequence, " of job ", job_id_);
-  return absl::Status(cause->status.code(),
-                      absl::StrCat(prefix, " failed on node ", cause->node, ": ",
-                                   WithoutCollectivePrefix(cause->status.message(), prefix),
-                                   " (here: ", WithoutCollectivePrefix(error.message(), prefix), ")"));
+  return common::Restate(cause->status,
+                         absl::StrCat(prefix, " failed on node ", cause->node, ": ",
+                                      WithoutCollectivePrefix(cause->status.message(), prefix),
+                                      " (here: ", WithoutCollectivePrefix(error.message(), prefix), ")"));
 }
 
 }  // namespace dynamiq::server

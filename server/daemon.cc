@@ -435,8 +435,8 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id
   if (options_.device == DeviceKind::kCuda) {
     absl::StatusOr<std::unique_ptr<DataPath>> device = CreateCudaDataPath(options_.cuda_device);
     if (!device.ok()) {
-      return absl::Status(
-          device.status().code(),
+      return common::Restate(
+          device.status(),
           absl::StrCat("job ", job_id, ": cannot set up its device collective: ", device.status().message()));
     }
     o.data_path = *std::move(device);
@@ -480,11 +480,11 @@ absl::StatusOr<PublishedChange> Daemon::SetCompression(const std::string& job_id
   if (!found.ok()) {
     // Settings that could never apply are the better answer (INVALID_ARGUMENT before NOT_FOUND).
     DQ_RETURN_IF_ERROR(change(options_.default_config).status());
-    return absl::Status(found.status().code(),
-                        absl::StrCat(found.status().message(),
-                                     ": a job exists only while its workers are registered (from its first "
-                                     "worker's Register to its last one's leaving), and takes dynamiqd's --codec, "
-                                     "--bits and --topology when it starts"));
+    return common::Restate(found.status(),
+                           absl::StrCat(found.status().message(),
+                                        ": a job exists only while its workers are registered (from its first "
+                                        "worker's Register to its last one's leaving), and takes dynamiqd's --codec, "
+                                        "--bits and --topology when it starts"));
   }
   std::shared_ptr<Job> job = *std::move(found);
   absl::MutexLock lock(&config_mu_);

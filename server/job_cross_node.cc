@@ -122,8 +122,8 @@ absl::StatusOr<DataPath::CrossNodeResult> Job::CrossNode(uint64_t sequence, cons
           "of a job must submit the same tensors in the same order)",
           tensor_name, n, kernels::DTypeName(dtype));
     }
-    return absl::Status(result.status().code(), absl::StrCat("collective ", sequence, " of job ", options_.id, ": ",
-                                                             result.status().message(), hint));
+    return common::Restate(result.status(), absl::StrCat("collective ", sequence, " of job ", options_.id, ": ",
+                                                         result.status().message(), hint));
   }
   if (result->regroup) group_.Drop(/*abort=*/false);  // the measurement on the side broke the group
   return result;

@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "server/job.h"
 
 namespace dynamiq::server {
@@ -11,10 +12,11 @@ namespace dynamiq::server {
 absl::Status Job::CheckLocalAgreement(uint64_t sequence, const std::vector<Entry*>& entries) const {
   for (const Entry* e : entries) {
     if (!e->request.refused.ok()) {
-      return absl::Status(e->request.refused.code(),
-                          absl::StrFormat("collective %d of job %s: local rank %d's all-reduce of it was refused (%s), "
-                                          "so it fails for every local worker",
-                                          sequence, options_.id, e->local_rank, e->request.refused.message()));
+      return common::Restate(
+          e->request.refused,
+          absl::StrFormat("collective %d of job %s: local rank %d's all-reduce of it was refused (%s), "
+                          "so it fails for every local worker",
+                          sequence, options_.id, e->local_rank, e->request.refused.message()));
     }
   }
   // Every local worker must submit the same collective.
