@@ -33,6 +33,7 @@ std::unique_ptr<LoopbackCluster> StartCluster(const std::string& dir, int nodes,
   for (int k = 0; k < nodes; ++k) {
     cluster->spec(k).flags = {absl::StrCat("--heartbeat_timeout=", kHeartbeatSeconds),
                               absl::StrCat("--min_nodes=", min_nodes)};
+    cluster->spec(k).metrics_port = 0;
   }
   if (absl::Status s = cluster->Start(); !s.ok()) {
     ADD_FAILURE() << s;
@@ -98,6 +99,15 @@ TEST(MembershipFaultTest, AKilledNodeLeavesAndTheNextCollectiveRunsOnTheSurvivor
   // And on: every result exact (bit-identical on every survivor: the exact sum).
   std::vector<Worker*> survivors = {&a.at(0, 0), &a.at(1, 0), &a.at(2, 0)};
   for (int i = 0; i < 20; ++i) ASSERT_EQ(NotAllOk(AllReduceAll(survivors)), "") << "collective " << i;
+  // The survivors' view kept the connections among them that view 0 made (engine/tcp_mesh.h).
+  for (int k = 0; k < 3; ++k) {
+    const std::string metrics = ScrapeMetrics(cluster->node(k).log());
+    const double made = MetricValue(metrics, "dynamiq_peer_connections_total", {"outcome=\"made\""});
+    const double kept = MetricValue(metrics, "dynamiq_peer_connections_total", {"outcome=\"kept\""});
+    std::cout << "node " << k << ": connections made " << made << ", kept " << kept << std::endl;
+    EXPECT_EQ(made, 3) << "node " << k << ": one per other node, for view 0";
+    EXPECT_EQ(kept, 2) << "node " << k << ": view 1 kept the other survivors'";
+  }
   for (Worker* w : survivors) w->Quit();
   for (int k = 2; k >= 0; --k) EXPECT_TRUE(cluster->node(k).Stop()) << "node " << k << Tail(cluster->node(k).log());
 }
