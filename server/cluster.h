@@ -148,8 +148,9 @@ class Cluster {
 
   // Publishes a compression change of the job's incarnation: claims the next epoch by
   // compare-and-set, `change` maps the newest configuration (the newest epoch's, or `initial`) to
-  // the new one, which applies from collective `apply_at()` on. ABORTED unless the newest epoch is
-  // `expected_epoch` (when set).
+  // the new one, which applies from collective `apply_at()` on (asked once the epoch is claimed,
+  // so the boundary it reserves is never announced before the claim is visible). ABORTED unless the
+  // newest epoch is `expected_epoch` (when set).
   absl::StatusOr<PublishedChange> PublishConfig(
       const std::string& job_id, uint64_t incarnation, const JobConfig& initial,
       absl::FunctionRef<absl::StatusOr<JobConfig>(const JobConfig& newest)> change,

@@ -97,11 +97,15 @@ absl::StatusOr<PublishedChange> Cluster::PublishConfig(
     }
     DQ_ASSIGN_OR_RETURN(JobConfig config, change(newest));
     const uint64_t epoch = current + 1;
-    const uint64_t at = apply_at();
     std::optional<absl::string_view> expected;
     if (seen.has_value()) expected = *seen;
     DQ_ASSIGN_OR_RETURN(bool claimed, store_->CompareAndSet(latest_key, expected, absl::StrCat(epoch)));
     if (!claimed) continue;  // another node claimed it first: read the new epoch and try again
+    // The boundary only now that the claim is visible: from here this node's collectives announce
+    // it, and a node told of it must find the claim when it looks there (reserved before the
+    // claim, a node that ran two collectives while the claim was on its way looked too early, kept
+    // the old epoch and ran the boundary's collective against this node's new one).
+    const uint64_t at = apply_at();
     // Nodes that see the claimed epoch wait (PollConfig) for this key, written right away.
     DQ_RETURN_IF_ERROR(store_->Set(ConfigKey(prefix, epoch), EncodeConfig(config, at)));
     if (epoch > kKeptConfigEpochs) {
