@@ -92,15 +92,6 @@ bool Settled(int fd) {
 
 }  // namespace
 
-using tcp_frame::Parts;
-using tcp_mesh_internal::Early;
-using tcp_mesh_internal::EarlyPtr;
-using tcp_mesh_internal::Link;
-using tcp_mesh_internal::Op;
-using tcp_mesh_internal::Outgoing;
-using tcp_mesh_internal::Session;
-using tcp_mesh_internal::View;
-
 TcpMesh::Impl::~Impl() {
   std::vector<std::unique_ptr<Link>> all;
   {

@@ -132,6 +132,7 @@ class View final : public Transport {
   std::vector<Link*> links;  // by index; null for this rank, and once detached
   absl::Status failed;       // every pending and later Wait fails with it
   bool aborting = false;     // writers start none of its sends
+  bool told = false;         // Abort sent its peers why it gave up
   bool detached = false;     // its connections serve it no more
   std::vector<absl::Status> peer_status;
   absl::Status first_loss;  // the first peer lost, if any

@@ -40,15 +40,6 @@ absl::Status ReadExactly(int fd, uint8_t* out, size_t size, int node) {
 
 }  // namespace
 
-using tcp_frame::Parts;
-using tcp_mesh_internal::Early;
-using tcp_mesh_internal::EarlyPtr;
-using tcp_mesh_internal::Link;
-using tcp_mesh_internal::Op;
-using tcp_mesh_internal::Outgoing;
-using tcp_mesh_internal::Session;
-using tcp_mesh_internal::View;
-
 void TcpMesh::Impl::BreakLink(Link& l, const absl::Status& why) {
   if (!l.status.ok()) return;
   l.status = absl::UnavailableError(absl::StrCat("connection to node ", l.node, " lost: ", why.message()));

@@ -97,7 +97,7 @@ void TcpMesh::Impl::Abort(View& v) {
   absl::MutexLock lock(&mu_);
   if (v.detached) return;
   const absl::Time until = absl::Now() + kAbortWait;
-  if (v.failed.ok()) {
+  if (!v.told) {
     // Writers finish the message they are writing (briefly: a peer that reads nothing must not
     // hold Abort up) and start none of this view's. A second Abort meanwhile waits too; whichever
     // wakes first flushes and fails the view.
@@ -110,15 +110,18 @@ void TcpMesh::Impl::Abort(View& v) {
     };
     mu_.AwaitWithDeadline(absl::Condition(&quiet), until);
   }
-  if (v.failed.ok()) {
-    const std::string why = std::string(
-        (!v.first_loss.ok() ? v.first_loss : absl::AbortedError(absl::StrCat(v.Who(), ": transport aborted")))
-            .message()
-            .substr(0, kMaxGaveUpReason));
+  if (!v.told) {
+    // Also when the view failed on its own (a peer's message that did not fit its receive): the
+    // other peers learn it from here, as they would from closed connections.
+    v.told = true;
+    const absl::Status cause = !v.first_loss.ok() ? v.first_loss
+                               : !v.failed.ok()   ? v.failed
+                                                  : absl::AbortedError(absl::StrCat(v.Who(), ": transport aborted"));
+    const std::string why = std::string(cause.message().substr(0, kMaxGaveUpReason));
     for (Link* l : v.links) {
       if (l != nullptr && l->status.ok()) Flush(*l, v, why);
     }
-    v.failed = absl::AbortedError(absl::StrCat(v.Who(), ": transport aborted"));
+    if (v.failed.ok()) v.failed = absl::AbortedError(absl::StrCat(v.Who(), ": transport aborted"));
   }
   if (!keep_) {
     for (Link* l : v.links) {

@@ -29,6 +29,7 @@ using ::dynamiq::testing::Deadline;
 using ::dynamiq::testing::IsOk;
 using ::dynamiq::testing::Pattern;
 using ::dynamiq::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 TcpTransportOptions TestOptions() {
@@ -157,6 +158,37 @@ TEST(TcpMeshTest, AnAbortedExchangesMessagesNeverReachTheNextView) {
     }
     DQ_RETURN_IF_ERROR(ExchangeAll(*t, 8, 64));
     Sync(barriers[2]);
+    return absl::OkStatus();
+  });
+  testing::ExpectAllOk(results);
+}
+
+// A view that failed on its own (a peer's message longer than its receive) still tells its other
+// peers why when it is aborted, as the daemon does with a failed collective: they fail at once,
+// not at their deadline, though the connections stay.
+TEST(TcpMeshTest, AViewThatFailedOnItsOwnTellsItsOtherPeersWhyAtItsAbort) {
+  auto results = RunNodes(3, 1, [&](int node, TcpMesh& mesh, Store& store, absl::Barrier* const* barriers) {
+    DQ_ASSIGN_OR_RETURN(std::unique_ptr<Transport> t, ConnectView(mesh, store, {0, 1, 2}, {0, 0}));
+    if (node == 1) {
+      const std::vector<uint8_t> big(100, 1);
+      DQ_ASSIGN_OR_RETURN(Transport::Handle s, t->PostSend(0, 4, big));
+      (void)t->Wait(s, Deadline());
+    } else if (node == 0) {
+      std::vector<uint8_t> small(10);
+      DQ_ASSIGN_OR_RETURN(Transport::Handle r, t->PostRecv(1, 4, absl::MakeSpan(small)));
+      EXPECT_THAT(t->Wait(r, Deadline()),
+                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("a message of 100 bytes")));
+      t->Abort();
+    } else {
+      std::vector<uint8_t> buf(8);
+      DQ_ASSIGN_OR_RETURN(Transport::Handle r, t->PostRecv(0, 9, absl::MakeSpan(buf)));
+      const absl::Time start = absl::Now();
+      EXPECT_THAT(t->Wait(r, absl::Now() + absl::Seconds(20)),
+                  StatusIs(absl::StatusCode::kUnavailable,
+                           AllOf(HasSubstr("rank 0 gave up"), HasSubstr("a message of 100 bytes"))));
+      EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+    }
+    Sync(barriers[0]);
     return absl::OkStatus();
   });
   testing::ExpectAllOk(results);
