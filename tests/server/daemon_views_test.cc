@@ -4,13 +4,16 @@
 // collectives connect among themselves and average over their two workers (and report it), while
 // node 1's worker learns at once that its node is out. Every node's status shows the view, and
 // the members kept the connection they had.
+#include <atomic>
 #include <cstring>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon_harness.h"
@@ -113,6 +116,55 @@ TEST_F(DaemonViewsTest, AViewClaimedWhileTheJobRunsAppliesOnEveryNodeAtItsFirstC
     const std::string metrics = daemons_[node]->metrics().Render();
     EXPECT_THAT(metrics, HasSubstr("dynamiq_peer_connections_total{outcome=\"made\"} 2")) << node;
     EXPECT_THAT(metrics, HasSubstr("dynamiq_peer_connections_total{outcome=\"kept\"} 1")) << node;
+  }
+}
+
+// Thirty views claimed through either node while both run small collectives back to back: each
+// applies at its boundary on both nodes, no collective fails, and every view after the first runs
+// over the connection the first made (fenced per view: engine/tcp_mesh.h).
+TEST(DaemonViewChangesTest, ViewsClaimedWhileCollectivesRunKeepTheConnectionAndFailNothing) {
+  TempDir dir;
+  auto cluster = StartTestCluster(dir.path(), 2, *MakeJobConfig("none", 0, "ring", 0, "measured"));
+  ASSERT_THAT(cluster, IsOk());
+  auto workers = ConnectTestWorkers(dir.path(), 2, 1, kElements);
+  ASSERT_THAT(workers, IsOk());
+  std::atomic<bool> stop{false};
+  std::atomic<int> claimed{0};
+  std::thread operators([&] {
+    for (int i = 0; i < 30; ++i) {
+      absl::SleepFor(absl::Milliseconds(15));
+      if ((*cluster)[i % 2]->ChangeView("job", {0, 1}).ok()) ++claimed;
+    }
+    stop = true;
+  });
+  int collectives = 0, failed = 0;
+  std::string first_failure;
+  while (!stop && collectives < 20000) {
+    std::vector<grpc::Status> status(2);
+    std::vector<std::thread> threads;
+    for (uint32_t node = 0; node < 2; ++node) {
+      threads.emplace_back([&, node] {
+        dynamiq::v1::AllReduceResponse r;
+        status[node] = (*workers)[node].AllReduce("g", kElements, true, &r);
+      });
+    }
+    for (auto& t : threads) t.join();
+    ++collectives;
+    for (const grpc::Status& s : status) {
+      if (!s.ok() && failed++ == 0) first_failure = s.error_message();
+    }
+  }
+  operators.join();
+  std::cout << collectives << " collectives, " << claimed << " views claimed, " << failed << " failed" << std::endl;
+  EXPECT_GT(claimed, 5);
+  EXPECT_EQ(failed, 0) << first_failure;
+  // A view claimed after the last collective never applied: the views that ran are the job's
+  // epochs on node 0.
+  const uint64_t views = (*cluster)[0]->JobStatuses().at("job").view_epoch;
+  for (uint32_t node = 0; node < 2; ++node) {
+    const std::string metrics = (*cluster)[node]->metrics().Render();
+    EXPECT_THAT(metrics, HasSubstr("dynamiq_peer_connections_total{outcome=\"made\"} 1")) << node;
+    EXPECT_THAT(metrics, HasSubstr(absl::StrCat("dynamiq_peer_connections_total{outcome=\"kept\"} ", views))) << node;
   }
 }
 
