@@ -170,16 +170,15 @@ absl::Status FromDaemonStatus(const absl::Status& status, absl::string_view rpc,
     case absl::StatusCode::kOk:
       return status;
     case absl::StatusCode::kUnavailable:
-      return common::Restate(status, absl::StrCat(rpc, " to dynamiqd at ", socket_path, ": ", status.message()));
+      return common::Annotate(status, absl::StrCat(rpc, " to dynamiqd at ", socket_path));
     case absl::StatusCode::kDeadlineExceeded:
       // Before the call's deadline only the daemon can have answered (its --timeout fired, and its
       // message names what it waited for); from it on, gRPC's own deadline (DQ_TIMEOUT_SECONDS) fired.
       if (absl::Now() < deadline) {
-        return common::Restate(status, absl::StrCat(rpc, " to dynamiqd at ", socket_path, ": ", status.message()));
+        return common::Annotate(status, absl::StrCat(rpc, " to dynamiqd at ", socket_path));
       }
-      return common::Restate(
-          status, absl::StrCat(rpc, " to dynamiqd at ", socket_path, " (deadline ", absl::FormatDuration(timeout),
-                               ", DQ_TIMEOUT_SECONDS): ", status.message()));
+      return common::Annotate(status, absl::StrCat(rpc, " to dynamiqd at ", socket_path, " (deadline ",
+                                                   absl::FormatDuration(timeout), ", DQ_TIMEOUT_SECONDS)"));
     default:
       return status;
   }
@@ -309,9 +308,9 @@ absl::StatusOr<Buffer> Client::Allocate(size_t bytes, MemoryKind kind) {
   }
   absl::StatusOr<ipc::ShmRegion> region = ipc::ShmRegion::Open(allocated.shm_name(), allocated.bytes());
   if (!region.ok()) {
-    return fail(common::Restate(
+    return fail(common::Annotate(
         region.status(), absl::StrCat("mapping buffer ", id, " (", allocated.bytes(), " bytes) that dynamiqd at ",
-                                      connection_->options().socket_path, " allocated: ", region.status().message())));
+                                      connection_->options().socket_path, " allocated")));
   }
   {
     grpc::ClientContext context;
@@ -365,9 +364,8 @@ absl::StatusOr<Buffer> Client::AllocateDevice(size_t bytes) {
   absl::StatusOr<client::internal::CudaIpcMapping> mapping = client::internal::CudaIpcMapping::Open(
       allocated.cuda_ipc_handle(), allocated.cuda_device_uuid(), allocated.cuda_device());
   if (!mapping.ok()) {
-    return fail(common::Restate(mapping.status(), absl::StrCat("opening device buffer ", id, " (", allocated.bytes(),
-                                                               " bytes) that dynamiqd at ", socket,
-                                                               " allocated: ", mapping.status().message())));
+    return fail(common::Annotate(mapping.status(), absl::StrCat("opening device buffer ", id, " (", allocated.bytes(),
+                                                                " bytes) that dynamiqd at ", socket, " allocated")));
   }
   auto impl = std::make_unique<client::internal::BufferImpl>();
   impl->connection = connection_;

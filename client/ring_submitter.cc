@@ -86,7 +86,7 @@ absl::Status RingSubmitter::DeadlinePassed() const {
 }
 
 absl::Status RingSubmitter::Unusable(const absl::Status& health) const {
-  return common::Restate(health, absl::StrCat("AllReduce to dynamiqd at ", socket_path_, ": ", health.message()));
+  return common::Annotate(health, absl::StrCat("AllReduce to dynamiqd at ", socket_path_));
 }
 
 void RingSubmitter::Add(Pending pending) {

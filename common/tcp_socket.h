@@ -26,6 +26,23 @@ absl::Status ErrnoStatus(absl::StatusCode code, absl::string_view what, int err)
 // Closes `fd` if it is one (never retried on EINTR).
 void CloseFd(int fd);
 
+// Owns a descriptor: closes it unless released.
+struct UniqueFd {
+  explicit UniqueFd(int f = -1) : fd(f) {}
+  UniqueFd(UniqueFd&& other) noexcept : fd(other.release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept {
+    reset(other.release());
+    return *this;
+  }
+  ~UniqueFd() { CloseFd(fd); }
+  void reset(int f = -1) {
+    CloseFd(fd);
+    fd = f;
+  }
+  int release() { return std::exchange(fd, -1); }
+  int fd;
+};
+
 // "host:port" (or "[v6]:port") -> (host, port); INVALID_ARGUMENT naming the address otherwise.
 absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(const std::string& address);
 

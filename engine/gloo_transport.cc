@@ -249,9 +249,8 @@ class GlooTransport final : public Transport {
   }
 
   absl::Status Unusable(const Op& op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return common::Restate(
-        failure_,
-        absl::StrCat(Who(), ": ", Describe(op), " not attempted, the transport already failed: ", failure_.message()));
+    return common::Annotate(failure_,
+                            absl::StrCat(Who(), ": ", Describe(op), " not attempted, the transport already failed"));
   }
 
   absl::StatusOr<Handle> Post(bool send, int peer, uint64_t tag, uint8_t* data, size_t nbytes) {
@@ -364,7 +363,7 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectGlooTransport(Store& store, in
   } catch (const std::exception& e) {
     if (!adapter.first_error().ok()) {
       const absl::Status& s = adapter.first_error();
-      return common::Restate(s, absl::StrCat(who, ": rendezvous failed: ", s.message()));
+      return common::Annotate(s, absl::StrCat(who, ": rendezvous failed"));
     }
     return FromGlooException(e, absl::StrCat(who, ": connecting the full mesh"));
   }

@@ -158,8 +158,7 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectNcclTransport(Store& store, in
     absl::StatusOr<std::string> value =
         store.Get(kNcclUniqueIdKey, std::max(absl::ZeroDuration(), deadline - absl::Now()));
     if (!value.ok()) {
-      return common::Restate(value.status(),
-                             absl::StrCat(where, ": waiting for rank 0's NCCL unique id: ", value.status().message()));
+      return common::Annotate(value.status(), absl::StrCat(where, ": waiting for rank 0's NCCL unique id"));
     }
     absl::StatusOr<ncclUniqueId> parsed = ParseUniqueId(*value);
     if (!parsed.ok()) {
@@ -291,9 +290,8 @@ absl::StatusOr<Transport::Handle> NcclTransport::PostRecv(int peer, uint64_t tag
 absl::StatusOr<Transport::Handle> NcclTransport::Post(bool send, int peer, uint64_t tag, void* data, size_t bytes) {
   if (aborted_.load()) return AbortedStatus(nullptr);
   if (!failure_.ok()) {
-    return common::Restate(
-        failure_,
-        absl::StrCat(Where(), " is unusable after an earlier failure (re-form the group): ", failure_.message()));
+    return common::Annotate(failure_,
+                            absl::StrCat(Where(), " is unusable after an earlier failure (re-form the group)"));
   }
   const char* verb = send ? "send to" : "receive from";
   if (peer < 0 || peer >= size_ || peer == rank_) {
@@ -340,9 +338,8 @@ absl::Status NcclTransport::WaitForOp(Handle handle, absl::Time start, absl::Tim
   Op& op = ops_.at(handle);
   if (aborted_.load()) return AbortedStatus(&op);
   if (!failure_.ok()) {
-    return common::Restate(
-        failure_, absl::StrCat(Where(), ": ", Describe(op),
-                               " cannot complete after an earlier failure (re-form the group): ", failure_.message()));
+    return common::Annotate(failure_, absl::StrCat(Where(), ": ", Describe(op),
+                                                   " cannot complete after an earlier failure (re-form the group)"));
   }
   if (op.bytes == 0) return absl::OkStatus();
   if (op.launch == 0) DQ_RETURN_IF_ERROR(LaunchPending(op, start, deadline));

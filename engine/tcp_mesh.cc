@@ -34,23 +34,6 @@ using tcp_mesh_internal::View;
 
 namespace {
 
-// Owns a socket until released.
-struct Fd {
-  explicit Fd(int f = -1) : fd(f) {}
-  Fd(Fd&& other) noexcept : fd(other.release()) {}
-  Fd& operator=(Fd&& other) noexcept {
-    reset(other.release());
-    return *this;
-  }
-  ~Fd() { reset(); }
-  void reset(int f = -1) {
-    common::CloseFd(fd);
-    fd = f;
-  }
-  int release() { return std::exchange(fd, -1); }
-  int fd;
-};
-
 // The transport's threads block in recv and sendmsg (closing shuts the sockets down to free them).
 void SetBlocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK); }
 
@@ -173,7 +156,7 @@ absl::StatusOr<std::unique_ptr<Transport>> TcpMesh::Impl::Connect(Store& store, 
   // A backlog for strangers too: connections queue while the hellos are read.
   absl::StatusOr<int> listening = common::ListenOn(options_.hostname, "0", std::max(size, 128));
   if (!listening.ok()) return common::Annotate(listening.status(), "tcp transport");
-  Fd listener(*listening);
+  common::UniqueFd listener(*listening);
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);
   getsockname(listener.fd, reinterpret_cast<sockaddr*>(&bound), &len);
@@ -221,7 +204,7 @@ absl::StatusOr<std::unique_ptr<Transport>> TcpMesh::Impl::Connect(Store& store, 
   // the store's waits would (engine::InterruptibleStore: a peer that failed the collective
   // instead of joining, a view that changed).
   std::vector<TcpLink> made(size);
-  std::vector<Fd> made_fds(size);
+  std::vector<common::UniqueFd> made_fds(size);
   for (int q = 0; q < me; ++q) {
     if (keep[q]) continue;
     DQ_ASSIGN_OR_RETURN(const std::string address, store.Get(absl::StrCat("tcp/", q), remaining()));

@@ -31,15 +31,6 @@ constexpr size_t kIpv6Datagram = 1452;  // 1500 - 40 (IPv6) - 8 (UDP)
 constexpr size_t kMaxDatagram = 65507;  // the most UDP over IPv4 carries
 constexpr int kBatch = 32;              // datagrams per recvmmsg
 
-// Owns a descriptor.
-struct Fd {
-  explicit Fd(int f = -1) : fd(f) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { common::CloseFd(fd); }
-  int fd;
-};
-
 struct Peer {
   sockaddr_storage address{};
   socklen_t length = 0;
@@ -277,8 +268,8 @@ class UdpTransportImpl final : public UdpTransport {
   }
 
   const int rank_, size_;
-  Fd socket_;
-  Fd wake_;  // an eventfd Abort writes, to wake a pending poll
+  common::UniqueFd socket_;
+  common::UniqueFd wake_;  // an eventfd Abort writes, to wake a pending poll
   const std::vector<Peer> peers_;
   const DatagramKey key_;
   const size_t max_datagram_, max_payload_;
@@ -314,7 +305,7 @@ absl::StatusOr<std::unique_ptr<UdpTransport>> ConnectUdpTransport(Store& store, 
   const absl::Time deadline = absl::Now() + options.timeout;
 
   DQ_ASSIGN_OR_RETURN(const common::AddrInfoPtr local, ResolveDatagram(options.hostname, "0", false));
-  Fd socket_fd;
+  common::UniqueFd socket_fd;
   int family = AF_UNSPEC;
   int last_error = 0;
   for (const addrinfo* ai = local.get(); ai != nullptr; ai = ai->ai_next) {
@@ -337,7 +328,7 @@ absl::StatusOr<std::unique_ptr<UdpTransport>> ConnectUdpTransport(Store& store, 
   }
   GrowBuffer(socket_fd.fd, SO_RCVBUFFORCE, SO_RCVBUF, options.socket_buffer_bytes);
   GrowBuffer(socket_fd.fd, SO_SNDBUFFORCE, SO_SNDBUF, options.socket_buffer_bytes);
-  Fd wake(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  common::UniqueFd wake(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (wake.fd < 0) return common::ErrnoStatus(absl::StatusCode::kUnavailable, "udp transport: eventfd", errno);
   const size_t max_datagram = configured != 0 ? configured : (family == AF_INET6 ? kIpv6Datagram : kIpv4Datagram);
 

@@ -23,11 +23,26 @@ constexpr uint64_t kKeptViews = 16;
 // How often a node waiting in a job's rendezvous checks whether another node failed the collective.
 constexpr absl::Duration kRendezvousPoll = absl::Milliseconds(250);
 
+// The job's connection mesh, where its transport is tcp.
+std::unique_ptr<engine::TcpMesh> MakeMesh(const JobTransportSettings& settings) {
+  if (!settings.tcp) return nullptr;
+  engine::TcpTransportOptions options;
+  options.hostname = settings.peer_host;
+  options.timeout = settings.timeout;
+  options.key = settings.key;
+  return std::make_unique<engine::TcpMesh>(static_cast<int>(settings.node_rank), static_cast<int>(settings.num_nodes),
+                                           options);
+}
+
 }  // namespace
 
 ClusterJobCoordinator::ClusterJobCoordinator(Cluster& cluster, std::string job_id, uint64_t incarnation,
                                              JobTransportSettings settings)
-    : cluster_(cluster), job_id_(std::move(job_id)), incarnation_(incarnation), settings_(std::move(settings)) {}
+    : cluster_(cluster),
+      job_id_(std::move(job_id)),
+      incarnation_(incarnation),
+      settings_(std::move(settings)),
+      mesh_(MakeMesh(settings_)) {}
 
 absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connect(const GroupView& view,
                                                                                   uint64_t sequence) {
@@ -87,15 +102,7 @@ absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connec
 absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::ConnectOverMesh(engine::Store& store,
                                                                                           const GroupView& view,
                                                                                           uint64_t sequence) {
-  absl::MutexLock lock(&mesh_mu_);
-  if (mesh_ == nullptr) {
-    engine::TcpTransportOptions options;
-    options.hostname = settings_.peer_host;
-    options.timeout = settings_.timeout;
-    options.key = settings_.key;
-    mesh_ = std::make_unique<engine::TcpMesh>(static_cast<int>(settings_.node_rank),
-                                              static_cast<int>(settings_.num_nodes), options);
-  }
+  absl::MutexLock lock(&mesh_mu_);  // one view at a time, so the counts' change is this connect's
   const engine::TcpMesh::Counts before = mesh_->counts();
   std::vector<int> members(view.members().begin(), view.members().end());
   absl::StatusOr<std::unique_ptr<engine::Transport>> t =

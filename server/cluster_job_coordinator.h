@@ -78,10 +78,10 @@ class ClusterJobCoordinator final : public JobCoordinator {
   const std::string job_id_;
   const uint64_t incarnation_;
   const JobTransportSettings settings_;
-  // The node's connections to the others for every view of the job (--transport=tcp: a view
-  // keeps the connections of the view before it; engine/tcp_mesh.h). Made at the first Connect.
-  absl::Mutex mesh_mu_;
-  std::unique_ptr<engine::TcpMesh> mesh_ ABSL_GUARDED_BY(mesh_mu_);
+  // The node's connections to the others for every view of the job (--transport=tcp, else null:
+  // a view keeps the connections of the view before it; engine/tcp_mesh.h).
+  const std::unique_ptr<engine::TcpMesh> mesh_;
+  absl::Mutex mesh_mu_;  // held across a connect over it
 
   // The newest-view record PollConfig read with the configuration (one round trip per boundary),
   // for the ViewsAfter that follows it at the same boundary (Job polls, then refreshes its group

@@ -435,9 +435,7 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id
   if (options_.device == DeviceKind::kCuda) {
     absl::StatusOr<std::unique_ptr<DataPath>> device = CreateCudaDataPath(options_.cuda_device);
     if (!device.ok()) {
-      return common::Restate(
-          device.status(),
-          absl::StrCat("job ", job_id, ": cannot set up its device collective: ", device.status().message()));
+      return common::Annotate(device.status(), absl::StrCat("job ", job_id, ": cannot set up its device collective"));
     }
     o.data_path = *std::move(device);
   }

@@ -473,8 +473,7 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   if (status.ok()) {
     status = path_->LocalReduce(inputs, n);
     if (!status.ok()) {
-      status = common::Restate(
-          status, absl::StrCat(name, path_->on_device() ? ": local reduce on the device: " : ": ", status.message()));
+      status = common::Annotate(status, path_->on_device() ? absl::StrCat(name, ": local reduce on the device") : name);
     }
   }
   // The local workers disagree, or the local reduce failed: this node skips the cross-node step.
@@ -523,9 +522,8 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
                                          : 0.0f;
     status = path_->WriteBack(outputs, n, scale);
     if (!status.ok()) {
-      status = common::Restate(
-          status, absl::StrCat(name, path_->on_device() ? ": writing the result back on the device: " : ": ",
-                               status.message()));
+      status = common::Annotate(
+          status, path_->on_device() ? absl::StrCat(name, ": writing the result back on the device") : name);
     }
   }
   const uint64_t wire_bytes = cross.bytes_sent;
