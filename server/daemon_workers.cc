@@ -236,7 +236,7 @@ void Daemon::AllReduceAsync(const AllReduceCall& call, Job::Completion done) {
   }
   // The job completes every request it accepted before it closes (Job::Stop), so `done` never
   // outlives it.
-  job->Enqueue(*request, std::move(done));
+  job->Enqueue(*std::move(request), std::move(done));
 }
 
 void Daemon::RefuseAllReduce(const AllReduceCall& call, const absl::Status& why, Job::Completion done) {
@@ -259,7 +259,7 @@ void Daemon::RefuseAllReduce(const AllReduceCall& call, const absl::Status& why,
   placeholder.tensor_name = call.tensor_name;
   placeholder.submission = call.submission;
   placeholder.refused = why;
-  job->Enqueue(placeholder, std::move(done));
+  job->Enqueue(std::move(placeholder), std::move(done));
 }
 
 absl::StatusOr<kernels::DType> Daemon::WireDType(int dtype) {

@@ -190,13 +190,17 @@ void Job::Complete(Completions completions) {
   outstanding_ -= count;
 }
 
-void Job::Enqueue(const Request& request, Completion done) {
-  auto reject = [this, &done](absl::Status status) {
+void Job::Enqueue(Request submitted, Completion done) {
+  // The request, and its hold on the worker's buffer, are the entry's alone: an answer must find no
+  // hold left anywhere, for the worker may release the buffer as soon as it has it.
+  auto entry = std::make_unique<Entry>();
+  entry->request = std::move(submitted);
+  const Request& request = entry->request;
+  auto reject = [this, &done, &entry](absl::Status status) {
+    entry.reset();
     if (options_.observer != nullptr) options_.observer->OnRejected(status.code());
     done(std::move(status));
   };
-  auto entry = std::make_unique<Entry>();
-  entry->request = request;
   if (request.weight.has_value() && !(*request.weight >= 0 && std::isfinite(*request.weight) &&
                                       *request.weight <= std::numeric_limits<float>::max())) {
     const absl::Status bad = absl::InvalidArgumentError(absl::StrCat(
@@ -209,7 +213,12 @@ void Job::Enqueue(const Request& request, Completion done) {
   // A numbered request that was refused still takes its place (Request::refused): the worker hears
   // why at once, its collective fails for the others when it runs.
   if (!entry->request.refused.ok()) {
-    if (!request.submission.has_value()) return done(entry->request.refused);
+    entry->request.buffer_use.reset();  // never read: the worker, told, may release its buffer
+    if (!request.submission.has_value()) {
+      const absl::Status why = entry->request.refused;
+      entry.reset();
+      return done(why);
+    }
     Completion told = std::move(done);
     told(entry->request.refused);
     done = [](absl::StatusOr<Result>) {};

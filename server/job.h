@@ -199,8 +199,9 @@ class Job {
   // collective this request completes, once it ran here. `done` runs exactly once: on this
   // thread for a refused request, else on the thread that completes the collective (the reducer,
   // this or another Enqueue, or RemoveWorker/Stop for one they fail). It must not block for long
-  // nor call into the Job.
-  void Enqueue(const Request& request, Completion done);
+  // nor call into the Job. The request, with its buffer hold, moves into the job, which lets go of
+  // the hold before `done` runs (the worker may release the buffer once it has the answer).
+  void Enqueue(Request request, Completion done);
   // Enqueue, then waits for the completion.
   absl::StatusOr<Result> Submit(const Request& request);
 

@@ -141,6 +141,30 @@ TEST_F(JobTest, AllLocalWorkersSubmittedRunsOneCollectiveThroughTheDataPath) {
   EXPECT_EQ(job.GetStatus().completed, 1u);
 }
 
+// Whatever the answer, the job has let go of the request's buffer hold before it gives it: the
+// worker may release the buffer as soon as it has the answer (it was refused now and then).
+TEST_F(JobTest, TheBufferHoldIsGoneBeforeTheAnswer) {
+  Job job(Options(1));
+  ASSERT_THAT(job.AddWorker(1, 0, 1), IsOk());
+  std::vector<float> a = {1, 2, 3};
+  for (const bool refused : {false, true}) {
+    SCOPED_TRACE(refused ? "refused (a negative weight)" : "run (inline, on this thread)");
+    Job::Request r = Request(1, a, "g");
+    if (refused) r.weight = -1;
+    auto hold = std::make_shared<int>(0);
+    const std::weak_ptr<int> watch = hold;
+    r.buffer_use = std::move(hold);
+    bool answered = false, held = true;
+    job.Enqueue(std::move(r), [&](absl::StatusOr<Job::Result> result) {
+      EXPECT_EQ(result.ok(), !refused) << result.status();
+      held = !watch.expired();
+      answered = true;
+    });
+    ASSERT_TRUE(answered);
+    EXPECT_FALSE(held);
+  }
+}
+
 TEST_F(JobTest, AWeightedMeanDividesByTheWeightsAndReportsWhatWasSummed) {
   Job job(Options(2));
   ASSERT_THAT(job.AddWorker(1, 0, 2), IsOk());
