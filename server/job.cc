@@ -363,6 +363,8 @@ absl::Status Job::WithRemoteCause(uint64_t sequence, absl::Status error) {
   return group_.WithRemoteCause(sequence, std::move(error));
 }
 
+bool Job::HeldForClaim() const { return !claim_boundaries_.empty() && next_run_ + 1 >= *claim_boundaries_.begin(); }
+
 Job::Slot* Job::NextComplete() {
   auto it = slots_.find(next_run_);
   if (it == slots_.end() || it->second.running || it->second.entries.size() != options_.local_world_size) {
@@ -386,11 +388,11 @@ void Job::ReducerLoop() {
         const uint64_t seen = enqueued_;
         auto ready = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           if (stopping_ || enqueued_ != seen) return true;
-          return !running_ && NextComplete() != nullptr;
+          return !running_ && !HeldForClaim() && NextComplete() != nullptr;
         };
         mu_.AwaitWithDeadline(absl::Condition(&ready), NextStall());
         if (stopping_) return;
-        if (Slot* next = running_ ? nullptr : NextComplete(); next != nullptr) {
+        if (Slot* next = running_ || HeldForClaim() ? nullptr : NextComplete(); next != nullptr) {
           sequence = next_run_;
           slot = next;
           slot->running = true;

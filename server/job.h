@@ -34,6 +34,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -278,6 +279,13 @@ class Job {
   void ReducerLoop();
   // The collective that runs next if every local worker has submitted it and nothing runs it yet.
   Slot* NextComplete() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Claims a view of `members` after `newest` from this node's configuration boundary on, holding
+  // the reducer before the collective ahead of the boundary until the claim is in the coordinator's
+  // store (or failed): the other nodes finish that collective only once this one runs it, so no
+  // node reaches the boundary and looks for the view before it can be read.
+  absl::StatusOr<GroupView> ClaimAtBoundary(const GroupView& newest, std::vector<uint32_t> members);
+  // A claim holds the collective that runs next (ClaimAtBoundary).
+  bool HeldForClaim() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A rejoining node's first collective, `sequence` in its own numbering: waits (up to --timeout)
   // for a view that admits this node, then renumbers its queued collectives so that this one is the
   // view's first. The collective's sequence from then on (unchanged when not admitted: it fails as
@@ -356,7 +364,8 @@ class Job {
   // only): the first one, after a failed one, where the side lane has no node slots, or when a
   // node's boundary (ReserveConfigBoundary, its own or through the side lane) reaches it.
   bool poll_next_ = true;
-  uint64_t config_boundary_ ABSL_GUARDED_BY(mu_) = 0;  // ReserveConfigBoundary's latest
+  uint64_t config_boundary_ ABSL_GUARDED_BY(mu_) = 0;              // ReserveConfigBoundary's latest
+  std::multiset<uint64_t> claim_boundaries_ ABSL_GUARDED_BY(mu_);  // of the claims on their way (ClaimAtBoundary)
   // How many times each member of the view had joined the cluster when this job first saw it in
   // that view: a count that moved on is a restarted node, gone as surely as a silent one.
   absl::Mutex membership_mu_;

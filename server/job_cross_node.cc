@@ -134,7 +134,19 @@ absl::StatusOr<GroupView> Job::ChangeView(std::vector<uint32_t> members) {
     return absl::FailedPreconditionError(absl::StrCat("job ", options_.id, " runs on one node: it has no group view"));
   }
   DQ_ASSIGN_OR_RETURN(GroupView newest, options_.coordinator->NewestView(group_.view()));
-  return options_.coordinator->ClaimView(newest, std::move(members), ReserveConfigBoundary());
+  return ClaimAtBoundary(newest, std::move(members));
+}
+
+absl::StatusOr<GroupView> Job::ClaimAtBoundary(const GroupView& newest, std::vector<uint32_t> members) {
+  const uint64_t boundary = ReserveConfigBoundary();
+  {
+    absl::MutexLock lock(&mu_);
+    claim_boundaries_.insert(boundary);
+  }
+  absl::StatusOr<GroupView> claimed = options_.coordinator->ClaimView(newest, std::move(members), boundary);
+  absl::MutexLock lock(&mu_);
+  claim_boundaries_.erase(claim_boundaries_.find(boundary));
+  return claimed;
 }
 
 std::optional<GroupView> Job::OnMembership(const LiveSet& live) {
@@ -211,7 +223,7 @@ std::optional<GroupView> Job::OnMembership(const LiveSet& live) {
   // tells every member to look there (ReserveConfigBoundary), and the joiner numbers its
   // collectives from there.
   absl::StatusOr<GroupView> claimed =
-      options_.coordinator->ClaimView(*newest, members, shrink ? NextSequence() : ReserveConfigBoundary());
+      shrink ? options_.coordinator->ClaimView(*newest, members, NextSequence()) : ClaimAtBoundary(*newest, members);
   if (!claimed.ok()) {
     common::Log("job %s: cannot claim a view %s: %s", options_.id,
                 shrink ? absl::StrCat("without nodes ", absl::StrJoin(gone, ", ")) : "that admits a restarted node",

@@ -12,6 +12,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "engine/memory_transport.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/data_path.h"
@@ -38,9 +40,18 @@ class FakeDataPath final : public DataPath {
     }
     return absl::OkStatus();
   }
+  // The cross-node step: a no-op when the test has given the job other nodes (cross_node_ok).
+  bool has_side_lane() const override { return false; }
   absl::StatusOr<CrossNodeResult> CrossNode(const kernels::Codec&, engine::Transport&, const engine::AllReduceOptions&,
                                             size_t, double) override {
-    return absl::InternalError("a single-node job has no cross-node step");
+    absl::MutexLock lock(&mu_);
+    if (!cross_node_ok_) return absl::InternalError("a single-node job has no cross-node step");
+    calls_.push_back("cross");
+    return CrossNodeResult{};
+  }
+  void AllowCrossNode() {
+    absl::MutexLock lock(&mu_);
+    cross_node_ok_ = true;
   }
   absl::Status WriteBack(absl::Span<const Output> outputs, size_t n, float scale) override {
     absl::MutexLock lock(&mu_);
@@ -66,6 +77,7 @@ class FakeDataPath final : public DataPath {
   std::vector<float> sum_;
   std::vector<std::string> calls_;
   absl::Status fail_reduce_;
+  bool cross_node_ok_ = false;
 };
 
 // One node's coordinator: publishes a change to bf16 (epoch 1) that applies at collective 2.
@@ -82,6 +94,38 @@ class ChangeAtTwo final : public JobCoordinator {
   }
   absl::Status ReportFailure(uint64_t, const absl::Status&, absl::Time) override { return absl::OkStatus(); }
   std::optional<FailureCause> LookupFailure(uint64_t, absl::Time) override { return std::nullopt; }
+};
+
+// Node 0 of two: connects in memory, and its view claims wait in the store until Release (a
+// coordinator round trip that takes its time).
+class SlowViewClaims final : public JobCoordinator {
+ public:
+  absl::StatusOr<std::unique_ptr<engine::Transport>> Connect(const GroupView&, uint64_t) override {
+    return std::move(engine::MakeMemoryTransports(2)[0]);
+  }
+  absl::StatusOr<GroupView> ClaimView(const GroupView& current, std::vector<uint32_t> members,
+                                      uint64_t first_sequence) override {
+    claiming_.Notify();
+    released_.WaitForNotification();
+    absl::StatusOr<GroupView> view = GroupView::Make(current.epoch() + 1, std::move(members), first_sequence, 2, 0);
+    absl::MutexLock lock(&mu_);
+    if (view.ok()) claimed_ = *view;
+    return view;
+  }
+  absl::StatusOr<GroupView> NewestView(const GroupView& current) override {
+    absl::MutexLock lock(&mu_);
+    return claimed_.has_value() && claimed_->epoch() > current.epoch() ? *claimed_ : current;
+  }
+  absl::StatusOr<bool> PollConfig(uint64_t, uint64_t*, JobConfig*) override { return false; }
+  absl::Status ReportFailure(uint64_t, const absl::Status&, absl::Time) override { return absl::OkStatus(); }
+  std::optional<FailureCause> LookupFailure(uint64_t, absl::Time) override { return std::nullopt; }
+  void WaitUntilClaiming() { claiming_.WaitForNotification(); }
+  void Release() { released_.Notify(); }
+
+ private:
+  absl::Notification claiming_, released_;
+  absl::Mutex mu_;
+  std::optional<GroupView> claimed_ ABSL_GUARDED_BY(mu_);
 };
 
 JobConfig NoneConfig() { return *MakeJobConfig("none", 0, "ring", 0, "measured"); }
@@ -388,6 +432,39 @@ TEST_F(JobTest, AConfigurationChangeAppliesAtItsBoundary) {
   EXPECT_EQ(codecs[1], kernels::CodecId::kNone);
   EXPECT_EQ(codecs[2], kernels::CodecId::kBf16);
   EXPECT_EQ(job.GetStatus().config_epoch, 1u);
+}
+
+// A view claim reserves its boundary (collective 3 when collective 1 runs next) and holds the
+// collective before it until the claim is in the store: the other nodes cannot finish collective
+// 2 without this one, so none looks for the view at 3 before it can be read (and keeps the old one).
+TEST_F(JobTest, AViewClaimHoldsTheCollectiveBeforeItsBoundaryUntilTheClaimIsStored) {
+  path_->AllowCrossNode();
+  auto coordinator = std::make_shared<SlowViewClaims>();
+  Job::Options o = Options(1);
+  o.num_nodes = 2;
+  o.coordinator = coordinator;
+  Job job(std::move(o));
+  ASSERT_THAT(job.AddWorker(1, 0, 1), IsOk());
+  std::vector<float> a = {1};
+  ASSERT_THAT(job.Submit(Request(1, a, "w")), IsOk());  // collective 0
+  absl::StatusOr<GroupView> claimed;
+  std::thread operator_thread([&] { claimed = job.ChangeView({0, 1}); });
+  coordinator->WaitUntilClaiming();
+  ASSERT_THAT(job.Submit(Request(1, a, "w")), IsOk());  // collective 1 runs: the boundary is two on
+  absl::Notification second_done;
+  job.Enqueue(Request(1, a, "w"), [&](absl::StatusOr<Job::Result> r) {
+    EXPECT_THAT(r, IsOk());
+    second_done.Notify();
+  });
+  EXPECT_FALSE(second_done.WaitForNotificationWithTimeout(absl::Milliseconds(300)))
+      << "collective 2 ran while the view claimed from 3 was not in the store";
+  coordinator->Release();
+  operator_thread.join();
+  ASSERT_THAT(claimed, IsOk());
+  EXPECT_EQ(claimed->first_sequence(), 3u);
+  EXPECT_TRUE(second_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_THAT(job.Submit(Request(1, a, "w")), IsOk());  // collective 3: the new view
+  EXPECT_EQ(job.GetStatus().view_epoch, 1u);
 }
 
 }  // namespace
