@@ -14,10 +14,12 @@
 #include "common/thread_pool.h"
 #include "engine/allreduce.h"
 #include "engine/host_transport.h"
+#include "engine/lossy_all_reduce.h"
 #include "engine/step_auth.h"
 #include "engine/step_header.h"
 #include "engine/store.h"
 #include "engine/timeline.h"
+#include "engine/udp_transport.h"
 #include "kernels/codec_registry.h"
 #include "kernels/parallel_codec.h"
 
@@ -45,6 +47,18 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
   engine::PrefixStore scoped(absl::StrCat("bench/", o.world_size), *store);
   DQ_ASSIGN_OR_RETURN(std::unique_ptr<engine::Transport> transport,
                       engine::ConnectHostTransport(o.transport, scoped, o.rank, o.world_size, o.hostname, o.timeout));
+  const bool lossy = o.lossy_phase_ms > 0;
+  std::unique_ptr<engine::UdpTransport> datagrams;
+  if (lossy) {
+    if (o.codec.id != kernels::CodecId::kNone && o.codec.id != kernels::CodecId::kBf16) {
+      return absl::InvalidArgumentError("--lossy_phase_ms: the loss-tolerant all-reduce carries codec none or bf16");
+    }
+    engine::UdpTransportOptions udp;
+    udp.hostname = o.hostname;
+    udp.timeout = o.timeout;
+    if (!o.cluster_secret.empty()) udp.key = engine::StepAuthenticator::KeyForJob(o.cluster_secret, "bench");
+    DQ_ASSIGN_OR_RETURN(datagrams, engine::ConnectUdpTransport(scoped, o.rank, o.world_size, udp));
+  }
 
   std::vector<std::vector<float>> inputs;
   if (o.inputs.empty()) {
@@ -85,6 +99,7 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
 
   AllReduceBenchResult result;
   std::vector<double> seconds;
+  double coverage = 0, gathered = 0;        // sums over the timed loss-tolerant iterations
   std::vector<engine::Timeline> timelines;  // per timed iteration, with time_breakdown
   engine::Timeline timeline;
   engine::BufferPool buffers;  // as a daemon's job reuses its message buffers
@@ -101,16 +116,34 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
     timeline.Clear();
     if (o.time_breakdown) ar.timeline = &timeline;
     const absl::Time start = absl::Now();
-    DQ_ASSIGN_OR_RETURN(
-        engine::AllReduceResult r,
-        engine::AllReduce(*codec, *transport, ar, {inputs[o.rank].data(), kernels::DType::kFloat32, 0, nullptr},
-                          {out.data(), kernels::DType::kFloat32, 0, nullptr}, elements));
+    uint64_t bytes_sent = 0;
+    if (lossy) {
+      engine::LossyAllReduceOptions l;
+      l.sequence = ar.sequence;
+      l.phase_timeout = absl::Milliseconds(o.lossy_phase_ms);
+      l.send_bytes_per_second = o.udp_send_mbps * 1e6 / 8;
+      l.bf16 = o.codec.id == kernels::CodecId::kBf16;
+      DQ_ASSIGN_OR_RETURN(engine::LossyAllReduceResult r,
+                          engine::LossyAllReduceMean(*datagrams, l, inputs[o.rank], absl::MakeSpan(out)));
+      for (float& x : out) x *= static_cast<float>(o.world_size);  // the mean, as the sum it estimates
+      bytes_sent = r.bytes_sent;
+      if (it >= o.warmup) {
+        coverage += r.coverage();
+        gathered += r.gathered();
+      }
+    } else {
+      DQ_ASSIGN_OR_RETURN(
+          engine::AllReduceResult r,
+          engine::AllReduce(*codec, *transport, ar, {inputs[o.rank].data(), kernels::DType::kFloat32, 0, nullptr},
+                            {out.data(), kernels::DType::kFloat32, 0, nullptr}, elements));
+      bytes_sent = r.bytes_sent;
+    }
     const double t = absl::ToDoubleSeconds(absl::Now() - start);
     if (it >= o.warmup) {
       seconds.push_back(t);
       result.timeline_unix_us.emplace_back(absl::ToUnixMicros(start),
                                            absl::ToUnixMicros(start) + static_cast<int64_t>(t * 1e6));
-      result.wire_bytes_per_rank = r.bytes_sent;
+      result.wire_bytes_per_rank = bytes_sent;
       if (o.time_breakdown) timelines.push_back(timeline);
     }
   }
@@ -134,6 +167,11 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
   }
   std::sort(seconds.begin(), seconds.end());
   result.seconds = seconds[seconds.size() / 2];
+  result.seconds_p99 = seconds[std::min(seconds.size() - 1, (seconds.size() * 99 + 99) / 100 - 1)];
+  if (lossy) {
+    result.coverage = coverage / static_cast<double>(seconds.size());
+    result.gathered = gathered / static_cast<double>(seconds.size());
+  }
   result.elements = elements;
   const double bytes = 4.0 * static_cast<double>(elements);
   result.algbw_gbps = bytes / result.seconds / 1e9;
@@ -142,9 +180,10 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
   result.output_checksum = engine::PayloadChecksum(
       absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(out.data()), out.size() * sizeof(float)));
   const bool has_bits = o.codec.id == kernels::CodecId::kDynamiq || o.codec.id == kernels::CodecId::kUniform;
-  result.method =
-      absl::StrCat(kernels::CodecName(o.codec.id), "-", o.topology,
-                   has_bits ? absl::StrCat("-", o.codec.bits) : std::string(), o.balanced_chunks ? "-balanced" : "");
+  result.method = lossy ? absl::StrCat(kernels::CodecName(o.codec.id), "-lossy", o.lossy_phase_ms)
+                        : absl::StrCat(kernels::CodecName(o.codec.id), "-", o.topology,
+                                       has_bits ? absl::StrCat("-", o.codec.bits) : std::string(),
+                                       o.balanced_chunks ? "-balanced" : "");
   return result;
 }
 
@@ -166,10 +205,12 @@ std::string FormatAllReduceJson(const AllReduceBenchResult& r, const AllReduceBe
   return absl::StrFormat(
       R"({"method":"%s","codec":"%s","bits":%g,"topology":"%s","world_size":%d,"rank":%d,"elements":%d,)"
       R"("bytes_per_rank":%d,"seconds":%.6f,"algbw_GBps":%.4f,"busbw_GBps":%.4f,"wire_bytes_per_rank":%d,)"
-      R"("vnmse":%.6g,"output_checksum":"%016x","authenticated":%s,"codec_threads":%d,"transport":"%s"%s})",
-      r.method, kernels::CodecName(o.codec.id), o.codec.bits, o.topology, o.world_size, o.rank, r.elements,
-      4 * r.elements, r.seconds, r.algbw_gbps, r.busbw_gbps, r.wire_bytes_per_rank, r.vnmse, r.output_checksum,
-      o.cluster_secret.empty() ? "false" : "true", o.codec_threads, o.transport, timeline);
+      R"("vnmse":%.6g,"output_checksum":"%016x","authenticated":%s,"codec_threads":%d,"transport":"%s",)"
+      R"("seconds_p99":%.6f,"coverage":%.6f,"gathered":%.6f%s})",
+      r.method, kernels::CodecName(o.codec.id), o.codec.bits, o.lossy_phase_ms > 0 ? "two_shot" : o.topology,
+      o.world_size, o.rank, r.elements, 4 * r.elements, r.seconds, r.algbw_gbps, r.busbw_gbps, r.wire_bytes_per_rank,
+      r.vnmse, r.output_checksum, o.cluster_secret.empty() ? "false" : "true", o.codec_threads,
+      o.lossy_phase_ms > 0 ? "udp" : o.transport, r.seconds_p99, r.coverage, r.gathered, timeline);
 }
 
 }  // namespace dynamiq::bench

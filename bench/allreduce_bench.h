@@ -50,12 +50,21 @@ struct AllReduceBenchOptions {
   // Non-empty: one raw little-endian float32 file per rank (all ranks read all of them, for the
   // exact sum) instead of the synthetic data; `elements` is then their length.
   std::vector<std::string> inputs;
+  // Above 0: the loss-tolerant all-reduce (engine/lossy_all_reduce.h) over UDP datagrams instead of
+  // the schedule (codec none or bf16), each phase lasting this long, the rank's sends included; the
+  // ranks line up over `transport` between iterations. `udp_send_mbps`: its pacing (0: none).
+  double lossy_phase_ms = 0;
+  double udp_send_mbps = 0;
 };
 
 struct AllReduceBenchResult {
-  std::string method;                     // e.g. "dynamiq-ring-5", "dynamiq-ring-5-balanced"
-  size_t elements = 0;                    // per rank
-  double seconds = 0;                     // median over iterations
+  std::string method;      // e.g. "dynamiq-ring-5", "dynamiq-ring-5-balanced"
+  size_t elements = 0;     // per rank
+  double seconds = 0;      // median over iterations
+  double seconds_p99 = 0;  // 99th percentile over iterations (nearest rank)
+  // Loss-tolerant runs: the mean over iterations of the fraction of contributions to this rank's
+  // chunk, and of the other owners' means, that arrived in time.
+  double coverage = 1, gathered = 1;
   double algbw_gbps = 0, busbw_gbps = 0;  // GB/s on the uncompressed size (nccl-tests definitions)
   uint64_t wire_bytes_per_rank = 0;       // bytes this rank sent per all-reduce, headers included
   double vnmse = 0;

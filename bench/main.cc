@@ -104,6 +104,13 @@ ABSL_FLAG(int, codec_threads, std::min(dynamiq::common::AvailableCpus(), dynamiq
 ABSL_FLAG(bool, balanced_chunks, false,
           "allreduce: size-balanced splitting: cut every block's chunks so that their encoded sizes, not their "
           "element counts, are equal (engine/block_plan.h BalancedChunks; all ranks must agree).");
+ABSL_FLAG(double, lossy_phase_ms, 0,
+          "allreduce: above 0, the loss-tolerant all-reduce over UDP datagrams (engine/lossy_all_reduce.h; codec "
+          "none or bf16), each of its two phases lasting this many ms (a rank's sends included) and ending with what "
+          "arrived; the "
+          "ranks line up over --transport between iterations.");
+ABSL_FLAG(double, udp_send_mbps, 0,
+          "allreduce: with --lossy_phase_ms, pace each rank's datagrams to this many Mbit/s.");
 ABSL_FLAG(bool, all_ranks_print, false, "allreduce: every rank prints its JSON line (default: rank 0 only).");
 ABSL_FLAG(std::string, cluster_secret_file, "",
           "allreduce: authenticate every message with HMAC-SHA256 under a key derived from this secret file (as "
@@ -274,6 +281,8 @@ int RunAllReduce() {
   o.trace_out = absl::GetFlag(FLAGS_trace_out);
   o.codec_threads = absl::GetFlag(FLAGS_codec_threads);
   o.balanced_chunks = absl::GetFlag(FLAGS_balanced_chunks);
+  o.lossy_phase_ms = absl::GetFlag(FLAGS_lossy_phase_ms);
+  o.udp_send_mbps = absl::GetFlag(FLAGS_udp_send_mbps);
   if (!absl::GetFlag(FLAGS_input).empty()) o.inputs = absl::StrSplit(absl::GetFlag(FLAGS_input), ',');
   if (!absl::GetFlag(FLAGS_cluster_secret_file).empty()) {
     auto secret = dynamiq::common::ReadSecret(absl::GetFlag(FLAGS_cluster_secret_file), "--cluster_secret_file");

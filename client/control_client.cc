@@ -146,6 +146,7 @@ absl::StatusOr<CompressionChangeResult> ChangeCompression(const ControlClient& c
   if (change.topology) config->set_topology(*change.topology);
   if (change.min_compress_elements) config->set_min_compress_elements(*change.min_compress_elements);
   if (change.allocator) config->set_allocator(*change.allocator);
+  if (change.lossy_phase_ms) config->set_lossy_phase_ms(*change.lossy_phase_ms);
   if (change.target_vnmse || budget_fields) {
     dynamiq::v1::ErrorBudget* budget = config->mutable_error_budget();
     if (change.target_vnmse) budget->set_target_vnmse(*change.target_vnmse);

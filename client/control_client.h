@@ -93,6 +93,8 @@ struct CompressionChange {
   std::optional<double> min_bits;
   std::optional<double> max_bits;
   std::optional<double> sample_rate;
+  // The loss-tolerant all-reduce's phase in milliseconds (0: reliable; needs dynamiqd --transport=udp).
+  std::optional<double> lossy_phase_ms;
   // Fail with ABORTED unless the job's newest epoch (staged or applied) is this one.
   std::optional<uint64_t> expected_epoch;
 };

@@ -8,11 +8,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "kernels/bf16_math.h"
 
 namespace dynamiq::engine {
 namespace {
 
-constexpr size_t kHeaderBytes = 16;  // u64 first element, u32 count, u32 contributors
+constexpr size_t kHeaderBytes = 24;  // u64 first element, u32 count, u32 contributors, u64 announcement
 
 void Put32(uint8_t* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
@@ -68,7 +69,8 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
         absl::StrCat("lossy all-reduce of ", input.size(), " elements into ", output.size()));
   }
   const size_t max_payload = transport.capabilities().max_payload;
-  if (max_payload < kHeaderBytes + sizeof(float)) {
+  const size_t value_bytes = options.bf16 ? 2 : 4;
+  if (max_payload < kHeaderBytes + value_bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("datagrams of ", max_payload, " payload bytes cannot carry one element"));
   }
@@ -78,9 +80,31 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
   // Own values first: they stay wherever the all-gather brings nothing. Output may be input: every
   // read of the input (the sends, the owner's own values) comes before any write of the output.
   if (output.data() != input.data()) std::copy(input.begin(), input.end(), output.begin());
+  result.expected_from.assign(n, 0);
+  result.arrived_from.assign(n, 0);
   if (n == 1 || input.empty()) return result;
 
-  const size_t per = (max_payload - kHeaderBytes) / sizeof(float);  // elements per datagram
+  const size_t per = (max_payload - kHeaderBytes) / value_bytes;  // elements per datagram
+  // A value as it travels, and back: what every rank counts, its own values included.
+  auto put_value = [&](uint8_t* p, float v) {
+    if (options.bf16) {
+      const uint16_t h = kernels::FloatToBf16(v);
+      p[0] = static_cast<uint8_t>(h);
+      p[1] = static_cast<uint8_t>(h >> 8);
+    } else {
+      uint32_t bits;
+      memcpy(&bits, &v, sizeof(bits));
+      Put32(p, bits);
+    }
+  };
+  auto get_value = [&](const uint8_t* p) {
+    if (options.bf16) return kernels::Bf16ToFloat(static_cast<uint16_t>(p[0] | (p[1] << 8)));
+    const uint32_t bits = Get32(p);
+    float v;
+    memcpy(&v, &bits, sizeof(v));
+    return v;
+  };
+  auto round_trip = [&](float v) { return options.bf16 ? kernels::Bf16ToFloat(kernels::FloatToBf16(v)) : v; };
   const Chunks chunks{input.size(), n};
   const uint64_t tag0 = 2 * options.sequence, tag1 = tag0 + 1;
   transport.AcceptTags(tag0, tag1);
@@ -104,15 +128,18 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
       Put64(datagram.data(), first + s * per);
       Put32(datagram.data() + 8, static_cast<uint32_t>(count));
       Put32(datagram.data() + 12, contributors == nullptr ? 1u : (*contributors)[s]);
-      for (size_t i = 0; i < count; ++i) {
-        uint32_t bits;
-        memcpy(&bits, &values[s * per + i], sizeof(bits));
-        Put32(datagram.data() + kHeaderBytes + 4 * i, bits);
-      }
-      absl::Status sent = transport.Send(peer, tag, absl::MakeConstSpan(datagram.data(), kHeaderBytes + 4 * count));
-      paced_bytes += kHeaderBytes + 4 * count;
+      Put64(datagram.data() + 16, options.announcement);
+      for (size_t i = 0; i < count; ++i)
+        put_value(datagram.data() + kHeaderBytes + value_bytes * i, values[s * per + i]);
+      const size_t bytes = kHeaderBytes + value_bytes * count;
+      absl::Status sent = transport.Send(peer, tag, absl::MakeConstSpan(datagram.data(), bytes));
+      paced_bytes += bytes;
       if (absl::IsAborted(sent)) return sent;
-      if (!sent.ok()) ++result.send_failures;
+      if (!sent.ok()) {
+        ++result.send_failures;
+      } else {
+        result.bytes_sent += bytes;
+      }
     }
     return absl::OkStatus();
   };
@@ -129,16 +156,20 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
   }
   const size_t my_begin = chunks.Begin(me), my_end = chunks.End(me);
   const size_t my_slices = chunks.Slices(me, per);
-  std::vector<double> sum(input.begin() + my_begin, input.begin() + my_end);
+  std::vector<double> sum(my_end - my_begin);
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = round_trip(input[my_begin + i]);
   std::vector<uint32_t> count(my_slices, 1);                                // my own contribution
   std::vector<std::vector<bool>> counted(n, std::vector<bool>(my_slices));  // [source][slice]
   std::vector<std::vector<bool>> gathered(n);                               // [owner][slice]
+  std::vector<bool> heard(n, false);
   for (int c = 0; c < n; ++c) {
     if (c != me) gathered[c].assign(chunks.Slices(c, per), false);
   }
   result.contributions_expected = static_cast<uint64_t>(n - 1) * my_slices;
   for (int c = 0; c < n; ++c) {
-    if (c != me) result.gathered_expected += chunks.Slices(c, per);
+    if (c == me) continue;
+    result.gathered_expected += chunks.Slices(c, per);
+    result.expected_from[c] = my_slices + chunks.Slices(c, per);
   }
 
   // 2. The owner's means, to every rank, once the first phase ends.
@@ -147,7 +178,7 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
     reduced = true;
     for (size_t i = 0; i < sum.size(); ++i) {
       const double by = options.normalize ? count[i / per] : n;
-      output[my_begin + i] = static_cast<float>(sum[i] / by);
+      output[my_begin + i] = round_trip(static_cast<float>(sum[i] / by));
     }
     const absl::Span<const float> means = output.subspan(my_begin, my_end - my_begin);
     paced_from = absl::Now();
@@ -179,12 +210,18 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
     s.count = Get32(datagram.data() + 8);
     s.contributors = Get32(datagram.data() + 12);
     s.values = datagram.data() + kHeaderBytes;
-    if (s.count == 0 || s.count > per || got->bytes != kHeaderBytes + 4 * static_cast<size_t>(s.count) ||
+    if (s.count == 0 || s.count > per || got->bytes != kHeaderBytes + value_bytes * static_cast<size_t>(s.count) ||
         s.contributors == 0 || s.contributors > static_cast<uint32_t>(n) || got->source < 0 || got->source >= n ||
         got->source == me) {
       ++result.rejected;
       continue;
     }
+    // Parsed and of this call: whatever becomes of its values, its sender was heard.
+    if (!heard[got->source]) {
+      heard[got->source] = true;
+      ++result.ranks_heard;
+    }
+    result.highest_announcement = std::max(result.highest_announcement, Get64(datagram.data() + 16));
     if (got->tag == tag0) {
       const int64_t slice = SliceIndex(s, my_begin, my_end, per);
       if (slice < 0 || s.contributors != 1 || counted[got->source][slice]) {
@@ -197,13 +234,9 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
         continue;
       }
       ++result.contributions_arrived;
+      ++result.arrived_from[got->source];
       ++count[slice];
-      for (uint32_t i = 0; i < s.count; ++i) {
-        float v;
-        const uint32_t bits = Get32(s.values + 4 * i);
-        memcpy(&v, &bits, sizeof(v));
-        sum[s.first - my_begin + i] += v;
-      }
+      for (uint32_t i = 0; i < s.count; ++i) sum[s.first - my_begin + i] += get_value(s.values + value_bytes * i);
     } else {
       const int owner = got->source;
       const int64_t slice = SliceIndex(s, chunks.Begin(owner), chunks.End(owner), per);
@@ -213,10 +246,14 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
       }
       gathered[owner][slice] = true;
       ++result.gathered_arrived;
-      for (uint32_t i = 0; i < s.count; ++i) {
-        const uint32_t bits = Get32(s.values + 4 * i);
-        memcpy(&output[s.first + i], &bits, sizeof(float));
-      }
+      ++result.arrived_from[owner];
+      for (uint32_t i = 0; i < s.count; ++i) output[s.first + i] = get_value(s.values + value_bytes * i);
+    }
+  }
+  for (int c = 0; c < n; ++c) {
+    if (c == me) continue;
+    for (size_t slice = 0; slice < gathered[c].size(); ++slice) {
+      if (!gathered[c][slice]) result.kept_own_elements += std::min(per, chunks.End(c) - chunks.Begin(c) - slice * per);
     }
   }
   return result;

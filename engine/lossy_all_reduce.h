@@ -16,8 +16,11 @@
 //   2. All-gather: every owner sends its chunk's means to every rank (with each slice's count).
 //      Slices that did not arrive by the second deadline keep the receiver's own values (its input),
 //      which the caller's periodic reliable resync (dynamiq::SyncState) brings back in line.
-// A datagram's payload: [u64 first element][u32 count][u32 contributors][count f32], all
-// little-endian; the transport authenticates it and carries the phase in its tag (2 sequence + 0
+// A datagram's payload: [u64 first element][u32 count][u32 contributors][u64 announcement][count
+// values], all
+// little-endian, the values f32 or bf16 (LossyAllReduceOptions::bf16: half the bytes; every rank
+// rounds its own values as it sends them, so the ranks' results agree bit for bit when nothing is
+// lost); the transport authenticates it and carries the phase in its tag (2 sequence + 0
 // or 1). Payloads that do not fit (wrong length, an element range outside the owner's chunk or not
 // on the slicing, a slice already counted from that rank) are dropped and counted, never used.
 //
@@ -27,6 +30,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -39,8 +44,9 @@ struct LossyAllReduceOptions {
   // Identical on every rank and distinct per collective: the datagrams' tags (2 sequence, 2
   // sequence + 1), so a late datagram of another collective is never counted in this one.
   uint64_t sequence = 0;
-  // How long each phase waits at most, from the end of this rank's sends; the call returns within
-  // twice this plus the time its sends take (at most their bytes at `send_bytes_per_second`).
+  // How long each phase lasts, this rank's sends included: the reduce-scatter ends this long after
+  // the call started, the all-gather this long after that. The call returns by then, or once its
+  // all-gather sends are out if they take longer (their bytes at `send_bytes_per_second`).
   absl::Duration phase_timeout = absl::Milliseconds(100);
   // Owners divide by the contributions that arrived (unbiased); false: by the group size.
   bool normalize = true;
@@ -49,6 +55,11 @@ struct LossyAllReduceOptions {
   // its queue: pace at the link's share (a phase sends (n - 1) / n of the vector per rank), and
   // give each phase the time its bytes take at that rate.
   double send_bytes_per_second = 0;
+  // Values travel as bf16 (round to nearest even) instead of f32; the same on every rank.
+  bool bf16 = false;
+  // A number every datagram of this rank carries (the daemon: the last collective at which it
+  // knows a configuration change may apply), so the others learn it from any one that arrives.
+  uint64_t announcement = 0;
 };
 
 struct LossyAllReduceResult {
@@ -60,8 +71,19 @@ struct LossyAllReduceResult {
   // sends the transport refused (a full socket buffer: counted as lost).
   uint64_t rejected = 0;
   uint64_t send_failures = 0;
+  // Payload bytes of the datagrams this rank sent (refused sends not counted).
+  uint64_t bytes_sent = 0;
   // Contributions to this rank's chunk that arrived after its first deadline (not used).
   uint64_t late = 0;
+  // Per rank: the datagrams this rank expected from it (its contributions to this rank's chunk and
+  // its chunk's means) and those that arrived in time (0 for this rank itself).
+  std::vector<uint64_t> expected_from, arrived_from;
+  // Elements of the output that kept this rank's own values (all-gather slices that did not arrive).
+  uint64_t kept_own_elements = 0;
+  // The other ranks from which at least one intact datagram of this call came (in time or late),
+  // and the highest announcement among them (0: none heard).
+  int ranks_heard = 0;
+  uint64_t highest_announcement = 0;
   double coverage() const {
     return contributions_expected == 0 ? 1.0 : static_cast<double>(contributions_arrived) / contributions_expected;
   }

@@ -30,6 +30,8 @@
 
 namespace dynamiq::engine {
 
+class DatagramTransport;
+
 // What a transport promises (engine/transport_registry.h lists every kind with its own). Data
 // paths and the algorithm selector read these instead of asking for a transport by name.
 struct TransportCapabilities {
@@ -85,6 +87,10 @@ class Transport {
   // from the step header). Counting decorators (server/counting_transport.h) count received bytes
   // from it; transports ignore it.
   virtual void MessageReceived(int peer, size_t bytes) {}
+  // The group's unreliable datagram transport beside this one, same ranks (engine/
+  // transport_with_datagrams.h: dynamiqd --transport=udp), for collectives that end at a deadline
+  // with what arrived; null where there is none. Aborting this transport aborts it too.
+  virtual DatagramTransport* datagrams() { return nullptr; }
 
   virtual void Abort() = 0;
 };

@@ -130,6 +130,13 @@ def parse_args(argv=None):
                         "(mean injected time per micro-batch), sigma=S (log-normal noise around it), factor=F and "
                         "prob=P (one worker F times slower on a share P of the steps), rank=R (that worker; default "
                         "the last)")
+    p.add_argument("--lossy-phase-ms", type=float, default=0,
+                   help="the loss-tolerant all-reduce (docs/design.md): dynamiqd --transport=udp, each of its two "
+                        "phases ending after this many ms (the node's sends included) with what arrived; codec none "
+                        "or bf16 (default 0: reliable)")
+    p.add_argument("--resync-every", type=int, default=0,
+                   help="every N steps, make the model's parameters identical on every worker (sync_state: exact, "
+                        "so reliable); bounds the drift the loss-tolerant all-reduce leaves (default 0: never)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the results on stdout")
     p.add_argument("--timeout", type=float, default=600, help="launcher: seconds before giving up (default 600)")
     p.add_argument("--dynamiqd", default=None,
@@ -453,7 +460,8 @@ def run_worker(args):
         codec_options = {}
         if args.control:  # the launcher did not start the daemons with these options
             codec_options = dict(codec=args.codec, bits=args.bits, topology=args.topology,
-                                 min_compress_elements=args.min_compress_elements, control=args.control)
+                                 min_compress_elements=args.min_compress_elements, control=args.control,
+                                 lossy_phase_ms=args.lossy_phase_ms)
         state = dynamiq.torch.DynamiqState(warmup_steps=args.warmup_steps, record_error=args.record_error,
                                            **codec_options)
         ddp.register_comm_hook(state, dynamiq.torch.allreduce_hook)
@@ -475,7 +483,9 @@ def run_worker(args):
     # (the step's loss is the mean over every worker's completed micro-batches); the global weights.
     computed, weight_sums, thresholds, calibrating = [], [], [], []
 
-    losses, accuracies, evals, step_seconds = [], [], [], []
+    losses, accuracies, evals, step_seconds, resyncs = [], [], [], [], []
+    if args.resync_every > 0:
+        import dynamiq.torch
     for step in range(args.steps):
         xb, yb = task.next_batch()
         started = time.perf_counter()
@@ -505,6 +515,11 @@ def run_worker(args):
             losses.append(loss.item())
             accuracies.append(accuracy)
         optimizer.step()
+        if args.resync_every > 0 and (step + 1) % args.resync_every == 0:
+            # The reliable resync: the parameters most workers hold go to those that drifted.
+            synced = dynamiq.torch.sync_state(dict(model.named_parameters()), rank=rank, world=world, name="resync",
+                                              client=state.client if state is not None else None)
+            resyncs.append({"step": step + 1, "copied": bool(synced["copied"]), "agreeing": synced["agreeing"]})
         step_seconds.append(time.perf_counter() - started)
         if rank == 0 and (step + 1) % args.log_every == 0:
             if accumulate:
@@ -551,6 +566,8 @@ def run_worker(args):
             "steps_per_second": len(timed) / sum(timed),
             "bucket_cap_mb": args.bucket_cap_mb,
             "train_seconds": sum(step_seconds),
+            "lossy_phase_ms": args.lossy_phase_ms,
+            "resyncs": resyncs,
         }
         if accumulate:
             planned = args.steps * world * args.micro_batches
@@ -758,7 +775,7 @@ def summarize(result):
 WORKER_FLAGS = ("task", "comm", "codec", "bits", "topology", "min_compress_elements", "warmup_steps", "steps", "seed",
                 "batch_size", "lr", "momentum", "hidden", "d_model", "layers", "context", "bucket_cap_mb", "eval_every",
                 "log_every", "timing_skip", "threads", "micro_batches", "drop_compute", "drop_window", "drop_max",
-                "straggle")
+                "straggle", "lossy_phase_ms", "resync_every")
 
 
 def worker_flags(args):
@@ -784,8 +801,11 @@ def launch(args):
                 if len(sockets) != args.nodes:
                     raise SystemExit(f"--sockets names {len(sockets)} sockets for {args.nodes} nodes")
             else:
+                extra = list(args.dynamiqd_arg)
+                if args.lossy_phase_ms > 0:
+                    extra += ["--transport=udp", f"--lossy_phase_ms={args.lossy_phase_ms:g}"]
                 daemons = LocalDaemons(find_dynamiqd(args.dynamiqd), args.nodes, tmp, args.codec, args.bits,
-                                       args.topology, args.min_compress_elements, args.dynamiqd_arg)
+                                       args.topology, args.min_compress_elements, extra)
                 sockets = daemons.sockets
                 control = None  # the daemons run the job's configuration from their flags
         job = args.job or f"train-{os.getpid()}-{int(time.time())}"

@@ -9,6 +9,8 @@
 #include "common/status_macros.h"
 #include "engine/host_transport.h"
 #include "engine/store.h"
+#include "engine/transport_with_datagrams.h"
+#include "engine/udp_transport.h"
 #include "server/counting_transport.h"
 #ifdef DQ_HAVE_NCCL
 #include "engine/host_staged_transport.h"
@@ -85,6 +87,17 @@ absl::StatusOr<std::unique_ptr<engine::Transport>> ClusterJobCoordinator::Connec
     // Nodes at different incarnations never meet: say so rather than only which key was missing.
     return common::Restate(host.status(),
                            absl::StrCat(host.status().message(), cluster_.IncarnationHint(job_id_, incarnation_)));
+  }
+  if (settings_.datagrams) {
+    // The view's UDP sockets, under the same rendezvous ("udp/<rank>" beside "tcp/<rank>").
+    engine::UdpTransportOptions udp;
+    udp.hostname = settings_.peer_host;
+    udp.timeout = settings_.timeout;
+    udp.key = settings_.key;
+    absl::StatusOr<std::unique_ptr<engine::UdpTransport>> datagrams =
+        engine::ConnectUdpTransport(scoped, rank, size, udp);
+    if (!datagrams.ok()) return common::Annotate(datagrams.status(), "udp transport");
+    host = std::make_unique<engine::TransportWithDatagrams>(*std::move(host), *std::move(datagrams));
   }
   // Counts bytes per peer node (dynamiq_peer_bytes_total).
   auto counted = std::make_unique<CountingTransport>(*std::move(host), settings_.metrics, view.members());

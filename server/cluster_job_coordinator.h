@@ -39,6 +39,9 @@ struct JobTransportSettings {
   int cuda_device = 0;
   bool nccl = false;  // kCuda: NCCL between nodes; else Gloo staged through pinned host memory
   bool tcp = false;   // kCpu: engine/tcp_transport.h instead of Gloo's transport
+  // kCpu with tcp: a UDP transport per view beside it (engine/transport_with_datagrams.h,
+  // --transport=udp) for the loss-tolerant all-reduce.
+  bool datagrams = false;
   absl::Duration timeout;
   std::string peer_host;       // the host this node's transport listens on
   Metrics* metrics = nullptr;  // bytes per peer node (CPU nodes)

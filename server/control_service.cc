@@ -59,6 +59,9 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context, const dynam
     for (const auto& [node, seconds] : s.node_wait_seconds) (*j->mutable_node_wait_seconds())[node] = seconds;
     j->set_view_epoch(s.view_epoch);
     for (uint32_t node : s.view_members) j->add_view_nodes(node);
+    j->set_lossy_datagrams_expected(s.lossy_expected);
+    j->set_lossy_datagrams_arrived(s.lossy_arrived);
+    j->set_lossy_drift_elements(s.lossy_drift_elements);
     if (daemon_.error_budget() == nullptr) continue;
     if (auto state = daemon_.error_budget()->State(id)) {
       const CompressionController::Stats& st = state->stats;

@@ -51,6 +51,7 @@ class CountingTransport final : public engine::Transport {
   absl::StatusOr<Handle> PostRecvParts(int peer, uint64_t tag, absl::Span<const absl::Span<uint8_t>> parts) override;
   absl::Status Wait(Handle handle, absl::Time deadline) override;
   void MessageReceived(int peer, size_t bytes) override;
+  engine::DatagramTransport* datagrams() override { return inner_->datagrams(); }
   void Abort() override { inner_->Abort(); }
 
  private:

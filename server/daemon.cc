@@ -424,6 +424,7 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id
   o.error_sample_rate = error_sample_rate();
   o.arc_topk_error_feedback = options_.arc_topk_error_feedback;
   o.arc_topk_momentum = options_.arc_topk_momentum;
+  o.lossy_send_bytes_per_second = options_.udp_send_mbps * 1e6 / 8;
   o.error_feedback_bytes = options_.error_feedback_mib << 20;
   o.step_budget = options_.step_budget;
   o.codec_pool = codec_pool_;
@@ -446,6 +447,7 @@ absl::StatusOr<std::shared_ptr<Job>> Daemon::CreateJob(const std::string& job_id
   transport.device = options_.device;
   transport.nccl = UsesNccl(options_);
   transport.tcp = UsesTcp(options_);
+  transport.datagrams = UsesDatagrams(options_);
   transport.cuda_device = options_.cuda_device;
   transport.timeout = options_.timeout;
   transport.peer_host = peer_host_;
@@ -490,6 +492,7 @@ absl::StatusOr<PublishedChange> Daemon::SetCompression(const std::string& job_id
     DQ_ASSIGN_OR_RETURN(JobConfig config, change(newest));
     // A GPU node runs only what its device all-reduce implements.
     DQ_RETURN_IF_ERROR(CheckConfigForDevice(config, options_.device));
+    DQ_RETURN_IF_ERROR(CheckConfigForTransport(config, options_));
     DQ_RETURN_IF_ERROR(CheckErrorBudgetSampled(config, options_.num_nodes, error_sample_rate()));
     return config;
   };

@@ -20,12 +20,25 @@ bool UsesNccl(const DaemonOptions& o) {
 }
 
 bool UsesTcp(const DaemonOptions& o) {
-  return o.device != DeviceKind::kCuda && (o.transport.empty() || o.transport == "tcp");
+  return o.device != DeviceKind::kCuda && (o.transport.empty() || o.transport == "tcp" || o.transport == "udp");
 }
+
+bool UsesDatagrams(const DaemonOptions& o) { return o.device != DeviceKind::kCuda && o.transport == "udp"; }
 
 std::string TransportName(const DaemonOptions& o) {
   if (UsesNccl(o)) return "nccl";
+  if (UsesDatagrams(o)) return "udp";
   return UsesTcp(o) ? "tcp" : "gloo";
+}
+
+absl::Status CheckConfigForTransport(const JobConfig& config, const DaemonOptions& o) {
+  if (config.lossy_phase > absl::ZeroDuration() && !UsesDatagrams(o)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the loss-tolerant all-reduce (lossy_phase_ms > 0) needs datagrams between the nodes: dynamiqd "
+                     "--transport=udp on every node (this cluster runs --transport=",
+                     TransportName(o), ")"));
+  }
+  return absl::OkStatus();
 }
 
 NodeSettings ClusterSettings(const DaemonOptions& o) {
@@ -47,6 +60,8 @@ NodeSettings ClusterSettings(const DaemonOptions& o) {
       {"topology", std::string(engine::TopologyName(c.topology))},
       {"min_compress_elements", absl::StrCat(c.min_compress_elements)},
       {"target_vnmse", number(c.error_budget ? c.error_budget->target_vnmse : 0)},
+      {"lossy_phase_ms", number(absl::ToDoubleMilliseconds(c.lossy_phase))},
+      {"udp_send_mbps", number(o.udp_send_mbps)},
   };
   if (c.error_budget) {
     s.emplace_back("min_bits", number(c.error_budget->min_bits));
@@ -103,8 +118,16 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
         absl::StrCat("--error_feedback_mib must be at most 1073741824 (1 PiB), got ", o.error_feedback_mib));
   }
   DQ_RETURN_IF_ERROR(common::CheckPoolThreads("--codec_threads", o.codec_threads));
-  if (!o.transport.empty() && o.transport != "gloo" && o.transport != "tcp" && o.transport != "nccl") {
-    return absl::InvalidArgumentError(absl::StrCat("--transport must be gloo, tcp or nccl, got '", o.transport, "'"));
+  if (!o.transport.empty() && o.transport != "gloo" && o.transport != "tcp" && o.transport != "udp" &&
+      o.transport != "nccl") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--transport must be gloo, tcp, udp or nccl, got '", o.transport, "'"));
+  }
+  if (!(o.udp_send_mbps >= 0 && o.udp_send_mbps <= 1e6)) {
+    return absl::InvalidArgumentError(absl::StrCat("--udp_send_mbps must be in [0, 1e6], got ", o.udp_send_mbps));
+  }
+  if (absl::Status s = CheckConfigForTransport(o.default_config, o); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("default compression of new jobs: ", s.message()));
   }
   if (o.device != DeviceKind::kCuda) {
     if (o.transport == "nccl") {
@@ -113,9 +136,9 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
     }
     return absl::OkStatus();
   }
-  if (o.transport == "tcp") {
-    return absl::InvalidArgumentError(
-        "--transport=tcp is for CPU nodes (GPU nodes: nccl, or gloo for the hybrid path over Ethernet)");
+  if (o.transport == "tcp" || o.transport == "udp") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--transport=", o.transport, " is for CPU nodes (GPU nodes: nccl, or gloo for the hybrid path over Ethernet)"));
   }
   if (!DaemonHasCudaSupport()) {
     return absl::FailedPreconditionError(

@@ -73,7 +73,12 @@ struct DaemonOptions {
   // network: IB, RoCE, or its own sockets; the default) or "gloo" (the hybrid path: reduce and
   // compress on the GPU, the compressed chunks through pinned host memory over Gloo TCP;
   // engine/host_staged_transport.h).
+  // "udp" (CPU nodes): tcp's connections for the reliable schedules, and a UDP socket per job and
+  // group view for the loss-tolerant all-reduce (a job's lossy_phase_ms: engine/lossy_all_reduce.h).
   std::string transport;
+  // --transport=udp: what each node sends datagrams at, at most, in Mbit/s (its share of the
+  // narrowest link: datagrams have no congestion control); 0: as fast as the socket takes them.
+  double udp_send_mbps = 0;
   // Threads that split the codec work of one cross-node collective on a CPU node (statistics,
   // compress, DAR, decompress; results bit-identical for any count), the reducer thread's
   // included, shared by all jobs: 1..kMaxCodecThreads. 1 here (in-process daemons start no
@@ -90,10 +95,16 @@ bool DaemonHasCudaSupport();
 
 // Whether jobs move data between nodes with NCCL (a GPU node's default).
 bool UsesNccl(const DaemonOptions& options);
-// Whether they do with engine/tcp_transport.h (a CPU node's default).
+// Whether they do with engine/tcp_transport.h (a CPU node's default; --transport=udp too, for the
+// reliable schedules).
 bool UsesTcp(const DaemonOptions& options);
-// How jobs move data between nodes, as --transport names it once the default is resolved: "tcp"
-// or "gloo" on a CPU node, "nccl" or "gloo" on a GPU node.
+// Whether jobs also get a datagram transport per group view (--transport=udp).
+bool UsesDatagrams(const DaemonOptions& options);
+// Whether this node's jobs can run `config`: a loss-tolerant all-reduce needs --transport=udp
+// (FAILED_PRECONDITION saying so otherwise).
+absl::Status CheckConfigForTransport(const JobConfig& config, const DaemonOptions& options);
+// How jobs move data between nodes, as --transport names it once the default is resolved: "tcp",
+// "udp" or "gloo" on a CPU node, "nccl" or "gloo" on a GPU node.
 std::string TransportName(const DaemonOptions& options);
 // The settings every node of a cluster must share because they change what goes between the nodes
 // (the coordinator compares them when a node joins, server/rendezvous_service.h): --device,

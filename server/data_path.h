@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/allreduce.h"
+#include "engine/lossy_all_reduce.h"
 #include "engine/transport.h"
 #include "kernels/codec.h"
 #include "kernels/dtype.h"
@@ -55,6 +56,8 @@ class DataPath {
     double probe_seconds = 0;     // time the measurement took (not the collective's)
     absl::Status probe_status;    // a failed measurement does not fail the collective
     bool regroup = false;         // the measurement left the transport unusable: re-form the group
+    // CrossNodeLossy: what arrived (engine/lossy_all_reduce.h).
+    std::optional<engine::LossyAllReduceResult> lossy;
   };
 
   virtual ~DataPath() = default;
@@ -76,6 +79,13 @@ class DataPath {
   virtual absl::StatusOr<CrossNodeResult> CrossNode(const kernels::Codec& codec, engine::Transport& transport,
                                                     const engine::AllReduceOptions& options, size_t n,
                                                     double error_sample_rate) = 0;
+  // The loss-tolerant all-reduce (engine/lossy_all_reduce.h) of the sum across the ranks of
+  // `datagrams`: the sum becomes their estimate of the ranks' sum (the mean over the contributions
+  // that arrived, times the ranks). UNIMPLEMENTED where the path has none (GPU nodes).
+  virtual absl::StatusOr<CrossNodeResult> CrossNodeLossy(engine::DatagramTransport& datagrams,
+                                                         const engine::LossyAllReduceOptions& options, size_t n) {
+    return absl::UnimplementedError("this node's data path has no loss-tolerant all-reduce (CPU nodes only)");
+  }
   // The EF21(M) state and momentum (server/error_feedback.h) the next CrossNode uses if its codec is arc_topk; null:
   // none. Paths without error feedback (the device path, which runs no arc_topk) ignore it.
   virtual void SetErrorFeedback(ErrorFeedbackState* state, double momentum) {}

@@ -101,6 +101,22 @@ absl::StatusOr<DataPath::CrossNodeResult> HostDataPath::CrossNode(const kernels:
   return out;
 }
 
+absl::StatusOr<DataPath::CrossNodeResult> HostDataPath::CrossNodeLossy(engine::DatagramTransport& datagrams,
+                                                                       const engine::LossyAllReduceOptions& options,
+                                                                       size_t n) {
+  if (sum_ == nullptr) return absl::FailedPreconditionError("CrossNodeLossy before LocalReduce");
+  const absl::Span<float> sum(sum_, n);
+  DQ_ASSIGN_OR_RETURN(engine::LossyAllReduceResult lossy, engine::LossyAllReduceMean(datagrams, options, sum, sum));
+  // The mean over what arrived, times the ranks: the estimate of the sum that WriteBack scales.
+  const float ranks = static_cast<float>(datagrams.size());
+  for (float& x : sum) x *= ranks;
+  CrossNodeResult out;
+  out.bytes_sent = lossy.bytes_sent;
+  out.topology = engine::Topology::kTwoShot;  // one hop each way: reduce-scatter, all-gather
+  out.lossy = std::move(lossy);
+  return out;
+}
+
 bool HostDataPath::ResultEnergies(size_t n, std::vector<double>* energies) {
   if (sum_ == nullptr) return false;
   energies->assign((n + kernels::kSuperGroupSize - 1) / kernels::kSuperGroupSize, 0.0);

@@ -32,6 +32,8 @@ class HostDataPath final : public DataPath {
   absl::StatusOr<CrossNodeResult> CrossNode(const kernels::Codec& codec, engine::Transport& transport,
                                             const engine::AllReduceOptions& options, size_t n,
                                             double error_sample_rate) override;
+  absl::StatusOr<CrossNodeResult> CrossNodeLossy(engine::DatagramTransport& datagrams,
+                                                 const engine::LossyAllReduceOptions& options, size_t n) override;
   bool ResultEnergies(size_t n, std::vector<double>* energies) override;
   absl::Status WriteBack(absl::Span<const Output> outputs, size_t n, float scale) override;
   void SetErrorFeedback(ErrorFeedbackState* state, double momentum) override {

@@ -323,6 +323,9 @@ Job::Status Job::GetStatus() const {
   s.config_polls = totals_.config_polls;
   s.local_wait_seconds = totals_.local_wait_seconds;
   s.node_wait_seconds = totals_.node_wait_seconds;
+  s.lossy_expected = totals_.lossy_expected;
+  s.lossy_arrived = totals_.lossy_arrived;
+  s.lossy_drift_elements = totals_.lossy_drift_elements;
   const GroupView view = group_.view();
   s.view_epoch = view.epoch();
   s.view_members = view.members();
@@ -467,7 +470,10 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
                                                         ", so its workers' collectives fail from there on"));
   }
   const uint32_t nodes = view.is_member() ? view.size() : 1;
-  Contributions contributions(weighted, nodes, view.is_member() ? view.my_index() : 0, path_->has_side_lane(),
+  // The loss-tolerant all-reduce carries no side lane (datagrams stand alone); weighted and exact
+  // all-reduces (sync_state's resync among them) stay on the reliable schedules.
+  const bool lossy = config.lossy_phase > absl::ZeroDuration() && !entries[0]->request.exact && !weighted;
+  Contributions contributions(weighted, nodes, view.is_member() ? view.my_index() : 0, path_->has_side_lane() && !lossy,
                               view.members());
   for (const Entry* e : entries) {
     const float weight = static_cast<float>(e->request.weight.value_or(1.0));
@@ -477,10 +483,12 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
     outputs.push_back(DataPath::Output{region, e->request.average});
   }
   contributions.SetPreviousEnd(previous_end_);
+  uint64_t own_boundary;
   {
     absl::MutexLock lock(&mu_);
-    contributions.SetConfigBoundary(config_boundary_);
+    own_boundary = config_boundary_;
   }
+  contributions.SetConfigBoundary(own_boundary);
   if (status.ok()) {
     status = path_->LocalReduce(inputs, n);
     if (!status.ok()) {
@@ -501,8 +509,10 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   const double bits = plan ? planner_.BitsFor(bucket, codec) : 0;
   if (status.ok() && nodes > 1) {
     absl::StatusOr<DataPath::CrossNodeResult> r =
-        CrossNode(sequence, config, epoch, entries[0]->request.tensor_name, entries[0]->request.dtype, n, bits,
-                  weighted, contributions.SideLane());
+        lossy ? CrossNodeLossy(sequence, config, entries[0]->request.tensor_name, entries[0]->request.dtype, n,
+                               own_boundary)
+              : CrossNode(sequence, config, epoch, entries[0]->request.tensor_name, entries[0]->request.dtype, n, bits,
+                          weighted, contributions.SideLane());
     if (r.ok()) {
       cross = *std::move(r);
     } else {
@@ -537,6 +547,7 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
           status, path_->on_device() ? absl::StrCat(name, ": writing the result back on the device") : name);
     }
   }
+  if (status.ok() && nodes > 1) ReportLossy(view, entries[0]->request.exact, cross);
   const uint64_t wire_bytes = cross.bytes_sent;
   record.seconds = absl::ToDoubleSeconds(absl::Now() - record.start);
   record.wire_bytes = wire_bytes;
@@ -554,9 +565,15 @@ void Job::RunCollective(uint64_t sequence, Slot& slot) {
   previous_end_ = absl::Now();
   const StragglerWait waits = contributions.Waits();
   // The next collective skips the coordinator's round trip only when this one went through and
-  // no node knows of a change that may apply at it.
-  poll_next_ =
-      !status.ok() || nodes < 2 || !contributions.has_node_slots() || contributions.ConfigBoundary() >= sequence + 1;
+  // no node knows of a change that may apply at it: as the side lane says, or, in a loss-tolerant
+  // one, as every other node's datagrams said (a node not heard from may have announced one).
+  bool heard_every_node = contributions.has_node_slots();
+  uint64_t boundary = contributions.ConfigBoundary();
+  if (cross.lossy.has_value()) {
+    heard_every_node = cross.lossy->ranks_heard + 1 == static_cast<int>(nodes);
+    boundary = std::max(own_boundary, cross.lossy->highest_announcement);
+  }
+  poll_next_ = !status.ok() || nodes < 2 || !heard_every_node || boundary >= sequence + 1;
   // Advance the job before any worker sees its result: NextSequence() (which SetCompression's
   // boundary is computed from) is then current.
   Completions completions;

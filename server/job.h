@@ -119,6 +119,9 @@ class Job {
     // results. Every node of the job must agree (dynamiqd --step_budget, checked at startup). Data
     // paths that cannot read the result (GPU nodes) keep the job's b̄.
     bool step_budget = false;
+    // The loss-tolerant all-reduce (a configuration's lossy_phase): bytes per second this node
+    // sends datagrams at, at most (dynamiqd --udp_send_mbps; 0: unpaced).
+    double lossy_send_bytes_per_second = 0;
     // A restarted node rejoining the job's running incarnation (Cluster::RejoinableIncarnation):
     // the epoch of the newest view when it asked, one without this node. Its first collective waits
     // (up to `timeout`) for a later view that admits it, and the node numbers its collectives as the
@@ -227,6 +230,11 @@ class Job {
     // submission after the first one's) and for each node (its part after this node's).
     std::map<uint32_t, double> local_wait_seconds;
     std::map<uint32_t, double> node_wait_seconds;
+    // The loss-tolerant all-reduce: datagrams expected from the other nodes and those that arrived
+    // in time, and the elements that kept this node's values since the last exact all-reduce.
+    uint64_t lossy_expected = 0;
+    uint64_t lossy_arrived = 0;
+    uint64_t lossy_drift_elements = 0;
     // The group view the next collective runs in (server/group_view.h), as far as this node knows.
     uint64_t view_epoch = 0;
     std::vector<uint32_t> view_members;
@@ -319,6 +327,15 @@ class Job {
   // identify the collective on the wire. A failure drops the group (re-formed at the next one).
   // `weighted` marks the collective's id; `side_sums` is its side lane (server/contributions.h),
   // summed over the nodes in place.
+  // The loss-tolerant all-reduce of collective `sequence` over the view's datagram transport
+  // (config.lossy_phase > 0): every node ends it by its deadlines, whatever arrived.
+  // Its datagrams announce `boundary` (this node's configuration boundary) as the side lane would.
+  absl::StatusOr<DataPath::CrossNodeResult> CrossNodeLossy(uint64_t sequence, const JobConfig& config,
+                                                           absl::string_view tensor_name, kernels::DType dtype,
+                                                           size_t n, uint64_t boundary);
+  // After a successful cross-node step: counts the drift a loss-tolerant one left (an exact one
+  // resets it) and reports what arrived.
+  void ReportLossy(const GroupView& view, bool exact, const DataPath::CrossNodeResult& cross);
   absl::StatusOr<DataPath::CrossNodeResult> CrossNode(uint64_t sequence, const JobConfig& config, uint64_t epoch,
                                                       absl::string_view tensor_name, kernels::DType dtype, size_t n,
                                                       double bits, bool weighted, absl::Span<double> side_sums);
@@ -375,6 +392,9 @@ class Job {
   // arc_topk's error feedback per tensor, dropped at every config epoch change (running thread only).
   ErrorFeedback error_feedback_;
   uint64_t error_feedback_epoch_ = 0;
+  // Elements of loss-tolerant results that kept this node's values since the last exact
+  // all-reduce (sync_state's: the resync), for the drift gauge (running thread only).
+  uint64_t lossy_drift_elements_ = 0;
   StepBudgetPlanner planner_;   // running thread only (options_.step_budget)
   uint64_t planner_epoch_ = 0;  // the config epoch planner_ plans for (running thread only)
   absl::Mutex close_mu_;        // serialises Close (the reducer is joined once)

@@ -55,6 +55,7 @@ void ToProto(const JobConfig& c, dynamiq::v1::CompressionConfig* out) {
     b->set_max_bits(c.error_budget->max_bits);
     b->set_sample_rate(c.error_budget->sample_rate);
   }
+  out->set_lossy_phase_ms(absl::ToDoubleMilliseconds(c.lossy_phase));
 }
 
 absl::StatusOr<JobConfig> FromProto(const dynamiq::v1::CompressionConfig& c) {
@@ -72,7 +73,26 @@ absl::StatusOr<JobConfig> FromProto(const dynamiq::v1::CompressionConfig& c) {
     policy.sample_rate = b.sample_rate();
     DQ_RETURN_IF_ERROR(SetErrorBudget(policy, config));
   }
+  DQ_RETURN_IF_ERROR(SetLossyPhase(c.lossy_phase_ms(), config));
   return config;
+}
+
+absl::Status SetLossyPhase(double milliseconds, JobConfig& config) {
+  if (!(milliseconds >= 0 && milliseconds <= kMaxLossyPhaseMs)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lossy_phase_ms must be 0 (reliable) or up to ", kMaxLossyPhaseMs, ", got ", milliseconds));
+  }
+  config.lossy_phase = absl::Milliseconds(milliseconds);
+  if (milliseconds == 0) return absl::OkStatus();
+  if (config.codec.id != kernels::CodecId::kNone && config.codec.id != kernels::CodecId::kBf16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the loss-tolerant all-reduce (lossy_phase_ms > 0) carries codec none or bf16, not ",
+        kernels::CodecName(config.codec.id), ": every datagram must decode on its own; set lossy_phase_ms 0 first"));
+  }
+  if (config.error_budget.has_value()) {
+    return absl::InvalidArgumentError("the loss-tolerant all-reduce (lossy_phase_ms > 0) takes no error budget");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<JobConfig> ApplyCompressionChange(const JobConfig& newest, const dynamiq::v1::CompressionConfig& change,
@@ -101,6 +121,7 @@ absl::StatusOr<JobConfig> ApplyCompressionChange(const JobConfig& newest, const 
   if (change.has_topology()) next.set_topology(change.topology());
   if (change.has_min_compress_elements()) next.set_min_compress_elements(change.min_compress_elements());
   if (change.has_allocator()) next.set_allocator(change.allocator());
+  if (change.has_lossy_phase_ms()) next.set_lossy_phase_ms(change.lossy_phase_ms());
   // The budget: a new target (on the current budget's fields, if any); the current one with
   // changed fields; kept when neither codec nor bits were given (e.g. a topology change); otherwise
   // none (fixed bits).
@@ -136,6 +157,9 @@ std::string DescribeJobConfig(const JobConfig& c) {
     absl::StrAppendFormat(&s, " target_vnmse=%g bits=[%g,%g]", c.error_budget->target_vnmse, c.error_budget->min_bits,
                           c.error_budget->max_bits);
     if (c.error_budget->sample_rate > 0) absl::StrAppendFormat(&s, " sample_rate=%g", c.error_budget->sample_rate);
+  }
+  if (c.lossy_phase > absl::ZeroDuration()) {
+    absl::StrAppendFormat(&s, " lossy_phase=%gms", absl::ToDoubleMilliseconds(c.lossy_phase));
   }
   return s;
 }

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "dynamiq/v1/common.pb.h"
 #include "engine/schedule.h"
 #include "kernels/codec.h"
@@ -30,6 +31,10 @@ struct JobConfig {
   uint64_t min_compress_elements = 0;
   // Set: codec.bits is the controller's current choice within the policy (codec is DynamiQ).
   std::optional<ErrorBudgetPolicy> error_budget;
+  // Above zero: collectives run the loss-tolerant all-reduce (engine/lossy_all_reduce.h) over the
+  // nodes' datagram transport, each of its two phases lasting this long (the node's sends included); codec none or
+  // bf16, no budget. Zero: the reliable schedules.
+  absl::Duration lossy_phase = absl::ZeroDuration();
 };
 
 // Parses and validates codec / bits / topology / allocator; INVALID_ARGUMENT with a message.
@@ -38,6 +43,11 @@ absl::StatusOr<JobConfig> MakeJobConfig(absl::string_view codec, double bits, ab
 // Puts `config` under an error budget: INVALID_ARGUMENT for an invalid policy or a codec other than
 // DynamiQ; the starting b̄ is the configured one clamped to the policy's range.
 absl::Status SetErrorBudget(const ErrorBudgetPolicy& policy, JobConfig& config);
+// The longest phase of the loss-tolerant all-reduce a job may ask for.
+inline constexpr double kMaxLossyPhaseMs = 60000;
+// Sets `config`'s loss-tolerant phase (0: reliable): INVALID_ARGUMENT outside [0, kMaxLossyPhaseMs],
+// or above 0 with a codec other than none or bf16, or with an error budget.
+absl::Status SetLossyPhase(double milliseconds, JobConfig& config);
 // The proto form of a job configuration: every field set.
 void ToProto(const JobConfig& config, dynamiq::v1::CompressionConfig* out);
 // Validates a complete configuration (INVALID_ARGUMENT with a message): bits 0 is the codec's

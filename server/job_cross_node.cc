@@ -129,6 +129,72 @@ absl::StatusOr<DataPath::CrossNodeResult> Job::CrossNode(uint64_t sequence, cons
   return result;
 }
 
+absl::StatusOr<DataPath::CrossNodeResult> Job::CrossNodeLossy(uint64_t sequence, const JobConfig& config,
+                                                              absl::string_view tensor_name, kernels::DType dtype,
+                                                              size_t n, uint64_t boundary) {
+  DQ_ASSIGN_OR_RETURN(engine::Transport * transport, group_.Connected(sequence));
+  engine::DatagramTransport* datagrams = transport->datagrams();
+  if (datagrams == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("collective ", sequence, " of job ", options_.id,
+                     ": the loss-tolerant all-reduce (lossy_phase_ms) needs dynamiqd --transport=udp"));
+  }
+  engine::LossyAllReduceOptions o;
+  // The datagrams' tags name the collective (its sequence and what was submitted): a late datagram
+  // of another collective, or of a node whose workers submitted another tensor, is never counted.
+  o.sequence =
+      CollectiveId(options_.id, options_.incarnation, tensor_name, n, dtype, false) + sequence * 0x9e3779b97f4a7c15ull;
+  o.phase_timeout = config.lossy_phase;
+  o.send_bytes_per_second = options_.lossy_send_bytes_per_second;
+  o.bf16 = EffectiveCodec(config, n).id == kernels::CodecId::kBf16;
+  o.announcement = boundary;
+  const uint64_t dropped = datagrams->counters().dropped();
+  absl::StatusOr<DataPath::CrossNodeResult> result = path_->CrossNodeLossy(*datagrams, o, n);
+  // What the transport refused meanwhile (forged, foreign, replayed, stray) counts with what the
+  // all-reduce refused.
+  if (result.ok()) result->lossy->rejected += datagrams->counters().dropped() - dropped;
+  if (!result.ok()) {
+    group_.Drop(/*abort=*/false);
+    return common::Restate(result.status(), absl::StrCat("collective ", sequence, " of job ", options_.id,
+                                                         ": loss-tolerant all-reduce: ", result.status().message()));
+  }
+  return result;
+}
+
+void Job::ReportLossy(const GroupView& view, bool exact, const DataPath::CrossNodeResult& cross) {
+  if (exact && lossy_drift_elements_ > 0) {
+    lossy_drift_elements_ = 0;  // sync_state's exact all-reduces: the reliable resync
+    absl::MutexLock lock(&mu_);
+    totals_.lossy_drift_elements = 0;
+    if (options_.observer != nullptr) options_.observer->OnLossyDrift(options_.id, 0);
+  }
+  if (!cross.lossy.has_value()) return;
+  const engine::LossyAllReduceResult& r = *cross.lossy;
+  lossy_drift_elements_ += r.kept_own_elements;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t rank = 0; rank < r.expected_from.size(); ++rank) {
+      totals_.lossy_expected += r.expected_from[rank];
+      totals_.lossy_arrived += r.arrived_from[rank];
+    }
+    totals_.lossy_drift_elements = lossy_drift_elements_;
+  }
+  if (options_.observer == nullptr) return;
+  LossyOutcome outcome;
+  for (size_t rank = 0; rank < r.expected_from.size() && rank < view.members().size(); ++rank) {
+    if (static_cast<int>(rank) == view.my_index()) continue;
+    outcome.peers.push_back(view.members()[rank]);
+    outcome.expected.push_back(r.expected_from[rank]);
+    outcome.arrived.push_back(r.arrived_from[rank]);
+  }
+  outcome.late = r.late;
+  outcome.dropped = r.rejected;
+  outcome.coverage = r.coverage();
+  outcome.kept_own_elements = r.kept_own_elements;
+  options_.observer->OnLossyCollective(options_.id, outcome);
+  options_.observer->OnLossyDrift(options_.id, lossy_drift_elements_);
+}
+
 absl::StatusOr<GroupView> Job::ChangeView(std::vector<uint32_t> members) {
   if (options_.num_nodes <= 1 || options_.coordinator == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("job ", options_.id, " runs on one node: it has no group view"));

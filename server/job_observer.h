@@ -80,6 +80,19 @@ struct StragglerWait {
   double node_seconds = 0;
 };
 
+// One loss-tolerant all-reduce (engine/lossy_all_reduce.h) as this node saw it.
+struct LossyOutcome {
+  // Per other node of the view (node ranks): the datagrams expected from it (its contributions to
+  // this node's chunk and its chunk's means) and those that arrived in time.
+  std::vector<uint32_t> peers;
+  std::vector<uint64_t> expected, arrived;
+  uint64_t late = 0;     // contributions that came after their deadline
+  uint64_t dropped = 0;  // datagrams refused: malformed, unauthenticated, foreign, replayed, stray, repeated
+  double coverage = 1;   // fraction of the contributions to this node's chunk that arrived
+  // Elements of the result that kept this node's own values (means that did not arrive).
+  uint64_t kept_own_elements = 0;
+};
+
 class JobObserver {
  public:
   virtual ~JobObserver() = default;
@@ -92,6 +105,11 @@ class JobObserver {
   virtual void OnRejected(absl::StatusCode code) = 0;
   // Whom a successful collective waited for.
   virtual void OnStragglerWait(const std::string& job, const StragglerWait& wait) {}
+  // A successful loss-tolerant all-reduce.
+  virtual void OnLossyCollective(const std::string& job, const LossyOutcome& outcome) {}
+  // Elements of loss-tolerant results that kept this node's values since the job's last exact
+  // all-reduce (sync_state's: the reliable resync), after each collective that changed it.
+  virtual void OnLossyDrift(const std::string& job, uint64_t elements) {}
 };
 
 // Forwards every report to each of `observers` in order (e.g. the metrics and the error-budget
@@ -110,6 +128,12 @@ class JobObserverList final : public JobObserver {
   }
   void OnStragglerWait(const std::string& job, const StragglerWait& wait) override {
     for (JobObserver* o : observers_) o->OnStragglerWait(job, wait);
+  }
+  void OnLossyCollective(const std::string& job, const LossyOutcome& outcome) override {
+    for (JobObserver* o : observers_) o->OnLossyCollective(job, outcome);
+  }
+  void OnLossyDrift(const std::string& job, uint64_t elements) override {
+    for (JobObserver* o : observers_) o->OnLossyDrift(job, elements);
   }
 
  private:

@@ -92,13 +92,26 @@ ABSL_FLAG(std::string, device, "cpu",
           "cluster must run the same --device.");
 ABSL_FLAG(std::string, transport, "",
           "How jobs move data between nodes. CPU nodes: tcp (the default; plain TCP sockets, without Gloo's "
-          "per-message rendezvous: faster where the CPU, not the link, is the bound) or gloo (Gloo's TCP transport). "
+          "per-message rendezvous: faster where the CPU, not the link, is the bound), udp (tcp, plus UDP datagrams "
+          "for jobs with --lossy_phase_ms / set-compression --lossy_phase_ms: the loss-tolerant all-reduce for lossy, "
+          "long links) or gloo (Gloo's TCP transport). "
           "--device=cuda: nccl (the default): device to device over NCCL (InfiniBand, RoCE or NCCL's own sockets); "
           "gloo: the hybrid path for GPU nodes on ordinary Ethernet: reduce and compress on the GPU, move only the "
           "compressed chunks through pinned host memory over Gloo TCP, decode and accumulate on the GPU "
           "(bit-identical to the CPU engine). Every node of a cluster must run the same --transport. Several nodes "
           "over nccl run one job at a time (NCCL needs one launch order on every GPU); gloo and tcp run up to "
           "--max_jobs.");
+ABSL_FLAG(
+    double, lossy_phase_ms, 0,
+    "New jobs run the loss-tolerant all-reduce (needs --transport=udp; codec none or bf16): no retransmission, "
+    "each of its two phases (reduce-scatter, all-gather) lasts this many milliseconds, this node's sends included, "
+    "and ends with what arrived; the mean is over the contributions that arrived, and means that did not arrive keep "
+    "this node's values until a resync (sync_state). Weighted and exact all-reduces stay reliable. 0: reliable "
+    "(a job changes it with dynamiqctl set-compression --lossy_phase_ms).");
+ABSL_FLAG(double, udp_send_mbps, 0,
+          "With --transport=udp: the most this node sends datagrams at, in Mbit/s (its share of the narrowest link: "
+          "datagrams have no congestion control, and a burst above the bottleneck's rate is lost in its queue); 0: as "
+          "fast as the socket takes them.");
 ABSL_FLAG(int32_t, cuda_device, 0,
           "With --device=cuda: the CUDA device (ordinal as this process sees it, after CUDA_VISIBLE_DEVICES) that "
           "holds the workers' device buffers and runs the reduction.");
@@ -255,6 +268,9 @@ int main(int argc, char** argv) {
       return Fail("--target_vnmse needs error samples: set --budget_sample_rate or --error_sample_rate above 0");
     }
   }
+  if (absl::Status s = dynamiq::server::SetLossyPhase(absl::GetFlag(FLAGS_lossy_phase_ms), *config); !s.ok()) {
+    return Fail(absl::StrCat("--lossy_phase_ms: ", s.message()));
+  }
   dynamiq::server::DaemonOptions o;
   o.node_rank = absl::GetFlag(FLAGS_node_rank);
   o.num_nodes = absl::GetFlag(FLAGS_num_nodes);
@@ -277,6 +293,7 @@ int main(int argc, char** argv) {
   o.device = *device;
   o.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   o.transport = absl::GetFlag(FLAGS_transport);
+  o.udp_send_mbps = absl::GetFlag(FLAGS_udp_send_mbps);
   o.security.operator_token_file = absl::GetFlag(FLAGS_operator_token_file);
   o.security.cluster_secret_file = absl::GetFlag(FLAGS_cluster_secret_file);
   o.security.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);

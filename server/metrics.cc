@@ -132,6 +132,37 @@ Metrics::Metrics(uint32_t node_rank, uint32_t num_nodes, std::string transport)
                      .Name("dynamiq_node_last_ready_total")
                      .Help("Successful collectives whose cross-node part waited for this node last.")
                      .Register(*registry_)),
+      lossy_datagrams_(prometheus::BuildCounter()
+                           .Name("dynamiq_lossy_datagrams_total")
+                           .Help("Datagrams of loss-tolerant all-reduces this node expected from each peer node "
+                                 "(its contributions and its chunk's means), by outcome: arrived in time, or missed "
+                                 "(lost, or late).")
+                           .Register(*registry_)),
+      lossy_late_(prometheus::BuildCounter()
+                      .Name("dynamiq_lossy_late_total")
+                      .Help("Contributions to loss-tolerant all-reduces that arrived after their phase's deadline "
+                            "(not used).")
+                      .Register(*registry_)),
+      lossy_dropped_(prometheus::BuildCounter()
+                         .Name("dynamiq_lossy_dropped_total")
+                         .Help("Datagrams refused during loss-tolerant all-reduces: malformed, unauthenticated, "
+                               "foreign, replayed, stray or repeated.")
+                         .Register(*registry_)),
+      lossy_coverage_(prometheus::BuildHistogram()
+                          .Name("dynamiq_lossy_coverage")
+                          .Help("Per loss-tolerant all-reduce, the fraction of the other nodes' contributions to "
+                                "this node's chunk that arrived by the deadline.")
+                          .Register(*registry_)),
+      lossy_kept_own_(prometheus::BuildCounter()
+                          .Name("dynamiq_lossy_kept_own_elements_total")
+                          .Help("Elements of loss-tolerant all-reduce results that kept this node's own values "
+                                "(another node's means did not arrive): where nodes' results differ.")
+                          .Register(*registry_)),
+      lossy_drift_(prometheus::BuildGauge()
+                       .Name("dynamiq_lossy_drift_elements")
+                       .Help("Elements that kept this node's own values since the job's last exact all-reduce "
+                             "(sync_state's, the reliable resync).")
+                       .Register(*registry_)),
       rejected_(prometheus::BuildCounter()
                     .Name("dynamiq_rejected_requests_total")
                     .Help("Worker and operator requests refused, by gRPC code.")
@@ -346,6 +377,28 @@ void Metrics::OnStragglerWait(const std::string& job, const StragglerWait& wait)
   }
 }
 
+void Metrics::OnLossyCollective(const std::string& job, const LossyOutcome& o) {
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < o.peers.size(); ++i) {
+    const std::string peer = absl::StrCat(o.peers[i]);
+    lossy_datagrams_.Add({{"job", job}, {"peer", peer}, {"outcome", "arrived"}})
+        .Increment(static_cast<double>(o.arrived[i]));
+    lossy_datagrams_.Add({{"job", job}, {"peer", peer}, {"outcome", "missed"}})
+        .Increment(static_cast<double>(o.expected[i] - std::min(o.expected[i], o.arrived[i])));
+  }
+  const prometheus::Labels labels{{"job", job}};
+  lossy_late_.Add(labels).Increment(static_cast<double>(o.late));
+  lossy_dropped_.Add(labels).Increment(static_cast<double>(o.dropped));
+  lossy_coverage_.Add(labels, Histogram::BucketBoundaries{0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.999, 1})
+      .Observe(o.coverage);
+  lossy_kept_own_.Add(labels).Increment(static_cast<double>(o.kept_own_elements));
+}
+
+void Metrics::OnLossyDrift(const std::string& job, uint64_t elements) {
+  absl::MutexLock lock(&mu_);
+  lossy_drift_.Add({{"job", job}}).Set(static_cast<double>(elements));
+}
+
 void Metrics::OnErrorSample(const std::string& job, const SampledError& sample) {
   absl::MutexLock lock(&mu_);
   vnmse_
@@ -400,10 +453,13 @@ void RemoveSeries(prometheus::Family<T>& family, const std::string& job, Args&&.
 
 void Metrics::RemoveJobSeries(const std::string& job) {
   for (auto* family : {&collectives_, &payload_bytes_, &bus_bytes_, &wire_bytes_, &error_samples_, &faults_,
-                       &budget_events_, &local_wait_, &local_last_, &node_wait_, &node_last_}) {
+                       &budget_events_, &local_wait_, &local_last_, &node_wait_, &node_last_, &lossy_datagrams_,
+                       &lossy_late_, &lossy_dropped_, &lossy_kept_own_}) {
     RemoveSeries(*family, job);
   }
-  for (auto* family : {&duration_, &vnmse_}) RemoveSeries(*family, job, Histogram::BucketBoundaries{});
+  for (auto* family : {&duration_, &vnmse_, &lossy_coverage_})
+    RemoveSeries(*family, job, Histogram::BucketBoundaries{});
+  RemoveSeries(lossy_drift_, job);
   known_.erase(job);
 }
 

@@ -111,6 +111,8 @@ class Metrics final : public JobObserver, public PeerBytesSink {
   void OnErrorSample(const std::string& job, const SampledError& sample) override;
   void OnRejected(absl::StatusCode code) override;
   void OnStragglerWait(const std::string& job, const StragglerWait& wait) override;
+  void OnLossyCollective(const std::string& job, const LossyOutcome& outcome) override;
+  void OnLossyDrift(const std::string& job, uint64_t elements) override;
   // An error-budget controller event (server/error_budget_service.h): raise, lower, clamp, rejected, policy.
   void OnErrorBudgetEvent(const std::string& job, absl::string_view kind);
   // The coordinator's live set changed (server/membership.h): `change` is "left" (a node went
@@ -163,6 +165,14 @@ class Metrics final : public JobObserver, public PeerBytesSink {
   prometheus::Family<prometheus::Counter>& local_last_;
   prometheus::Family<prometheus::Counter>& node_wait_;  // ... and by node
   prometheus::Family<prometheus::Counter>& node_last_;
+  // The loss-tolerant all-reduce: datagrams per peer node and outcome, late and dropped ones,
+  // coverage, elements that kept this node's values (and since the last resync: a gauge).
+  prometheus::Family<prometheus::Counter>& lossy_datagrams_;
+  prometheus::Family<prometheus::Counter>& lossy_late_;
+  prometheus::Family<prometheus::Counter>& lossy_dropped_;
+  prometheus::Family<prometheus::Histogram>& lossy_coverage_;
+  prometheus::Family<prometheus::Counter>& lossy_kept_own_;
+  prometheus::Family<prometheus::Gauge>& lossy_drift_;
   prometheus::Family<prometheus::Counter>& rejected_;
   prometheus::Family<prometheus::Gauge>& inflight_;
   prometheus::Family<prometheus::Gauge>& workers_;

@@ -504,7 +504,8 @@ class PyControl {
                           std::optional<std::string> topology, std::optional<uint64_t> min_compress_elements,
                           std::optional<std::string> allocator, std::optional<double> target_vnmse,
                           std::optional<double> min_bits, std::optional<double> max_bits,
-                          std::optional<double> sample_rate, std::optional<uint64_t> expected_epoch) {
+                          std::optional<double> sample_rate, std::optional<uint64_t> expected_epoch,
+                          std::optional<double> lossy_phase_ms) {
     ctl::CompressionChange change;
     change.job_id = job;
     change.codec = std::move(codec);
@@ -517,6 +518,7 @@ class PyControl {
     change.max_bits = max_bits;
     change.sample_rate = sample_rate;
     change.expected_epoch = expected_epoch;
+    change.lossy_phase_ms = lossy_phase_ms;
     absl::StatusOr<ctl::CompressionChangeResult> result;
     {
       py::gil_scoped_release release;
@@ -728,9 +730,11 @@ PYBIND11_MODULE(_dynamiq, m) {
            py::arg("min_compress_elements") = py::none(), py::arg("allocator") = py::none(),
            py::arg("target_vnmse") = py::none(), py::arg("min_bits") = py::none(), py::arg("max_bits") = py::none(),
            py::arg("sample_rate") = py::none(), py::arg("expected_epoch") = py::none(),
+           py::arg("lossy_phase_ms") = py::none(),
            "Changes a job's compression like `dynamiqctl set-compression` (unset fields keep the job's values; "
-           "target_vnmse puts the job under an error budget, docs/error_budget.md); returns the config epoch at "
-           "which it applies on every node.")
+           "target_vnmse puts the job under an error budget, docs/error_budget.md; lossy_phase_ms > 0 the "
+           "loss-tolerant all-reduce on dynamiqd --transport=udp nodes); returns the config epoch at which it "
+           "applies on every node.")
       .def("flight_recorder", &PyControl::FlightRecorder, py::arg("job") = "", py::arg("limit") = 0,
            "The daemon's recent collectives (CollectiveRecord dicts, oldest first).");
 }

@@ -17,6 +17,7 @@
 #include "engine/udp_transport.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/bf16_math.h"
 #include "tests/testing/status_matchers.h"
 
 namespace dynamiq::engine {
@@ -134,6 +135,8 @@ TEST_F(LossyAllReduceTest, WithoutLossEveryRankGetsTheMean) {
       EXPECT_EQ(r[k]->coverage(), 1.0);
       EXPECT_EQ(r[k]->gathered(), 1.0);
       EXPECT_EQ(r[k]->rejected, 0u);
+      EXPECT_EQ(r[k]->kept_own_elements, 0u);
+      EXPECT_EQ(r[k]->arrived_from, r[k]->expected_from);
       for (size_t i = 0; i < elements; ++i) {
         EXPECT_FLOAT_EQ(out[k][i], ExactMean(kRanks, i)) << "rank " << k << " element " << i;
         EXPECT_EQ(memcmp(&out[k][i], &out[0][i], sizeof(float)), 0);
@@ -234,11 +237,85 @@ TEST_F(LossyAllReduceTest, ACutRankCostsTheDeadlinesAndNoMore) {
     ASSERT_THAT(r[k], IsOk());
     EXPECT_EQ(r[k]->coverage(), k == 2 ? 0.0 : 0.5);
     EXPECT_EQ(r[k]->gathered(), k == 2 ? 0.0 : 0.5);
+    // Per source: nothing from rank 2 (nor, for rank 2, from anyone); its chunk (elements 20-29)
+    // kept the receiver's own values, and rank 2 kept its own everywhere but its chunk.
+    for (int source = 0; source < kRanks; ++source) {
+      EXPECT_EQ(r[k]->arrived_from[source], k == 2 || source == 2 ? 0 : r[k]->expected_from[source]);
+    }
+    EXPECT_EQ(r[k]->kept_own_elements, k == 2 ? 20u : 10u);
     for (size_t i = 0; i < kElements; ++i) {
       const int owner = Owner(kElements, kRanks, i);
       const float want = (k == 2 || owner == 2) ? in[k][i] : (in[0][i] + in[1][i]) / 2;
       EXPECT_FLOAT_EQ(out[k][i], want) << "rank " << k << " element " << i;
     }
+  }
+}
+
+// Every datagram carries its sender's announcement: each rank learns the highest of those it heard
+// from, and from how many ranks it heard; a cut rank is not heard (and hears nobody).
+TEST_F(LossyAllReduceTest, EachRankHearsTheOthersAnnouncements) {
+  constexpr int kRanks = 3;
+  Connect(kRanks);
+  for (bool cut : {false, true}) {
+    SCOPED_TRACE(cut);
+    if (cut) {
+      for (auto& t : transports_) t->set_cut(2);
+    }
+    const std::vector<std::vector<float>> in = Inputs(kRanks, 100);
+    std::vector<std::vector<float>> out(kRanks, std::vector<float>(100));
+    std::vector<absl::StatusOr<LossyAllReduceResult>> r(kRanks, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (int k = 0; k < kRanks; ++k) {
+      threads.emplace_back([&, k] {
+        LossyAllReduceOptions o;
+        o.sequence = cut ? 21 : 20;
+        o.phase_timeout = absl::Milliseconds(cut ? 200 : 5000);
+        o.announcement = 100 + k;
+        r[k] = LossyAllReduceMean(*transports_[k], o, in[k], absl::MakeSpan(out[k]));
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int k = 0; k < kRanks; ++k) {
+      ASSERT_THAT(r[k], IsOk());
+      if (cut && k == 2) {
+        EXPECT_EQ(r[k]->ranks_heard, 0);
+        EXPECT_EQ(r[k]->highest_announcement, 0u);
+        continue;
+      }
+      EXPECT_EQ(r[k]->ranks_heard, cut ? 1 : 2) << k;
+      const uint64_t want = cut ? 100 + (1 - k) : (k == 2 ? 101 : 102);
+      EXPECT_EQ(r[k]->highest_announcement, want) << k;
+    }
+  }
+}
+
+// bf16 on the wire: every rank gets the mean of the bf16-rounded values, rounded to bf16, the same
+// bits everywhere, in datagrams of twice the elements.
+TEST_F(LossyAllReduceTest, Bf16ValuesGiveEveryRankTheSameRoundedMean) {
+  constexpr int kRanks = 3;
+  constexpr size_t kElements = 3000;
+  Connect(kRanks);
+  std::vector<std::vector<float>> in(kRanks, std::vector<float>(kElements));
+  for (int r = 0; r < kRanks; ++r) {
+    for (size_t i = 0; i < kElements; ++i) in[r][i] = 1.0f + 0.001f * static_cast<float>((r + 1) * (i % 97));
+  }
+  std::vector<std::vector<float>> out;
+  LossyAllReduceOptions o;
+  o.sequence = 11;
+  o.phase_timeout = absl::Seconds(5);
+  o.bf16 = true;
+  std::vector<absl::StatusOr<LossyAllReduceResult>> r = Run(in, out, o);
+  auto bf16 = [](float v) { return kernels::Bf16ToFloat(kernels::FloatToBf16(v)); };
+  for (int k = 0; k < kRanks; ++k) {
+    ASSERT_THAT(r[k], IsOk());
+    EXPECT_EQ(r[k]->coverage(), 1.0);
+    EXPECT_EQ(r[k]->gathered(), 1.0);
+    for (size_t i = 0; i < kElements; ++i) {
+      double sum = 0;
+      for (int j = 0; j < kRanks; ++j) sum += bf16(in[j][i]);
+      ASSERT_EQ(out[k][i], bf16(static_cast<float>(sum / kRanks))) << "rank " << k << " element " << i;
+    }
+    EXPECT_EQ(out[k], out[0]);
   }
 }
 
@@ -276,11 +353,11 @@ TEST_F(LossyAllReduceTest, MalformedAndRepeatedDatagramsAreRejected) {
   Connect(kRanks);
   const uint64_t tag = 2 * 11;  // sequence 11, reduce-scatter
   auto payload = [](uint64_t first, uint32_t count, uint32_t contributors, std::vector<float> values) {
-    std::vector<uint8_t> p(16 + 4 * values.size());
+    std::vector<uint8_t> p(24 + 4 * values.size());  // the announcement (bytes 16-23) 0
     for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(first >> (8 * i));
     for (int i = 0; i < 4; ++i) p[8 + i] = static_cast<uint8_t>(count >> (8 * i));
     for (int i = 0; i < 4; ++i) p[12 + i] = static_cast<uint8_t>(contributors >> (8 * i));
-    memcpy(p.data() + 16, values.data(), 4 * values.size());
+    memcpy(p.data() + 24, values.data(), 4 * values.size());
     return p;
   };
   DatagramTransport& rogue = *transports_[2];

@@ -520,11 +520,19 @@ TEST(DynamiqdDeviceFlagsTest, CudaWithoutAGpuOrWithoutNcclFailsWithAClearMessage
   EXPECT_THAT(output, Not(HasSubstr("ready")));
 }
 
-TEST(DynamiqdDeviceFlagsTest, TransportIsGlooTcpOrNcclAndNcclNeedsAGpuNode) {
+TEST(DynamiqdDeviceFlagsTest, TransportIsGlooTcpUdpOrNcclAndNcclNeedsAGpuNode) {
   TempDir temp;
-  auto [code, output] = RunCommand(Dynamiqd(temp, "--transport=udp"));
+  auto [code, output] = RunCommand(Dynamiqd(temp, "--transport=quic"));
   EXPECT_EQ(code, 2) << output;
-  EXPECT_THAT(output, HasSubstr("--transport must be gloo, tcp or nccl, got 'udp'"));
+  EXPECT_THAT(output, HasSubstr("--transport must be gloo, tcp, udp or nccl, got 'quic'"));
+  // The loss-tolerant all-reduce needs udp, and carries none or bf16.
+  std::tie(code, output) = RunCommand(Dynamiqd(temp, "--lossy_phase_ms=100 --codec=none"));
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_THAT(output, HasSubstr("needs datagrams between the nodes: dynamiqd --transport=udp"));
+  std::tie(code, output) = RunCommand(Dynamiqd(temp, "--transport=udp --lossy_phase_ms=100"));
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_THAT(output, HasSubstr("--lossy_phase_ms: the loss-tolerant all-reduce (lossy_phase_ms > 0) carries codec "
+                                "none or bf16, not dynamiq"));
   std::tie(code, output) = RunCommand(Dynamiqd(temp, "--transport=nccl"));
   EXPECT_EQ(code, 2) << output;
   EXPECT_THAT(output, HasSubstr("--transport=nccl needs --device=cuda"));

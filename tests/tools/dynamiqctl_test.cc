@@ -769,6 +769,8 @@ TEST(DynamiqctlTopTest, RatesBetweenTwoAnswers) {
   a0->set_bus_bytes(1000);
   a0->set_wire_bytes(200);
   a0->set_duration_seconds_sum(1.0);
+  a0->set_lossy_datagrams_expected(1000);
+  a0->set_lossy_datagrams_arrived(990);
   dynamiq::v1::JobStatus* a1 = after.add_jobs();
   *a1 = *a0;
   a1->set_completed(30);                  // 20 more in 2 s
@@ -789,6 +791,9 @@ TEST(DynamiqctlTopTest, RatesBetweenTwoAnswers) {
   (*a1->mutable_node_wait_seconds())[1] = 3.5;
   (*a1->mutable_node_wait_seconds())[0] = 0.0;
   (*a1->mutable_local_wait_seconds())[0] = 0.2;
+  a1->set_lossy_datagrams_expected(3000);  // 2,000 more expected in the interval, 1,900 arrived: 5 % lost
+  a1->set_lossy_datagrams_arrived(2890);
+  a1->set_lossy_drift_elements(1234);
   dynamiq::v1::JobStatus* b = after.add_jobs();  // new since the previous answer: counts from zero
   b->set_job_id("b");
   b->set_completed(4);
@@ -811,6 +816,10 @@ TEST(DynamiqctlTopTest, RatesBetweenTwoAnswers) {
   EXPECT_DOUBLE_EQ(*r.last_vnmse, 6.3e-4);
   EXPECT_EQ(r.slowest, "node 1");
   EXPECT_DOUBLE_EQ(r.slowest_wait_seconds, 2.5);
+  ASSERT_TRUE(r.loss.has_value());
+  EXPECT_NEAR(*r.loss, 0.05, 1e-12);
+  EXPECT_EQ(r.drift_elements, 1234u);
+  EXPECT_FALSE(rows[1].loss.has_value()) << "a reliable job has no loss";
   EXPECT_EQ(rows[1].slowest, "rank 3");
   EXPECT_EQ(rows[1].collectives, 4u);
   EXPECT_FALSE(rows[1].algbw.has_value()) << "no time spent in collectives: no bandwidth";
@@ -830,9 +839,9 @@ TEST(DynamiqctlTopTest, RatesBetweenTwoAnswers) {
   // Issue 44.7: wire MB/s, the config epoch and the workers are in the table, as --help promises.
   EXPECT_EQ(FormatTop(after, TopRows(before, after, 2.0), false, false, now),
             "dynamiqctl top  node 0 of 2  2023-11-14T22:13:20.000Z  (2.0 s, MB/s)\n"
-            "JOB  CODEC      EPOCH  WORKERS  INFL  COLL/S  FAIL\n"
-            "a    dynamiq/5      2        4     1    10.0     1\n"
-            "b    -              0        0     0     2.0     0\n"
+            "JOB  CODEC      EPOCH  WORKERS  INFL  COLL/S  FAIL  LOSS\n"
+            "a    dynamiq/5      2        4     1    10.0     1  5.0%\n"
+            "b    -              0        0     0     2.0     0     -\n"
             "JOB  ALGBW  BUSBW  WIRE  RATIO     VNMSE  WAITED FOR\n"
             "a     16.0   16.0   0.5  8.00x  6.30e-04  node 1 2.50s\n"
             "b        -      -   0.0      -         -  rank 3 0.50s\n");
@@ -854,6 +863,8 @@ TEST(DynamiqctlTopTest, RatesBetweenTwoAnswers) {
   EXPECT_EQ(s.fields().at("algbw_bytes_per_second").number_value(), 16e6);
   EXPECT_EQ(s.fields().at("compression_ratio").number_value(), 8);
   EXPECT_EQ(s.fields().at("config_epoch").string_value(), "2");
+  EXPECT_NEAR(s.fields().at("loss").number_value(), 0.05, 1e-9);
+  EXPECT_EQ(s.fields().at("drift_elements").string_value(), "1234");
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(lines[1], &s).ok()) << lines[1];
   EXPECT_TRUE(s.fields().at("algbw_bytes_per_second").has_null_value());
 }

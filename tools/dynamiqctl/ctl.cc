@@ -120,6 +120,7 @@ std::string DescribeConfig(const CompressionConfig& c) {
                     Bits(b.min_bits() == 0 ? 3 : b.min_bits()), ",", Bits(b.max_bits() == 0 ? 8 : b.max_bits()), "]");
     if (b.sample_rate() > 0) absl::StrAppend(&s, " sample_rate=", absl::StrFormat("%g", b.sample_rate()));
   }
+  if (c.lossy_phase_ms() > 0) absl::StrAppend(&s, " lossy_phase_ms=", absl::StrFormat("%g", c.lossy_phase_ms()));
   return s;
 }
 
@@ -139,6 +140,7 @@ std::vector<std::string> GivenCommandFlags(const Invocation& in) {
   if (in.compression.min_bits) given.push_back("min_bits");
   if (in.compression.max_bits) given.push_back("max_bits");
   if (in.compression.sample_rate) given.push_back("sample_rate");
+  if (in.compression.lossy_phase_ms) given.push_back("lossy_phase_ms");
   if (in.compression.expected_epoch) given.push_back("expected_epoch");
   if (in.limit) given.push_back("limit");
   if (in.service) given.push_back("service");
@@ -342,6 +344,10 @@ std::vector<TopRow> TopRows(const dynamiq::v1::GetStatusResponse& previous,
       if (current.num_nodes() > 1) r.busbw = bus / busy;
     }
     if (wire > 0) r.compression_ratio = static_cast<double>(bus) / wire;
+    const uint64_t expected = Delta(j.lossy_datagrams_expected(), before.lossy_datagrams_expected());
+    const uint64_t arrived = Delta(j.lossy_datagrams_arrived(), before.lossy_datagrams_arrived());
+    if (expected > 0) r.loss = 1.0 - static_cast<double>(std::min(arrived, expected)) / expected;
+    r.drift_elements = j.lossy_drift_elements();
     if (j.error_samples() > 0) r.last_vnmse = j.last_vnmse();
     r.error_samples = j.error_samples();
     // Whom the interval's collectives waited for longest: a node, else a local rank.
@@ -385,7 +391,8 @@ std::string FormatTop(const dynamiq::v1::GetStatusResponse& status, const std::v
           ",\"wire_bytes_per_second\":", JsonNumber(r.wire_bytes_per_second),
           ",\"compression_ratio\":", JsonNumber(r.compression_ratio), ",\"last_vnmse\":", JsonNumber(r.last_vnmse),
           ",\"error_samples\":\"", r.error_samples, "\",\"slowest\":", JsonString(r.slowest),
-          ",\"slowest_wait_seconds\":", JsonNumber(r.slowest_wait_seconds), "}\n");
+          ",\"slowest_wait_seconds\":", JsonNumber(r.slowest_wait_seconds), ",\"loss\":", JsonNumber(r.loss),
+          ",\"drift_elements\":\"", r.drift_elements, "\"}\n");
     }
     return out;
   }
@@ -397,8 +404,14 @@ std::string FormatTop(const dynamiq::v1::GetStatusResponse& status, const std::v
   // workers, collectives in flight, collectives/s and failures in the interval), then its bandwidths
   // (algbw, busbw, wire; MB/s), compression ratio, last measured vNMSE and the node or local rank
   // its collectives waited for longest in the interval (seconds in all).
-  Table job_table(
-      {{"JOB"}, {"CODEC"}, {"EPOCH", true}, {"WORKERS", true}, {"INFL", true}, {"COLL/S", true}, {"FAIL", true}});
+  Table job_table({{"JOB"},
+                   {"CODEC"},
+                   {"EPOCH", true},
+                   {"WORKERS", true},
+                   {"INFL", true},
+                   {"COLL/S", true},
+                   {"FAIL", true},
+                   {"LOSS", true}});
   Table rate_table(
       {{"JOB"}, {"ALGBW", true}, {"BUSBW", true}, {"WIRE", true}, {"RATIO", true}, {"VNMSE", true}, {"WAITED FOR"}});
   for (const TopRow& r : rows) {
@@ -406,7 +419,7 @@ std::string FormatTop(const dynamiq::v1::GetStatusResponse& status, const std::v
     if (job.size() > kTopJobWidth) job = absl::StrCat(job.substr(0, kTopJobWidth - 1), "~");
     job_table.AddRow({job, TopCodec(r.codec, r.bits), absl::StrCat(r.config_epoch), absl::StrCat(r.workers),
                       absl::StrCat(r.inflight), absl::StrFormat("%.1f", r.collectives_per_second),
-                      absl::StrCat(r.failed)});
+                      absl::StrCat(r.failed), r.loss ? absl::StrFormat("%.1f%%", 100 * *r.loss) : "-"});
     rate_table.AddRow({job, MegabytesPerSecond(r.algbw), MegabytesPerSecond(r.busbw),
                        MegabytesPerSecond(r.wire_bytes_per_second),
                        r.compression_ratio ? absl::StrFormat("%.2fx", *r.compression_ratio) : "-",
@@ -431,16 +444,18 @@ const std::vector<CommandInfo>& Commands() {
        "(none, bf16, mxfp8, mxfp6, mxfp4, int8) refuses --bits. --target_vnmse puts the job under an error budget: "
        "node 0's "
        "controller then picks DynamiQ's bits itself (docs/error_budget.md); --bits without it returns to "
-       "fixed bits.",
+       "fixed bits. --lossy_phase_ms above 0 switches the job to the loss-tolerant all-reduce (dynamiqd "
+       "--transport=udp, codec none or bf16), 0 back to the reliable one.",
        {"job", "codec", "bits", "topology", "min_compress_elements", "allocator", "target_vnmse", "min_bits",
-        "max_bits", "sample_rate", "expected_epoch"}},
+        "max_bits", "sample_rate", "lossy_phase_ms", "expected_epoch"}},
       {"flight-recorder",
        "The node's most recent collectives, oldest first, then (on node 0) the error-budget controller's events.",
        {"job", "limit"}},
       {"health", "grpc.health.v1 Check: prints SERVING or NOT_SERVING; exits 0 only when SERVING.", {"service"}},
       {"top",
        "A live view of the node's jobs, refreshed every --interval seconds: collectives/s, algbw and busbw "
-       "(bytes over time spent in collectives), wire MB/s, compression ratio (bus bytes / wire bytes), the last "
+       "(bytes over time spent in collectives), wire MB/s, compression ratio (bus bytes / wire bytes), the "
+       "loss-tolerant all-reduce's loss (datagrams from other nodes that missed their deadline), the last "
        "measured vNMSE, whom the collectives waited for longest (the slowest node, else local rank), codec/bits, "
        "config epoch, workers and in-flight collectives (two tables per refresh, to fit 80 columns). --json prints one "
        "object per job per refresh. Runs until interrupted unless "

@@ -68,6 +68,11 @@ struct TopRow {
   // local rank) this node's collectives waited for longest, and for how long in all.
   std::string slowest;  // "node 1", "rank 3"; empty: nobody was waited for
   double slowest_wait_seconds = 0;
+  // The loss-tolerant all-reduce in the interval: the fraction of the datagrams expected from other
+  // nodes that did not arrive in time (unset: none expected), and the elements kept from this
+  // node's values since the last resync.
+  std::optional<double> loss;
+  uint64_t drift_elements = 0;
 };
 std::vector<TopRow> TopRows(const dynamiq::v1::GetStatusResponse& previous,
                             const dynamiq::v1::GetStatusResponse& current, double seconds);

@@ -62,6 +62,10 @@ ABSL_FLAG(std::optional<double>, max_bits, std::nullopt,
 ABSL_FLAG(std::optional<double>, sample_rate, std::nullopt,
           "Error budget: fraction of the job's compressed collectives whose error is measured (0: the daemon's "
           "--error_sample_rate).");
+ABSL_FLAG(std::optional<double>, lossy_phase_ms, std::nullopt,
+          "The loss-tolerant all-reduce (nodes of dynamiqd --transport=udp; codec none or bf16): each of its two "
+          "phases ends this many milliseconds after it began (a node's sends included) with what arrived (at most "
+          "60000). 0: reliable.");
 ABSL_FLAG(std::optional<uint64_t>, expected_epoch, std::nullopt,
           "Fail with ABORTED unless the job's newest config epoch (staged or applied) is this one (optimistic "
           "concurrency).");
@@ -204,6 +208,7 @@ int main(int argc, char** argv) {
   in.compression.min_bits = absl::GetFlag(FLAGS_min_bits);
   in.compression.max_bits = absl::GetFlag(FLAGS_max_bits);
   in.compression.sample_rate = absl::GetFlag(FLAGS_sample_rate);
+  in.compression.lossy_phase_ms = absl::GetFlag(FLAGS_lossy_phase_ms);
   in.compression.expected_epoch = absl::GetFlag(FLAGS_expected_epoch);
   in.limit = absl::GetFlag(FLAGS_limit);
   in.service = absl::GetFlag(FLAGS_service);

@@ -185,11 +185,13 @@ class DynamiqState:
       warmup_steps: the first this many steps (backward passes) bypass dynamiqd and run torch's
         own uncompressed all-reduce on process_group (default_hooks.allreduce_hook). The daemon has
         no per-request codec switch, so exact warm-up steps take the process group's path.
-      codec, bits, min_compress_elements, topology: if any is given, global rank 0 changes the
-        job's compression through the operator API at `control` (any dynamiqd's --listen
-        address; the change reaches every node through the coordinator), and every rank then runs
+      codec, bits, min_compress_elements, topology, lossy_phase_ms: if any is given, global rank 0
+        changes the job's compression through the operator API at `control` (any dynamiqd's
+        --listen address; the change reaches every node through the coordinator), and every rank then runs
         tiny all-reduces until the daemon reports the new config epoch, so all of training runs
         with it. Unset fields keep the job's values (dynamiqctl set-compression semantics).
+        lossy_phase_ms > 0: the loss-tolerant all-reduce (daemons of --transport=udp; codec none or
+        bf16); pair it with a periodic sync_state of the model to bound the drift it leaves.
       control: host:port of a dynamiqd's operator API; required with the options above.
       record_error: also all-reduce every bucket exactly over process_group (costs a second,
         uncompressed all-reduce) and record the squared error and squared norm of the daemon's
@@ -205,7 +207,7 @@ class DynamiqState:
 
     def __init__(self, client=None, process_group=None, *, average=True, warmup_steps=0, codec=None,
                  bits=None, min_compress_elements=None, topology=None, control=None,
-                 record_error=False, name_prefix="ddp", max_records=100_000):
+                 record_error=False, name_prefix="ddp", max_records=100_000, lossy_phase_ms=None):
         self._owns_client = client is None
         self.client = client if client is not None else dynamiq.Client()
         self.process_group = process_group
@@ -225,9 +227,10 @@ class DynamiqState:
         self._thread = None
         self._closed = False
         _open_states.add(self)
-        if any(v is not None for v in (codec, bits, min_compress_elements, topology)):
+        if any(v is not None for v in (codec, bits, min_compress_elements, topology, lossy_phase_ms)):
             self._set_compression(control, codec=codec, bits=bits,
-                                  min_compress_elements=min_compress_elements, topology=topology)
+                                  min_compress_elements=min_compress_elements, topology=topology,
+                                  lossy_phase_ms=lossy_phase_ms)
 
     # -- compression -------------------------------------------------------------------------
 
