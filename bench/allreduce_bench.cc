@@ -50,8 +50,9 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
   const bool lossy = o.lossy_phase_ms > 0;
   std::unique_ptr<engine::UdpTransport> datagrams;
   if (lossy) {
-    if (o.codec.id != kernels::CodecId::kNone && o.codec.id != kernels::CodecId::kBf16) {
-      return absl::InvalidArgumentError("--lossy_phase_ms: the loss-tolerant all-reduce carries codec none or bf16");
+    if (!engine::LossyValuesOf(o.codec.id).has_value()) {
+      return absl::InvalidArgumentError(
+          "--lossy_phase_ms: the loss-tolerant all-reduce carries codec none, bf16 or int8");
     }
     engine::UdpTransportOptions udp;
     udp.hostname = o.hostname;
@@ -122,7 +123,7 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
       l.sequence = ar.sequence;
       l.phase_timeout = absl::Milliseconds(o.lossy_phase_ms);
       l.send_bytes_per_second = o.udp_send_mbps * 1e6 / 8;
-      l.bf16 = o.codec.id == kernels::CodecId::kBf16;
+      l.values = *engine::LossyValuesOf(o.codec.id);
       DQ_ASSIGN_OR_RETURN(engine::LossyAllReduceResult r,
                           engine::LossyAllReduceMean(*datagrams, l, inputs[o.rank], absl::MakeSpan(out)));
       for (float& x : out) x *= static_cast<float>(o.world_size);  // the mean, as the sum it estimates

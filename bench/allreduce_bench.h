@@ -51,7 +51,7 @@ struct AllReduceBenchOptions {
   // exact sum) instead of the synthetic data; `elements` is then their length.
   std::vector<std::string> inputs;
   // Above 0: the loss-tolerant all-reduce (engine/lossy_all_reduce.h) over UDP datagrams instead of
-  // the schedule (codec none or bf16), each phase lasting this long, the rank's sends included; the
+  // the schedule (codec none, bf16 or int8), each phase ending this long after the rank's sends; the
   // ranks line up over `transport` between iterations. `udp_send_mbps`: its pacing (0: none).
   double lossy_phase_ms = 0;
   double udp_send_mbps = 0;

@@ -106,7 +106,7 @@ ABSL_FLAG(bool, balanced_chunks, false,
           "element counts, are equal (engine/block_plan.h BalancedChunks; all ranks must agree).");
 ABSL_FLAG(double, lossy_phase_ms, 0,
           "allreduce: above 0, the loss-tolerant all-reduce over UDP datagrams (engine/lossy_all_reduce.h; codec "
-          "none or bf16), each of its two phases lasting this many ms (a rank's sends included) and ending with what "
+          "none, bf16 or int8), each of its two phases ending this many ms after a rank's sends with what "
           "arrived; the "
           "ranks line up over --transport between iterations.");
 ABSL_FLAG(double, udp_send_mbps, 0,

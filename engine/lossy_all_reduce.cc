@@ -3,11 +3,14 @@
 #include <string.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "kernels/bf16_math.h"
 
 namespace dynamiq::engine {
@@ -61,6 +64,19 @@ int64_t SliceIndex(const Slice& s, size_t begin, size_t end, size_t per) {
 
 }  // namespace
 
+std::optional<LossyValues> LossyValuesOf(kernels::CodecId codec) {
+  switch (codec) {
+    case kernels::CodecId::kNone:
+      return LossyValues::kFp32;
+    case kernels::CodecId::kBf16:
+      return LossyValues::kBf16;
+    case kernels::CodecId::kInt8:
+      return LossyValues::kInt8;
+    default:
+      return std::nullopt;
+  }
+}
+
 absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& transport,
                                                         const LossyAllReduceOptions& options,
                                                         absl::Span<const float> input, absl::Span<float> output) {
@@ -69,8 +85,10 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
         absl::StrCat("lossy all-reduce of ", input.size(), " elements into ", output.size()));
   }
   const size_t max_payload = transport.capabilities().max_payload;
-  const size_t value_bytes = options.bf16 ? 2 : 4;
-  if (max_payload < kHeaderBytes + value_bytes) {
+  const LossyValues kind = options.values;
+  const size_t value_bytes = kind == LossyValues::kFp32 ? 4 : kind == LossyValues::kBf16 ? 2 : 1;
+  const size_t scale_bytes = kind == LossyValues::kInt8 ? 4 : 0;  // before the codes
+  if (max_payload < kHeaderBytes + scale_bytes + value_bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("datagrams of ", max_payload, " payload bytes cannot carry one element"));
   }
@@ -84,80 +102,89 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
   result.arrived_from.assign(n, 0);
   if (n == 1 || input.empty()) return result;
 
-  const size_t per = (max_payload - kHeaderBytes) / value_bytes;  // elements per datagram
-  // A value as it travels, and back: what every rank counts, its own values included.
-  auto put_value = [&](uint8_t* p, float v) {
-    if (options.bf16) {
-      const uint16_t h = kernels::FloatToBf16(v);
-      p[0] = static_cast<uint8_t>(h);
-      p[1] = static_cast<uint8_t>(h >> 8);
-    } else {
+  const size_t per = (max_payload - kHeaderBytes - scale_bytes) / value_bytes;  // elements per datagram
+  auto slice_bytes = [&](size_t count) { return scale_bytes + value_bytes * count; };
+  // A slice's values as they travel (at `p`), and back.
+  auto encode = [&](uint8_t* p, absl::Span<const float> values) {
+    if (kind == LossyValues::kInt8) {
+      float largest = 0;
+      bool finite = true;
+      for (float v : values) {
+        finite = finite && std::isfinite(v);
+        largest = std::max(largest, std::fabs(v));
+      }
+      // A non-finite value makes the whole slice NaN: the sum shows it, as an fp32 one would.
+      const float scale = finite ? largest / 127 : std::numeric_limits<float>::quiet_NaN();
       uint32_t bits;
-      memcpy(&bits, &v, sizeof(bits));
+      memcpy(&bits, &scale, sizeof(bits));
       Put32(p, bits);
+      for (size_t i = 0; i < values.size(); ++i) {
+        const float code = scale > 0 ? std::nearbyint(values[i] / scale) : 0.0f;  // NaN scale: 0
+        p[4 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(code, -127.0f, 127.0f)));
+      }
+      return;
+    }
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (kind == LossyValues::kBf16) {
+        const uint16_t h = kernels::FloatToBf16(values[i]);
+        p[2 * i] = static_cast<uint8_t>(h);
+        p[2 * i + 1] = static_cast<uint8_t>(h >> 8);
+      } else {
+        uint32_t bits;
+        memcpy(&bits, &values[i], sizeof(bits));
+        Put32(p + 4 * i, bits);
+      }
     }
   };
-  auto get_value = [&](const uint8_t* p) {
-    if (options.bf16) return kernels::Bf16ToFloat(static_cast<uint16_t>(p[0] | (p[1] << 8)));
+  // False for an int8 scale that no encoder writes (negative or infinite).
+  auto decodable = [&](const uint8_t* p) {
+    if (kind != LossyValues::kInt8) return true;
     const uint32_t bits = Get32(p);
-    float v;
-    memcpy(&v, &bits, sizeof(v));
-    return v;
+    float scale;
+    memcpy(&scale, &bits, sizeof(scale));
+    return !(scale < 0) && !std::isinf(scale);
   };
-  auto round_trip = [&](float v) { return options.bf16 ? kernels::Bf16ToFloat(kernels::FloatToBf16(v)) : v; };
+  auto decode = [&](const uint8_t* p, size_t count, float* out) {
+    if (kind == LossyValues::kInt8) {
+      const uint32_t bits = Get32(p);
+      float scale;
+      memcpy(&scale, &bits, sizeof(scale));
+      for (size_t i = 0; i < count; ++i) out[i] = static_cast<float>(static_cast<int8_t>(p[4 + i])) * scale;
+      return;
+    }
+    for (size_t i = 0; i < count; ++i) {
+      if (kind == LossyValues::kBf16) {
+        out[i] = kernels::Bf16ToFloat(static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8)));
+      } else {
+        const uint32_t bits = Get32(p + 4 * i);
+        memcpy(&out[i], &bits, sizeof(float));
+      }
+    }
+  };
+  // `values` (one slice) as its datagram carries them.
+  std::vector<uint8_t> scratch(max_payload);
+  auto round_trip = [&](absl::Span<float> values) {
+    if (kind == LossyValues::kFp32) return;
+    encode(scratch.data(), values);
+    decode(scratch.data(), values.size(), values.data());
+  };
   const Chunks chunks{input.size(), n};
   const uint64_t tag0 = 2 * options.sequence, tag1 = tag0 + 1;
   transport.AcceptTags(tag0, tag1);
-  std::vector<uint8_t> datagram(max_payload);
+  std::vector<uint8_t> outgoing(max_payload), incoming(max_payload);
 
-  // Sends `values` (elements from `first` on) to `peer` in slices; a refused send is a lost one.
-  // With a rate, a datagram waits until the bytes sent so far in this phase are due (no credit
-  // carries over from the wait between the phases: that would be a burst).
-  absl::Time paced_from = absl::Now();
-  uint64_t paced_bytes = 0;
-  auto send_slices = [&](int peer, uint64_t tag, size_t first, absl::Span<const float> values,
-                         const std::vector<uint32_t>* contributors) -> absl::Status {
-    for (size_t s = 0; s * per < values.size(); ++s) {
-      if (options.send_bytes_per_second > 0) {
-        const absl::Time due =
-            paced_from + absl::Seconds(static_cast<double>(paced_bytes) / options.send_bytes_per_second);
-        const absl::Time now = absl::Now();
-        if (due > now) absl::SleepFor(due - now);
-      }
-      const size_t count = std::min(per, values.size() - s * per);
-      Put64(datagram.data(), first + s * per);
-      Put32(datagram.data() + 8, static_cast<uint32_t>(count));
-      Put32(datagram.data() + 12, contributors == nullptr ? 1u : (*contributors)[s]);
-      Put64(datagram.data() + 16, options.announcement);
-      for (size_t i = 0; i < count; ++i)
-        put_value(datagram.data() + kHeaderBytes + value_bytes * i, values[s * per + i]);
-      const size_t bytes = kHeaderBytes + value_bytes * count;
-      absl::Status sent = transport.Send(peer, tag, absl::MakeConstSpan(datagram.data(), bytes));
-      paced_bytes += bytes;
-      if (absl::IsAborted(sent)) return sent;
-      if (!sent.ok()) {
-        ++result.send_failures;
-      } else {
-        result.bytes_sent += bytes;
-      }
-    }
-    return absl::OkStatus();
-  };
-
-  // 1. Reduce-scatter: my values of every other chunk to its owner.
-  const absl::Time start = absl::Now();
-  for (int k = 1; k < n; ++k) {
-    const int c = (me + k) % n;  // each rank starts with a different owner
-    if (absl::Status s = send_slices(c, tag0, chunks.Begin(c),
-                                     input.subspan(chunks.Begin(c), chunks.End(c) - chunks.Begin(c)), nullptr);
-        !s.ok()) {
-      return s;
-    }
-  }
   const size_t my_begin = chunks.Begin(me), my_end = chunks.End(me);
   const size_t my_slices = chunks.Slices(me, per);
   std::vector<double> sum(my_end - my_begin);
-  for (size_t i = 0; i < sum.size(); ++i) sum[i] = round_trip(input[my_begin + i]);
+  {
+    // My own contribution as a datagram would carry it, slice by slice.
+    std::vector<float> own(input.begin() + my_begin, input.begin() + my_end);
+    for (size_t first = 0; first < own.size(); first += per) {
+      round_trip(absl::MakeSpan(own).subspan(first, std::min(per, own.size() - first)));
+    }
+    std::copy(own.begin(), own.end(), sum.begin());
+  }
+  std::vector<float> decoded(per);
   std::vector<uint32_t> count(my_slices, 1);                                // my own contribution
   std::vector<std::vector<bool>> counted(n, std::vector<bool>(my_slices));  // [source][slice]
   std::vector<std::vector<bool>> gathered(n);                               // [owner][slice]
@@ -171,84 +198,142 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
     result.gathered_expected += chunks.Slices(c, per);
     result.expected_from[c] = my_slices + chunks.Slices(c, per);
   }
+  bool reduced = false;  // the first phase ended: this rank's means went out
 
-  // 2. The owner's means, to every rank, once the first phase ends.
-  bool reduced = false;
-  auto finish_reduce = [&]() -> absl::Status {
-    reduced = true;
-    for (size_t i = 0; i < sum.size(); ++i) {
-      const double by = options.normalize ? count[i / per] : n;
-      output[my_begin + i] = round_trip(static_cast<float>(sum[i] / by));
-    }
-    const absl::Span<const float> means = output.subspan(my_begin, my_end - my_begin);
-    paced_from = absl::Now();
-    paced_bytes = 0;
-    for (int k = 1; k < n; ++k) {
-      if (absl::Status s = send_slices((me + k) % n, tag1, my_begin, means, &count); !s.ok()) return s;
-    }
-    return absl::OkStatus();
-  };
-
-  const absl::Time reduce_deadline = start + options.phase_timeout;
-  const absl::Time end_deadline = reduce_deadline + options.phase_timeout;
-  while (true) {
-    const absl::Time now = absl::Now();
-    if (!reduced && (result.contributions_arrived == result.contributions_expected || now >= reduce_deadline)) {
-      if (absl::Status s = finish_reduce(); !s.ok()) return s;
-    }
-    if (reduced && (result.gathered_arrived == result.gathered_expected || now >= end_deadline)) break;
-    absl::StatusOr<ReceivedDatagram> got =
-        transport.Receive(absl::MakeSpan(datagram), reduced ? end_deadline : reduce_deadline);
-    if (absl::IsDeadlineExceeded(got.status())) continue;
-    if (!got.ok()) return got.status();
+  // Counts one received datagram (in `incoming`) where it belongs, or drops it.
+  auto take = [&](const ReceivedDatagram& got) {
     Slice s;
-    if (got->bytes < kHeaderBytes) {
+    if (got.bytes < kHeaderBytes) {
       ++result.rejected;
-      continue;
+      return;
     }
-    s.first = Get64(datagram.data());
-    s.count = Get32(datagram.data() + 8);
-    s.contributors = Get32(datagram.data() + 12);
-    s.values = datagram.data() + kHeaderBytes;
-    if (s.count == 0 || s.count > per || got->bytes != kHeaderBytes + value_bytes * static_cast<size_t>(s.count) ||
-        s.contributors == 0 || s.contributors > static_cast<uint32_t>(n) || got->source < 0 || got->source >= n ||
-        got->source == me) {
+    s.first = Get64(incoming.data());
+    s.count = Get32(incoming.data() + 8);
+    s.contributors = Get32(incoming.data() + 12);
+    s.values = incoming.data() + kHeaderBytes;
+    if (s.count == 0 || s.count > per || got.bytes != kHeaderBytes + slice_bytes(s.count) || !decodable(s.values) ||
+        s.contributors == 0 || s.contributors > static_cast<uint32_t>(n) || got.source < 0 || got.source >= n ||
+        got.source == me) {
       ++result.rejected;
-      continue;
+      return;
     }
     // Parsed and of this call: whatever becomes of its values, its sender was heard.
-    if (!heard[got->source]) {
-      heard[got->source] = true;
+    if (!heard[got.source]) {
+      heard[got.source] = true;
       ++result.ranks_heard;
     }
-    result.highest_announcement = std::max(result.highest_announcement, Get64(datagram.data() + 16));
-    if (got->tag == tag0) {
+    result.highest_announcement = std::max(result.highest_announcement, Get64(incoming.data() + 16));
+    if (got.tag == tag0) {
       const int64_t slice = SliceIndex(s, my_begin, my_end, per);
-      if (slice < 0 || s.contributors != 1 || counted[got->source][slice]) {
+      if (slice < 0 || s.contributors != 1 || counted[got.source][slice]) {
         ++result.rejected;
-        continue;
+        return;
       }
-      counted[got->source][slice] = true;
+      counted[got.source][slice] = true;
       if (reduced) {  // late: the means have gone out without it
         ++result.late;
-        continue;
+        return;
       }
       ++result.contributions_arrived;
-      ++result.arrived_from[got->source];
+      ++result.arrived_from[got.source];
       ++count[slice];
-      for (uint32_t i = 0; i < s.count; ++i) sum[s.first - my_begin + i] += get_value(s.values + value_bytes * i);
+      decode(s.values, s.count, decoded.data());
+      for (uint32_t i = 0; i < s.count; ++i) sum[s.first - my_begin + i] += decoded[i];
     } else {
-      const int owner = got->source;
+      const int owner = got.source;
       const int64_t slice = SliceIndex(s, chunks.Begin(owner), chunks.End(owner), per);
       if (slice < 0 || gathered[owner][slice]) {
         ++result.rejected;
-        continue;
+        return;
       }
       gathered[owner][slice] = true;
       ++result.gathered_arrived;
       ++result.arrived_from[owner];
-      for (uint32_t i = 0; i < s.count; ++i) output[s.first + i] = get_value(s.values + value_bytes * i);
+      decode(s.values, s.count, output.data() + s.first);
     }
+  };
+  // Takes what arrives until `until` (what is waiting, when it has passed): while this rank sends,
+  // so that the peers' datagrams are counted as they come rather than left in the socket's buffer.
+  auto receive_until = [&](absl::Time until) -> absl::Status {
+    while (true) {
+      absl::StatusOr<ReceivedDatagram> got = transport.Receive(absl::MakeSpan(incoming), until);
+      if (absl::IsDeadlineExceeded(got.status())) return absl::OkStatus();
+      if (!got.ok()) return got.status();
+      take(*got);
+    }
+  };
+
+  // Sends `values` (elements from `first` on) to `peer` in slices; a refused send is a lost one.
+  // With a rate, a datagram waits until the bytes sent so far in this phase are due (no credit
+  // carries over from the wait between the phases: that would be a burst), receiving meanwhile.
+  constexpr int kSendsPerReceive = 32;  // without a rate: take what arrived every so many sends
+  int sends = 0;
+  absl::Time paced_from = absl::Now();
+  uint64_t paced_bytes = 0;
+  auto send_slices = [&](int peer, uint64_t tag, size_t first, absl::Span<const float> values,
+                         const std::vector<uint32_t>* contributors) -> absl::Status {
+    for (size_t s = 0; s * per < values.size(); ++s) {
+      if (options.send_bytes_per_second > 0) {
+        DQ_RETURN_IF_ERROR(receive_until(
+            paced_from + absl::Seconds(static_cast<double>(paced_bytes) / options.send_bytes_per_second)));
+      } else if (++sends % kSendsPerReceive == 0) {
+        DQ_RETURN_IF_ERROR(receive_until(absl::InfinitePast()));
+      }
+      const size_t count = std::min(per, values.size() - s * per);
+      Put64(outgoing.data(), first + s * per);
+      Put32(outgoing.data() + 8, static_cast<uint32_t>(count));
+      Put32(outgoing.data() + 12, contributors == nullptr ? 1u : (*contributors)[s]);
+      Put64(outgoing.data() + 16, options.announcement);
+      encode(outgoing.data() + kHeaderBytes, values.subspan(s * per, count));
+      const size_t bytes = kHeaderBytes + slice_bytes(count);
+      absl::Status sent = transport.Send(peer, tag, absl::MakeConstSpan(outgoing.data(), bytes));
+      paced_bytes += bytes;
+      if (absl::IsAborted(sent)) return sent;
+      if (!sent.ok()) {
+        ++result.send_failures;
+      } else {
+        result.bytes_sent += bytes;
+      }
+    }
+    return absl::OkStatus();
+  };
+
+  // 1. Reduce-scatter: my values of every other chunk to its owner; the phase ends phase_timeout
+  // after the last of them left, or once every contribution to my chunk arrived.
+  for (int k = 1; k < n; ++k) {
+    const int c = (me + k) % n;  // each rank starts with a different owner
+    DQ_RETURN_IF_ERROR(send_slices(c, tag0, chunks.Begin(c),
+                                   input.subspan(chunks.Begin(c), chunks.End(c) - chunks.Begin(c)), nullptr));
+  }
+  const absl::Time reduce_deadline = absl::Now() + options.phase_timeout;
+  while (result.contributions_arrived < result.contributions_expected && absl::Now() < reduce_deadline) {
+    absl::StatusOr<ReceivedDatagram> got = transport.Receive(absl::MakeSpan(incoming), reduce_deadline);
+    if (absl::IsDeadlineExceeded(got.status())) break;
+    if (!got.ok()) return got.status();
+    take(*got);
+  }
+
+  // 2. All-gather: the owner's means, to every rank; the phase ends phase_timeout after the last
+  // of them left, or once every other owner's means arrived.
+  reduced = true;
+  for (size_t i = 0; i < sum.size(); ++i) {
+    const double by = options.normalize ? count[i / per] : n;
+    output[my_begin + i] = static_cast<float>(sum[i] / by);
+  }
+  // The means as the receivers decode them, so that every rank holds the same values.
+  for (size_t first = my_begin; first < my_end; first += per) {
+    round_trip(output.subspan(first, std::min(per, my_end - first)));
+  }
+  const absl::Span<const float> means = output.subspan(my_begin, my_end - my_begin);
+  paced_from = absl::Now();
+  paced_bytes = 0;
+  for (int k = 1; k < n; ++k) DQ_RETURN_IF_ERROR(send_slices((me + k) % n, tag1, my_begin, means, &count));
+  const absl::Time end_deadline = absl::Now() + options.phase_timeout;
+  while (result.gathered_arrived < result.gathered_expected && absl::Now() < end_deadline) {
+    absl::StatusOr<ReceivedDatagram> got = transport.Receive(absl::MakeSpan(incoming), end_deadline);
+    if (absl::IsDeadlineExceeded(got.status())) break;
+    if (!got.ok()) return got.status();
+    take(*got);
   }
   for (int c = 0; c < n; ++c) {
     if (c == me) continue;

@@ -17,11 +17,12 @@
 //      Slices that did not arrive by the second deadline keep the receiver's own values (its input),
 //      which the caller's periodic reliable resync (dynamiq::SyncState) brings back in line.
 // A datagram's payload: [u64 first element][u32 count][u32 contributors][u64 announcement][count
-// values], all
-// little-endian, the values f32 or bf16 (LossyAllReduceOptions::bf16: half the bytes; every rank
-// rounds its own values as it sends them, so the ranks' results agree bit for bit when nothing is
-// lost); the transport authenticates it and carries the phase in its tag (2 sequence + 0
-// or 1). Payloads that do not fit (wrong length, an element range outside the owner's chunk or not
+// values], all little-endian, the values (LossyAllReduceOptions::values) f32, bf16 (half the bytes)
+// or int8 ([f32 scale][count int8 codes], the slice's largest magnitude / 127, codes rounded to
+// nearest: a quarter of the bytes, decodable on its own). Every contribution counts as its datagram
+// carries it, the owner's own included, and an owner keeps its means as it sends them, so the
+// ranks' results agree bit for bit when nothing is lost; the transport authenticates it and carries the phase in its
+// tag (2 sequence + 0 or 1). Payloads that do not fit (wrong length, an element range outside the owner's chunk or not
 // on the slicing, a slice already counted from that rank) are dropped and counted, never used.
 //
 // Thread-compatible: one call at a time per transport (it sets the transport's accepted tags).
@@ -33,20 +34,31 @@
 
 #include <vector>
 
+#include <optional>
+
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "engine/datagram_transport.h"
+#include "kernels/codec.h"
 
 namespace dynamiq::engine {
+
+// f32; bf16 (round to nearest even); int8 with one f32 scale per datagram.
+enum class LossyValues { kFp32, kBf16, kInt8 };
+// How a job's codec travels in the loss-tolerant all-reduce: none as f32, bf16 as bf16, int8 as
+// int8 with a scale per datagram (not INTELLECT-1's ±6 sigma clip per chunk: a datagram must
+// decode on its own); nullopt for the codecs whose datagrams could not (DynamiQ, MX, THC, ...).
+std::optional<LossyValues> LossyValuesOf(kernels::CodecId codec);
 
 struct LossyAllReduceOptions {
   // Identical on every rank and distinct per collective: the datagrams' tags (2 sequence, 2
   // sequence + 1), so a late datagram of another collective is never counted in this one.
   uint64_t sequence = 0;
-  // How long each phase lasts, this rank's sends included: the reduce-scatter ends this long after
-  // the call started, the all-gather this long after that. The call returns by then, or once its
-  // all-gather sends are out if they take longer (their bytes at `send_bytes_per_second`).
+  // How long each phase waits after this rank's sends (it takes what arrives while it sends, too):
+  // the call returns within twice this plus the time its sends take (their bytes at
+  // `send_bytes_per_second`), earlier when everything arrived. Sends that take long on a busy CPU
+  // do not eat into the wait.
   absl::Duration phase_timeout = absl::Milliseconds(100);
   // Owners divide by the contributions that arrived (unbiased); false: by the group size.
   bool normalize = true;
@@ -55,8 +67,8 @@ struct LossyAllReduceOptions {
   // its queue: pace at the link's share (a phase sends (n - 1) / n of the vector per rank), and
   // give each phase the time its bytes take at that rate.
   double send_bytes_per_second = 0;
-  // Values travel as bf16 (round to nearest even) instead of f32; the same on every rank.
-  bool bf16 = false;
+  // How values travel (the same on every rank).
+  LossyValues values = LossyValues::kFp32;
   // A number every datagram of this rank carries (the daemon: the last collective at which it
   // knows a configuration change may apply), so the others learn it from any one that arrives.
   uint64_t announcement = 0;

@@ -132,7 +132,7 @@ def parse_args(argv=None):
                         "the last)")
     p.add_argument("--lossy-phase-ms", type=float, default=0,
                    help="the loss-tolerant all-reduce (docs/design.md): dynamiqd --transport=udp, each of its two "
-                        "phases ending after this many ms (the node's sends included) with what arrived; codec none "
+                        "phases ending this many ms after the node's sends with what arrived; codec none "
                         "or bf16 (default 0: reliable)")
     p.add_argument("--resync-every", type=int, default=0,
                    help="every N steps, make the model's parameters identical on every worker (sync_state: exact, "
@@ -516,10 +516,19 @@ def run_worker(args):
             accuracies.append(accuracy)
         optimizer.step()
         if args.resync_every > 0 and (step + 1) % args.resync_every == 0:
+            # How far the workers' models drifted apart since the last resync (a measurement over
+            # torch.distributed's own group, exact): the largest ||w - mean|| / ||mean||.
+            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            mean = flat.clone()
+            dist.all_reduce(mean)
+            mean /= world
+            spread = torch.tensor([float((flat - mean).norm() / mean.norm().clamp_min(1e-30))])
+            dist.all_reduce(spread, op=dist.ReduceOp.MAX)
             # The reliable resync: the parameters most workers hold go to those that drifted.
             synced = dynamiq.torch.sync_state(dict(model.named_parameters()), rank=rank, world=world, name="resync",
                                               client=state.client if state is not None else None)
-            resyncs.append({"step": step + 1, "copied": bool(synced["copied"]), "agreeing": synced["agreeing"]})
+            resyncs.append({"step": step + 1, "copied": bool(synced["copied"]), "agreeing": synced["agreeing"],
+                            "spread": float(spread[0])})
         step_seconds.append(time.perf_counter() - started)
         if rank == 0 and (step + 1) % args.log_every == 0:
             if accumulate:

@@ -345,6 +345,10 @@ uint64_t Job::NextSequence() const {
 
 uint64_t Job::ReserveConfigBoundary() {
   absl::MutexLock lock(&mu_);
+  return ReserveConfigBoundaryLocked();
+}
+
+uint64_t Job::ReserveConfigBoundaryLocked() {
   // Under the lock that Finish advances next_run_ under: the collective after next_run_ has not
   // started, so its side lane carries the boundary to every node before the boundary runs.
   config_boundary_ = std::max(config_boundary_, next_run_ + 2);

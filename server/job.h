@@ -292,6 +292,7 @@ class Job {
   // store (or failed): the other nodes finish that collective only once this one runs it, so no
   // node reaches the boundary and looks for the view before it can be read.
   absl::StatusOr<GroupView> ClaimAtBoundary(const GroupView& newest, std::vector<uint32_t> members);
+  uint64_t ReserveConfigBoundaryLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A claim holds the collective that runs next (ClaimAtBoundary).
   bool HeldForClaim() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A rejoining node's first collective, `sequence` in its own numbering: waits (up to --timeout)

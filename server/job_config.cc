@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "engine/lossy_all_reduce.h"
 #include "kernels/codec_info.h"
 #include "kernels/codec_registry.h"
 #include "server/request_names.h"
@@ -84,9 +85,9 @@ absl::Status SetLossyPhase(double milliseconds, JobConfig& config) {
   }
   config.lossy_phase = absl::Milliseconds(milliseconds);
   if (milliseconds == 0) return absl::OkStatus();
-  if (config.codec.id != kernels::CodecId::kNone && config.codec.id != kernels::CodecId::kBf16) {
+  if (!engine::LossyValuesOf(config.codec.id).has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the loss-tolerant all-reduce (lossy_phase_ms > 0) carries codec none or bf16, not ",
+        "the loss-tolerant all-reduce (lossy_phase_ms > 0) carries codec none, bf16 or int8, not ",
         kernels::CodecName(config.codec.id), ": every datagram must decode on its own; set lossy_phase_ms 0 first"));
   }
   if (config.error_budget.has_value()) {

@@ -32,7 +32,7 @@ struct JobConfig {
   // Set: codec.bits is the controller's current choice within the policy (codec is DynamiQ).
   std::optional<ErrorBudgetPolicy> error_budget;
   // Above zero: collectives run the loss-tolerant all-reduce (engine/lossy_all_reduce.h) over the
-  // nodes' datagram transport, each of its two phases lasting this long (the node's sends included); codec none or
+  // nodes' datagram transport, each of its two phases ending this long after the node's sends; codec none or
   // bf16, no budget. Zero: the reliable schedules.
   absl::Duration lossy_phase = absl::ZeroDuration();
 };
@@ -46,7 +46,7 @@ absl::Status SetErrorBudget(const ErrorBudgetPolicy& policy, JobConfig& config);
 // The longest phase of the loss-tolerant all-reduce a job may ask for.
 inline constexpr double kMaxLossyPhaseMs = 60000;
 // Sets `config`'s loss-tolerant phase (0: reliable): INVALID_ARGUMENT outside [0, kMaxLossyPhaseMs],
-// or above 0 with a codec other than none or bf16, or with an error budget.
+// or above 0 with a codec other than none, bf16 or int8, or with an error budget.
 absl::Status SetLossyPhase(double milliseconds, JobConfig& config);
 // The proto form of a job configuration: every field set.
 void ToProto(const JobConfig& config, dynamiq::v1::CompressionConfig* out);

@@ -146,7 +146,7 @@ absl::StatusOr<DataPath::CrossNodeResult> Job::CrossNodeLossy(uint64_t sequence,
       CollectiveId(options_.id, options_.incarnation, tensor_name, n, dtype, false) + sequence * 0x9e3779b97f4a7c15ull;
   o.phase_timeout = config.lossy_phase;
   o.send_bytes_per_second = options_.lossy_send_bytes_per_second;
-  o.bf16 = EffectiveCodec(config, n).id == kernels::CodecId::kBf16;
+  o.values = engine::LossyValuesOf(EffectiveCodec(config, n).id).value_or(engine::LossyValues::kFp32);
   o.announcement = boundary;
   const uint64_t dropped = datagrams->counters().dropped();
   absl::StatusOr<DataPath::CrossNodeResult> result = path_->CrossNodeLossy(*datagrams, o, n);
@@ -164,8 +164,10 @@ absl::StatusOr<DataPath::CrossNodeResult> Job::CrossNodeLossy(uint64_t sequence,
 void Job::ReportLossy(const GroupView& view, bool exact, const DataPath::CrossNodeResult& cross) {
   if (exact && lossy_drift_elements_ > 0) {
     lossy_drift_elements_ = 0;  // sync_state's exact all-reduces: the reliable resync
-    absl::MutexLock lock(&mu_);
-    totals_.lossy_drift_elements = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      totals_.lossy_drift_elements = 0;
+    }
     if (options_.observer != nullptr) options_.observer->OnLossyDrift(options_.id, 0);
   }
   if (!cross.lossy.has_value()) return;
@@ -204,9 +206,12 @@ absl::StatusOr<GroupView> Job::ChangeView(std::vector<uint32_t> members) {
 }
 
 absl::StatusOr<GroupView> Job::ClaimAtBoundary(const GroupView& newest, std::vector<uint32_t> members) {
-  const uint64_t boundary = ReserveConfigBoundary();
+  uint64_t boundary;
   {
+    // Reserved and held under one lock: the reducer cannot start the collective before the
+    // boundary in between.
     absl::MutexLock lock(&mu_);
+    boundary = ReserveConfigBoundaryLocked();
     claim_boundaries_.insert(boundary);
   }
   absl::StatusOr<GroupView> claimed = options_.coordinator->ClaimView(newest, std::move(members), boundary);

@@ -103,9 +103,9 @@ ABSL_FLAG(std::string, transport, "",
           "--max_jobs.");
 ABSL_FLAG(
     double, lossy_phase_ms, 0,
-    "New jobs run the loss-tolerant all-reduce (needs --transport=udp; codec none or bf16): no retransmission, "
-    "each of its two phases (reduce-scatter, all-gather) lasts this many milliseconds, this node's sends included, "
-    "and ends with what arrived; the mean is over the contributions that arrived, and means that did not arrive keep "
+    "New jobs run the loss-tolerant all-reduce (needs --transport=udp; codec none, bf16 or int8): no retransmission, "
+    "each of its two phases (reduce-scatter, all-gather) ends this many milliseconds after this node's sends, "
+    "with what arrived; the mean is over the contributions that arrived, and means that did not arrive keep "
     "this node's values until a resync (sync_state). Weighted and exact all-reduces stay reliable. 0: reliable "
     "(a job changes it with dynamiqctl set-compression --lossy_phase_ms).");
 ABSL_FLAG(double, udp_send_mbps, 0,

@@ -5,7 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <random>
 #include <thread>
@@ -303,7 +305,7 @@ TEST_F(LossyAllReduceTest, Bf16ValuesGiveEveryRankTheSameRoundedMean) {
   LossyAllReduceOptions o;
   o.sequence = 11;
   o.phase_timeout = absl::Seconds(5);
-  o.bf16 = true;
+  o.values = LossyValues::kBf16;
   std::vector<absl::StatusOr<LossyAllReduceResult>> r = Run(in, out, o);
   auto bf16 = [](float v) { return kernels::Bf16ToFloat(kernels::FloatToBf16(v)); };
   for (int k = 0; k < kRanks; ++k) {
@@ -316,6 +318,48 @@ TEST_F(LossyAllReduceTest, Bf16ValuesGiveEveryRankTheSameRoundedMean) {
       ASSERT_EQ(out[k][i], bf16(static_cast<float>(sum / kRanks))) << "rank " << k << " element " << i;
     }
     EXPECT_EQ(out[k], out[0]);
+  }
+}
+
+// int8 on the wire (a scale per datagram): every rank gets the same values, each within two
+// quantization steps of the exact mean (one for the contributions, one for the mean), in datagrams
+// of four times the elements; a NaN makes its slice NaN everywhere instead of vanishing.
+TEST_F(LossyAllReduceTest, Int8ValuesGiveEveryRankTheSameMeanWithinTwoSteps) {
+  constexpr int kRanks = 3;
+  constexpr size_t kElements = 5000;
+  Connect(kRanks);
+  std::vector<std::vector<float>> in(kRanks, std::vector<float>(kElements));
+  float largest = 0;
+  for (int r = 0; r < kRanks; ++r) {
+    for (size_t i = 0; i < kElements; ++i) {
+      in[r][i] = std::sin(0.001f * static_cast<float>(i * (r + 3))) * static_cast<float>(1 + r);
+      largest = std::max(largest, std::fabs(in[r][i]));
+    }
+  }
+  std::vector<std::vector<float>> out;
+  LossyAllReduceOptions o;
+  o.sequence = 12;
+  o.phase_timeout = absl::Seconds(5);
+  o.values = LossyValues::kInt8;
+  std::vector<absl::StatusOr<LossyAllReduceResult>> r = Run(in, out, o);
+  for (int k = 0; k < kRanks; ++k) {
+    ASSERT_THAT(r[k], IsOk());
+    EXPECT_EQ(r[k]->coverage(), 1.0);
+    EXPECT_EQ(r[k]->gathered(), 1.0);
+    EXPECT_LT(r[k]->bytes_sent, 2 * kElements * 2 / 3 + 2000) << "about a byte per element and phase";
+    for (size_t i = 0; i < kElements; ++i) {
+      const double mean = (in[0][i] + in[1][i] + in[2][i]) / 3.0;
+      ASSERT_NEAR(out[k][i], mean, 2 * largest / 254 + 1e-6) << "rank " << k << " element " << i;
+    }
+    EXPECT_EQ(out[k], out[0]);
+  }
+  in[1][10] = std::numeric_limits<float>::quiet_NaN();
+  o.sequence = 13;
+  r = Run(in, out, o);
+  for (int k = 0; k < kRanks; ++k) {
+    ASSERT_THAT(r[k], IsOk());
+    EXPECT_TRUE(std::isnan(out[k][10])) << k;
+    EXPECT_FALSE(std::isnan(out[k][kElements - 1])) << k;
   }
 }
 

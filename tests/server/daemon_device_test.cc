@@ -525,14 +525,14 @@ TEST(DynamiqdDeviceFlagsTest, TransportIsGlooTcpUdpOrNcclAndNcclNeedsAGpuNode) {
   auto [code, output] = RunCommand(Dynamiqd(temp, "--transport=quic"));
   EXPECT_EQ(code, 2) << output;
   EXPECT_THAT(output, HasSubstr("--transport must be gloo, tcp, udp or nccl, got 'quic'"));
-  // The loss-tolerant all-reduce needs udp, and carries none or bf16.
+  // The loss-tolerant all-reduce needs udp, and carries none, bf16 or int8.
   std::tie(code, output) = RunCommand(Dynamiqd(temp, "--lossy_phase_ms=100 --codec=none"));
   EXPECT_EQ(code, 2) << output;
   EXPECT_THAT(output, HasSubstr("needs datagrams between the nodes: dynamiqd --transport=udp"));
   std::tie(code, output) = RunCommand(Dynamiqd(temp, "--transport=udp --lossy_phase_ms=100"));
   EXPECT_EQ(code, 2) << output;
   EXPECT_THAT(output, HasSubstr("--lossy_phase_ms: the loss-tolerant all-reduce (lossy_phase_ms > 0) carries codec "
-                                "none or bf16, not dynamiq"));
+                                "none, bf16 or int8, not dynamiq"));
   std::tie(code, output) = RunCommand(Dynamiqd(temp, "--transport=nccl"));
   EXPECT_EQ(code, 2) << output;
   EXPECT_THAT(output, HasSubstr("--transport=nccl needs --device=cuda"));

@@ -2,12 +2,28 @@
 // in-process daemons on loopback, where nothing is lost, so every result is exact; the settings
 // it needs are refused clearly elsewhere. Loss itself: tests/faults/network_faults_test.cc (a
 // link that drops packets) and tests/engine/lossy_all_reduce_test.cc (the unbiasedness test).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
 #include <memory>
+#include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "engine/udp_datagram.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/daemon.h"
@@ -133,7 +149,7 @@ TEST(DaemonLossyTest, AJobSwitchesAtRunTimeAndWhatItNeedsIsRefusedClearly) {
   };
   // Codecs whose datagrams would not decode on their own: refused, naming what works.
   EXPECT_THAT((*cluster)[1]->SetCompression("job", change(50, "dynamiq"), std::nullopt),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("carries codec none or bf16, not dynamiq")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("carries codec none, bf16 or int8, not dynamiq")));
   ASSERT_THAT((*cluster)[1]->SetCompression("job", change(300, "none"), std::nullopt), ::dynamiq::testing::IsOk());
   // Reliable (ring) until the change's boundary (two collectives on), two-shot datagrams from there;
   // exact throughout.
@@ -152,6 +168,93 @@ TEST(DaemonLossyTest, AJobSwitchesAtRunTimeAndWhatItNeedsIsRefusedClearly) {
   }
   EXPECT_EQ(responses[0].config_epoch(), 2u);
   EXPECT_EQ(Collectives(*(*cluster)[0], "two_shot"), two_shot + 2) << "reliable again from epoch 2's boundary";
+}
+
+// The UDP ports this process's sockets are bound to on 127.0.0.1 (its in-process daemons'):
+// /proc/net/udp's sockets whose inodes are among this process's descriptors.
+std::vector<uint16_t> OwnUdpPorts() {
+  std::set<std::string> inodes;
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::string target = std::filesystem::read_symlink(fd.path(), error).string();
+    if (!error && absl::StartsWith(target, "socket:[")) inodes.insert(target.substr(8, target.size() - 9));
+  }
+  std::vector<uint16_t> ports;
+  std::ifstream udp("/proc/self/net/udp");
+  std::string line;
+  std::getline(udp, line);  // the header
+  while (std::getline(udp, line)) {
+    const std::vector<std::string> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (fields.size() < 10 || !inodes.count(fields[9])) continue;
+    const std::vector<std::string> local = absl::StrSplit(fields[1], ':');
+    uint32_t port = 0;
+    if (local.size() == 2 && local[0] == "0100007F" && absl::SimpleHexAtoi(local[1], &port)) {
+      ports.push_back(static_cast<uint16_t>(port));
+    }
+  }
+  return ports;
+}
+
+// A stranger floods the nodes' UDP sockets with datagrams while the job runs: random bytes,
+// truncated headers, and well-formed ones of another connection. The transport drops and counts
+// them; every collective completes with the exact mean.
+TEST(DaemonLossyTest, AStrangersDatagramsAreDroppedAndCountedAndResultsStayExact) {
+  TempDir dir;
+  auto cluster = StartUdpCluster(dir.path(), LossyConfig("none", 300));
+  ASSERT_THAT(cluster, ::dynamiq::testing::IsOk());
+  auto workers = ConnectTestWorkers(dir.path(), 2, 1, kElements);
+  ASSERT_THAT(workers, ::dynamiq::testing::IsOk());
+  std::vector<dynamiq::v1::AllReduceResponse> responses;
+  std::vector<grpc::Status> status = AverageTogether(*workers, responses);  // connects the view
+  for (const grpc::Status& s : status) ASSERT_TRUE(s.ok()) << s.error_message();
+  const std::vector<uint16_t> ports = OwnUdpPorts();
+  ASSERT_GE(ports.size(), 2u) << "one UDP socket per node";
+  std::atomic<bool> stop{false};
+  std::atomic<int> sent{0};
+  std::thread stranger([&] {
+    const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    std::mt19937 random(7);
+    for (int i = 0; i < 20000 && !stop; ++i) {
+      std::vector<uint8_t> junk(1 + random() % 1400);
+      for (uint8_t& b : junk) b = static_cast<uint8_t>(random());
+      if (i % 3 == 1) junk.resize(std::min<size_t>(junk.size(), 20));  // a truncated header
+      if (i % 3 == 2 && junk.size() >= engine::kDatagramOverheadBytes) {
+        // Magic and version right, payload length consistent: another connection's, or forged.
+        const uint32_t magic = engine::kDatagramMagic;
+        memcpy(junk.data(), &magic, 4);
+        junk[4] = engine::kDatagramVersion;
+        junk[5] = 0;
+        const uint32_t payload = static_cast<uint32_t>(junk.size() - engine::kDatagramOverheadBytes);
+        memcpy(junk.data() + 40, &payload, 4);
+      }
+      sockaddr_in to{};
+      to.sin_family = AF_INET;
+      to.sin_port = htons(ports[i % ports.size()]);
+      to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (sendto(fd, junk.data(), junk.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof(to)) > 0) ++sent;
+      if (i % 64 == 0) absl::SleepFor(absl::Microseconds(200));  // leave the sockets room for the job
+    }
+    close(fd);
+  });
+  for (int round = 0; round < 5; ++round) {
+    status = AverageTogether(*workers, responses);
+    for (size_t w = 0; w < 2; ++w) {
+      ASSERT_TRUE(status[w].ok()) << status[w].error_message();
+      EXPECT_EQ((*workers)[w].data()[3], (Value(0, 3) + Value(1, 3)) / 2);
+    }
+  }
+  stop = true;
+  stranger.join();
+  double dropped = 0;
+  for (uint32_t node = 0; node < 2; ++node) {
+    const std::string metrics = (*cluster)[node]->metrics().Render();
+    const std::string series = "dynamiq_lossy_dropped_total{job=\"job\"} ";
+    const size_t at = metrics.find(series);
+    ASSERT_NE(at, std::string::npos) << metrics;
+    dropped += std::stod(metrics.substr(at + series.size()));
+  }
+  std::cout << sent << " stranger's datagrams sent, " << dropped << " dropped during collectives" << std::endl;
+  EXPECT_GT(dropped, 0);
 }
 
 TEST(DaemonLossyTest, TheLossTolerantAllReduceNeedsUdpBetweenTheNodes) {

@@ -1,6 +1,8 @@
 // JobConfig's proto forms and the merge of a partial compression change (server/job_config.h).
 #include "server/job_config.h"
 
+#include <cmath>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/codec_info.h"
@@ -161,6 +163,42 @@ TEST(JobConfigTest, BitsOrCodecAloneReturnToFixedBitsOtherChangesKeepTheBudget) 
   ASSERT_THAT(c, IsOk());
   EXPECT_FALSE(c->error_budget.has_value());
   EXPECT_EQ(c->codec.bits, 6);
+}
+
+// The loss-tolerant all-reduce's phase: kept across other changes, described, round-tripped; it
+// takes codecs none, bf16 and int8 only, no error budget, and 0..60000 ms.
+TEST(JobConfigTest, ALossyPhaseTakesNoneBf16OrInt8AndNoBudget) {
+  dynamiq::v1::CompressionConfig change;
+  change.set_codec("int8");
+  change.set_lossy_phase_ms(40);
+  absl::StatusOr<JobConfig> lossy = Apply(Dynamiq5(), change);
+  ASSERT_THAT(lossy, IsOk());
+  EXPECT_EQ(lossy->lossy_phase, absl::Milliseconds(40));
+  EXPECT_THAT(DescribeJobConfig(*lossy), HasSubstr("lossy_phase=40ms"));
+  dynamiq::v1::CompressionConfig proto;
+  ToProto(*lossy, &proto);
+  EXPECT_EQ(proto.lossy_phase_ms(), 40);
+  change.Clear();
+  change.set_codec("bf16");  // another carried codec: the phase stays
+  absl::StatusOr<JobConfig> bf16 = Apply(*lossy, change);
+  ASSERT_THAT(bf16, IsOk());
+  EXPECT_EQ(bf16->lossy_phase, absl::Milliseconds(40));
+  change.set_codec("dynamiq");
+  EXPECT_THAT(Apply(*lossy, change),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("carries codec none, bf16 or int8, not dynamiq")));
+  change.set_lossy_phase_ms(0);  // back to reliable with the codec change
+  EXPECT_THAT(Apply(*lossy, change), IsOk());
+  change.Clear();
+  change.mutable_error_budget()->set_target_vnmse(1e-3);
+  change.set_lossy_phase_ms(40);
+  EXPECT_THAT(Apply(Dynamiq5(), change), StatusIs(absl::StatusCode::kInvalidArgument));
+  for (double bad : {-1.0, 60001.0, std::nan("")}) {
+    change.Clear();
+    change.set_codec("none");
+    change.set_lossy_phase_ms(bad);
+    EXPECT_THAT(Apply(Dynamiq5(), change), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lossy_phase_ms")))
+        << bad;
+  }
 }
 
 TEST(JobConfigTest, InvalidValuesAreInvalidArgument) {

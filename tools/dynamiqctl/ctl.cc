@@ -445,7 +445,7 @@ const std::vector<CommandInfo>& Commands() {
        "node 0's "
        "controller then picks DynamiQ's bits itself (docs/error_budget.md); --bits without it returns to "
        "fixed bits. --lossy_phase_ms above 0 switches the job to the loss-tolerant all-reduce (dynamiqd "
-       "--transport=udp, codec none or bf16), 0 back to the reliable one.",
+       "--transport=udp, codec none, bf16 or int8), 0 back to the reliable one.",
        {"job", "codec", "bits", "topology", "min_compress_elements", "allocator", "target_vnmse", "min_bits",
         "max_bits", "sample_rate", "lossy_phase_ms", "expected_epoch"}},
       {"flight-recorder",

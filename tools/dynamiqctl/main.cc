@@ -63,8 +63,8 @@ ABSL_FLAG(std::optional<double>, sample_rate, std::nullopt,
           "Error budget: fraction of the job's compressed collectives whose error is measured (0: the daemon's "
           "--error_sample_rate).");
 ABSL_FLAG(std::optional<double>, lossy_phase_ms, std::nullopt,
-          "The loss-tolerant all-reduce (nodes of dynamiqd --transport=udp; codec none or bf16): each of its two "
-          "phases ends this many milliseconds after it began (a node's sends included) with what arrived (at most "
+          "The loss-tolerant all-reduce (nodes of dynamiqd --transport=udp; codec none, bf16 or int8): each of its two "
+          "phases ends this many milliseconds after a node's sends with what arrived (at most "
           "60000). 0: reliable.");
 ABSL_FLAG(std::optional<uint64_t>, expected_epoch, std::nullopt,
           "Fail with ABORTED unless the job's newest config epoch (staged or applied) is this one (optimistic "
