@@ -252,15 +252,18 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
       decode(s.values, s.count, output.data() + s.first);
     }
   };
-  // Takes what arrives until `until` (what is waiting, when it has passed): while this rank sends,
-  // so that the peers' datagrams are counted as they come rather than left in the socket's buffer.
-  auto receive_until = [&](absl::Time until) -> absl::Status {
-    while (true) {
+  // Takes what arrives until `until` (what is waiting, when it has passed), or until `*arrived`
+  // reaches `expected`: while this rank sends, so that the peers' datagrams are counted as they
+  // come rather than left in the socket's buffer, and for each phase's wait.
+  auto receive_until = [&](absl::Time until, const uint64_t* arrived = nullptr, uint64_t expected = 0) -> absl::Status {
+    // A phase's wait ends at its deadline even while datagrams keep coming.
+    while (arrived == nullptr || (*arrived < expected && absl::Now() < until)) {
       absl::StatusOr<ReceivedDatagram> got = transport.Receive(absl::MakeSpan(incoming), until);
       if (absl::IsDeadlineExceeded(got.status())) return absl::OkStatus();
       if (!got.ok()) return got.status();
       take(*got);
     }
+    return absl::OkStatus();
   };
 
   // Sends `values` (elements from `first` on) to `peer` in slices; a refused send is a lost one.
@@ -305,13 +308,8 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
     DQ_RETURN_IF_ERROR(send_slices(c, tag0, chunks.Begin(c),
                                    input.subspan(chunks.Begin(c), chunks.End(c) - chunks.Begin(c)), nullptr));
   }
-  const absl::Time reduce_deadline = absl::Now() + options.phase_timeout;
-  while (result.contributions_arrived < result.contributions_expected && absl::Now() < reduce_deadline) {
-    absl::StatusOr<ReceivedDatagram> got = transport.Receive(absl::MakeSpan(incoming), reduce_deadline);
-    if (absl::IsDeadlineExceeded(got.status())) break;
-    if (!got.ok()) return got.status();
-    take(*got);
-  }
+  DQ_RETURN_IF_ERROR(
+      receive_until(absl::Now() + options.phase_timeout, &result.contributions_arrived, result.contributions_expected));
 
   // 2. All-gather: the owner's means, to every rank; the phase ends phase_timeout after the last
   // of them left, or once every other owner's means arrived.
@@ -328,13 +326,8 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
   paced_from = absl::Now();
   paced_bytes = 0;
   for (int k = 1; k < n; ++k) DQ_RETURN_IF_ERROR(send_slices((me + k) % n, tag1, my_begin, means, &count));
-  const absl::Time end_deadline = absl::Now() + options.phase_timeout;
-  while (result.gathered_arrived < result.gathered_expected && absl::Now() < end_deadline) {
-    absl::StatusOr<ReceivedDatagram> got = transport.Receive(absl::MakeSpan(incoming), end_deadline);
-    if (absl::IsDeadlineExceeded(got.status())) break;
-    if (!got.ok()) return got.status();
-    take(*got);
-  }
+  DQ_RETURN_IF_ERROR(
+      receive_until(absl::Now() + options.phase_timeout, &result.gathered_arrived, result.gathered_expected));
   for (int c = 0; c < n; ++c) {
     if (c == me) continue;
     for (size_t slice = 0; slice < gathered[c].size(); ++slice) {
