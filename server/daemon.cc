@@ -193,6 +193,9 @@ absl::Status Daemon::Start() {
       if (error_budget_) {
         if (auto state = error_budget_->State(id)) gauges.controller = state->stats;
       }
+      if (s.config.lossy_phase > absl::ZeroDuration() || s.lossy_drift_elements > 0) {
+        gauges.lossy_drift_elements = s.lossy_drift_elements;
+      }
       snapshot.jobs.push_back(std::move(gauges));
     }
     snapshot.shm_mapped_bytes = buffers_->TotalMappedBytes();

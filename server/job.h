@@ -393,9 +393,6 @@ class Job {
   // arc_topk's error feedback per tensor, dropped at every config epoch change (running thread only).
   ErrorFeedback error_feedback_;
   uint64_t error_feedback_epoch_ = 0;
-  // Elements of loss-tolerant results that kept this node's values since the last exact
-  // all-reduce (sync_state's: the resync), for the drift gauge (running thread only).
-  uint64_t lossy_drift_elements_ = 0;
   StepBudgetPlanner planner_;   // running thread only (options_.step_budget)
   uint64_t planner_epoch_ = 0;  // the config epoch planner_ plans for (running thread only)
   absl::Mutex close_mu_;        // serialises Close (the reducer is joined once)

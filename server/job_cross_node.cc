@@ -162,24 +162,19 @@ absl::StatusOr<DataPath::CrossNodeResult> Job::CrossNodeLossy(uint64_t sequence,
 }
 
 void Job::ReportLossy(const GroupView& view, bool exact, const DataPath::CrossNodeResult& cross) {
-  if (exact && lossy_drift_elements_ > 0) {
-    lossy_drift_elements_ = 0;  // sync_state's exact all-reduces: the reliable resync
-    {
-      absl::MutexLock lock(&mu_);
-      totals_.lossy_drift_elements = 0;
-    }
-    if (options_.observer != nullptr) options_.observer->OnLossyDrift(options_.id, 0);
+  if (exact) {
+    absl::MutexLock lock(&mu_);
+    totals_.lossy_drift_elements = 0;  // sync_state's exact all-reduces: the reliable resync
   }
   if (!cross.lossy.has_value()) return;
   const engine::LossyAllReduceResult& r = *cross.lossy;
-  lossy_drift_elements_ += r.kept_own_elements;
   {
     absl::MutexLock lock(&mu_);
     for (size_t rank = 0; rank < r.expected_from.size(); ++rank) {
       totals_.lossy_expected += r.expected_from[rank];
       totals_.lossy_arrived += r.arrived_from[rank];
     }
-    totals_.lossy_drift_elements = lossy_drift_elements_;
+    totals_.lossy_drift_elements += r.kept_own_elements;
   }
   if (options_.observer == nullptr) return;
   LossyOutcome outcome;
@@ -194,7 +189,6 @@ void Job::ReportLossy(const GroupView& view, bool exact, const DataPath::CrossNo
   outcome.coverage = r.coverage();
   outcome.kept_own_elements = r.kept_own_elements;
   options_.observer->OnLossyCollective(options_.id, outcome);
-  options_.observer->OnLossyDrift(options_.id, lossy_drift_elements_);
 }
 
 absl::StatusOr<GroupView> Job::ChangeView(std::vector<uint32_t> members) {

@@ -107,9 +107,6 @@ class JobObserver {
   virtual void OnStragglerWait(const std::string& job, const StragglerWait& wait) {}
   // A successful loss-tolerant all-reduce.
   virtual void OnLossyCollective(const std::string& job, const LossyOutcome& outcome) {}
-  // Elements of loss-tolerant results that kept this node's values since the job's last exact
-  // all-reduce (sync_state's: the reliable resync), after each collective that changed it.
-  virtual void OnLossyDrift(const std::string& job, uint64_t elements) {}
 };
 
 // Forwards every report to each of `observers` in order (e.g. the metrics and the error-budget
@@ -131,9 +128,6 @@ class JobObserverList final : public JobObserver {
   }
   void OnLossyCollective(const std::string& job, const LossyOutcome& outcome) override {
     for (JobObserver* o : observers_) o->OnLossyCollective(job, outcome);
-  }
-  void OnLossyDrift(const std::string& job, uint64_t elements) override {
-    for (JobObserver* o : observers_) o->OnLossyDrift(job, elements);
   }
 
  private:

@@ -394,11 +394,6 @@ void Metrics::OnLossyCollective(const std::string& job, const LossyOutcome& o) {
   lossy_kept_own_.Add(labels).Increment(static_cast<double>(o.kept_own_elements));
 }
 
-void Metrics::OnLossyDrift(const std::string& job, uint64_t elements) {
-  absl::MutexLock lock(&mu_);
-  lossy_drift_.Add({{"job", job}}).Set(static_cast<double>(elements));
-}
-
 void Metrics::OnErrorSample(const std::string& job, const SampledError& sample) {
   absl::MutexLock lock(&mu_);
   vnmse_
@@ -459,7 +454,6 @@ void Metrics::RemoveJobSeries(const std::string& job) {
   }
   for (auto* family : {&duration_, &vnmse_, &lossy_coverage_})
     RemoveSeries(*family, job, Histogram::BucketBoundaries{});
-  RemoveSeries(lossy_drift_, job);
   known_.erase(job);
 }
 
@@ -536,6 +530,11 @@ void Metrics::Refresh() {
       RemoveGauge(budget_target_, job);
       RemoveGauge(budget_bits_, job);
     }
+    if (j.lossy_drift_elements.has_value()) {
+      lossy_drift_.Add(job).Set(static_cast<double>(*j.lossy_drift_elements));
+    } else {
+      RemoveGauge(lossy_drift_, job);
+    }
     if (j.controller.has_value()) {
       budget_measured_.Add(job).Set(j.controller->last_vnmse);
       budget_saturated_.Add(job).Set(j.controller->saturated ? 1 : 0);
@@ -555,7 +554,7 @@ void Metrics::Refresh() {
     workers_.Remove(&workers_.Add(job));
     view_nodes_.Remove(&view_nodes_.Add(job));
     epoch_.Remove(&epoch_.Add(job));
-    for (auto* family : {&budget_target_, &budget_bits_, &budget_measured_, &budget_saturated_}) {
+    for (auto* family : {&budget_target_, &budget_bits_, &budget_measured_, &budget_saturated_, &lossy_drift_}) {
       RemoveGauge(*family, job);
     }
     auto info = info_labels_.find(*it);

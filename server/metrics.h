@@ -73,6 +73,9 @@ class Metrics final : public JobObserver, public PeerBytesSink {
     JobConfig config;
     // The job's error-budget controller, where this node runs it (the coordinator).
     std::optional<CompressionController::Stats> controller;
+    // Jobs of the loss-tolerant all-reduce (or with drift left from one): elements that kept this
+    // node's values since the last resync (Job::Status::lossy_drift_elements).
+    std::optional<uint64_t> lossy_drift_elements;
   };
   struct Snapshot {
     std::vector<JobGauges> jobs;
@@ -112,7 +115,6 @@ class Metrics final : public JobObserver, public PeerBytesSink {
   void OnRejected(absl::StatusCode code) override;
   void OnStragglerWait(const std::string& job, const StragglerWait& wait) override;
   void OnLossyCollective(const std::string& job, const LossyOutcome& outcome) override;
-  void OnLossyDrift(const std::string& job, uint64_t elements) override;
   // An error-budget controller event (server/error_budget_service.h): raise, lower, clamp, rejected, policy.
   void OnErrorBudgetEvent(const std::string& job, absl::string_view kind);
   // The coordinator's live set changed (server/membership.h): `change` is "left" (a node went
