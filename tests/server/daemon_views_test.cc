@@ -158,13 +158,19 @@ TEST(DaemonViewChangesTest, ViewsClaimedWhileCollectivesRunKeepTheConnectionAndF
   std::cout << collectives << " collectives, " << claimed << " views claimed, " << failed << " failed" << std::endl;
   EXPECT_GT(claimed, 5);
   EXPECT_EQ(failed, 0) << first_failure;
-  // A view claimed after the last collective never applied: the views that ran are the job's
-  // epochs on node 0.
+  // Every view that connected kept the first view's connection: none made another. Views that
+  // apply at the same collective (claims faster than collectives, as under ASan) connect once, so
+  // at most as many were kept as epochs ran (a view claimed after the last collective never ran).
   const uint64_t views = (*cluster)[0]->JobStatuses().at("job").view_epoch;
   for (uint32_t node = 0; node < 2; ++node) {
     const std::string metrics = (*cluster)[node]->metrics().Render();
     EXPECT_THAT(metrics, HasSubstr("dynamiq_peer_connections_total{outcome=\"made\"} 1")) << node;
-    EXPECT_THAT(metrics, HasSubstr(absl::StrCat("dynamiq_peer_connections_total{outcome=\"kept\"} ", views))) << node;
+    const std::string kept_series = "dynamiq_peer_connections_total{outcome=\"kept\"} ";
+    const size_t at = metrics.find(kept_series);
+    ASSERT_NE(at, std::string::npos) << node;
+    const double kept = std::stod(metrics.substr(at + kept_series.size()));
+    EXPECT_GE(kept, 1) << node;
+    EXPECT_LE(kept, static_cast<double>(views)) << node;
   }
 }
 
