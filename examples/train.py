@@ -41,7 +41,8 @@ FACTOR times slower on a share of the steps:
         --drop-compute auto --straggle base=0.02,sigma=0.5,factor=3,prob=0.1
 
 JSON fields: the configuration, per-step `loss` and `train_accuracy` (averaged over all workers'
-shares of the global batch), `eval` (test loss/accuracy every --eval-every steps and at the end),
+shares of the global batch), `eval` (test loss/accuracy every --eval-every steps and at the end, with
+rank 0's training seconds so far, evaluations left out),
 `final_test_accuracy`, `final_test_loss` (lm: also `final_test_perplexity`), `parameters`,
 `steps_per_second` (rank 0's training-step time, without
 evaluation and the first --timing-skip steps), `wire_bytes_per_step` (bytes node 0 sent to other
@@ -544,7 +545,9 @@ def run_worker(args):
                     f"({1.0 / max(step_seconds[-1], 1e-9):.1f} steps/s)")
         if rank == 0 and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
             test_loss, test_accuracy = task.evaluate(model)
-            evals.append({"step": step + 1, "test_loss": test_loss, "test_accuracy": test_accuracy})
+            # train_seconds: rank 0's training time so far, evaluations left out (time to a target).
+            evals.append({"step": step + 1, "test_loss": test_loss, "test_accuracy": test_accuracy,
+                          "train_seconds": sum(step_seconds)})
             log(f"step {step + 1}: test loss {test_loss:.4f} test accuracy {test_accuracy:.4f}")
 
     # Per-step values of every worker, averaged on rank 0 (one collective, after the timing).
