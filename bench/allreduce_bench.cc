@@ -180,7 +180,8 @@ absl::StatusOr<AllReduceBenchResult> RunAllReduceBench(const AllReduceBenchOptio
   result.vnmse = Vnmse(out.data(), exact);
   result.output_checksum = engine::PayloadChecksum(
       absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(out.data()), out.size() * sizeof(float)));
-  const bool has_bits = o.codec.id == kernels::CodecId::kDynamiq || o.codec.id == kernels::CodecId::kUniform;
+  const bool has_bits = o.codec.id == kernels::CodecId::kDynamiq || o.codec.id == kernels::CodecId::kUniform ||
+                        o.codec.id == kernels::CodecId::kFlash;
   result.method = lossy ? absl::StrCat(kernels::CodecName(o.codec.id), "-lossy", o.lossy_phase_ms)
                         : absl::StrCat(kernels::CodecName(o.codec.id), "-", o.topology,
                                        has_bits ? absl::StrCat("-", o.codec.bits) : std::string(),

@@ -29,13 +29,13 @@
 #include "kernels/codec.h"
 
 ABSL_FLAG(std::string, codec, "all",
-          "Comma-separated codecs: none,bf16,dynamiq,mxfp8,mxfp6,mxfp4,thc,uniform,int8,global_qsgd,arc_topk, or "
+          "Comma-separated codecs: none,bf16,dynamiq,mxfp8,mxfp6,mxfp4,thc,uniform,int8,global_qsgd,arc_topk,flash, or "
           "'all'. int8 is INTELLECT-1's codec for DiLoCo pseudo-gradients (per-chunk +-6 sigma clip, 8 bits): on "
           "per-step gradients it clips their heavy tail (vNMSE ~0.3; docs/compressors.md).");
 ABSL_FLAG(std::string, bits, "",
           "Comma-separated bit budgets for the codecs that take one: dynamiq (average bits/coord incl. metadata, "
-          "3..8; default 5), uniform (bits per code, 2..8; default 4) and global_qsgd (bits per leaf code, 2..8; "
-          "2^(b-1)-1 levels per sign; default 8), and arc_topk's density (fraction of 256-element rows kept, "
+          "3..8; default 5), uniform and flash (bits per code, 2..8; default 4) and global_qsgd (bits per leaf code, "
+          "2..8; 2^(b-1)-1 levels per sign; default 8), and arc_topk's density (fraction of 256-element rows kept, "
           "0.001..1; default 0.1). Each value is a row.");
 ABSL_FLAG(std::string, allocator, "measured",
           "DynamiQ bit allocator: measured (ours: minimises measured error), paper (the paper's 4x-per-bit "

@@ -88,7 +88,7 @@ def parse_args(argv=None):
     p.add_argument("--workers-per-node", type=int, default=2, help="launcher: worker processes per node (default 2)")
     p.add_argument("--codec", default="dynamiq",
                    help="dynamiq codec: none, bf16, dynamiq, mxfp8, mxfp6, mxfp4, thc, uniform, int8, global_qsgd, "
-                        "arc_topk (default dynamiq)")
+                        "arc_topk, flash (default dynamiq)")
     p.add_argument("--bits", type=float, default=0,
                    help="codec bits (dynamiq: average bits/coord 3..8); 0: the codec's default (dynamiq 5)")
     p.add_argument("--topology", default="ring", help="ring or butterfly (default ring)")

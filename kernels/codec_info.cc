@@ -24,6 +24,7 @@ constexpr std::array<CodecInfo, kNumCodecs> kCodecs = {{
     {CodecId::kGlobalQsgd, "global_qsgd", true, 8, 2, 8, true, "bits per code", false},
     {CodecId::kArcTopK, "arc_topk", true, 0.1, 0.001, 1, false, "density: the fraction of 256-element rows kept",
      false},
+    {CodecId::kFlash, "flash", true, 4, 2, 8, true, "bits per code", false},
 }};
 
 constexpr bool IdsMatchIndices() {

@@ -29,8 +29,9 @@ enum class CodecId : uint8_t {
   kInt8 = 8,        // INTELLECT-1-style: 8-bit stochastic, f32 scale per chunk, clip at +-6 sigma
   kGlobalQsgd = 9,  // Global-QSGD: stochastic levels against a global max |x|, integer-summable
   kArcTopK = 10,    // ARC-Top-K: rows agreed from a sketch of the sum, their fp32 values index-free
+  kFlash = 11,      // Flash Communication: b-bit asymmetric round-to-nearest, bf16 min and scale per 128
 };
-inline constexpr int kNumCodecs = 11;
+inline constexpr int kNumCodecs = 12;
 
 struct CodecInfo {
   CodecId id;

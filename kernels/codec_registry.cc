@@ -4,6 +4,7 @@
 #include "common/status_macros.h"
 #include "kernels/cpu/arc_topk_codec.h"
 #include "kernels/cpu/dynamiq_codec.h"
+#include "kernels/cpu/flash_codec.h"
 #include "kernels/cpu/global_qsgd_codec.h"
 #include "kernels/cpu/int8_codec.h"
 #include "kernels/cpu/mx_codec.h"
@@ -42,6 +43,8 @@ absl::StatusOr<std::unique_ptr<Codec>> CreateCodec(const CodecConfig& config) {
       return NewGlobalQsgdCodec(config);
     case CodecId::kArcTopK:
       return NewArcTopKCodec(config);
+    case CodecId::kFlash:
+      return NewFlashCodec(config);
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown codec id ", static_cast<int>(config.id)));
 }

@@ -40,15 +40,17 @@ ABSL_FLAG(std::string, worker_socket, "",
           "/tmp/dynamiq-<uid>/dynamiqd.sock (what workers use when DQ_SOCKET is unset).");
 ABSL_FLAG(std::string, codec, "dynamiq",
           "Default codec of new jobs: none, bf16, dynamiq, mxfp8, mxfp6, mxfp4, thc, uniform, int8, global_qsgd, "
-          "arc_topk. int8 is INTELLECT-1's codec for DiLoCo pseudo-gradients (per-chunk clip at +-6 sigma); on raw "
-          "gradients it clips the heavy tail (docs/compressors.md).");
+          "arc_topk, flash. int8 is INTELLECT-1's codec for DiLoCo pseudo-gradients (per-chunk clip at +-6 sigma); on "
+          "raw gradients it clips the heavy tail. flash is Flash Communication's group-wise asymmetric INT-b "
+          "(round to nearest) for the two_shot topology (docs/compressors.md).");
 ABSL_FLAG(double, bits, 0,
-          absl::StrCat("Default bits of new jobs: dynamiq average bits/coord incl. metadata (3..8); uniform and "
-                       "global_qsgd bits per code (2..8); thc 4; arc_topk the density (fraction of 256-element rows "
-                       "kept, 0.001..1). 0: the codec's own default (",
-                       dynamiq::kernels::DefaultBitsSummary(),
-                       "), as dynamiqctl set-compression gives it. The other codecs have no bit setting and take "
-                       "none."));
+          absl::StrCat(
+              "Default bits of new jobs: dynamiq average bits/coord incl. metadata (3..8); uniform, "
+              "global_qsgd and flash bits per code (2..8); thc 4; arc_topk the density (fraction of 256-element rows "
+              "kept, 0.001..1). 0: the codec's own default (",
+              dynamiq::kernels::DefaultBitsSummary(),
+              "), as dynamiqctl set-compression gives it. The other codecs have no bit setting and take "
+              "none."));
 ABSL_FLAG(double, target_vnmse, 0,
           "Default error budget of new jobs (codec dynamiq): the controller on node 0 picks the lowest average bit "
           "budget in [--min_bits, --max_bits] that keeps the measured vNMSE at or under this (docs/error_budget.md); "

@@ -40,7 +40,9 @@ using ::testing::HasSubstr;
 std::unique_ptr<kernels::Codec> Make(CodecId id, double bits = 5) {
   CodecConfig c;
   c.id = id;
-  c.bits = id == CodecId::kUniform ? 4 : (id == CodecId::kThc ? 4 : (id == CodecId::kArcTopK ? 0.3 : bits));
+  c.bits = id == CodecId::kUniform || id == CodecId::kThc || id == CodecId::kFlash
+               ? 4
+               : (id == CodecId::kArcTopK ? 0.3 : bits);
   auto codec = kernels::CreateCodec(c);
   EXPECT_THAT(codec, IsOk());
   return std::move(codec).value();
@@ -124,7 +126,7 @@ TEST(AllReduceTest, BitIdenticalOnAllRanksForEveryCodecAndTopology) {
   auto inputs = Inputs(n, d);
   for (CodecId id :
        {CodecId::kNone, CodecId::kBf16, CodecId::kDynamiq, CodecId::kMxfp8, CodecId::kMxfp6, CodecId::kMxfp4,
-        CodecId::kThc, CodecId::kUniform, CodecId::kInt8, CodecId::kGlobalQsgd, CodecId::kArcTopK}) {
+        CodecId::kThc, CodecId::kUniform, CodecId::kInt8, CodecId::kGlobalQsgd, CodecId::kArcTopK, CodecId::kFlash}) {
     auto codec = Make(id);
     for (Topology t : {Topology::kRing, Topology::kButterfly}) {
       if (t == Topology::kButterfly && !codec->SupportsButterfly()) continue;
@@ -570,7 +572,7 @@ TEST(AllReduceTest, TinyBucketsWithEmptyChunks) {
   for (auto [n, d] : {std::pair<int, size_t>{2, 1}, {3, 777}, {8, 300}, {5, 256}}) {
     auto inputs = Inputs(n, d);
     for (CodecId id : {CodecId::kDynamiq, CodecId::kNone, CodecId::kMxfp8, CodecId::kUniform, CodecId::kThc,
-                       CodecId::kInt8, CodecId::kGlobalQsgd, CodecId::kArcTopK}) {
+                       CodecId::kInt8, CodecId::kGlobalQsgd, CodecId::kArcTopK, CodecId::kFlash}) {
       auto codec = Make(id);
       RankRun run = RunThreads(*codec, inputs, [&](int) { return Options(Topology::kRing, 0); });
       for (int r = 0; r < n; ++r) {

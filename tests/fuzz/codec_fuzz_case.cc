@@ -47,6 +47,9 @@ CodecConfig ConfigFor(CodecId id, int variant) {
       c.bits = 2 + variant % 7;
       c.correlated_rounding = (variant / 7) % 2 == 0;
       break;
+    case CodecId::kFlash:
+      c.bits = 2 + variant % 7;
+      break;
     case CodecId::kThc:
       c.bits = 4;
       c.correlated_rounding = variant % 2 == 0;
@@ -142,6 +145,8 @@ int NumVariants(CodecId id) {
       return 14;
     case CodecId::kThc:
       return 2;
+    case CodecId::kFlash:
+      return 7;
     case CodecId::kArcTopK:
       return 5;
     default:

@@ -38,15 +38,17 @@ ABSL_FLAG(bool, json, false,
 ABSL_FLAG(std::optional<std::string>, job, std::nullopt,
           "Job id. set-compression: required. flight-recorder: only this job (default: all jobs).");
 ABSL_FLAG(std::optional<std::string>, codec, std::nullopt,
-          "none, bf16, dynamiq, mxfp8, mxfp6, mxfp4, thc, uniform, int8, global_qsgd or arc_topk. int8 is "
+          "none, bf16, dynamiq, mxfp8, mxfp6, mxfp4, thc, uniform, int8, global_qsgd, arc_topk or flash. int8 is "
           "INTELLECT-1's codec for DiLoCo pseudo-gradients (per-chunk +-6 sigma clip, 8 bits): on per-step "
-          "gradients it clips their heavy tail (vNMSE ~0.3; docs/compressors.md).");
-ABSL_FLAG(std::optional<double>, bits, std::nullopt,
-          absl::StrCat("dynamiq: average bits per coordinate incl. metadata (3..8); uniform: bits per code (2..8); "
-                       "thc: 4; global_qsgd: bits per leaf code (2..8, 2^(bits-1)-1 levels per sign); arc_topk: the "
-                       "density, the fraction of 256-element rows kept (0.001..1, e.g. 0.05); 0: the codec's default (",
-                       dynamiq::kernels::DefaultBitsSummary(),
-                       ", as dynamiqd's). The other codecs have no bit setting: --bits with them is refused."));
+          "gradients it clips their heavy tail (vNMSE ~0.3). flash is Flash Communication's group-wise "
+          "asymmetric INT-b for the two_shot topology (docs/compressors.md).");
+ABSL_FLAG(
+    std::optional<double>, bits, std::nullopt,
+    absl::StrCat("dynamiq: average bits per coordinate incl. metadata (3..8); uniform, flash: bits per code (2..8); "
+                 "thc: 4; global_qsgd: bits per leaf code (2..8, 2^(bits-1)-1 levels per sign); arc_topk: the "
+                 "density, the fraction of 256-element rows kept (0.001..1, e.g. 0.05); 0: the codec's default (",
+                 dynamiq::kernels::DefaultBitsSummary(),
+                 ", as dynamiqd's). The other codecs have no bit setting: --bits with them is refused."));
 ABSL_FLAG(std::optional<std::string>, topology, std::nullopt,
           "ring, butterfly (power-of-two node counts) or auto (picked per collective).");
 ABSL_FLAG(std::optional<uint64_t>, min_compress_elements, std::nullopt,

@@ -76,9 +76,9 @@ enum class DeviceKind : int {
 
 /// A job's gradient compression as the daemon reported it at registration (dynamiq.v1.CompressionConfig).
 struct CompressionConfig {
-  /// none, bf16, dynamiq, mxfp8, mxfp6, mxfp4, thc, uniform, int8, global_qsgd or arc_topk.
+  /// none, bf16, dynamiq, mxfp8, mxfp6, mxfp4, thc, uniform, int8, global_qsgd, arc_topk or flash.
   std::string codec;
-  /// dynamiq: average bits per coordinate including metadata; uniform, global_qsgd: bits per code;
+  /// dynamiq: average bits per coordinate including metadata; uniform, global_qsgd, flash: bits per code;
   /// arc_topk: the density.
   double bits = 0;
   /// ring or butterfly.
