@@ -308,11 +308,15 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
     DQ_RETURN_IF_ERROR(send_slices(c, tag0, chunks.Begin(c),
                                    input.subspan(chunks.Begin(c), chunks.End(c) - chunks.Begin(c)), nullptr));
   }
+  const absl::Time scattered = absl::Now();
   DQ_RETURN_IF_ERROR(
-      receive_until(absl::Now() + options.phase_timeout, &result.contributions_arrived, result.contributions_expected));
+      receive_until(scattered + options.phase_timeout, &result.contributions_arrived, result.contributions_expected));
 
   // 2. All-gather: the owner's means, to every rank; the phase ends phase_timeout after the last
-  // of them left, or once every other owner's means arrived.
+  // of them left, but not before twice phase_timeout after the first phase's sends, or once every
+  // other owner's means arrived. An owner that missed a contribution sends its means only at its
+  // first deadline; a rank whose first phase ended early (nothing missing) would otherwise stop
+  // waiting just as those means come, and lose a whole chunk to a race for every lost datagram.
   reduced = true;
   for (size_t i = 0; i < sum.size(); ++i) {
     const double by = options.normalize ? count[i / per] : n;
@@ -326,8 +330,8 @@ absl::StatusOr<LossyAllReduceResult> LossyAllReduceMean(DatagramTransport& trans
   paced_from = absl::Now();
   paced_bytes = 0;
   for (int k = 1; k < n; ++k) DQ_RETURN_IF_ERROR(send_slices((me + k) % n, tag1, my_begin, means, &count));
-  DQ_RETURN_IF_ERROR(
-      receive_until(absl::Now() + options.phase_timeout, &result.gathered_arrived, result.gathered_expected));
+  const absl::Time gathered_by = std::max(absl::Now() + options.phase_timeout, scattered + 2 * options.phase_timeout);
+  DQ_RETURN_IF_ERROR(receive_until(gathered_by, &result.gathered_arrived, result.gathered_expected));
   for (int c = 0; c < n; ++c) {
     if (c == me) continue;
     for (size_t slice = 0; slice < gathered[c].size(); ++slice) {

@@ -14,6 +14,10 @@
 //      losses do not depend on the values (`normalize` false divides by the group size instead,
 //      biased low under loss: what the tests use to show they can see bias).
 //   2. All-gather: every owner sends its chunk's means to every rank (with each slice's count).
+//      The second deadline is phase_timeout after this rank's sends, and never earlier than twice
+//      phase_timeout after its first phase's sends: an owner that missed a contribution sends
+//      its means only at its first deadline, and a rank that had everything early must still be
+//      waiting for them then (otherwise one lost datagram costs a whole chunk, by a race).
 //      Slices that did not arrive by the second deadline keep the receiver's own values (its input),
 //      which the caller's periodic reliable resync (dynamiq::SyncState) brings back in line.
 // A datagram's payload: [u64 first element][u32 count][u32 contributors][u64 announcement][count
@@ -55,7 +59,8 @@ struct LossyAllReduceOptions {
   // Identical on every rank and distinct per collective: the datagrams' tags (2 sequence, 2
   // sequence + 1), so a late datagram of another collective is never counted in this one.
   uint64_t sequence = 0;
-  // How long each phase waits after this rank's sends (it takes what arrives while it sends, too):
+  // How long each phase waits after this rank's sends (it takes what arrives while it sends, too;
+  // the second at least until twice this after the first phase's sends, see above):
   // the call returns within twice this plus the time its sends take (their bytes at
   // `send_bytes_per_second`), earlier when everything arrived. Sends that take long on a busy CPU
   // do not eat into the wait.

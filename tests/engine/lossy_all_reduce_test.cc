@@ -11,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -35,6 +36,11 @@ class DroppingTransport final : public DatagramTransport {
   DroppingTransport(std::unique_ptr<DatagramTransport> base, uint64_t seed) : base_(std::move(base)), rng_(seed) {}
   void set_loss(double loss) { loss_ = loss; }
   void set_cut(int cut) { cut_ = cut; }
+  // Datagrams dropped since the last call.
+  uint64_t TakeDropped() {
+    absl::MutexLock lock(&mu_);
+    return std::exchange(dropped_, 0);
+  }
 
   int rank() const override { return base_->rank(); }
   int size() const override { return base_->size(); }
@@ -44,6 +50,7 @@ class DroppingTransport final : public DatagramTransport {
     {
       absl::MutexLock lock(&mu_);
       drop = std::bernoulli_distribution(loss_)(rng_) || drop;
+      if (drop) ++dropped_;
     }
     return drop ? absl::OkStatus() : base_->Send(peer, tag, payload);  // OK: it left, as a lost one does
   }
@@ -58,6 +65,7 @@ class DroppingTransport final : public DatagramTransport {
   std::unique_ptr<DatagramTransport> base_;
   absl::Mutex mu_;
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
+  uint64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
   double loss_ = 0;
   int cut_ = -1;
 };
@@ -169,7 +177,10 @@ TEST_F(LossyAllReduceTest, InPlaceGivesTheMeanToo) {
 }
 
 // The owners' means over 1,000 trials at 10 % loss: the average error is zero within three
-// standard errors; divided by the group size instead, the same test sees the bias.
+// standard errors; divided by the group size instead, the same test sees the bias. Only random
+// loss is unbiased: a datagram that misses its 4 ms phase because the machine is busy is the same
+// one trial after trial (the last sent), so a trial where more went missing than the transport
+// dropped is run again, with twice the phase timeout (up to 64 ms).
 TEST_F(LossyAllReduceTest, OwnersMeansAreUnbiasedUnderLossAndTheTestSeesBias) {
   constexpr int kRanks = 3;
   constexpr size_t kElements = 9;
@@ -177,17 +188,33 @@ TEST_F(LossyAllReduceTest, OwnersMeansAreUnbiasedUnderLossAndTheTestSeesBias) {
   for (auto& t : transports_) t->set_loss(0.10);
   const std::vector<std::vector<float>> in = Inputs(kRanks, kElements);
   uint64_t sequence = 0;
+  int late_trials = 0;
   // Per trial: the owners' relative error, averaged over the elements.
   auto trials = [&](bool normalize, int count, double* coverage) {
     std::vector<double> errors;
     uint64_t arrived = 0, expected = 0;
-    for (int t = 0; t < count; ++t) {
+    absl::Duration phase_timeout = absl::Milliseconds(4);
+    for (int t = 0, attempts = 0; t < count && attempts < 3 * count; ++attempts) {
       std::vector<std::vector<float>> out;
       LossyAllReduceOptions o;
       o.sequence = ++sequence;
-      o.phase_timeout = absl::Milliseconds(4);
+      o.phase_timeout = phase_timeout;
       o.normalize = normalize;
+      for (auto& transport : transports_) transport->TakeDropped();
       std::vector<absl::StatusOr<LossyAllReduceResult>> r = Run(in, out, o);
+      uint64_t missing = 0, dropped = 0;
+      for (const auto& x : r) {
+        if (x.ok()) {
+          missing += x->contributions_expected - x->contributions_arrived + x->gathered_expected - x->gathered_arrived;
+        }
+      }
+      for (auto& transport : transports_) dropped += transport->TakeDropped();
+      if (missing > dropped) {  // late, not lost: run it again with more time
+        phase_timeout = std::min(2 * phase_timeout, absl::Milliseconds(64));
+        ++late_trials;
+        continue;
+      }
+      ++t;
       double e = 0;
       for (size_t i = 0; i < kElements; ++i) {
         const int owner = Owner(kElements, kRanks, i);
@@ -199,6 +226,7 @@ TEST_F(LossyAllReduceTest, OwnersMeansAreUnbiasedUnderLossAndTheTestSeesBias) {
       }
       errors.push_back(e);
     }
+    EXPECT_EQ(errors.size(), static_cast<size_t>(count)) << "too many trials lost datagrams to lateness, not loss";
     *coverage = static_cast<double>(arrived) / static_cast<double>(expected);
     double mean = 0, var = 0;
     for (double e : errors) mean += e / errors.size();
@@ -215,8 +243,8 @@ TEST_F(LossyAllReduceTest, OwnersMeansAreUnbiasedUnderLossAndTheTestSeesBias) {
   EXPECT_LT(biased, -3 * se_biased) << "dividing by the group size under loss is biased low";
   std::printf(
       "owners' mean relative error: %.3g (standard error %.3g) at coverage %.3f; divided by the group size: "
-      "%.3g (%.3g)\n",
-      unbiased, se, coverage, biased, se_biased);
+      "%.3g (%.3g); %d trials run again (a datagram late, not lost)\n",
+      unbiased, se, coverage, biased, se_biased, late_trials);
 }
 
 // One rank cut off entirely: every call ends by its two deadlines; the others' chunks are the mean
