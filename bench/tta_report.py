@@ -175,6 +175,8 @@ def main():
         except ValueError:
             sys.exit(f"tta_report.py: --target wants TASK=LOSS, got '{t}'")
     targets = targets_of(rows, overrides, args.slack)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
     lines = []
     for task in sorted({r["task"] for r in rows}):
         if task not in targets:
