@@ -27,6 +27,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "dynamiq/client.h"
 #include "dynamiq/v1/worker.grpc.pb.h"
@@ -603,7 +605,9 @@ TEST(DynamiqdFlagsTest, EachCodecStartsWithItsOwnDefaultBitsAndTheLogNamesTheTra
   EXPECT_EQ(code, 2) << output;
   EXPECT_THAT(output, HasSubstr("codec int8 has no bit setting"));
   std::tie(code, output) = RunCommand(absl::StrCat(BinaryPath("DQ_DYNAMIQD", DQ_DYNAMIQD), " --help"));
-  EXPECT_THAT(output, HasSubstr(kernels::DefaultBitsSummary()));
+  // --help wraps its lines: compare with the line breaks and indentation folded to spaces.
+  const std::string unwrapped = absl::StrJoin(absl::StrSplit(output, absl::ByAnyChar(" \n"), absl::SkipEmpty()), " ");
+  EXPECT_THAT(unwrapped, HasSubstr(kernels::DefaultBitsSummary()));
   EXPECT_THAT(output, HasSubstr("tcp by default"));
   EXPECT_THAT(output, Not(HasSubstr("Gloo TCP between nodes")));
 }
